@@ -1,0 +1,93 @@
+"""Which chip a tensor lives on, and how many compute units it has.
+
+* ROCm: ``gfx942`` / ``gfx950`` / ... (``gcnArchName`` without feature flags), CU count.
+* CUDA: ``sm_90`` style names (``sm_{major}{minor}``), SM count.
+* CPU: ``cpu`` with 0 compute units.
+
+``PAGED_MQA_LOGITS_ARCH`` and ``PAGED_MQA_LOGITS_CU_NUM`` override detection (both optional),
+so a CPU machine can ask what a gfx950 with 256 CUs would pick. The override applies to every
+non-CPU device; CPU tensors always run as ``cpu`` since no GPU kernel can run on them.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+import torch
+
+ENV_ARCH = "PAGED_MQA_LOGITS_ARCH"
+ENV_CU_NUM = "PAGED_MQA_LOGITS_CU_NUM"
+
+#: fp8 flavour each known arch computes in natively; archs not listed accept "fn"
+NATIVE_FP8 = {"gfx942": "fnuz", "gfx950": "fn", "cpu": ("fn", "fnuz")}
+
+
+@dataclass(frozen=True)
+class ArchInfo:
+    arch: str
+    cu_num: int
+
+    @property
+    def is_amd(self) -> bool:
+        return self.arch.startswith("gfx")
+
+    @property
+    def is_nvidia(self) -> bool:
+        return self.arch.startswith("sm_")
+
+    def supports_fp8(self, flavour: str) -> bool:
+        native = NATIVE_FP8.get(self.arch, "fn")
+        return flavour in native if isinstance(native, tuple) else flavour == native
+
+
+def normalise_arch(name: str) -> str:
+    """``sm90``/``sm_90``/``90`` -> ``sm_90``; ``gfx950:sramecc+:xnack-`` -> ``gfx950``."""
+    name = name.strip().lower().split(":")[0]
+    if name.isdigit():
+        return f"sm_{name}"
+    if name.startswith("sm") and not name.startswith("sm_"):
+        return "sm_" + name[2:]
+    return name
+
+
+@functools.lru_cache(maxsize=None)
+def _detect_gpu(device_index: int) -> ArchInfo:
+    props = torch.cuda.get_device_properties(device_index)
+    if getattr(torch.version, "hip", None):
+        arch = normalise_arch(getattr(props, "gcnArchName", "gfx000"))
+    else:
+        arch = f"sm_{props.major}{props.minor}"
+    return ArchInfo(arch, int(props.multi_processor_count))
+
+
+def detect(device: torch.device | str | None = None) -> ArchInfo:
+    """Arch of ``device`` (default: the current GPU if any, else CPU), with env overrides."""
+    if device is None:
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    device = torch.device(device)
+    if device.type == "cpu":
+        return ArchInfo("cpu", 0)
+    info = _detect_gpu(device.index if device.index is not None else torch.cuda.current_device())
+    return apply_override(info)
+
+
+def apply_override(info: ArchInfo) -> ArchInfo:
+    arch = os.environ.get(ENV_ARCH)
+    cu_num = os.environ.get(ENV_CU_NUM)
+    if arch:
+        info = ArchInfo(normalise_arch(arch), info.cu_num)
+    if cu_num:
+        try:
+            info = ArchInfo(info.arch, int(cu_num))
+        except ValueError:
+            raise ValueError(f"{ENV_CU_NUM} must be an integer, got {cu_num!r}") from None
+    return info
+
+
+def gpu_name() -> str:
+    """Human-readable name of the current GPU (or ``cpu``), for provenance records."""
+    if not torch.cuda.is_available():
+        return "cpu"
+    return torch.cuda.get_device_name()

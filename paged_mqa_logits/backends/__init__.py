@@ -1,0 +1,83 @@
+"""Backend registry and the small interface every backend implements.
+
+A backend answers three questions and does one thing:
+
+* ``unsupported(problem) -> str | None``: why it cannot serve this problem (``None`` = it can).
+  Must be cheap, host-only, and must not import optional heavy packages at module import time.
+* ``candidates(problem) -> list[dict]``: the knob sets the tuner may time for this problem.
+* ``default_config(problem) -> dict``: knobs used when the table names the backend without
+  knobs, or when dispatch falls back to this backend.
+* ``launch(args, config)``: write the logits of ``args`` (a :class:`LaunchArgs`) into
+  ``args.out`` following the output contract, with no host-device synchronisation.
+
+Knob dictionaries use the CSV column names (``ChunkK``, ``WavePerEU``, ``SplitKV``, plus any
+backend-specific ones such as ``num_warps``). ``None`` values mean "backend default".
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Protocol
+
+from ..problem import LaunchArgs, Problem
+
+
+class Backend(Protocol):
+    name: str
+    #: knob names this backend reads, in CSV column spelling
+    knobs: tuple[str, ...]
+
+    def unsupported(self, problem: Problem) -> str | None: ...
+
+    def candidates(self, problem: Problem) -> list[dict]: ...
+
+    def default_config(self, problem: Problem) -> dict: ...
+
+    def launch(self, args: LaunchArgs, config: dict) -> None: ...
+
+
+# name -> "module:attribute". Modules are imported lazily so that a missing optional package
+# (flydsl) or a broken toolchain only disables that backend.
+_REGISTRY: dict[str, str] = {
+    "torch": "paged_mqa_logits.backends.torch_ref:BACKEND",
+    "triton": "paged_mqa_logits.backends.triton_portable:BACKEND",
+    "gluon": "paged_mqa_logits.backends.gluon:BACKEND",
+    "flydsl": "paged_mqa_logits.backends.flydsl_cdna:BACKEND",
+}
+
+_LOADED: dict[str, Backend] = {}
+_LOAD_ERRORS: dict[str, str] = {}
+
+
+def names() -> list[str]:
+    return list(_REGISTRY)
+
+
+def get(name: str) -> Backend | None:
+    """The backend object, or ``None`` if its module cannot be imported (see :func:`load_error`)."""
+    if name in _LOADED:
+        return _LOADED[name]
+    if name in _LOAD_ERRORS:
+        return None
+    if name not in _REGISTRY:
+        raise KeyError(f"unknown backend {name!r}; known: {', '.join(_REGISTRY)}")
+    module_name, attr = _REGISTRY[name].split(":")
+    try:
+        backend = getattr(importlib.import_module(module_name), attr)
+    except Exception as exc:  # an optional backend must never break the package
+        _LOAD_ERRORS[name] = f"{type(exc).__name__}: {exc}"
+        return None
+    _LOADED[name] = backend
+    return backend
+
+
+def load_error(name: str) -> str | None:
+    return _LOAD_ERRORS.get(name)
+
+
+def why_not(name: str, problem: Problem) -> str | None:
+    """``None`` if backend ``name`` can serve ``problem``, else the reason it cannot."""
+    backend = get(name)
+    if backend is None:
+        return f"backend {name!r} is unavailable ({load_error(name)})"
+    return backend.unsupported(problem)

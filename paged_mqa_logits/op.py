@@ -1,0 +1,90 @@
+"""The op: validate once -> problem key -> dispatch -> launch."""
+
+from __future__ import annotations
+
+import torch
+
+from . import backends, dispatch
+from .problem import LaunchArgs
+from .validate import PagedMQAArgumentError, build_launch_args
+
+__all__ = ["paged_mqa_logits", "build_launch_args", "launch", "PagedMQAArgumentError"]
+
+
+def paged_mqa_logits(
+    q_fp8: torch.Tensor,
+    kv_cache: torch.Tensor,
+    weights: torch.Tensor,
+    out_logits: torch.Tensor,
+    context_lens: torch.Tensor,
+    kv_indices: torch.Tensor,
+    max_model_len: int,
+    Preshuffle: bool = False,
+    KVBlockSize: int = 1,
+    *,
+    context_hint: int | None = None,
+    clean_logits: bool = False,
+    backend: str | None = None,
+    config: dict | None = None,
+) -> torch.Tensor:
+    """FP8 paged MQA logits of the sparse-attention indexer, written into ``out_logits``.
+
+    ``logits[b*next_n + j, p] = sum_h weights[b*next_n + j, h] *
+    relu(dot(q_fp8[b, j, h, :], K[b, p, :]) * kv_scale[b, p])`` for every position ``p`` the row
+    sees (``p < row_len(b, j)``, ``p < max_model_len``); see ``problem.py`` for ``row_len``.
+
+    Args:
+        q_fp8: ``[B, next_n, H, D]`` fp8 e4m3 (fn; fnuz on gfx942), D = 128, next_n 1..8.
+        kv_cache: ``[num_blocks, KVBlockSize, 1, D + 4]`` uint8, keys then fp32 scales per block.
+        weights: ``[B * next_n, H]`` float32.
+        out_logits: ``[>= B * next_n, >= max_model_len]`` float32, written in place.
+        context_lens: ``[B]`` or ``[B, next_n]`` int32.
+        kv_indices: ``[B, max_blocks]`` int32 block table.
+        max_model_len: columns ``>= max_model_len`` are never written.
+        Preshuffle: key bytes stored in 16x16 tiles (requires ``KVBlockSize % 16 == 0``).
+        KVBlockSize: tokens per cache block.
+        context_hint: host-side longest context of the batch; used only to pick tuned knobs.
+        clean_logits: set columns ``[valid_end, max_model_len)`` of every row to ``-inf``.
+        backend, config: force a backend (and its knobs) instead of the tuned table; an
+            explicitly forced backend that cannot serve the call raises instead of falling back.
+
+    Returns:
+        ``out_logits``. Positions a row does not see are left as passed (unless cleaning).
+    """
+    args = build_launch_args(
+        q_fp8, kv_cache, weights, out_logits, context_lens, kv_indices, max_model_len,
+        Preshuffle, KVBlockSize, context_hint,
+    )
+    launch(args, backend=backend, config=config, clean_logits=clean_logits)
+    return out_logits
+
+
+def launch(args: LaunchArgs, *, backend: str | None = None, config: dict | None = None, clean_logits: bool = False) -> None:
+    """Dispatch validated arguments; the path shared by the op, the bench and the tuner."""
+    if args.problem.rows == 0 or args.max_model_len == 0:
+        return
+    if backend is None:
+        if config is not None:
+            raise PagedMQAArgumentError("paged_mqa_logits: argument `config`: expected it only together with `backend`, got a config without a backend")
+        choice = dispatch.choose(args.problem)
+        chosen, knobs = backends.get(choice.backend), choice.config
+    else:
+        reason = backends.why_not(backend, args.problem)
+        if reason is not None:
+            raise PagedMQAArgumentError(f"paged_mqa_logits: argument `backend`: {backend!r} cannot serve this call: {reason}")
+        chosen = backends.get(backend)
+        knobs = chosen.default_config(args.problem) if config is None else config
+    chosen.launch(args, knobs)
+    if clean_logits:
+        clean(args)
+
+
+def clean(args: LaunchArgs) -> None:
+    """Set ``[valid_end, max_model_len)`` of every row to ``-inf``; no host sync."""
+    from .reference import row_lengths
+
+    rows, width = args.problem.rows, args.max_model_len
+    valid_end = row_lengths(args.context_lens, args.problem.next_n).reshape(-1).clamp_max(args.visible_width)
+    target = args.out[:rows, :width]
+    cols = torch.arange(width, device=target.device)
+    target.masked_fill_(cols[None, :] >= valid_end[:, None], float("-inf"))

@@ -1,0 +1,293 @@
+"""The one reference implementation, and the helpers that build inputs in the cache layout.
+
+Everything that checks numbers (tests, the demo, the bench, the tuner) compares against
+:func:`reference_logits`. It is plain torch, accumulates in float32 on the dequantised inputs
+and is written for clarity over speed; :func:`logits_into` is the same computation in column
+chunks, which the ``torch`` backend uses to serve calls (no host-device synchronisation).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .problem import HEAD_DIM, fp8_flavour
+
+FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e4m3fnuz: 240.0}
+SHUFFLE_TILE = 16  # Preshuffle: 16 tokens x 16 bytes tiles
+
+
+# ----------------------------------------------------------------------------- quantise / pack
+def quantize_fp8(x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row (last dim) symmetric fp8 quantisation: ``x ~= x_fp8.float() * scale[..., None]``.
+
+    Returns ``(x_fp8, scale)`` with ``scale`` fp32 of shape ``x.shape[:-1]``, strictly positive.
+    """
+    fp8_flavour(dtype)  # validates the dtype
+    amax = x.float().abs().amax(dim=-1).clamp_min(1e-12)
+    scale = amax / FP8_MAX[dtype]
+    x_fp8 = (x.float() / scale.unsqueeze(-1)).clamp(-FP8_MAX[dtype], FP8_MAX[dtype]).to(dtype)
+    return x_fp8, scale.float()
+
+
+def shuffle_block_keys(keys: torch.Tensor) -> torch.Tensor:
+    """``[..., kv_block_size, D]`` -> same shape, bytes permuted into the Preshuffle order.
+
+    Byte of (token ``t``, dim ``d``) lands at flat offset
+    ``(t // 16) * 16 * D + (d // 16) * 256 + (t % 16) * 16 + (d % 16)`` of the block.
+    """
+    *lead, bs, d = keys.shape
+    if bs % SHUFFLE_TILE or d % SHUFFLE_TILE:
+        raise ValueError(f"Preshuffle needs kv_block_size and head_dim multiples of 16, got {bs} and {d}")
+    t = SHUFFLE_TILE
+    tiles = keys.reshape(*lead, bs // t, t, d // t, t)  # [.., tg, t, dg, d16]
+    return tiles.transpose(-3, -2).contiguous().reshape(*lead, bs, d)
+
+
+def unshuffle_block_keys(keys: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`shuffle_block_keys`."""
+    *lead, bs, d = keys.shape
+    t = SHUFFLE_TILE
+    tiles = keys.reshape(*lead, bs // t, d // t, t, t)  # [.., tg, dg, t, d16]
+    return tiles.transpose(-3, -2).contiguous().reshape(*lead, bs, d)
+
+
+def pack_kv_cache(
+    keys_fp8: torch.Tensor,
+    scales: torch.Tensor,
+    *,
+    preshuffle: bool = False,
+    block_stride: int | None = None,
+) -> torch.Tensor:
+    """Pack ``keys_fp8 [num_blocks, kv_block_size, D]`` and ``scales [num_blocks, kv_block_size]``
+    into the co-packed cache ``[num_blocks, kv_block_size, 1, D + 4]`` uint8.
+
+    ``block_stride`` (bytes, multiple of 4) lets a block occupy more than its packed size, as
+    in engines whose cache pages are padded; the padding bytes are filled with 0xFF.
+    """
+    num_blocks, bs, d = keys_fp8.shape
+    packed = bs * (d + 4)
+    stride = packed if block_stride is None else block_stride
+    if stride < packed or stride % 4:
+        raise ValueError(f"block_stride must be a multiple of 4 and >= {packed}, got {stride}")
+    key_bytes = keys_fp8.view(torch.uint8)
+    if preshuffle:
+        key_bytes = shuffle_block_keys(key_bytes)
+    flat = torch.full((num_blocks, stride), 0xFF, dtype=torch.uint8, device=keys_fp8.device)
+    flat[:, : bs * d] = key_bytes.reshape(num_blocks, bs * d)
+    flat[:, bs * d : packed] = scales.float().contiguous().view(torch.uint8).reshape(num_blocks, bs * 4)
+    return flat.as_strided((num_blocks, bs, 1, d + 4), (stride, d + 4, d + 4, 1))
+
+
+def _block_views(kv_cache: torch.Tensor, kv_block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Strided uint8 views ``keys [num_blocks, bs * D]`` and ``scale_bytes [num_blocks, bs * 4]``."""
+    num_blocks, stride0 = kv_cache.shape[0], kv_cache.stride(0)
+    d = kv_cache.shape[-1] - 4
+    base = kv_cache.storage_offset()
+    keys = kv_cache.as_strided((num_blocks, kv_block_size * d), (stride0, 1), base)
+    scales = kv_cache.as_strided((num_blocks, kv_block_size * 4), (stride0, 1), base + kv_block_size * d)
+    return keys, scales
+
+
+def unpack_kv_cache(
+    kv_cache: torch.Tensor, *, kv_block_size: int, preshuffle: bool, fp8_dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse of :func:`pack_kv_cache`: ``(keys_fp8 [num_blocks, bs, D], scales [num_blocks, bs])``."""
+    d = kv_cache.shape[-1] - 4
+    keys, scale_bytes = _block_views(kv_cache, kv_block_size)
+    keys = keys.reshape(-1, kv_block_size, d)
+    if preshuffle:
+        keys = unshuffle_block_keys(keys)
+    scales = scale_bytes.contiguous().view(torch.float32)
+    return keys.contiguous().view(fp8_dtype), scales
+
+
+# ----------------------------------------------------------------------------- semantics
+def row_lengths(context_lens: torch.Tensor, next_n: int) -> torch.Tensor:
+    """``[B, next_n]`` int64 visible length of every query row (see problem.py)."""
+    lens = context_lens.long()
+    if lens.dim() == 1:
+        offsets = torch.arange(next_n, device=lens.device) - (next_n - 1)
+        return (lens[:, None] + offsets[None, :]).clamp_min(0)
+    return lens.clamp_min(0)
+
+
+def _gather_keys(kv_cache, block_ids, kv_block_size, preshuffle, fp8_dtype):
+    """Dequantised keys and scales of the blocks ``block_ids [B, n]``: ``[B, n*bs, D]``, ``[B, n*bs]``."""
+    d = kv_cache.shape[-1] - 4
+    keys, scale_bytes = _block_views(kv_cache, kv_block_size)
+    ids = block_ids.long().clamp(0, kv_cache.shape[0] - 1)  # rows past a sequence may hold junk ids
+    key_blocks = keys[ids].reshape(*ids.shape, kv_block_size, d)
+    if preshuffle:
+        key_blocks = unshuffle_block_keys(key_blocks)
+    key_f = key_blocks.contiguous().view(fp8_dtype).float().reshape(ids.shape[0], -1, d)
+    scale_f = scale_bytes[ids].contiguous().view(torch.float32).reshape(ids.shape[0], -1)
+    return key_f, scale_f
+
+
+def logits_into(
+    out: torch.Tensor,
+    q_fp8: torch.Tensor,
+    kv_cache: torch.Tensor,
+    weights: torch.Tensor,
+    context_lens: torch.Tensor,
+    kv_indices: torch.Tensor,
+    max_model_len: int,
+    *,
+    kv_block_size: int,
+    preshuffle: bool,
+    clean_logits: bool = False,
+    max_elements: int = 1 << 25,
+) -> torch.Tensor:
+    """Write the logits of every visible position into ``out`` (contract semantics).
+
+    Work is done in column chunks whose size depends only on shapes, so it never synchronises.
+    Positions that are not visible keep ``out``'s values (or become ``-inf`` with
+    ``clean_logits``). Returns ``out``.
+    """
+    batch, next_n, heads, d = q_fp8.shape
+    rows = batch * next_n
+    width = min(max_model_len, kv_indices.shape[1] * kv_block_size)
+    row_len = row_lengths(context_lens, next_n)  # [B, next_n]
+    q = q_fp8.float()
+    w = weights[:rows].float().reshape(batch, next_n, heads)
+    per_column = max(1, batch * next_n * heads + batch * d)
+    chunk = max(kv_block_size, (max_elements // per_column) // kv_block_size * kv_block_size)
+    for c0 in range(0, width, chunk):
+        c1 = min(c0 + chunk, width)
+        b0, b1 = c0 // kv_block_size, math.ceil(c1 / kv_block_size)
+        keys, scales = _gather_keys(kv_cache, kv_indices[:, b0:b1], kv_block_size, preshuffle, q_fp8.dtype)
+        lo = c0 - b0 * kv_block_size
+        keys, scales = keys[:, lo : lo + c1 - c0], scales[:, lo : lo + c1 - c0]
+        scores = torch.einsum("bjhd,bpd->bjhp", q, keys) * scales[:, None, None, :]
+        logits = (scores.relu() * w[..., None]).sum(dim=2)  # [B, next_n, P]
+        cols = torch.arange(c0, c1, device=out.device)
+        visible = (cols[None, None, :] < row_len[..., None]).reshape(rows, c1 - c0)
+        target = out[:rows, c0:c1]
+        fill = torch.full_like(target, float("-inf")) if clean_logits else target
+        target.copy_(torch.where(visible, logits.reshape(rows, c1 - c0), fill))
+    if clean_logits and width < max_model_len:
+        out[:rows, width:max_model_len] = float("-inf")
+    return out
+
+
+def reference_logits(
+    q_fp8: torch.Tensor,
+    kv_cache: torch.Tensor,
+    weights: torch.Tensor,
+    context_lens: torch.Tensor,
+    kv_indices: torch.Tensor,
+    max_model_len: int,
+    *,
+    kv_block_size: int,
+    preshuffle: bool = False,
+) -> torch.Tensor:
+    """``[B * next_n, max_model_len]`` float32: the logit at visible positions, ``-inf`` elsewhere."""
+    rows = q_fp8.shape[0] * q_fp8.shape[1]
+    out = torch.full((rows, max_model_len), float("-inf"), dtype=torch.float32, device=q_fp8.device)
+    return logits_into(
+        out, q_fp8, kv_cache, weights, context_lens, kv_indices, max_model_len,
+        kv_block_size=kv_block_size, preshuffle=preshuffle,
+    )
+
+
+def valid_mask(context_lens: torch.Tensor, next_n: int, max_model_len: int, table_width: int) -> torch.Tensor:
+    """``[B * next_n, max_model_len]`` bool: True where the row sees the column."""
+    row_len = row_lengths(context_lens, next_n).reshape(-1)
+    cols = torch.arange(max_model_len, device=context_lens.device)
+    return (cols[None, :] < row_len[:, None]) & (cols[None, :] < table_width)
+
+
+def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
+    """``1 - 2 sum(xy) / sum(x^2 + y^2)`` in float64 (0 = identical); BRIEF.md section 4."""
+    x, y = x.double(), y.double()
+    denom = (x * x + y * y).sum()
+    if denom == 0:
+        return 0.0
+    return float(1 - 2 * (x * y).sum() / denom)
+
+
+# ----------------------------------------------------------------------------- synthetic inputs
+def make_inputs(
+    batch: int,
+    next_n: int,
+    heads: int,
+    context_lens,
+    *,
+    kv_block_size: int = 64,
+    preshuffle: bool = False,
+    fp8_dtype: torch.dtype = torch.float8_e4m3fn,
+    lens_2d: bool = True,
+    max_model_len: int | None = None,
+    device="cpu",
+    seed: int = 0,
+    block_stride_pad: int = 0,
+    table_pad: int = 0,
+    table_row_pad: int = 0,
+    out_row_pad: int = 0,
+    out_fill: float = float("nan"),
+    head_dim: int = HEAD_DIM,
+) -> dict:
+    """Synthetic inputs with an honest memory footprint (BRIEF.md section 4).
+
+    Every token of every sequence gets its own block; blocks are assigned through a random
+    permutation. ``context_lens`` is an int (uniform) or a list of ``batch`` ints (``L_b``).
+    Block-table entries past a sequence hold ``-1`` so a kernel that reads them faults or shows
+    up in tests. Returns a dict keyed by the op's argument names (``kv_block_size`` and
+    ``preshuffle`` included); tensors keep their strides on ``device``.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    lens = [int(context_lens)] * batch if isinstance(context_lens, int) else [int(x) for x in context_lens]
+    if len(lens) != batch:
+        raise ValueError(f"context_lens has {len(lens)} entries for batch {batch}")
+    blocks_per_seq = [math.ceil(n / kv_block_size) for n in lens]
+    num_blocks = max(1, sum(blocks_per_seq))
+    max_len = max(lens + [1])
+    if max_model_len is None:
+        max_model_len = max_len
+    max_blocks = max(1, math.ceil(max(max_len, max_model_len) / kv_block_size)) + table_pad
+    perm = torch.randperm(num_blocks, generator=gen).int()
+    table = torch.full((batch, max_blocks + table_row_pad), -1, dtype=torch.int32)
+    start = 0
+    for b, n in enumerate(blocks_per_seq):
+        table[b, :n] = perm[start : start + n]
+        start += n
+    kv_indices = table[:, :max_blocks]
+
+    keys = torch.randn(num_blocks, kv_block_size, head_dim, generator=gen)
+    keys_fp8, key_scales = quantize_fp8(keys, fp8_dtype)
+    packed = kv_block_size * (head_dim + 4)
+    kv_cache = pack_kv_cache(keys_fp8, key_scales, preshuffle=preshuffle, block_stride=packed + block_stride_pad)
+
+    fp8_max = FP8_MAX[fp8_dtype]
+    q = (torch.randn(batch, next_n, heads, head_dim, generator=gen) * 0.25 * fp8_max / 4).clamp(-fp8_max, fp8_max)
+    q_fp8 = q.to(fp8_dtype)
+    weights = torch.randn(batch * next_n, heads, generator=gen) / math.sqrt(heads)
+
+    lens_t = torch.tensor(lens, dtype=torch.int32)
+    if lens_2d:
+        offsets = torch.arange(next_n, dtype=torch.int32) - (next_n - 1)
+        lens_t = (lens_t[:, None] + offsets[None, :]).clamp_min(0).to(torch.int32)
+
+    out = torch.full((batch * next_n + out_row_pad, max_model_len + 8), out_fill, dtype=torch.float32)
+    dev = torch.device(device)
+    return {
+        "q_fp8": q_fp8.to(dev),
+        "kv_cache": _to_device_strided(kv_cache, dev),
+        "weights": weights.to(dev),
+        "out_logits": out.to(dev),
+        "context_lens": lens_t.to(dev),
+        "kv_indices": _to_device_strided(kv_indices, dev),
+        "max_model_len": max_model_len,
+        "kv_block_size": kv_block_size,
+        "preshuffle": preshuffle,
+    }
+
+
+def _to_device_strided(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Move a strided view to ``device`` keeping its strides (``.to`` would compact it)."""
+    if t.device == device:
+        return t
+    base = t.as_strided((t.untyped_storage().nbytes() // t.element_size(),), (1,), 0).to(device)
+    return base.as_strided(t.shape, t.stride(), t.storage_offset())

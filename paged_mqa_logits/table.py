@@ -1,0 +1,334 @@
+"""Tuned tables: CSV schema, loading and merging, and the lookup rules.
+
+Schema (one header line; ``#`` lines and blank lines are ignored anywhere):
+
+=================  ==========================================================================
+column             meaning
+=================  ==========================================================================
+arch               ``sm_90``, ``gfx942``, ``gfx950``, ... (``cpu`` is allowed)
+cu_num             CU (ROCm) / SM (CUDA) count the row was tuned on
+heads              H
+head_dim           D (128)
+kv_block_size      KVBlockSize
+preshuffle         0 / 1
+batch              B
+next_n             next_n
+context            the context the row was tuned at, or ``any`` for a row tuned across
+                   contexts (geomean) that serves calls without a ``context_hint``
+backend            ``gluon``, ``flydsl``, ``triton``, ``torch``
+ChunkK, WavePerEU, SplitKV   the common knobs (empty = backend default)
+<other columns>    backend-specific knobs (``variant``, ``num_warps``, ...); empty = default
+us                 measured microseconds (empty for priors)
+provenance         who produced the row: ``tuned:<gpu>|cu<N>|triton<v>|torch<v>|<date>`` or
+                   ``prior:<where it comes from>``
+=================  ==========================================================================
+
+Files: the shipped ``configs/*_tuned.csv``, unless ``PAGED_MQA_LOGITS_CONFIGS`` (alias
+``AITER_CONFIG_PAGED_MQA_LOGITS``) holds a path list (``os.pathsep``-separated). The list
+replaces the shipped files; the entry ``default`` stands for them, so ``default:/my/t.csv``
+merges a file over the shipped tables. A directory entry means its ``*_tuned.csv`` files.
+Merging: rows with the same key (every column up to ``context``) are de-duplicated; within a
+file the fastest ``us`` wins (a row without ``us`` loses to one with), and a later file
+replaces an earlier file's row.
+
+Lookup (:func:`lookup`), deterministic:
+
+1. rows of the same arch, heads, head_dim, kv_block_size, preshuffle and next_n; rows of the
+   device's exact ``cu_num`` if there are any, else those of the nearest tuned ``cu_num``;
+2. with a ``context_hint`` and context-specific rows: the nearest tuned batch among them, then
+   the nearest tuned context for that batch;
+3. otherwise the ``any`` rows: the exact batch, else the nearest tuned batch;
+4. no row: the per-arch default (:data:`DEFAULT_BACKEND`).
+
+"Nearest" is in log2 distance, ties going to the larger value (larger batch / context).
+"""
+
+from __future__ import annotations
+
+import csv
+import glob
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .problem import Problem
+
+ENV_CONFIGS = "PAGED_MQA_LOGITS_CONFIGS"
+ENV_CONFIGS_ALIAS = "AITER_CONFIG_PAGED_MQA_LOGITS"
+ANY_CONTEXT = "any"
+
+KEY_COLUMNS = ("arch", "cu_num", "heads", "head_dim", "kv_block_size", "preshuffle", "batch", "next_n", "context")
+COMMON_KNOBS = ("ChunkK", "WavePerEU", "SplitKV")
+META_COLUMNS = ("backend", "us", "provenance")
+REQUIRED_COLUMNS = KEY_COLUMNS + ("backend",) + COMMON_KNOBS + ("us", "provenance")
+_INT_KEYS = ("cu_num", "heads", "head_dim", "kv_block_size", "batch", "next_n")
+KNOWN_BACKENDS = ("torch", "triton", "gluon", "flydsl")
+
+
+class TableError(ValueError):
+    """A malformed table file; the message starts with ``file:line``."""
+
+
+@dataclass(frozen=True)
+class Row:
+    arch: str
+    cu_num: int
+    heads: int
+    head_dim: int
+    kv_block_size: int
+    preshuffle: bool
+    batch: int
+    next_n: int
+    context: int | None  # None = tuned across contexts ("any")
+    backend: str
+    config: tuple  # sorted (knob, value) pairs, only the set ones
+    us: float | None
+    provenance: str
+    source: str  # "path:line"
+
+    @property
+    def key(self) -> tuple:
+        return (self.arch, self.cu_num, self.heads, self.head_dim, self.kv_block_size, self.preshuffle,
+                self.batch, self.next_n, self.context)
+
+    @property
+    def knobs(self) -> dict:
+        return dict(self.config)
+
+
+# ----------------------------------------------------------------------------- files
+def shipped_config_dir() -> Path:
+    """``configs/`` of a source checkout, else the copy installed as package data."""
+    repo = Path(__file__).resolve().parent.parent / "configs"
+    if repo.is_dir():
+        return repo
+    return Path(__file__).resolve().parent / "configs"
+
+
+def shipped_files() -> list[str]:
+    return sorted(glob.glob(str(shipped_config_dir() / "*_tuned.csv")))
+
+
+def configured_files() -> list[str]:
+    """The table files in effect, in merge order (later files win)."""
+    value = os.environ.get(ENV_CONFIGS) or os.environ.get(ENV_CONFIGS_ALIAS)
+    if not value:
+        return shipped_files()
+    name = ENV_CONFIGS if os.environ.get(ENV_CONFIGS) else ENV_CONFIGS_ALIAS
+    files: list[str] = []
+    for entry in filter(None, value.split(os.pathsep)):
+        if entry == "default":
+            files += shipped_files()
+        elif os.path.isdir(entry):
+            files += sorted(glob.glob(os.path.join(entry, "*_tuned.csv")))
+        elif os.path.isfile(entry):
+            files.append(entry)
+        else:
+            raise FileNotFoundError(f"{name} lists {entry!r}, which is neither a file nor a directory")
+    return files
+
+
+def _parse_value(text: str):
+    text = text.strip()
+    if text == "":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def parse_file(path: str) -> list[Row]:
+    """Rows of one CSV file; raises :class:`TableError` with ``path:line`` on malformed input."""
+    rows: list[Row] = []
+    header: list[str] | None = None
+    with open(path, newline="") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            cells = next(csv.reader([line]))
+            where = f"{path}:{lineno}"
+            if header is None:
+                header = [c.strip() for c in cells]
+                missing = [c for c in REQUIRED_COLUMNS if c not in header]
+                if missing:
+                    raise TableError(f"{where}: header lacks column(s) {', '.join(missing)}")
+                if len(set(header)) != len(header):
+                    raise TableError(f"{where}: header repeats a column")
+                continue
+            if len(cells) != len(header):
+                raise TableError(f"{where}: expected {len(header)} cells, got {len(cells)}")
+            rows.append(_parse_row(dict(zip(header, (c.strip() for c in cells))), where))
+    if header is None:
+        raise TableError(f"{path}:1: no header line")
+    return rows
+
+
+def _parse_row(cells: dict, where: str) -> Row:
+    def integer(col, minimum=0):
+        try:
+            value = int(cells[col])
+        except ValueError:
+            raise TableError(f"{where}: column {col} must be an integer, got {cells[col]!r}") from None
+        if value < minimum:
+            raise TableError(f"{where}: column {col} must be >= {minimum}, got {value}")
+        return value
+
+    if not cells["arch"]:
+        raise TableError(f"{where}: column arch is empty")
+    ints = {c: integer(c, 0 if c == "cu_num" else 1) for c in _INT_KEYS}
+    pre = cells["preshuffle"].lower()
+    if pre not in ("0", "1", "true", "false"):
+        raise TableError(f"{where}: column preshuffle must be 0 or 1, got {cells['preshuffle']!r}")
+    context = None if cells["context"].lower() in (ANY_CONTEXT, "") else integer("context")
+    if cells["backend"] not in KNOWN_BACKENDS:
+        raise TableError(f"{where}: column backend must be one of {', '.join(KNOWN_BACKENDS)}, got {cells['backend']!r}")
+    us = None
+    if cells["us"]:
+        try:
+            us = float(cells["us"])
+        except ValueError:
+            raise TableError(f"{where}: column us must be a number, got {cells['us']!r}") from None
+    knobs = {}
+    for col, text in cells.items():
+        if col in KEY_COLUMNS or col in META_COLUMNS:
+            continue
+        value = _parse_value(text)
+        if value is not None:
+            knobs[col] = value
+    from .arch import normalise_arch
+
+    return Row(
+        arch=normalise_arch(cells["arch"]), preshuffle=pre in ("1", "true"), context=context,
+        backend=cells["backend"], config=tuple(sorted(knobs.items())), us=us,
+        provenance=cells["provenance"], source=where, **ints,
+    )
+
+
+def merge(files: list[str]) -> dict[tuple, Row]:
+    """De-duplicated rows by key: fastest within a file, later file over earlier."""
+    merged: dict[tuple, Row] = {}
+    for path in files:
+        local: dict[tuple, Row] = {}
+        for row in parse_file(path):
+            old = local.get(row.key)
+            if old is None or _faster(row, old):
+                local[row.key] = row
+        merged.update(local)
+    return merged
+
+
+def _faster(new: Row, old: Row) -> bool:
+    if new.us is None:
+        return False
+    return old.us is None or new.us < old.us
+
+
+# ----------------------------------------------------------------------------- lookup
+@dataclass
+class Match:
+    row: Row | None
+    rule: str  # human-readable: which rule chose it
+
+
+_TABLE: dict[tuple, Row] | None = None
+_TABLE_FILES: list[str] = []
+_BY_FAMILY: dict[tuple, list[Row]] = {}
+
+
+def table() -> dict[tuple, Row]:
+    global _TABLE, _TABLE_FILES
+    if _TABLE is None:
+        _TABLE_FILES = configured_files()
+        _TABLE = merge(_TABLE_FILES)
+        _BY_FAMILY.clear()
+        for row in _TABLE.values():
+            family = (row.arch, row.heads, row.head_dim, row.kv_block_size, row.preshuffle, row.next_n)
+            _BY_FAMILY.setdefault(family, []).append(row)
+    return _TABLE
+
+
+def loaded_files() -> list[str]:
+    table()
+    return list(_TABLE_FILES)
+
+
+def reset() -> None:
+    global _TABLE
+    _TABLE = None
+    _BY_FAMILY.clear()
+
+
+def _log_distance(a: int, b: int) -> float:
+    return abs(math.log2(max(a, 1)) - math.log2(max(b, 1)))
+
+
+def _nearest(values, target: int) -> int:
+    return min(set(values), key=lambda v: (_log_distance(v, target), -v))
+
+
+def lookup(problem: Problem) -> Match:
+    """The table row for ``problem`` and the rule that chose it (``row=None``: no row)."""
+    table()
+    family = (problem.arch, problem.heads, problem.head_dim, problem.kv_block_size, problem.preshuffle, problem.next_n)
+    rows = _BY_FAMILY.get(family, [])
+    if not rows:
+        return Match(None, "no tuned row for this arch/heads/head_dim/kv_block_size/preshuffle/next_n")
+    cu_note = ""
+    if not any(r.cu_num == problem.cu_num for r in rows):
+        tuned_cu = _nearest((r.cu_num for r in rows), problem.cu_num)
+        cu_note = f", rows of cu_num {tuned_cu} (device has {problem.cu_num})"
+    else:
+        tuned_cu = problem.cu_num
+    rows = [r for r in rows if r.cu_num == tuned_cu]
+
+    by_context = [r for r in rows if r.context is not None]
+    if problem.context is not None and by_context:
+        batch = _nearest((r.batch for r in by_context), problem.batch)
+        at_batch = [r for r in by_context if r.batch == batch]
+        context = _nearest((r.context for r in at_batch), problem.context)
+        row = next(r for r in at_batch if r.context == context)
+        exact = batch == problem.batch and context == problem.context
+        rule = "exact row" if exact else f"nearest tuned row (batch {batch}, context {context})"
+        return Match(row, rule + cu_note)
+    agnostic = [r for r in rows if r.context is None]
+    if agnostic:
+        batch = _nearest((r.batch for r in agnostic), problem.batch)
+        row = next(r for r in agnostic if r.batch == batch)
+        rule = "exact row (across contexts)" if batch == problem.batch else f"nearest tuned batch {batch} (across contexts)"
+        return Match(row, rule + cu_note)
+    return Match(None, "only context-specific rows and no context_hint given" + cu_note)
+
+
+def table_configs(arch: str) -> list[tuple[dict, str, dict]]:
+    """Every ``(problem fields, backend, knobs)`` the table can pick for ``arch``."""
+    from .arch import normalise_arch
+
+    arch = normalise_arch(arch)
+    out = []
+    for row in table().values():
+        if row.arch != arch:
+            continue
+        fields = {
+            "arch": row.arch, "cu_num": row.cu_num, "heads": row.heads, "head_dim": row.head_dim,
+            "kv_block_size": row.kv_block_size, "preshuffle": row.preshuffle, "batch": row.batch,
+            "next_n": row.next_n, "context": row.context,
+        }
+        out.append((fields, row.backend, row.knobs))
+    return out
+
+
+@dataclass
+class TableWriter:
+    """Column order used when writing tables (the tuner writes through this)."""
+
+    knob_columns: list[str] = field(default_factory=list)
+
+    def header(self) -> list[str]:
+        extra = [c for c in self.knob_columns if c not in COMMON_KNOBS]
+        return list(KEY_COLUMNS) + ["backend"] + list(COMMON_KNOBS) + extra + ["us", "provenance"]
