@@ -33,7 +33,7 @@ def demo(argv: list[str]) -> int:
 
     from . import dispatch
     from .op import build_launch_args, launch
-    from .reference import calc_diff, make_inputs, reference_logits
+    from .reference import check_logits, make_inputs, reference_logits
 
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     fp8 = torch.float8_e4m3fn
@@ -64,17 +64,9 @@ def demo(argv: list[str]) -> int:
     ref = reference_logits(inputs["q_fp8"], inputs["kv_cache"], inputs["weights"], inputs["context_lens"],
                            inputs["kv_indices"], inputs["max_model_len"], kv_block_size=a.kv_block_size,
                            preshuffle=a.preshuffle)
-    out = inputs["out_logits"]
-    rows, width = ref.shape
-    valid = torch.isfinite(ref)
-    diff = calc_diff(out[:rows, :width][valid], ref[valid])
-    # Untouched: everything but the valid positions must equal the sentinel bit for bit.
-    untouched = torch.ones_like(out, dtype=torch.bool)
-    untouched[:rows, :width] = ~valid
-    same = out.view(torch.int32)[untouched].equal(sentinel.view(torch.int32)[untouched])
-    ok = diff < 1e-3 and same
-    print(f"check   : {int(valid.sum())} logits, calc_diff={diff:.2e} (< 1e-3), "
-          f"untouched elsewhere: {'yes' if same else 'NO'} -> {'PASS' if ok else 'FAIL'}")
+    check = check_logits(inputs["out_logits"], sentinel, ref)
+    ok = check.ok
+    print(f"check   : {check.describe()}")
     return 0 if ok else 1
 
 

@@ -27,7 +27,7 @@ def fallback_chain(arch: str) -> tuple[str, ...]:
         return ("torch", "triton")
     if arch.startswith("gfx"):
         return ("gluon", "flydsl", "triton", "torch")
-    if arch.startswith("sm_"):
+    if arch == "sm_90":
         return ("gluon", "triton", "torch")
     return ("triton", "torch")
 

@@ -31,6 +31,6 @@ def explain(
         arch=arch, cu_num=cu_num, batch=batch, next_n=next_n, heads=heads, head_dim=head_dim,
         kv_block_size=kv_block_size, preshuffle=preshuffle, context=context, lens_2d=lens_2d,
         fp8="fnuz" if arch == "gfx942" else "fn", device_type="cpu" if arch == "cpu" else "cuda",
-        max_model_len=max_model_len or context or 32768,
+        max_model_len=max_model_len or context or 32768, hypothetical=True,
     )
     return dispatch._decide(problem)

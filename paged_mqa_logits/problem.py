@@ -61,6 +61,9 @@ class Problem:
     fp8: str  # "fn" | "fnuz"
     device_type: str  # torch device type: "cpu" | "cuda" (ROCm reports "cuda" too)
     max_model_len: int
+    #: True for problems described rather than called (``explain``, ``compile --only-table``):
+    #: backends then judge only arch and shapes, not whether this machine could run them.
+    hypothetical: bool = False
 
     @property
     def rows(self) -> int:

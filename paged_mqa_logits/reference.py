@@ -9,6 +9,7 @@ chunks, which the ``torch`` backend uses to serve calls (no host-device synchron
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -206,6 +207,39 @@ def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
     if denom == 0:
         return 0.0
     return float(1 - 2 * (x * y).sum() / denom)
+
+
+@dataclass
+class Check:
+    """Outcome of comparing an op's output with the reference (BRIEF.md section 4)."""
+
+    calc_diff: float  # on the valid positions
+    untouched: bool  # every non-valid element of out equals its value before the call, bit for bit
+    valid_count: int
+
+    @property
+    def ok(self) -> bool:
+        return self.untouched and self.calc_diff < 1e-3
+
+    def describe(self) -> str:
+        return (f"{self.valid_count} logits, calc_diff={self.calc_diff:.2e}, "
+                f"untouched elsewhere: {'yes' if self.untouched else 'NO'} -> {'PASS' if self.ok else 'FAIL'}")
+
+
+def check_logits(out: torch.Tensor, before: torch.Tensor, ref: torch.Tensor, *, clean_logits: bool = False) -> Check:
+    """Compare ``out`` (after the call) with ``ref`` (:func:`reference_logits`), given a copy
+    ``before`` of ``out`` taken before the call. With ``clean_logits`` the cleaned columns
+    ``[valid_end, max_model_len)`` must be ``-inf`` instead of untouched."""
+    rows, width = ref.shape
+    valid = torch.isfinite(ref)
+    got = out[:rows, :width]
+    diff = calc_diff(got[valid], ref[valid]) if bool(valid.any()) else 0.0
+    if bool(torch.isnan(got[valid]).any()):
+        diff = float("inf")
+    expected = before.clone()
+    expected[:rows, :width] = torch.where(valid, got, float("-inf") if clean_logits else before[:rows, :width])
+    untouched = torch.equal(out.view(torch.int32), expected.view(torch.int32))
+    return Check(diff, untouched, int(valid.sum()))
 
 
 # ----------------------------------------------------------------------------- synthetic inputs

@@ -1,0 +1,37 @@
+import pytest
+import torch
+
+from paged_mqa_logits import arch
+
+
+@pytest.mark.parametrize("given,expected", [("sm90", "sm_90"), ("SM_90", "sm_90"), ("90", "sm_90"),
+                                            ("gfx950:sramecc+:xnack-", "gfx950"), ("gfx942", "gfx942")])
+def test_normalise(given, expected):
+    assert arch.normalise_arch(given) == expected
+
+
+def test_cpu_tensors_are_cpu_even_with_override(monkeypatch):
+    monkeypatch.setenv("PAGED_MQA_LOGITS_ARCH", "gfx950")
+    assert arch.detect("cpu") == arch.ArchInfo("cpu", 0)
+
+
+def test_override_applies_to_gpu_info(monkeypatch):
+    monkeypatch.setenv("PAGED_MQA_LOGITS_ARCH", "gfx950")
+    monkeypatch.setenv("PAGED_MQA_LOGITS_CU_NUM", "256")
+    assert arch.apply_override(arch.ArchInfo("sm_90", 132)) == arch.ArchInfo("gfx950", 256)
+    monkeypatch.setenv("PAGED_MQA_LOGITS_CU_NUM", "many")
+    with pytest.raises(ValueError, match="PAGED_MQA_LOGITS_CU_NUM must be an integer, got 'many'"):
+        arch.apply_override(arch.ArchInfo("sm_90", 132))
+
+
+def test_fp8_support():
+    assert arch.ArchInfo("gfx942", 304).supports_fp8("fnuz") and not arch.ArchInfo("gfx942", 304).supports_fp8("fn")
+    assert arch.ArchInfo("gfx950", 256).supports_fp8("fn") and not arch.ArchInfo("gfx950", 256).supports_fp8("fnuz")
+    assert arch.ArchInfo("sm_90", 132).supports_fp8("fn") and not arch.ArchInfo("sm_90", 132).supports_fp8("fnuz")
+    assert arch.ArchInfo("cpu", 0).supports_fp8("fn") and arch.ArchInfo("cpu", 0).supports_fp8("fnuz")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_detect_gpu():
+    info = arch.detect("cuda")
+    assert info.cu_num > 0 and (info.arch.startswith("sm_") or info.arch.startswith("gfx"))

@@ -1,0 +1,212 @@
+"""Tuned-table parsing, merging, lookup rules, fallback and logging."""
+
+import logging
+import os
+
+import pytest
+import torch
+
+from op_cases import positional
+from paged_mqa_logits import dispatch, paged_mqa_logits, reload_tuned_table, table
+from paged_mqa_logits.explain import explain
+from paged_mqa_logits.problem import Problem
+from paged_mqa_logits.reference import make_inputs
+
+HEADER = "arch,cu_num,heads,head_dim,kv_block_size,preshuffle,batch,next_n,context,backend,ChunkK,WavePerEU,SplitKV,num_warps,us,provenance\n"
+
+
+def write(tmp_path, name, rows, header=HEADER):
+    path = tmp_path / name
+    path.write_text(header + "".join(r + "\n" for r in rows))
+    return str(path)
+
+
+def problem(arch="gfx950", cu=256, batch=64, next_n=1, heads=32, context=None, pre=True, bs=64):
+    return Problem(arch=arch, cu_num=cu, batch=batch, next_n=next_n, heads=heads, head_dim=128, kv_block_size=bs,
+                   preshuffle=pre, context=context, lens_2d=True, fp8="fn", device_type="cuda", max_model_len=32768)
+
+
+def use(monkeypatch, *paths):
+    monkeypatch.setenv("PAGED_MQA_LOGITS_CONFIGS", os.pathsep.join(paths))
+    reload_tuned_table()
+
+
+def test_parse_rows_comments_and_knobs(tmp_path):
+    path = write(tmp_path, "a_tuned.csv", [
+        "# a comment line", "",
+        "gfx950,256,32,128,64,1,64,1,any,gluon,128,4,0,,31.1,prior:test",
+        "gfx950,256,32,128,64,1,64,1,8192,flydsl,,2,,8,30.2,tuned:x",
+    ])
+    rows = table.parse_file(path)
+    assert [r.source for r in rows] == [f"{path}:4", f"{path}:5"]
+    assert rows[0].context is None and rows[1].context == 8192
+    assert rows[0].knobs == {"ChunkK": 128, "WavePerEU": 4, "SplitKV": 0}
+    assert rows[1].knobs == {"WavePerEU": 2, "num_warps": 8}
+    assert rows[0].preshuffle is True and rows[0].us == pytest.approx(31.1)
+
+
+@pytest.mark.parametrize("line,message", [
+    ("gfx950,256,32,128,64,1,64,1,any,gluon,128,4,0,,31.1", "expected 16 cells, got 15"),
+    ("gfx950,256,32,128,64,1,sixty,1,any,gluon,128,4,0,,1,p", "column batch must be an integer, got 'sixty'"),
+    ("gfx950,256,32,128,64,2,64,1,any,gluon,128,4,0,,1,p", "column preshuffle must be 0 or 1"),
+    ("gfx950,256,32,128,64,1,64,1,any,cuda,128,4,0,,1,p", "column backend must be one of"),
+    ("gfx950,256,32,128,64,1,64,1,any,gluon,128,4,0,,fast,p", "column us must be a number"),
+    ("gfx950,256,32,128,64,1,0,1,any,gluon,128,4,0,,1,p", "column batch must be >= 1, got 0"),
+    (",256,32,128,64,1,64,1,any,gluon,128,4,0,,1,p", "column arch is empty"),
+])
+def test_malformed_rows_report_file_and_line(tmp_path, line, message):
+    path = write(tmp_path, "bad_tuned.csv", ["# ok", line])
+    with pytest.raises(table.TableError, match=f"^{path}:3: {message}"):
+        table.parse_file(path)
+
+
+def test_malformed_header(tmp_path):
+    path = write(tmp_path, "h_tuned.csv", [], header="# c\narch,cu_num,heads\n")
+    with pytest.raises(table.TableError, match=f"^{path}:2: header lacks column"):
+        table.parse_file(path)
+    empty = tmp_path / "e_tuned.csv"
+    empty.write_text("# nothing\n")
+    with pytest.raises(table.TableError, match="no header line"):
+        table.parse_file(str(empty))
+
+
+def test_merge_dedup_fastest_within_file_later_file_wins(tmp_path, monkeypatch):
+    a = write(tmp_path, "a_tuned.csv", [
+        "gfx950,256,32,128,64,1,64,1,any,gluon,128,4,0,,40,p",
+        "gfx950,256,32,128,64,1,64,1,any,gluon,256,2,0,,30,p",  # same key, faster: wins in file a
+        "gfx950,256,32,128,64,1,64,1,any,gluon,64,1,0,,,p",  # no us: loses
+        "gfx950,256,32,128,64,1,8,1,any,gluon,64,4,0,,5,p",
+    ])
+    b = write(tmp_path, "b_tuned.csv", ["gfx950,256,32,128,64,1,8,1,any,flydsl,,2,,,9,p"])
+    merged = table.merge([a, b])
+    assert len(merged) == 2
+    key64 = ("gfx950", 256, 32, 128, 64, True, 64, 1, None)
+    key8 = ("gfx950", 256, 32, 128, 64, True, 8, 1, None)
+    assert merged[key64].knobs["ChunkK"] == 256 and merged[key64].source == f"{a}:3"
+    assert merged[key8].backend == "flydsl"  # later file replaces, even if slower
+
+
+def test_env_path_list_default_token_directory_and_alias(tmp_path, monkeypatch):
+    mine = write(tmp_path, "mine_tuned.csv", ["gfx950,256,32,128,64,1,64,1,any,gluon,64,1,0,,1,p"])
+    use(monkeypatch, "default", mine)
+    assert table.loaded_files() == table.shipped_files() + [mine]
+    use(monkeypatch, str(tmp_path))
+    assert table.loaded_files() == [mine]
+    monkeypatch.delenv("PAGED_MQA_LOGITS_CONFIGS")
+    monkeypatch.setenv("AITER_CONFIG_PAGED_MQA_LOGITS", mine)
+    reload_tuned_table()
+    assert table.loaded_files() == [mine]
+    monkeypatch.setenv("AITER_CONFIG_PAGED_MQA_LOGITS", str(tmp_path / "missing.csv"))
+    reload_tuned_table()
+    with pytest.raises(FileNotFoundError, match="AITER_CONFIG_PAGED_MQA_LOGITS lists .*missing.csv"):
+        table.loaded_files()
+
+
+def test_lookup_rules(tmp_path, monkeypatch):
+    path = write(tmp_path, "t_tuned.csv", [
+        "gfx950,256,32,128,64,1,8,1,any,gluon,64,4,0,,1,p",
+        "gfx950,256,32,128,64,1,64,1,any,gluon,128,4,0,,1,p",
+        "gfx950,256,32,128,64,1,32,1,8192,gluon,256,1,0,,1,p",
+        "gfx950,256,32,128,64,1,32,1,32768,gluon,256,2,0,,1,p",
+        "gfx950,256,32,128,64,1,128,1,8192,flydsl,,1,,,1,p",
+    ])
+    use(monkeypatch, path)
+    m = table.lookup(problem(batch=64))
+    assert m.row.source == f"{path}:3" and m.rule == "exact row (across contexts)"
+    m = table.lookup(problem(batch=20))  # log2 distance: |4.32-3| > |4.32-6|? 8 -> 1.32, 64 -> 1.68
+    assert m.row.batch == 8 and "nearest tuned batch 8" in m.rule
+    m = table.lookup(problem(batch=23))  # 23 is exactly between 8 and 64 in log2 -> tie goes larger
+    assert m.row.batch == 64
+    m = table.lookup(problem(batch=32, context=9000))
+    assert m.row.context == 8192 and m.rule.startswith("nearest tuned row (batch 32, context 8192)")
+    m = table.lookup(problem(batch=32, context=32768))
+    assert m.row.context == 32768 and m.rule == "exact row"
+    m = table.lookup(problem(batch=100, context=20000))  # batch 128 nearest among context rows
+    assert m.row.batch == 128 and m.row.backend == "flydsl"
+    m = table.lookup(problem(next_n=2))
+    assert m.row is None and "no tuned row" in m.rule
+    m = table.lookup(problem(cu=304, batch=64))  # other cu_num: nearest tuned cu_num, said so
+    assert m.row.batch == 64 and "rows of cu_num 256 (device has 304)" in m.rule
+
+
+def test_only_context_rows_without_hint_fall_to_defaults(tmp_path, monkeypatch):
+    path = write(tmp_path, "c_tuned.csv", ["gfx950,256,32,128,64,1,32,1,8192,gluon,256,1,0,,1,p"])
+    use(monkeypatch, path)
+    m = table.lookup(problem(batch=32))
+    assert m.row is None and "no context_hint" in m.rule
+
+
+def test_dispatch_uses_row_on_cpu_and_falls_back(tmp_path, monkeypatch):
+    path = write(tmp_path, "cpu_tuned.csv", [
+        "cpu,0,32,128,16,0,2,1,any,triton,32,,1,4,1,p",
+        "cpu,0,32,128,16,0,2,2,any,gluon,64,2,0,,1,p",
+    ])
+    use(monkeypatch, path)
+    inp = make_inputs(2, 1, 32, [20, 9], kv_block_size=16)
+    choice = dispatch.choose(paged_mqa_logits.__globals__["build_launch_args"](*positional(inp)).problem)
+    assert choice.backend == "triton" and choice.config == {"ChunkK": 32, "SplitKV": 1, "num_warps": 4}
+    inp2 = make_inputs(2, 2, 32, [20, 9], kv_block_size=16)
+    p2 = paged_mqa_logits.__globals__["build_launch_args"](*positional(inp2)).problem
+    choice2 = dispatch.choose(p2)
+    assert choice2.backend == "torch" and choice2.skipped[0][0] == "gluon"
+    assert "fallback: table row" in choice2.rule and f"{path}:3" in choice2.rule
+    # the fallback gives the same result as the reference path
+    paged_mqa_logits(*positional(inp2))
+    ref = inp2["out_logits"].clone()
+    inp2["out_logits"].fill_(float("nan"))
+    paged_mqa_logits(*positional(inp2), backend="torch")
+    assert torch.equal(ref.view(torch.int32), inp2["out_logits"].view(torch.int32))
+
+
+def test_log_once_per_new_key(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("AITER_LOG_TUNED_CONFIG", "1")
+    inp = make_inputs(1, 1, 32, [20], kv_block_size=16)
+    with caplog.at_level(logging.INFO, logger="paged_mqa_logits"):
+        for _ in range(3):
+            paged_mqa_logits(*positional(inp))
+        inp2 = make_inputs(2, 1, 32, [20, 4], kv_block_size=16)
+        paged_mqa_logits(*positional(inp2))
+    lines = [r.getMessage() for r in caplog.records if r.name == "paged_mqa_logits"]
+    assert len(lines) == 2
+    assert "batch=1" in lines[0] and "backend=torch" in lines[0] and "rule: default for cpu" in lines[0]
+    assert "from defaults" in lines[0]
+
+
+def test_no_log_without_env(caplog):
+    inp = make_inputs(1, 1, 32, [20], kv_block_size=16)
+    with caplog.at_level(logging.INFO, logger="paged_mqa_logits"):
+        paged_mqa_logits(*positional(inp))
+    assert not [r for r in caplog.records if r.name == "paged_mqa_logits"]
+
+
+def test_reload_picks_up_changed_file(tmp_path, monkeypatch):
+    path = write(tmp_path, "r_tuned.csv", ["sm_80,108,32,128,64,1,64,1,any,triton,128,,0,4,1,p"])
+    use(monkeypatch, path)
+
+    def chunk():
+        return explain(arch="sm80", cu_num=108, batch=64, next_n=1, heads=32, preshuffle=True).config.get("ChunkK")
+
+    assert chunk() == 128
+    write(tmp_path, "r_tuned.csv", ["sm_80,108,32,128,64,1,64,1,any,triton,32,,0,4,1,p"])
+    assert chunk() == 128  # tables are read once
+    reload_tuned_table()
+    assert chunk() == 32
+
+
+def test_table_configs(tmp_path, monkeypatch):
+    path = write(tmp_path, "x_tuned.csv", [
+        "gfx950,256,32,128,64,1,64,1,any,gluon,128,4,0,,1,p",
+        "sm_90,132,64,128,64,0,1,1,any,triton,64,,0,4,1,p",
+    ])
+    use(monkeypatch, path)
+    configs = table.table_configs("sm90")
+    assert configs == [({"arch": "sm_90", "cu_num": 132, "heads": 64, "head_dim": 128, "kv_block_size": 64,
+                         "preshuffle": False, "batch": 1, "next_n": 1, "context": None}, "triton",
+                        {"ChunkK": 64, "SplitKV": 0, "num_warps": 4})]
+
+
+def test_fallback_chains():
+    assert dispatch.fallback_chain("cpu")[0] == "torch"
+    assert dispatch.fallback_chain("gfx942")[-1] == "torch"
+    assert dispatch.fallback_chain("sm_90") == ("gluon", "triton", "torch")
+    assert dispatch.fallback_chain("sm_80") == ("triton", "torch")
