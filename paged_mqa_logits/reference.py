@@ -271,7 +271,8 @@ def make_inputs(
     up in tests. Returns a dict keyed by the op's argument names (``kv_block_size`` and
     ``preshuffle`` included); tensors keep their strides on ``device``.
     """
-    gen = torch.Generator().manual_seed(seed)
+    dev = torch.device(device)
+    gen = torch.Generator(device=dev).manual_seed(seed)  # generated where it is used: GB-sized caches
     lens = [int(context_lens)] * batch if isinstance(context_lens, int) else [int(x) for x in context_lens]
     if len(lens) != batch:
         raise ValueError(f"context_lens has {len(lens)} entries for batch {batch}")
@@ -281,47 +282,43 @@ def make_inputs(
     if max_model_len is None:
         max_model_len = max_len
     max_blocks = max(1, math.ceil(max(max_len, max_model_len) / kv_block_size)) + table_pad
-    perm = torch.randperm(num_blocks, generator=gen).int()
-    table = torch.full((batch, max_blocks + table_row_pad), -1, dtype=torch.int32)
-    start = 0
-    for b, n in enumerate(blocks_per_seq):
-        table[b, :n] = perm[start : start + n]
-        start += n
+    perm = torch.randperm(num_blocks, generator=gen, device=dev).int()
+    table = torch.full((batch, max_blocks + table_row_pad), -1, dtype=torch.int32, device=dev)
+    starts = [0]
+    for n in blocks_per_seq:
+        starts.append(starts[-1] + n)
+    cols = torch.arange(max_blocks, device=dev)
+    counts = torch.tensor(blocks_per_seq, device=dev)
+    index = (torch.tensor(starts[:-1], device=dev)[:, None] + cols[None, :]).clamp_max(num_blocks - 1)
+    table[:, :max_blocks] = torch.where(cols[None, :] < counts[:, None], perm[index], -1)
     kv_indices = table[:, :max_blocks]
 
-    keys = torch.randn(num_blocks, kv_block_size, head_dim, generator=gen)
+    keys = torch.randn(num_blocks, kv_block_size, head_dim, generator=gen, device=dev)
     keys_fp8, key_scales = quantize_fp8(keys, fp8_dtype)
+    del keys
     packed = kv_block_size * (head_dim + 4)
     kv_cache = pack_kv_cache(keys_fp8, key_scales, preshuffle=preshuffle, block_stride=packed + block_stride_pad)
+    del keys_fp8
 
     fp8_max = FP8_MAX[fp8_dtype]
-    q = (torch.randn(batch, next_n, heads, head_dim, generator=gen) * 0.25 * fp8_max / 4).clamp(-fp8_max, fp8_max)
+    q = (torch.randn(batch, next_n, heads, head_dim, generator=gen, device=dev) * 0.25 * fp8_max / 4).clamp(-fp8_max, fp8_max)
     q_fp8 = q.to(fp8_dtype)
-    weights = torch.randn(batch * next_n, heads, generator=gen) / math.sqrt(heads)
+    weights = torch.randn(batch * next_n, heads, generator=gen, device=dev) / math.sqrt(heads)
 
-    lens_t = torch.tensor(lens, dtype=torch.int32)
+    lens_t = torch.tensor(lens, dtype=torch.int32, device=dev)
     if lens_2d:
-        offsets = torch.arange(next_n, dtype=torch.int32) - (next_n - 1)
+        offsets = torch.arange(next_n, dtype=torch.int32, device=dev) - (next_n - 1)
         lens_t = (lens_t[:, None] + offsets[None, :]).clamp_min(0).to(torch.int32)
 
-    out = torch.full((batch * next_n + out_row_pad, max_model_len + 8), out_fill, dtype=torch.float32)
-    dev = torch.device(device)
+    out = torch.full((batch * next_n + out_row_pad, max_model_len + 8), out_fill, dtype=torch.float32, device=dev)
     return {
-        "q_fp8": q_fp8.to(dev),
-        "kv_cache": _to_device_strided(kv_cache, dev),
-        "weights": weights.to(dev),
-        "out_logits": out.to(dev),
-        "context_lens": lens_t.to(dev),
-        "kv_indices": _to_device_strided(kv_indices, dev),
+        "q_fp8": q_fp8,
+        "kv_cache": kv_cache,
+        "weights": weights,
+        "out_logits": out,
+        "context_lens": lens_t,
+        "kv_indices": kv_indices,
         "max_model_len": max_model_len,
         "kv_block_size": kv_block_size,
         "preshuffle": preshuffle,
     }
-
-
-def _to_device_strided(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Move a strided view to ``device`` keeping its strides (``.to`` would compact it)."""
-    if t.device == device:
-        return t
-    base = t.as_strided((t.untyped_storage().nbytes() // t.element_size(),), (1,), 0).to(device)
-    return base.as_strided(t.shape, t.stride(), t.storage_offset())

@@ -6,7 +6,10 @@ calls its ``@triton.jit`` helpers through its module globals, where they are com
 :func:`interpreted` rebuilds the kernel over a copy of its globals in which every jitted
 helper is interpreted, and swaps interpreted twins in for the jitted members of
 ``triton.language`` for the duration of a launch (under a lock), so CPU tensors run the very
-same source the GPU compiles while the module keeps serving GPUs.
+same source the GPU compiles while the module keeps serving GPUs. Loop bounds computed from
+loaded values are interpreter arrays of one element, which numpy 2 refuses to turn into ints,
+so ``range``/``tl.range`` are replaced by versions that unwrap them. This leans on interpreter
+internals of Triton 3.6 (the version CI pins).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import threading
 import types
 
 import triton.language as tl
+import triton.runtime.interpreter as interpreter
 from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction
 
@@ -64,9 +68,24 @@ def _rebind(fn: types.FunctionType) -> types.FunctionType:
 _LANGUAGE_LOCK = threading.Lock()
 
 
+def _scalar_tl_range(arg1, arg2=None, step=None, **kwargs):
+    """``tl.range`` (``num_stages=`` and friends ignored) over interpreter scalars."""
+    start, end = (0, arg1) if arg2 is None else (arg1, arg2)
+    return _scalar_range(start, end, 1 if step is None else step)
+
+
+_ORIGINAL_PATCH_LANG_CORE = interpreter._patch_lang_core
+
+
+def _patch_lang_core(lang, scope):
+    _ORIGINAL_PATCH_LANG_CORE(lang, scope)
+    scope.set_attr(lang, "range", _scalar_tl_range)
+
+
 @contextlib.contextmanager
 def _interpreted_language():
     with _LANGUAGE_LOCK:
+        interpreter._patch_lang_core = _patch_lang_core
         saved = {}
         for module in (tl, tl.math):
             for name, value in list(vars(module).items()):
@@ -78,6 +97,7 @@ def _interpreted_language():
         finally:
             for (module, name), value in saved.items():
                 setattr(module, name, value)
+            interpreter._patch_lang_core = _ORIGINAL_PATCH_LANG_CORE
 
 
 class _InterpretedKernel:

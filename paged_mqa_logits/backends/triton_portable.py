@@ -1,10 +1,12 @@
 """``triton`` backend: one plain-Triton kernel for any Triton GPU, and CPU via the interpreter.
 
-One program per (sequence, KV split). It walks its chunk range of the sequence, gathers each
-chunk of ``ChunkK`` keys through the block table once, and scores it against all ``next_n``
-query rows at once: a single ``[next_n * H, D] x [D, ChunkK]`` dot, so a KV page is read once
-per sequence whatever ``next_n`` is. The head reduction then folds ``[next_n, H, ChunkK]`` to
-``[next_n, ChunkK]``.
+One program per (group of ``RowsPerProgram`` next_n rows, KV split, sequence). It walks its
+chunk range of the sequence, gathers each chunk of ``ChunkK`` keys through the block table
+once, and scores it against all rows of its group at once: a single
+``[ChunkK, D] x [D, rows * H]`` dot, so with ``RowsPerProgram >= next_n`` a KV page is read
+once per sequence. Smaller groups bound the accumulator's registers (``next_n * H`` columns per
+token); their repeated reads of a chunk come from L2. The head reduction then folds
+``[ChunkK, rows, H]`` to ``[ChunkK, rows]``.
 
 CPU tensors run through the Triton interpreter (an :class:`InterpretedFunction` made from the
 same Python source), which computes in fp32 after the load because its fp8 arithmetic is not
@@ -36,9 +38,8 @@ def _sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N: tl.const
 
 
 @triton.jit
-def _row_lengths(lens_ptr, b, seq_len, stride_lens_b, stride_lens_j, NEXT_N: tl.constexpr, NEXT_N_POW2: tl.constexpr, LENS_2D: tl.constexpr):
-    """``[NEXT_N_POW2]`` visible length of each query row of sequence ``b`` (0 for padding)."""
-    j = tl.arange(0, NEXT_N_POW2)
+def _row_lengths(lens_ptr, b, seq_len, j, stride_lens_b, stride_lens_j, NEXT_N: tl.constexpr, LENS_2D: tl.constexpr):
+    """Visible length of query rows ``j`` of sequence ``b`` (0 for padding rows ``j >= NEXT_N``)."""
     if LENS_2D:
         lens = tl.load(lens_ptr + b * stride_lens_b + j * stride_lens_j, mask=j < NEXT_N, other=0)
     else:
@@ -53,38 +54,42 @@ def _paged_mqa_logits_kernel(
     stride_block,  # bytes between cache blocks
     stride_w, stride_out, stride_lens_b, stride_lens_j, stride_table,
     max_model_len, max_blocks, num_splits,
-    NEXT_N: tl.constexpr, NEXT_N_POW2: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    NEXT_N: tl.constexpr, ROWS: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     KV_BLOCK: tl.constexpr, CHUNK: tl.constexpr, PRESHUFFLE: tl.constexpr, LENS_2D: tl.constexpr,
-    DOT_DTYPE: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, NUM_STAGES: tl.constexpr,
 ):
-    b = tl.program_id(0)
+    """Program (row group g, split s, sequence b) scores next_n rows [g*ROWS, (g+1)*ROWS) of
+    sequence b over its split of the KV range. Row groups of one sequence are adjacent program
+    ids, so when next_n > ROWS the repeated KV reads of a chunk hit L2."""
+    row_group = tl.program_id(0)
     split = tl.program_id(1)
-    M: tl.constexpr = NEXT_N_POW2 * HEADS
+    b = tl.program_id(2)
+    M: tl.constexpr = ROWS * HEADS
 
     seq_len = _sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
-    row_len = _row_lengths(lens_ptr, b, seq_len, stride_lens_b, stride_lens_j, NEXT_N, NEXT_N_POW2, LENS_2D)
+    j = row_group * ROWS + tl.arange(0, ROWS)
+    row_len = _row_lengths(lens_ptr, b, seq_len, j, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
     end = tl.minimum(tl.minimum(seq_len, max_model_len), max_blocks * KV_BLOCK)
     num_chunks = tl.cdiv(end, CHUNK)
     per_split = tl.cdiv(num_chunks, num_splits)
     chunk_begin = split * per_split
     chunk_end = tl.minimum(chunk_begin + per_split, num_chunks)
 
-    # Query rows of all next_n positions stacked: m = j * HEADS + h.
+    # The group's query rows stacked: m = r * HEADS + h for row j = row_group * ROWS + r.
     m = tl.arange(0, M)
     d = tl.arange(0, HEAD_DIM)
-    j_of_m = m // HEADS
+    j_of_m = row_group * ROWS + m // HEADS
     q_offsets = b.to(tl.int64) * stride_q_b + j_of_m * stride_q_j + (m % HEADS) * stride_q_h
     q = tl.load(q_ptr + q_offsets[:, None] + d[None, :], mask=(j_of_m < NEXT_N)[:, None], other=0.0)
     q = q.to(DOT_DTYPE)
-    row = b.to(tl.int64) * NEXT_N + j_of_m
-    w = tl.load(weights_ptr + row * stride_w + m % HEADS, mask=j_of_m < NEXT_N, other=0.0)
-    w = tl.reshape(w, (NEXT_N_POW2, HEADS))
+    w = tl.load(weights_ptr + (b.to(tl.int64) * NEXT_N + j_of_m) * stride_w + m % HEADS, mask=j_of_m < NEXT_N, other=0.0)
+    w = tl.reshape(w, (ROWS, HEADS))
 
-    j = tl.arange(0, NEXT_N_POW2)
     out_rows = out_ptr + (b.to(tl.int64) * NEXT_N + j) * stride_out
+    visible_end = tl.minimum(row_len, end)
     table_row = block_table_ptr + b.to(tl.int64) * stride_table
     t = tl.arange(0, CHUNK)
-    for chunk in range(chunk_begin, chunk_end):
+    for chunk in tl.range(chunk_begin, chunk_end, num_stages=NUM_STAGES):
         token = chunk * CHUNK + t
         in_range = token < end
         block = tl.load(table_row + token // KV_BLOCK, mask=in_range, other=0).to(tl.int64)
@@ -96,12 +101,15 @@ def _paged_mqa_logits_kernel(
         keys = tl.load(kv_fp8_ptr + (block * stride_block)[:, None] + key_offsets, mask=in_range[:, None], other=0.0)
         scale = tl.load(kv_f32_ptr + block * (stride_block // 4) + (KV_BLOCK * HEAD_DIM // 4) + slot, mask=in_range, other=0.0)
 
-        scores = tl.dot(q, tl.trans(keys.to(DOT_DTYPE)))  # [M, CHUNK] fp32
-        scores = tl.reshape(scores, (NEXT_N_POW2, HEADS, CHUNK))
-        weighted = tl.maximum(scores * scale[None, None, :], 0.0) * w[:, :, None]
-        logits = tl.sum(weighted, axis=1)  # [NEXT_N_POW2, CHUNK]
-        visible = token[None, :] < tl.minimum(row_len, end)[:, None]
-        tl.store(out_rows[:, None] + token[None, :], logits, mask=visible)
+        # Tokens on the M side of the dot: the head reduction then runs along N, inside a thread
+        # and its quad, instead of across warps.
+        scores = tl.dot(keys.to(DOT_DTYPE), tl.trans(q))  # [CHUNK, M] fp32
+        # The per-token scale is factored out of the ReLU (exact for the non-negative scales
+        # fp8 quantisation produces, as in DeepGEMM): two ALU ops per score instead of three.
+        scores = tl.reshape(scores, (CHUNK, ROWS, HEADS))
+        logits = tl.sum(tl.maximum(scores, 0.0) * w[None, :, :], axis=2) * scale[:, None]  # [CHUNK, ROWS]
+        visible = token[:, None] < visible_end[None, :]
+        tl.store(out_rows[None, :] + token[:, None], logits, mask=visible)
 
 
 def _dot_dtype(problem: Problem, fp8_dtype: torch.dtype):
@@ -115,7 +123,7 @@ def _dot_dtype(problem: Problem, fp8_dtype: torch.dtype):
 
 class TritonBackend:
     name = "triton"
-    knobs = ("ChunkK", "SplitKV", "num_warps", "num_stages")
+    knobs = ("ChunkK", "SplitKV", "RowsPerProgram", "num_warps", "num_stages")
 
     def unsupported(self, problem: Problem) -> str | None:
         if problem.heads & (problem.heads - 1):
@@ -125,37 +133,43 @@ class TritonBackend:
         return None
 
     def candidates(self, problem: Problem) -> list[dict]:
+        rows_options = sorted({min(r, triton.next_power_of_2(problem.next_n)) for r in (1, 2, 4, 8)})
         out = []
-        for chunk in (32, 64, 128):
-            for warps in (4, 8):
-                for stages in (2, 3, 4):
-                    out.append({"ChunkK": chunk, "SplitKV": 0, "num_warps": warps, "num_stages": stages})
+        for chunk in (64, 128):
+            for rows in rows_options:
+                for warps in (4, 8):
+                    for stages in (3, 4):
+                        out.append({"ChunkK": chunk, "SplitKV": 0, "RowsPerProgram": rows, "num_warps": warps,
+                                    "num_stages": stages})
         return out
 
     def default_config(self, problem: Problem) -> dict:
-        return {"ChunkK": 64, "SplitKV": 0, "num_warps": 4, "num_stages": 3}
+        rows = min(triton.next_power_of_2(problem.next_n), max(1, 256 // problem.heads))
+        return {"ChunkK": 64, "SplitKV": 0, "RowsPerProgram": rows, "num_warps": 4, "num_stages": 3}
 
     def launch(self, args: LaunchArgs, config: dict) -> None:
         p = args.problem
         chunk = int(config.get("ChunkK") or 64)
+        rows = min(int(config.get("RowsPerProgram") or 8), triton.next_power_of_2(p.next_n))
+        row_groups = triton.cdiv(p.next_n, rows)
         splits = int(config.get("SplitKV") or 0)
         if splits <= 0:
-            splits = derive_split_kv(max(p.cu_num, 1), p.batch, p.work_context, chunk)
+            splits = derive_split_kv(max(p.cu_num, 1), p.batch * row_groups, p.work_context, chunk)
         kv_fp8 = args.kv_cache.view(args.q.dtype)
         kv_f32 = args.kv_cache.view(torch.float32)
         lens = args.context_lens
         lens_strides = (lens.stride(0), lens.stride(1) if lens.dim() == 2 else 0)
         kernel = interpreted(_paged_mqa_logits_kernel) if p.device_type == "cpu" else _paged_mqa_logits_kernel
-        options = {} if p.device_type == "cpu" else {
-            "num_warps": int(config.get("num_warps") or 4), "num_stages": int(config.get("num_stages") or 3)}
-        kernel[(p.batch, splits)](
+        stages = int(config.get("num_stages") or 3)
+        options = {} if p.device_type == "cpu" else {"num_warps": int(config.get("num_warps") or 4), "num_stages": stages}
+        kernel[(row_groups, splits, p.batch)](
             args.q, kv_fp8, kv_f32, args.weights, args.out, lens, args.block_table,
             args.q.stride(0), args.q.stride(1), args.q.stride(2),
             args.kv_cache.stride(0), args.weights.stride(0), args.out.stride(0), *lens_strides,
             args.block_table.stride(0), args.max_model_len, args.max_blocks, splits,
-            NEXT_N=p.next_n, NEXT_N_POW2=triton.next_power_of_2(p.next_n), HEADS=p.heads,
-            HEAD_DIM=p.head_dim, KV_BLOCK=args.kv_block_size, CHUNK=chunk, PRESHUFFLE=args.preshuffle,
-            LENS_2D=p.lens_2d, DOT_DTYPE=_dot_dtype(p, args.q.dtype), **options,
+            NEXT_N=p.next_n, ROWS=rows, HEADS=p.heads, HEAD_DIM=p.head_dim, KV_BLOCK=args.kv_block_size,
+            CHUNK=chunk, PRESHUFFLE=args.preshuffle, LENS_2D=p.lens_2d, DOT_DTYPE=_dot_dtype(p, args.q.dtype),
+            NUM_STAGES=stages, **options,
         )
 
 

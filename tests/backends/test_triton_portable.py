@@ -23,7 +23,8 @@ def test_random_matrix(seed, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("config", [
-    {"ChunkK": 32, "SplitKV": 1}, {"ChunkK": 128, "SplitKV": 3}, {"ChunkK": 64, "SplitKV": 0},
+    {"ChunkK": 32, "SplitKV": 1}, {"ChunkK": 128, "SplitKV": 3, "RowsPerProgram": 2},
+    {"ChunkK": 64, "SplitKV": 0, "RowsPerProgram": 1}, {"ChunkK": 64, "RowsPerProgram": 8},
 ])
 def test_knobs(config, device):
     inp = make_inputs(2, 3, 32, [150, 61], kv_block_size=16, preshuffle=True, max_model_len=160, device=device, seed=4)
@@ -46,7 +47,8 @@ def test_candidates_cover_knobs():
 
     p = Problem("sm_90", 132, 8, 2, 64, 128, 64, False, None, True, "fn", "cuda", 8192)
     cands = backend.candidates(p)
-    assert {c["ChunkK"] for c in cands} == {32, 64, 128}
-    assert all(set(c) == {"ChunkK", "SplitKV", "num_warps", "num_stages"} for c in cands)
+    assert {c["ChunkK"] for c in cands} == {64, 128}
+    assert {c["RowsPerProgram"] for c in cands} == {1, 2}  # never more rows than next_n (2)
+    assert all(set(c) == {"ChunkK", "SplitKV", "RowsPerProgram", "num_warps", "num_stages"} for c in cands)
     assert backend.unsupported(p) is None
     assert "power of two" in backend.unsupported(Problem("sm_90", 132, 8, 2, 48, 128, 64, False, None, True, "fn", "cuda", 8192))
