@@ -332,3 +332,58 @@ class TableWriter:
     def header(self) -> list[str]:
         extra = [c for c in self.knob_columns if c not in COMMON_KNOBS]
         return list(KEY_COLUMNS) + ["backend"] + list(COMMON_KNOBS) + extra + ["us", "provenance"]
+
+    @classmethod
+    def for_rows(cls, rows) -> "TableWriter":
+        """A writer whose extra knob columns are the union of the rows' knobs, sorted."""
+        return cls(sorted({k for row in rows for k in row.knobs} - set(COMMON_KNOBS)))
+
+    def cells(self, row: Row) -> list[str]:
+        unknown = set(row.knobs) - set(self.header())
+        if unknown:
+            raise ValueError(f"row {row.key} has knob(s) {', '.join(sorted(unknown))} the header lacks")
+        values = {
+            "arch": row.arch, "cu_num": row.cu_num, "heads": row.heads, "head_dim": row.head_dim,
+            "kv_block_size": row.kv_block_size, "preshuffle": int(row.preshuffle), "batch": row.batch,
+            "next_n": row.next_n, "context": ANY_CONTEXT if row.context is None else row.context,
+            "backend": row.backend, "us": "" if row.us is None else f"{row.us:.3f}", "provenance": row.provenance,
+            **row.knobs,
+        }
+        return [self._text(values.get(col)) for col in self.header()]
+
+    @staticmethod
+    def _text(value) -> str:
+        """A cell as :func:`parse_file` reads it back: ``None`` -> empty, bools -> 0/1."""
+        if value is None:
+            return ""
+        if isinstance(value, bool):
+            return str(int(value))
+        return str(value)
+
+    @staticmethod
+    def sort_key(row: Row) -> tuple:
+        """Rows grouped by family, then batch, then context (``any`` last)."""
+        return (row.arch, row.cu_num, row.heads, row.head_dim, row.kv_block_size, row.preshuffle, row.next_n,
+                row.batch, row.context is None, row.context or 0)
+
+    def write(self, path: str, rows, comments=()) -> None:
+        """Write ``rows`` (sorted by :meth:`sort_key`) atomically: a temporary file in the same
+        directory, flushed and fsynced, then ``os.replace``. A failure at any point leaves the
+        previous file as it was and removes the temporary file."""
+        directory = os.path.dirname(os.path.abspath(path))
+        os.makedirs(directory, exist_ok=True)
+        tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+        try:
+            with open(tmp, "w", newline="") as f:
+                for line in comments:
+                    f.write(f"# {line}\n")
+                writer = csv.writer(f, lineterminator="\n")
+                writer.writerow(self.header())
+                for row in sorted(rows, key=self.sort_key):
+                    writer.writerow(self.cells(row))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)

@@ -49,6 +49,14 @@ _LOADED: dict[str, Backend] = {}
 _LOAD_ERRORS: dict[str, str] = {}
 
 
+def register(name: str, backend: Backend, spec: str | None = None) -> None:
+    """Add (or replace) a backend object under ``name``: out-of-tree or test backends.
+    ``spec`` (``module:attr``) lets other processes import the same object."""
+    _REGISTRY[name] = spec or f"{type(backend).__module__}:{type(backend).__name__}"
+    _LOADED[name] = backend
+    _LOAD_ERRORS.pop(name, None)
+
+
 def names() -> list[str]:
     return list(_REGISTRY)
 

@@ -1,0 +1,220 @@
+"""The measuring method (paged_mqa_logits/bench.py) on CPU: accounting, honest footprint, the
+check on every shape, the timing loop, the CSV and the CLI's exit status. The CUDA-graph path
+runs only with a GPU."""
+
+import csv
+import importlib.util
+import math
+import os
+import sys
+
+import pytest
+import torch
+
+from paged_mqa_logits import backends, bench
+from paged_mqa_logits.bench import Impl, Schedule, Shape
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests", "tuner"))
+
+import fake_backends  # noqa: E402  (tests/tuner/fake_backends.py: candidates that misbehave on purpose)
+
+TINY = Shape(heads=16, next_n=2, batch=2, context=48, kv_block_size=16)
+
+
+@pytest.fixture
+def fake_backend(monkeypatch):
+    """Registers the misbehaving test backend for one test only."""
+    monkeypatch.setattr(backends, "_REGISTRY", dict(backends._REGISTRY, fake="fake_backends:IN_PROCESS"))
+    monkeypatch.setattr(backends, "_LOADED", dict(backends._LOADED, fake=fake_backends.IN_PROCESS))
+
+
+def test_accounting_counts_visible_pairs_and_walked_tokens():
+    shape = Shape(heads=32, next_n=3, batch=2, context=100, kv_block_size=16)
+    acc = bench.accounting(shape, [100, 2], max_model_len=100, max_blocks=7)
+    # rows of sequence 0 see 98, 99, 100 keys; sequence 1 (length 2) sees 0, 1, 2
+    assert acc.visible == 98 + 99 + 100 + 0 + 1 + 2
+    assert acc.kv_bytes == (100 + 2) * (128 + 4)
+    assert acc.logits_bytes == 4 * acc.visible
+    assert acc.flops(32, 128) == 2 * 32 * 128 * acc.visible
+    # the visible width clamps at max_model_len and at the block table's width
+    assert bench.accounting(shape, [100], max_model_len=50, max_blocks=7).visible == 150
+    assert bench.accounting(shape, [100], max_model_len=200, max_blocks=2).visible == 96
+
+
+def test_anchor_accounting_matches_deepgemm_file():
+    """The anchor's GB/s is KV bytes + logits written, exactly what bench counts."""
+    shape = Shape(heads=64, next_n=2, batch=8, context=8192)
+    acc = bench.accounting(shape, shape.lens(), 8192, 128)
+    with open(bench.ANCHOR_FILE) as f:
+        row = next(r for r in csv.DictReader(f)
+                   if (r["H"], r["next_n"], r["batch"], r["context"]) == ("64", "2", "8", "8192"))
+    assert acc.bytes / float(row["us"]) / 1e3 == pytest.approx(float(row["GBps"]), rel=0.01)
+
+
+def test_workload_copies_are_distinct_blocks_from_a_permutation():
+    shape = Shape(heads=16, next_n=1, batch=3, context=40, kv_block_size=16, ragged=True)
+    wl = bench.build_workload(shape, "cpu", copies=3)
+    assert wl.copies == 3 and wl.lens[0] == 40 and all(20 <= n <= 40 for n in wl.lens)
+    pointers = {a.kv_cache.data_ptr() for a in wl.args} | {a.out.data_ptr() for a in wl.args}
+    assert len(pointers) == 6  # nothing shared between copies
+    for a, inp in zip(wl.args, wl.inputs):
+        table = a.block_table
+        used = torch.cat([table[b, : math.ceil(n / 16)] for b, n in enumerate(wl.lens)])
+        assert sorted(used.tolist()) == list(range(a.num_blocks))  # a distinct block for every token group
+        assert a.problem.context == 40  # the shape's context is passed as the host hint
+    orders = {tuple(a.block_table[0, :3].tolist()) for a in wl.args}
+    assert len(orders) > 1  # each copy has its own permutation
+    assert wl.working_set_bytes == 3 * wl.accounting.bytes
+
+
+def test_workload_with_another_hint_shares_the_copies():
+    wl = bench.build_workload(TINY, "cpu", copies=2)
+    ref = wl.reference()
+    bare = wl.with_hint(None)
+    assert [a.problem.context for a in bare.args] == [None, None] and [a.problem.context for a in wl.args] == [48, 48]
+    assert bare.inputs is wl.inputs and bare.reference() is ref and wl.with_hint(48) is wl
+
+
+def test_summary_compares_the_dispatch_with_each_implementation():
+    shapes = [Shape(heads=64, next_n=1, batch=1, context=8192), Shape(heads=64, next_n=1, batch=8, context=8192)]
+    ms = [bench.Measurement(s, Impl("dispatch"), us=us) for s, us in zip(shapes, (2.0, 3.0))]
+    ms += [bench.Measurement(s, Impl.of("triton", {"ChunkK": 64}), us=us) for s, us in zip(shapes, (4.0, 3.0))]
+    lines = bench.summary(ms, bench.load_anchor())
+    assert any(line.startswith("dispatch: 2 shapes, geomean speed-up vs DeepGEMM anchor") for line in lines)
+    assert "dispatch vs triton[ChunkK=64]: 1.414x faster (geomean over 2 shapes)" in lines
+
+
+def test_time_calls_on_cpu_warms_up_then_loops():
+    counter = []
+    timing = bench.time_calls([lambda: counter.append(1)] * 2, torch.device("cpu"), Schedule(replays=3))
+    assert len(counter) == 2 + 3 * 2 and timing.calls == 2 and timing.method == "wall" and timing.us > 0
+
+
+def test_measure_torch_backend_with_the_same_accounting():
+    wl = bench.build_workload(TINY, "cpu")
+    m = bench.measure(Impl.of("torch"), wl, Schedule(replays=2), copy_gbps=10.0)
+    assert m.ok and m.mask_ok is True and m.calc_diff < 1e-6
+    assert m.us > 0 and m.rotate == 1 and m.timing == "wall"
+    assert m.gbps == pytest.approx(wl.accounting.bytes / m.us / 1e3)
+    assert m.tflops == pytest.approx(wl.accounting.flops(16, 128) / m.us / 1e6)
+    assert m.frac_of_copy_bw == pytest.approx(m.gbps / 10.0)
+
+
+def test_measure_dispatch_reports_what_it_chose_and_deepgemm_is_skipped_here():
+    wl = bench.build_workload(TINY, "cpu")
+    m = bench.measure(Impl("dispatch"), wl, Schedule(replays=1))
+    assert m.ok and m.backend == "torch"
+    d = bench.measure(Impl("deepgemm"), wl, Schedule(replays=1))
+    assert d.status.startswith("skipped:") and not d.failed
+
+
+@pytest.mark.parametrize("mode,status", [
+    ("wrong", "FAIL: calc_diff"),
+    ("scribble", "FAIL: positions outside the visible range were written"),
+    ("raise", "ERROR: RuntimeError: fake backend: asked to raise"),
+])
+def test_measure_rejects_wrong_output_and_survives_exceptions(fake_backend, mode, status):
+    wl = bench.build_workload(TINY, "cpu")
+    m = bench.measure(Impl.of("fake", {"mode": mode}), wl, Schedule(replays=1))
+    assert m.status.startswith(status) and m.failed and m.us is None
+
+
+def test_check_uses_a_sentinel_so_untouched_means_untouched(fake_backend):
+    wl = bench.build_workload(Shape(heads=16, next_n=1, batch=1, context=30, kv_block_size=16), "cpu")
+    ok = bench.measure(Impl.of("fake", {"mode": "ok"}), wl, None)
+    assert ok.ok and ok.us is None  # schedule=None: check only
+    out = wl.args[0].out
+    assert out[0, 30:].view(torch.int32).eq(bench.SENTINEL_BITS).all()
+
+
+def test_anchor_speedup_only_on_the_anchor_layout():
+    anchor = bench.load_anchor()
+    plain = Shape(heads=64, next_n=1, batch=1, context=8192)
+    assert bench.anchor_us(anchor, plain) == pytest.approx(4.26)
+    assert bench.anchor_us(anchor, Shape(heads=64, next_n=1, batch=1, context=8192, preshuffle=True)) is None
+    assert bench.anchor_us(anchor, Shape(heads=64, next_n=1, batch=1, context=8192, lens_2d=False)) is None
+    m = bench.Measurement(plain, Impl("dispatch"), backend="gluon", us=2.13)
+    row = bench.csv_row(m, anchor, {plain: 4.0})
+    assert row["speedup_vs_anchor"] == "2" and row["speedup_vs_deepgemm"] == "1.878"
+
+
+def test_shapes_from_an_untuned_csv(tmp_path):
+    path = tmp_path / "keys.csv"
+    path.write_text("# comment\nheads,head_dim,kv_block_size,preshuffle,batch,next_n,contexts\n32,128,16,1,4,2,64;128\n")
+    shapes = bench.shapes_from_csv(str(path))
+    assert [(s.context, s.preshuffle, s.kv_block_size) for s in shapes] == [(64, True, 16), (128, True, 16)]
+    assert [s.context for s in bench.shapes_from_csv(str(path), contexts=[32])] == [32]
+
+
+def test_parse_knobs():
+    assert bench.parse_knobs("ChunkK=128,variant=wgmma;SplitKV=0") == {"ChunkK": 128, "variant": "wgmma", "SplitKV": 0}
+    with pytest.raises(ValueError, match="not NAME=VALUE"):
+        bench.parse_knobs("ChunkK")
+
+
+def _read(path):
+    with open(path) as f:
+        lines = f.read().splitlines()
+    comments = [line for line in lines if line.startswith("#")]
+    return comments, list(csv.DictReader(line for line in lines if not line.startswith("#")))
+
+
+def test_cli_writes_csv_headed_by_the_environment(tmp_path, capsys):
+    out = tmp_path / "bench.csv"
+    rc = bench.main(["--heads", "16", "--next-n", "1,2", "--batch", "1", "--context", "32", "--kv-block-size", "16",
+                     "--backend", "torch", "--dispatch", "--deepgemm", "--replays", "1", "--quiet", "--out", str(out)])
+    assert rc == 0
+    comments, rows = _read(out)
+    text = "\n".join(comments)
+    for field in ("# gpu: ", "# versions: triton ", "torch ", "# date: ", "# copy_bandwidth_GBps: ", "# command: "):
+        assert field in text
+    assert [(r["impl"], r["next_n"]) for r in rows] == [
+        ("dispatch", "1"), ("backend", "1"), ("deepgemm", "1"), ("dispatch", "2"), ("backend", "2"), ("deepgemm", "2")]
+    assert set(bench.COLUMNS) <= set(rows[0])
+    timed = [r for r in rows if r["impl"] != "deepgemm"]
+    assert all(r["status"] == "ok" and float(r["us"]) > 0 and r["mask_ok"] == "1" for r in timed)
+    assert all(r["status"].startswith("skipped") for r in rows if r["impl"] == "deepgemm")
+    assert "dispatch" in capsys.readouterr().out
+
+
+def test_cli_fails_loudly_on_a_wrong_backend(tmp_path, fake_backend):
+    out = tmp_path / "bench.csv"
+    rc = bench.main(["--heads", "16", "--next-n", "1", "--batch", "1", "--context", "32", "--kv-block-size", "16",
+                     "--backend", "fake", "--config", "mode=wrong", "--quiet", "--out", str(out)])
+    assert rc == 1
+    _, rows = _read(out)
+    assert rows[0]["status"].startswith("FAIL: calc_diff") and rows[0]["knobs"] == "mode=wrong"
+
+
+def test_cli_all_candidates_from_a_shapes_file(tmp_path, fake_backend):
+    keys = tmp_path / "keys.csv"
+    keys.write_text("heads,next_n,batch,context,kv_block_size\n16,1,1,32,16\n")
+    out = tmp_path / "bench.csv"
+    rc = bench.main(["--shapes", str(keys), "--backend", "fake", "--all-candidates", "--quiet", "--out", str(out)])
+    _, rows = _read(out)
+    assert rc == 1  # some candidates are wrong on purpose
+    assert [(r["knobs"], r["status"][:5]) for r in rows] == [
+        ("mode=ok", "ok"), ("mode=wrong", "FAIL:"), ("mode=scribble", "FAIL:"), ("mode=raise", "ERROR")]
+
+
+def test_host_overhead_benchmark_runs(monkeypatch, capsys):
+    monkeypatch.setattr(backends, "_REGISTRY", dict(backends._REGISTRY))
+    monkeypatch.setattr(backends, "_LOADED", dict(backends._LOADED))
+    spec = importlib.util.spec_from_file_location("host_overhead", os.path.join(ROOT, "benchmarks", "host_overhead.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rows = module.main(["--iters", "3", "--repeats", "1", "--context", "64", "--kv-block-size", "16", "--heads", "16"])
+    assert len(rows) == 5 and all(us > 0 for _, us in rows)
+    assert "backend='noop'" in capsys.readouterr().out
+
+
+def test_graph_timing_on_gpu():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA/ROCm GPU: CUDA-graph replay timing")
+    shape = Shape(heads=32, next_n=2, batch=4, context=2048)
+    wl = bench.build_workload(shape, "cuda", max_copies=8)
+    assert wl.copies == 8  # capped; the working set target is far larger than this shape
+    m = bench.measure(Impl.of("triton"), wl, Schedule(replays=3), copy_gbps=bench.copy_bandwidth("cuda"))
+    assert m.ok, m.status
+    assert m.timing == "graph" and m.calls % wl.copies == 0 and 0 < m.frac_of_copy_bw < 1.5

@@ -1,0 +1,121 @@
+"""Untuned key lists: what the tuner is asked to tune.
+
+An untuned CSV has one problem key per line (``#`` lines are comments)::
+
+    heads,head_dim,kv_block_size,preshuffle,batch,next_n,contexts
+    32,128,64,1,64,2,8192;32768;131072
+
+``contexts`` is optional (``;``-separated); the command line's ``--contexts`` overrides it. The
+arch and CU count are not in the file: they are the current device's.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+
+from paged_mqa_logits.bench import Shape
+
+DEFAULT_CONTEXTS = (8192, 32768)
+COLUMNS = ("heads", "head_dim", "kv_block_size", "preshuffle", "batch", "next_n", "contexts")
+
+
+@dataclass(frozen=True)
+class TuneKey:
+    heads: int
+    head_dim: int
+    kv_block_size: int
+    preshuffle: bool
+    batch: int
+    next_n: int
+    contexts: tuple[int, ...]
+
+    @property
+    def ident(self) -> tuple:
+        """The table key without arch, cu_num and context."""
+        return (self.heads, self.head_dim, self.kv_block_size, self.preshuffle, self.batch, self.next_n)
+
+    @property
+    def family(self) -> tuple:
+        """Keys of one family share compiled kernels (they differ only in batch)."""
+        return (self.heads, self.head_dim, self.kv_block_size, self.preshuffle, self.next_n)
+
+    def shape(self, context: int) -> Shape:
+        return Shape(heads=self.heads, next_n=self.next_n, batch=self.batch, context=context,
+                     kv_block_size=self.kv_block_size, preshuffle=self.preshuffle, head_dim=self.head_dim)
+
+    def describe(self) -> str:
+        return (f"H={self.heads} D={self.head_dim} kv_block_size={self.kv_block_size} "
+                f"preshuffle={int(self.preshuffle)} batch={self.batch} next_n={self.next_n}")
+
+
+def parse_contexts(text: str) -> tuple[int, ...]:
+    values = [int(x) for x in text.replace(",", " ").replace(";", " ").replace("|", " ").split()]
+    if any(v < 1 for v in values):
+        raise ValueError(f"contexts must be positive, got {text!r}")
+    return tuple(sorted(set(values)))
+
+
+def read_untuned(paths: list[str], contexts: tuple[int, ...] | None = None) -> list[TuneKey]:
+    """Keys of the untuned files, de-duplicated (a key listed twice gets the union of its contexts)."""
+    merged: dict[tuple, set[int]] = {}
+    for path in paths:
+        with open(path, newline="") as f:
+            lines = [(n, line) for n, line in enumerate(f, start=1) if line.strip() and not line.lstrip().startswith("#")]
+        if not lines:
+            continue
+        header = [c.strip() for c in next(csv.reader([lines[0][1]]))]
+        missing = [c for c in COLUMNS[:-1] if c not in header]
+        if missing:
+            raise ValueError(f"{path}:{lines[0][0]}: header lacks column(s) {', '.join(missing)}")
+        for lineno, line in lines[1:]:
+            cells = dict(zip(header, (c.strip() for c in next(csv.reader([line])))))
+            try:
+                ident = (int(cells["heads"]), int(cells["head_dim"]), int(cells["kv_block_size"]),
+                         cells["preshuffle"].lower() in ("1", "true"), int(cells["batch"]), int(cells["next_n"]))
+                ctx = contexts or parse_contexts(cells.get("contexts") or "") or DEFAULT_CONTEXTS
+            except (ValueError, KeyError) as exc:
+                raise ValueError(f"{path}:{lineno}: {exc}") from None
+            merged.setdefault(ident, set()).update(ctx)
+    return [TuneKey(*ident, tuple(sorted(ctx))) for ident, ctx in merged.items()]
+
+
+def coarse_to_fine(values) -> dict[int, int]:
+    """Rank values so that any prefix covers the range evenly: the ends first, then midpoints
+    (1, 256, 16, 4, 64, 2, 8, 32, 128 for powers of two up to 256). A run stopped by its time
+    budget then leaves tuned batches spread over the range, and the nearest-batch rule serves
+    the others."""
+    ordered = sorted(set(values))
+    rank: dict[int, int] = {}
+    if not ordered:
+        return rank
+    rank[ordered[0]] = 0
+    rank.setdefault(ordered[-1], 1)
+    spans = [(0, len(ordered) - 1)]
+    while spans:
+        nxt = []
+        for lo, hi in spans:
+            if hi - lo < 2:
+                continue
+            mid = (lo + hi) // 2
+            rank.setdefault(ordered[mid], len(rank))
+            nxt += [(lo, mid), (mid, hi)]
+        spans = nxt
+    return rank
+
+
+def order_keys(keys: list[TuneKey]) -> list[TuneKey]:
+    """Coarse-to-fine in batch first, then by family: an early stop loses detail, not coverage."""
+    rank = coarse_to_fine(k.batch for k in keys)
+    return sorted(keys, key=lambda k: (rank[k.batch], k.family))
+
+
+def write_untuned(path: str, keys: list[TuneKey], comments=()) -> None:
+    with open(path, "w", newline="") as f:
+        for line in comments:
+            f.write(f"# {line}\n")
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(COLUMNS)
+        for k in keys:
+            w.writerow([k.heads, k.head_dim, k.kv_block_size, int(k.preshuffle), k.batch, k.next_n,
+                        ";".join(map(str, k.contexts))])

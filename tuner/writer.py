@@ -1,0 +1,111 @@
+"""From measurements to table rows: the pick per context, the context-agnostic pick, provenance,
+merging into an existing table and knowing which keys a table already has."""
+
+from __future__ import annotations
+
+import datetime
+import math
+import os
+
+from paged_mqa_logits import table
+from paged_mqa_logits.table import Row, TableWriter
+
+from .candidates import Candidate
+from .keys import TuneKey
+
+
+def provenance(gpu: str, cu_num: int, triton_version: str, torch_version: str, date: str | None = None) -> str:
+    """``tuned:<gpu>|cu<N>|triton<v>|torch<v>|<date>`` (see docs/TUNING.md)."""
+    date = date or datetime.date.today().isoformat()
+    gpu = gpu.replace(",", " ").replace("|", "/")
+    return f"tuned:{gpu}|cu{cu_num}|triton{triton_version}|torch{torch_version}|{date}"
+
+
+def geomean(values) -> float:
+    values = list(values)
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def best_times(candidates: list[Candidate], results: dict) -> dict[int, dict[int, float]]:
+    """``{context: {candidate index: us}}`` from ``results[(context, index, stage)] -> Measurement``.
+
+    The confirm stage's time is used where there is one, else the screen's. A candidate that
+    failed anything at any context (check, crash, timeout) is dropped everywhere: a context row
+    also serves the contexts near it, so it must be right for all of them.
+    """
+    bad = {idx for (_, idx, _), m in results.items() if not m.ok}
+    times: dict[int, dict[int, float]] = {}
+    for (context, idx, stage), m in results.items():
+        if idx in bad or not m.us:
+            continue
+        slot = times.setdefault(context, {})
+        if stage == "confirm" or idx not in slot:
+            slot[idx] = m.us
+    return times
+
+
+def pick(key: TuneKey, candidates: list[Candidate], results: dict,
+         allowed=table.KNOWN_BACKENDS) -> tuple[dict[int, tuple[int, float]], tuple[int, float] | None]:
+    """``({context: (index, us)}, (index, geomean us) | None)``: the fastest candidate at each
+    context, and the candidate with the best geometric mean over all of the key's contexts
+    (only candidates timed at every context compete; their geomean is the row's ``us``)."""
+    times = best_times(candidates, results)
+    per_context = {}
+    for context in key.contexts:
+        slot = {i: us for i, us in times.get(context, {}).items() if candidates[i].backend in allowed}
+        if slot:
+            best = min(slot, key=slot.get)
+            per_context[context] = (best, slot[best])
+    everywhere = [i for i in range(len(candidates)) if candidates[i].backend in allowed
+                  and all(i in times.get(c, {}) for c in key.contexts)]
+    agnostic = None
+    if everywhere:
+        means = {i: geomean(times[c][i] for c in key.contexts) for i in everywhere}
+        best = min(means, key=means.get)
+        agnostic = (best, means[best])
+    return per_context, agnostic
+
+
+def rows_for(key: TuneKey, arch: str, cu_num: int, candidates: list[Candidate], results: dict,
+             prov: str) -> list[Row]:
+    per_context, agnostic = pick(key, candidates, results)
+    picks = [(c, i, us) for c, (i, us) in per_context.items()]
+    if agnostic:
+        picks.append((None, *agnostic))
+    return [Row(arch=arch, cu_num=cu_num, heads=key.heads, head_dim=key.head_dim, kv_block_size=key.kv_block_size,
+                preshuffle=key.preshuffle, batch=key.batch, next_n=key.next_n, context=context,
+                backend=candidates[i].backend, config=candidates[i].config, us=round(us, 3), provenance=prov,
+                source="")
+            for context, i, us in picks]
+
+
+def read_existing(path: str) -> list[Row]:
+    """Rows of the output file if it exists (a malformed file is an error, never overwritten)."""
+    return table.parse_file(path) if os.path.exists(path) else []
+
+
+def tuned_idents(rows: list[Row], arch: str, cu_num: int, contexts_of: dict[tuple, tuple]) -> set[tuple]:
+    """Keys (``TuneKey.ident``) that already have a row at every requested context and an
+    ``any`` row for this arch and CU count."""
+    have: dict[tuple, set] = {}
+    for r in rows:
+        if r.arch == arch and r.cu_num == cu_num:
+            have.setdefault((r.heads, r.head_dim, r.kv_block_size, r.preshuffle, r.batch, r.next_n), set()).add(r.context)
+    return {ident for ident, contexts in contexts_of.items()
+            if ident in have and set(contexts) | {None} <= have[ident]}
+
+
+def merge(existing: list[Row], new: list[Row], replaced_keys: set[tuple] = frozenset()) -> list[Row]:
+    """``existing`` with every row of a re-tuned key (``(arch, cu_num, ident)`` in ``replaced_keys``)
+    and every row with the same table key as a new row replaced by ``new``."""
+    new_keys = {r.key for r in new}
+
+    def stale(r: Row) -> bool:
+        ident = (r.arch, r.cu_num, r.heads, r.head_dim, r.kv_block_size, r.preshuffle, r.batch, r.next_n)
+        return r.key in new_keys or ident in replaced_keys
+
+    return [r for r in existing if not stale(r)] + list(new)
+
+
+def write_table(path: str, rows: list[Row], comments=()) -> None:
+    TableWriter.for_rows(rows).write(path, rows, comments)
