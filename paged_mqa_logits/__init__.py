@@ -2,15 +2,19 @@
 
 Public surface:
 
-* :func:`paged_mqa_logits` — the op (drop-in signature of the upstream kernels).
+* :func:`paged_mqa_logits` — the op (drop-in signature of the upstream kernels), registered as
+  ``torch.ops.paged_mqa_logits.paged_mqa_logits`` (torch.compile and graph capture ready).
+* :func:`warmup` — compile every kernel a problem family can dispatch to, before graph capture.
 * :func:`reload_tuned_table` — re-read the tuned tables after changing files or env vars.
 * :func:`explain` — which backend, knobs and rule a problem would get.
 * :mod:`paged_mqa_logits.reference` — the reference and input-building helpers.
 """
 
 from .dispatch import reload_tuned_table
-from .op import PagedMQAArgumentError, paged_mqa_logits
+from .op import PagedMQAArgumentError
+from .torch_op import paged_mqa_logits
+from .warmup import warmup
 from .explain import explain
 
-__all__ = ["paged_mqa_logits", "reload_tuned_table", "explain", "PagedMQAArgumentError"]
+__all__ = ["paged_mqa_logits", "warmup", "reload_tuned_table", "explain", "PagedMQAArgumentError"]
 __version__ = "0.1.0"

@@ -106,6 +106,8 @@ COMMANDS = {
     "explain": (explain_cmd, "which backend/knobs/rule a problem gets (no GPU needed)"),
     "bench": (_delegate("paged_mqa_logits.bench"), "time backends or the dispatch with the BRIEF section 4 method"),
     "compile": (_delegate("paged_mqa_logits.compile"), "cross-compile a backend's candidates for an arch (no GPU needed)"),
+    "precompile": (_delegate("paged_mqa_logits.kernel_cache"),
+                   "fill the run-time kernel cache with what the tuned table can pick (no GPU needed)"),
 }
 
 

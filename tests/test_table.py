@@ -11,6 +11,7 @@ from paged_mqa_logits import dispatch, paged_mqa_logits, reload_tuned_table, tab
 from paged_mqa_logits.explain import explain
 from paged_mqa_logits.problem import Problem
 from paged_mqa_logits.reference import make_inputs
+from paged_mqa_logits.validate import build_launch_args
 
 HEADER = "arch,cu_num,heads,head_dim,kv_block_size,preshuffle,batch,next_n,context,backend,ChunkK,WavePerEU,SplitKV,num_warps,us,provenance\n"
 
@@ -143,10 +144,10 @@ def test_dispatch_uses_row_on_cpu_and_falls_back(tmp_path, monkeypatch):
     ])
     use(monkeypatch, path)
     inp = make_inputs(2, 1, 32, [20, 9], kv_block_size=16)
-    choice = dispatch.choose(paged_mqa_logits.__globals__["build_launch_args"](*positional(inp)).problem)
+    choice = dispatch.choose(build_launch_args(*positional(inp)).problem)
     assert choice.backend == "triton" and choice.config == {"ChunkK": 32, "SplitKV": 1, "num_warps": 4}
     inp2 = make_inputs(2, 2, 32, [20, 9], kv_block_size=16)
-    p2 = paged_mqa_logits.__globals__["build_launch_args"](*positional(inp2)).problem
+    p2 = build_launch_args(*positional(inp2)).problem
     choice2 = dispatch.choose(p2)
     assert choice2.backend == "torch" and choice2.skipped[0][0] == "gluon"
     assert "fallback: table row" in choice2.rule and f"{path}:3" in choice2.rule

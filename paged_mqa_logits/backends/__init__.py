@@ -70,6 +70,10 @@ def get(name: str) -> Backend | None:
     if name not in _REGISTRY:
         raise KeyError(f"unknown backend {name!r}; known: {', '.join(_REGISTRY)}")
     module_name, attr = _REGISTRY[name].split(":")
+    if name in ("triton", "gluon"):
+        from .. import kernel_cache
+
+        kernel_cache.activate()  # precompiled kernels are found from the backend's first compile on
     try:
         backend = getattr(importlib.import_module(module_name), attr)
     except Exception as exc:  # an optional backend must never break the package

@@ -82,9 +82,29 @@ def _patch_lang_core(lang, scope):
     scope.set_attr(lang, "range", _scalar_tl_range)
 
 
+#: what Triton's interpreter patches: InterpretedFunction.__call__ (a jitted helper called from an
+#: interpreted kernel) patches these with interpreter builtins and never restores them, after which
+#: every GPU compile in the process fails (e.g. "'block_argument' object has no attribute 'dtype'")
+_LANGUAGE_OBJECTS = (tl, tl.core, tl.math, tl.core.tensor, tl.core.tensor_descriptor_base)
+
+
+@contextlib.contextmanager
+def _language_restored():
+    saved = [(obj, dict(vars(obj))) for obj in _LANGUAGE_OBJECTS]
+    try:
+        yield
+    finally:
+        for obj, attrs in saved:
+            for name, value in attrs.items():
+                if vars(obj).get(name) is not value:
+                    setattr(obj, name, value)
+            for name in [n for n in vars(obj) if n not in attrs]:
+                delattr(obj, name)
+
+
 @contextlib.contextmanager
 def _interpreted_language():
-    with _LANGUAGE_LOCK:
+    with _LANGUAGE_LOCK, _language_restored():
         interpreter._patch_lang_core = _patch_lang_core
         saved = {}
         for module in (tl, tl.math):

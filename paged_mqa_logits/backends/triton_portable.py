@@ -47,7 +47,8 @@ def _row_lengths(lens_ptr, b, seq_len, j, stride_lens_b, stride_lens_j, NEXT_N: 
     return tl.where(j < NEXT_N, tl.maximum(lens, 0), 0)
 
 
-@triton.jit
+# Sizes that vary per call stay unspecialised so one compiled kernel serves every batch.
+@triton.jit(do_not_specialize=("max_model_len", "max_blocks", "num_splits"))
 def _paged_mqa_logits_kernel(
     q_ptr, kv_fp8_ptr, kv_f32_ptr, weights_ptr, out_ptr, lens_ptr, block_table_ptr,
     stride_q_b, stride_q_j, stride_q_h,

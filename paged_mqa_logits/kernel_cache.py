@@ -1,0 +1,858 @@
+"""Ahead-of-time kernel cache: build, on a machine with no GPU, the Triton/Gluon binaries the
+tuned table can pick, so that a fresh process finds them instead of JIT-compiling.
+
+Design: the cache *is* Triton's own on-disk cache format, filled with exactly the entries the
+run-time JIT will look up. The JIT looks a kernel up by a hash of (Triton build, kernel source,
+signature, constexprs, divisibility/pointer-range attributes, options, cache-invalidating env
+vars, target). We never recompute that hash ourselves: :func:`record_launches` runs the real
+backend ``launch`` on meta tensors while ``JITFunction.run`` is replaced by a recorder that calls
+Triton's own binder, ``_pack_args`` and ``triton.compile`` for the requested target -- the same
+calls the JIT makes on a device. The per-signature C launcher stub (and ``cuda_utils``) the
+driver would otherwise build with gcc on the first call is prebuilt too. :func:`verify` proves a
+cache on a CPU machine: it launches every kernel of the manifest through the real JIT on a
+simulated device of its arch and reports what was loaded and what would have been compiled.
+
+Run-time rule (documented in the README):
+
+* ``PAGED_MQA_LOGITS_KERNEL_CACHE`` = a path list (``os.pathsep``) of precompiled caches;
+  ``off`` (or ``0``/``none``) disables them. Unset: every existing one of
+  ``<package>/kernel_cache``, ``<source checkout>/kernel_cache`` (CMake's default output) and
+  ``${XDG_CACHE_HOME:-~/.cache}/paged_mqa_logits/kernel_cache``.
+* The caches are read-only overlays: :class:`PrecompiledOverlayCacheManager` serves a lookup
+  from Triton's normal cache dir first (``TRITON_CACHE_DIR`` or ``~/.triton/cache``, untouched)
+  and then from the precompiled dirs; new compilations are still written to the normal dir.
+  ``TRITON_CACHE_DIR`` is never changed. If the user installed their own
+  ``TRITON_CACHE_MANAGER``, we leave it alone and the overlay stays off.
+* Precompiled entries match only the same Triton build (wheel), the same Python ABI (for the
+  launcher stubs) and the same cache-invalidating env vars (``AMDGCN_USE_BUFFER_OPS``, ...).
+  Build the cache in the environment that will run it (the CMake ``precompile`` target); a
+  cache whose manifest names another Triton version or Python ABI is skipped with a warning.
+
+``python -m paged_mqa_logits.kernel_cache --arch sm_90 --arch gfx950 --out DIR`` is the CLI the
+CMake target runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+ENV_CACHE = "PAGED_MQA_LOGITS_KERNEL_CACHE"
+MANIFEST = "manifest.json"
+#: CU/SM count assumed for families the table does not describe (only dispatch reads it)
+DEFAULT_CU_NUM = {"sm_90": 132, "gfx942": 304, "gfx950": 256}
+#: backends whose ``launch`` goes through Triton ``JITFunction``s (recordable on meta tensors)
+TRITON_BACKENDS = ("triton", "gluon")
+
+
+# ============================================================================ run-time lookup
+def default_dirs() -> list[str]:
+    package = Path(__file__).resolve().parent
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    dirs = [str(package / "kernel_cache")]
+    if (package.parent / "pyproject.toml").exists():  # a source checkout: CMake's default output
+        dirs.append(str(package.parent / "kernel_cache"))
+    return dirs + [os.path.join(xdg, "paged_mqa_logits", "kernel_cache")]
+
+
+def cache_dirs() -> list[str]:
+    """Precompiled cache directories in effect (existing ones only), in lookup order."""
+    value = os.environ.get(ENV_CACHE)
+    if value is not None and value.strip().lower() in ("off", "0", "none", "false"):
+        return []
+    candidates = [p for p in value.split(os.pathsep) if p] if value else default_dirs()
+    seen, out = set(), []
+    for path in candidates:
+        real = os.path.realpath(path)
+        if os.path.isdir(real) and real not in seen:
+            seen.add(real)
+            out.append(real)
+    return out
+
+
+def _overlay_class():
+    from triton.runtime.cache import FileCacheManager
+
+    class PrecompiledOverlayCacheManager(FileCacheManager):
+        """Triton's file cache, plus read-only lookups in the precompiled dirs.
+
+        Group files written at precompile time hold absolute child paths of the build machine;
+        children are resolved by file name inside the same key directory, so a cache can be
+        built in ``build/`` and installed anywhere.
+        """
+
+        precompiled_dirs: list[str] = []
+
+        def __init__(self, key, override=False, dump=False):
+            super().__init__(key, override=override, dump=dump)
+            self._overlay = not (override or dump)
+
+        def _precompiled_file(self, filename):
+            for root in self.precompiled_dirs:
+                path = os.path.join(root, self.key, filename)
+                if os.path.exists(path):
+                    return path
+            return None
+
+        def get_file(self, filename):
+            found = super().get_file(filename)
+            if found is None and self._overlay:
+                found = self._precompiled_file(filename)
+            return found
+
+        def get_group(self, filename):
+            group = super().get_group(filename)
+            if group or not self._overlay:
+                return group
+            for root in self.precompiled_dirs:
+                grp = os.path.join(root, self.key, f"__grp__{filename}")
+                if not os.path.exists(grp):
+                    continue
+                with open(grp) as f:
+                    children = json.load(f).get("child_paths") or {}
+                resolved = {name: os.path.join(root, self.key, os.path.basename(p)) for name, p in children.items()}
+                if all(os.path.exists(p) for p in resolved.values()):
+                    return resolved
+            return group
+
+    return PrecompiledOverlayCacheManager
+
+
+_ACTIVE: list[str] | None = None
+_ACTIVATE_LOCK = threading.Lock()
+
+
+def activate() -> list[str]:
+    """Make Triton find the precompiled caches (idempotent, cheap after the first call).
+
+    Returns the directories in use ([] when none exist, the overlay is disabled, or the user
+    installed their own ``TRITON_CACHE_MANAGER``).
+    """
+    global _ACTIVE
+    if _ACTIVE is not None:
+        return _ACTIVE
+    with _ACTIVATE_LOCK:
+        if _ACTIVE is not None:
+            return _ACTIVE
+        try:
+            from triton import knobs
+        except ImportError:
+            _ACTIVE = []
+            return _ACTIVE
+        dirs = [d for d in cache_dirs() if _usable(d)]
+        if dirs:
+            current = knobs.cache.manager_class
+            if current is None:
+                overlay = _overlay_class()
+                overlay.precompiled_dirs = dirs
+                knobs.cache.manager_class = overlay
+            elif getattr(current, "precompiled_dirs", None) is not None:
+                current.precompiled_dirs = dirs  # already ours (a reload)
+            else:
+                dirs = []  # the user's own cache manager wins
+        _ACTIVE = dirs
+        return dirs
+
+
+def _usable(directory: str) -> bool:
+    """False (with a warning) for a cache built by another Triton or Python: none of its
+    entries could match. A differing cache-invalidating env var only warns (entries miss)."""
+    import logging
+    import sysconfig
+
+    import triton
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+
+    manifest = read_manifest(directory)
+    if manifest is None:
+        return True
+    log = logging.getLogger("paged_mqa_logits")
+    built = (manifest.get("triton_version"), manifest.get("python_ext_suffix"))
+    here = (triton.__version__, sysconfig.get_config_var("EXT_SUFFIX"))
+    if built != here:
+        log.warning("kernel cache %s was built for triton %s / %s; this process runs triton %s / %s: not used",
+                    directory, *built, *here)
+        return False
+    if manifest.get("cache_invalidating_env", {}) != dict(get_cache_invalidating_env_vars()):
+        log.warning("kernel cache %s was built with Triton env %s, this process has %s: its kernels will miss",
+                    directory, manifest.get("cache_invalidating_env"), dict(get_cache_invalidating_env_vars()))
+    return True
+
+
+def deactivate() -> None:
+    """Undo :func:`activate` (tests, or switching caches inside one process)."""
+    global _ACTIVE
+    with _ACTIVATE_LOCK:
+        try:
+            from triton import knobs
+
+            if getattr(knobs.cache.manager_class, "precompiled_dirs", None) is not None:
+                del knobs.cache.manager_class
+        except ImportError:
+            pass
+        _ACTIVE = None
+
+
+def read_manifest(directory: str) -> dict | None:
+    path = os.path.join(directory, MANIFEST)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+# ============================================================================ targets
+def gpu_target(arch: str):
+    """Triton's ``GPUTarget`` for ``sm_90`` / ``gfx942`` / ``gfx950`` / ... (what the driver reports)."""
+    from triton.backends.compiler import GPUTarget
+
+    from .arch import normalise_arch
+
+    arch = normalise_arch(arch)
+    if arch.startswith("sm_"):
+        return GPUTarget("cuda", int(arch[3:]), 32)
+    if arch.startswith("gfx"):
+        return GPUTarget("hip", arch, 64)
+    raise ValueError(f"no Triton target for arch {arch!r} (expected sm_XX or gfxNNN)")
+
+
+def arch_of_target(target) -> str:
+    return f"sm_{target.arch}" if target.backend == "cuda" else str(target.arch)
+
+
+def current_target():
+    """The target the JIT compiles for on this process's current GPU."""
+    from triton.runtime.driver import driver
+
+    return driver.active.get_current_target()
+
+
+# ============================================================================ recording launches
+@dataclass
+class KernelLaunch:
+    """One JIT launch, specialised exactly as ``JITFunction.run`` would on ``target``."""
+
+    kernel: object  # the JITFunction / GluonJITFunction
+    target: object  # GPUTarget
+    jit_key: str  # the JIT's in-memory cache key (``compute_cache_key``)
+    signature: dict
+    constexprs: dict
+    attrs: dict
+    options: object  # the backend's parsed options
+
+    @property
+    def name(self) -> str:
+        return self.kernel.fn.__qualname__
+
+    def source(self):
+        from triton.compiler.compiler import ASTSource
+
+        if self.kernel.is_gluon():
+            from triton.experimental.gluon._runtime import GluonASTSource
+
+            return GluonASTSource(self.kernel, self.signature, self.constexprs, self.attrs)
+        return ASTSource(self.kernel, self.signature, self.constexprs, self.attrs)
+
+    def disk_key(self) -> str:
+        """The hash ``triton.compile`` files this kernel under (same env vars as now)."""
+        from triton._C.libtriton import get_cache_invalidating_env_vars
+        from triton.compiler.compiler import make_backend
+        from triton.runtime.cache import get_cache_key
+
+        backend = make_backend(self.target)
+        options = backend.parse_options(dict(self.options.__dict__))
+        key = get_cache_key(self.source(), backend, options, env_vars=get_cache_invalidating_env_vars())
+        return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+_RECORD_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def record_launches(target, sink: list):
+    """While active, every ``JITFunction`` launch (any thread) appends a :class:`KernelLaunch`
+    to ``sink`` instead of compiling or launching. The specialisation is computed by Triton's own
+    binder for ``target``, so tensors may be meta tensors and no GPU is needed."""
+    from triton import knobs
+    from triton.compiler.compiler import make_backend
+    from triton.runtime.jit import JITFunction, compute_cache_key, create_function_from_signature
+
+    backend = make_backend(target)
+    binders: dict[int, object] = {}
+
+    def recording_run(self, *args, grid, warmup, **kwargs):
+        # Mirrors JITFunction.run up to the compile call (triton 3.6 runtime/jit.py).
+        kwargs["debug"] = kwargs.get("debug", self.debug) or knobs.runtime.debug
+        kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
+        binder = binders.get(id(self))
+        if binder is None:
+            binder = binders[id(self)] = create_function_from_signature(self.signature, self.params, backend)
+        bound_args, specialization, options = binder(*args, **kwargs)
+        jit_key = compute_cache_key({}, specialization, options)
+        options, signature, constexprs, attrs = self._pack_args(backend, kwargs, bound_args, specialization, options)
+        sink.append(KernelLaunch(self, target, jit_key, signature, constexprs, attrs, options))
+        return None
+
+    with _RECORD_LOCK:
+        original = JITFunction.run
+        JITFunction.run = recording_run
+        try:
+            yield sink
+        finally:
+            JITFunction.run = original
+
+
+def meta_mirror(t: torch.Tensor) -> torch.Tensor:
+    """A meta tensor Triton specialises like ``t``: dtype, shape, strides, storage offset (pointer
+    alignment) and storage size (AMD's 2 GB pointer-range attribute). Real allocations are at
+    least 256-byte aligned, so alignment is decided by the offset alone."""
+    storage = t.untyped_storage().nbytes()
+    base = torch.empty(max(storage // t.element_size(), 1), dtype=t.dtype, device="meta")
+    return base.as_strided(t.shape, t.stride(), t.storage_offset())
+
+
+def meta_launch_args(args):
+    """:class:`LaunchArgs` over meta mirrors of ``args``' tensors (same problem key)."""
+    return dataclasses.replace(
+        args, q=meta_mirror(args.q), kv_cache=meta_mirror(args.kv_cache), weights=meta_mirror(args.weights),
+        out=meta_mirror(args.out), context_lens=meta_mirror(args.context_lens),
+        block_table=meta_mirror(args.block_table),
+    )
+
+
+def launches_of(backend_name: str, args, config: dict, target) -> list[KernelLaunch]:
+    """The kernels ``backend.launch(args, config)`` would launch on ``target`` (args may be meta)."""
+    from . import backends
+
+    if backend_name not in TRITON_BACKENDS:
+        raise ValueError(f"backend {backend_name!r} does not launch through Triton; nothing to record")
+    sink: list[KernelLaunch] = []
+    with record_launches(target, sink):
+        backends.get(backend_name).launch(args, config)
+    return sink
+
+
+# ============================================================================ precompiling
+@contextlib.contextmanager
+def _writing_to(out_dir: str):
+    """Point Triton's cache writes at ``out_dir`` (plain file manager) for the duration.
+    (Setting a knob also sets its env var; ``scope()`` restores both.)"""
+    from triton import knobs
+
+    with knobs.cache.scope():
+        knobs.cache.dir = out_dir
+        knobs.cache.manager_class = None
+        yield
+
+
+def compile_launch(launch: KernelLaunch, out_dir: str):
+    """``triton.compile`` exactly as ``JITFunction._do_compile`` would, filed in ``out_dir``."""
+    import triton
+
+    with _writing_to(out_dir):
+        return triton.compile(launch.source(), target=launch.target, options=launch.options.__dict__)
+
+
+_STUB_LIBCUDA: str | None = None
+
+
+def _libcuda_dir() -> str:
+    """Where the launcher link finds ``libcuda.so.1``: the real one when installed, else an
+    empty stub (the stub is only a link-time placeholder; the real driver resolves the symbols
+    when the stub-linked launcher is loaded on a GPU machine)."""
+    global _STUB_LIBCUDA
+    from triton.backends.nvidia import driver as nv
+
+    try:
+        return nv.libcuda_dirs()[0]
+    except Exception:
+        pass
+    if _STUB_LIBCUDA is None:
+        from triton.runtime.build import _build
+
+        stub = tempfile.mkdtemp(prefix="paged_mqa_libcuda_stub_")
+        src = os.path.join(stub, "stub.c")
+        Path(src).write_text("/* link-time placeholder for libcuda.so.1 */\n")
+        built = _build("libcuda_stub", src, stub, [], [], [], [])
+        os.replace(built, os.path.join(stub, "libcuda.so.1"))
+        _STUB_LIBCUDA = stub
+    return _STUB_LIBCUDA
+
+
+def _put_module(name: str, src: str, out_dir: str, *, library_dirs, include_dirs, libraries) -> bool:
+    """Build a driver C module the way ``compile_module_from_src`` would and file it under the
+    key it will look up (source + platform). Returns False if it was already there."""
+    import sysconfig
+
+    from triton.runtime.build import _build, platform_key
+    from triton.runtime.cache import FileCacheManager, _base32
+
+    key = hashlib.sha256((src + platform_key()).encode("utf-8")).hexdigest()
+    filename = f"{name}{sysconfig.get_config_var('EXT_SUFFIX')}"
+    with _writing_to(out_dir):
+        manager = FileCacheManager(_base32(key))
+        if manager.get_file(filename) is not None:
+            return False
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, name + ".c")
+            Path(path).write_text(src)
+            so = _build(name, path, tmp, library_dirs, include_dirs, libraries, [])
+            manager.put(Path(so).read_bytes(), filename, binary=True)
+    return True
+
+
+def build_launcher(compiled, out_dir: str) -> bool:
+    """Prebuild the C launcher stub the driver builds on a kernel's first launch.
+
+    The HIP stub embeds the path of the HIP runtime it will dlopen, so it can only be prebuilt
+    where that runtime is installed (the AMD machine or image itself); elsewhere this raises.
+    """
+    src, metadata = compiled.src, compiled.metadata
+    constants = {((src.fn.arg_names.index(k),) if isinstance(k, str) else k): v for k, v in src.constants.items()}
+    signature = dict(src.signature.items())
+    tensordesc_meta = getattr(metadata, "tensordesc_meta", None)
+    if metadata.target.backend == "cuda":
+        from triton.backends.nvidia import driver as nv
+
+        code = nv.make_launcher(constants, signature, tensordesc_meta)
+        return _put_module("__triton_launcher", code, out_dir, library_dirs=[nv.libdevice_dir, _libcuda_dir()],
+                           include_dirs=nv.include_dirs, libraries=nv.libraries)
+    from triton.backends.amd import driver as amd
+
+    code = amd.make_launcher(constants, signature, metadata.warp_size, tensordesc_meta)
+    return _put_module("__triton_launcher", code, out_dir, library_dirs=[], include_dirs=amd.include_dirs, libraries=[])
+
+
+def build_driver_utils(target, out_dir: str) -> bool:
+    """Prebuild ``cuda_utils`` (built once per machine on the first Triton use). ROCm's
+    ``hip_utils`` embeds the path of the local HIP runtime, so it is left to the machine."""
+    if target.backend != "cuda":
+        return False
+    from triton.backends.nvidia import driver as nv
+
+    code = Path(os.path.join(nv.dirname, "driver.c")).read_text()
+    return _put_module("cuda_utils", code, out_dir, library_dirs=[nv.libdevice_dir, _libcuda_dir()],
+                       include_dirs=nv.include_dirs, libraries=nv.libraries)
+
+
+@dataclass
+class PrecompileSummary:
+    out_dir: str
+    targets: list[str]
+    problems: int = 0  # problem keys enumerated
+    kernels: list[dict] = field(default_factory=list)  # one per distinct compiled kernel
+    launchers: int = 0  # launcher stubs built (new)
+    skipped: list[str] = field(default_factory=list)  # (backend, why) that have nothing to precompile
+    errors: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def describe(self) -> str:
+        lines = [f"precompiled {len(self.kernels)} kernel(s) for {', '.join(self.targets)} "
+                 f"({self.problems} problem keys, {self.launchers} launcher stub(s)) into {self.out_dir} "
+                 f"in {self.seconds:.1f} s"]
+        for k in self.kernels:
+            knobs = ", ".join(f"{a}={b}" for a, b in sorted(k["config"].items())) or "defaults"
+            lines.append(f"  {k['arch']:7s} {k['backend']:6s} {k['kernel']} [{knobs}] disk_key={k['disk_key'][:12]} "
+                         f"({k['compile_s']:.1f} s)")
+        lines += [f"  skipped: {s}" for s in self.skipped]
+        lines += [f"  ERROR: {e}" for e in self.errors]
+        return "\n".join(lines)
+
+
+def precompile(
+    archs,
+    out_dir: str,
+    *,
+    families=None,
+    max_model_len: int | None = None,
+    batch_sizes=None,
+    lens_2d=(True, False),
+    include_fallbacks: bool = True,
+    launchers: bool = True,
+    progress: bool = True,
+    only: dict | None = None,
+    extra_families=None,
+) -> PrecompileSummary:
+    """Compile, for each arch, every kernel the tuned table (plus defaults and, optionally, the
+    fallback chain's defaults) can launch for the table's problem families, specialised exactly
+    like :func:`paged_mqa_logits.warmup` will launch them, into the Triton cache ``out_dir``.
+
+    ``families``: explicit :class:`~paged_mqa_logits.warmup.Family` list (default: one per
+    (heads, kv_block_size, preshuffle, next_n, cu_num) found in the table for the arch, with
+    batches ``1..max tuned batch``, the tuned contexts plus ``None`` as hints, ``lens_2d`` and
+    ``max_model_len``; both override the family defaults when given). ``only`` restricts the
+    table's families: ``{"heads": {64}, "next_n": {1, 2}, "kv_block_size": {64}, "preshuffle": {False}}``.
+    ``extra_families`` are added for every arch whether or not the table has rows for them (a
+    family with no rows precompiles the arch's default choices); ``cu_num=None`` takes
+    :data:`DEFAULT_CU_NUM`.
+    """
+    from tqdm import tqdm
+
+    from . import dispatch
+    from .warmup import WARMUP_DEFAULT_MAX_MODEL_LEN, enumerate_calls, table_families, warm_inputs
+
+    started = time.perf_counter()
+    os.makedirs(out_dir, exist_ok=True)
+    dispatch.reset()
+    targets = [gpu_target(a) for a in archs]
+    summary = PrecompileSummary(out_dir=os.path.abspath(out_dir), targets=[arch_of_target(t) for t in targets])
+    manifest = read_manifest(out_dir) or {}
+    todo: list[tuple[KernelLaunch, object, int]] = []  # (launch, first call launching it, workspace rows)
+    seen_keys: set[tuple] = set()
+    for target in targets:
+        arch = arch_of_target(target)
+        fams = families if families is not None else table_families(
+            arch, max_model_len=max_model_len or WARMUP_DEFAULT_MAX_MODEL_LEN, lens_2d=tuple(lens_2d))
+        if families is None and batch_sizes is not None:
+            fams = [dataclasses.replace(f, batch_sizes=tuple(batch_sizes)) for f in fams]
+        if families is not None and max_model_len is not None:
+            fams = [dataclasses.replace(f, max_model_len=max_model_len) for f in fams]
+        fams = _select(fams, only or {})
+        fams += [dataclasses.replace(f, cu_num=f.cu_num or DEFAULT_CU_NUM.get(arch, 0)) for f in extra_families or []]
+        if not fams:
+            summary.skipped.append(f"{arch}: no tuned rows match; name a family (heads, kv_block_size, preshuffle, "
+                                   f"next_n) to precompile the defaults")
+        # per family, like warmup(): one [largest rows, max_model_len] logits workspace
+        calls = []
+        for fam in fams:
+            fam_calls = enumerate_calls(fam, arch=arch, cu_num=fam.cu_num or 0, hypothetical=True,
+                                        include_fallbacks=include_fallbacks)
+            rows = max((c.problem.rows for c in fam_calls), default=1)
+            workspace = torch.empty((rows, fam.max_model_len), dtype=torch.float32, device="meta")
+            calls += [(c, workspace) for c in fam_calls]
+        summary.problems += len({c.problem for c, _ in calls})
+        bar = tqdm(calls, desc=f"specialise {arch}", unit="call", disable=not progress, leave=False)
+        for call, workspace in bar:
+            if call.backend not in TRITON_BACKENDS:
+                note = f"{call.backend} on {arch}: no Triton kernels (nothing to precompile)"
+                if note not in summary.skipped:
+                    summary.skipped.append(note)
+                continue
+            args = warm_inputs(call.problem, device="meta", workspace=workspace)
+            try:
+                recorded = launches_of(call.backend, args, call.config, target)
+            except Exception as exc:  # a backend that cannot be specialised on meta tensors
+                summary.errors.append(f"{arch} {call.backend} {call.config}: {type(exc).__name__}: {exc}")
+                continue
+            for launch in recorded:
+                ident = (arch, id(launch.kernel), launch.jit_key)
+                if ident not in seen_keys:
+                    seen_keys.add(ident)
+                    todo.append((launch, call, workspace.shape[0]))
+    for launch, call, workspace_rows in tqdm(todo, desc="compile", unit="kernel", disable=not progress):
+        arch, backend_name, config = arch_of_target(launch.target), call.backend, call.config
+        t0 = time.perf_counter()
+        try:
+            compiled = compile_launch(launch, out_dir)
+        except Exception as exc:
+            summary.errors.append(f"{arch} {backend_name} {launch.name} {config}: {type(exc).__name__}: {exc}")
+            continue
+        if launchers:
+            try:
+                summary.launchers += int(build_launcher(compiled, out_dir))
+            except Exception as exc:  # e.g. HIP stubs embed the local HIP runtime's path
+                note = f"launcher stubs for {arch}: not prebuilt, built on first launch ({type(exc).__name__}: {exc})"
+                if note not in summary.skipped:
+                    summary.skipped.append(note)
+        summary.kernels.append({
+            "arch": arch, "backend": backend_name, "kernel": launch.name, "config": dict(config),
+            "kind": call.kind, "jit_key": launch.jit_key, "disk_key": compiled.hash,
+            "compile_s": time.perf_counter() - t0, "problem": dataclasses.asdict(call.problem),
+            "workspace_rows": workspace_rows,
+        })
+    if launchers:
+        for target in targets:
+            try:
+                summary.launchers += int(build_driver_utils(target, out_dir))
+            except Exception as exc:  # only a first-use speed-up: Triton builds it itself if absent
+                summary.skipped.append(f"cuda_utils for {arch_of_target(target)}: not prebuilt ({type(exc).__name__}: {exc})")
+    summary.seconds = time.perf_counter() - started
+    _write_manifest(out_dir, manifest, summary)
+    return summary
+
+
+def _select(families, only: dict):
+    out = []
+    for fam in families:
+        if any(k in only and getattr(fam, k) not in only[k] for k in ("heads", "kv_block_size", "preshuffle")):
+            continue
+        next_n = tuple(n for n in fam.next_n if "next_n" not in only or n in only["next_n"])
+        if next_n:
+            out.append(dataclasses.replace(fam, next_n=next_n))
+    return out
+
+
+def _write_manifest(out_dir: str, manifest: dict, summary: PrecompileSummary) -> None:
+    import sysconfig
+
+    import triton
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+
+    from .table import loaded_files
+
+    entries = {(k["arch"], k["disk_key"]): k for k in manifest.get("kernels", [])}
+    entries.update({(k["arch"], k["disk_key"]): k for k in summary.kernels})
+    manifest.update({
+        "triton_version": triton.__version__,
+        "python_ext_suffix": sysconfig.get_config_var("EXT_SUFFIX"),
+        "cache_invalidating_env": dict(get_cache_invalidating_env_vars()),
+        "tables": loaded_files(),
+        "targets": sorted(set(manifest.get("targets", [])) | set(summary.targets)),
+        "kernels": sorted(entries.values(), key=lambda k: (k["arch"], k["backend"], k["kernel"], k["disk_key"])),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    })
+    with open(os.path.join(out_dir, MANIFEST), "w") as f:
+        json.dump(manifest, f, indent=1, sort_keys=True)
+
+
+# ============================================================================ verifying
+@dataclass
+class VerifyResult:
+    """What the real JIT did when launching each manifest kernel on a simulated device."""
+
+    kernels: int = 0
+    disk_hits: int = 0  # kernels the JIT loaded from the cache
+    compiled: list[str] = field(default_factory=list)  # kernels the JIT had to compile (misses)
+    launchers_found: int = 0
+    launchers_built: list[str] = field(default_factory=list)  # launcher stubs it would have built
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.compiled and not self.errors and self.disk_hits == self.kernels
+
+    def describe(self) -> str:
+        text = (f"verify: {self.disk_hits}/{self.kernels} kernels found by the JIT in the cache, "
+                f"{len(self.compiled)} compiled, {self.launchers_found} launcher stub(s) found, "
+                f"{len(self.launchers_built)} would be built -> {'OK' if self.ok else 'FAIL'}")
+        return "\n".join([text] + [f"  compiled: {c}" for c in self.compiled]
+                         + [f"  launcher built: {c}" for c in self.launchers_built] + [f"  ERROR: {e}" for e in self.errors])
+
+
+class _SimulatedDriver:
+    """Just enough of a Triton GPU driver for ``JITFunction.run`` to go through its whole path
+    (specialise, look up the caches, load, build the launcher, launch) without a GPU."""
+
+    def __init__(self, target, launcher_cls, on_launch):
+        self.target = target
+        self.launcher_cls = launcher_cls
+        self.utils = type("Utils", (), {})()
+        self.utils.load_binary = lambda name, binary, shared, device: (1, 1, 0, 0, 1024)
+        self.utils.get_device_properties = lambda device: {"max_shared_mem": 1 << 30, "multiprocessor_count": 1}
+        self.on_launch = on_launch
+
+    def get_current_target(self):
+        return self.target
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_active_torch_device(self):
+        return torch.device("cpu")
+
+
+@contextlib.contextmanager
+def simulated_device(target, result: VerifyResult):
+    """Run Triton launches as on a ``target`` GPU: cache lookups are real, binaries are not
+    loaded and nothing executes. Launcher stubs are looked up for real (CUDA) and their builds
+    are refused and recorded instead."""
+    import triton.runtime.build as build
+    from triton import knobs
+    from triton.compiler import compiler as compiler_mod
+    from triton.runtime.driver import driver
+
+    class _Stub:
+        @staticmethod
+        def launch(*args, **kwargs):
+            return None
+
+    def load_module(name, path):
+        result.launchers_found += 1
+        return _Stub
+
+    def refuse_build(name, src, srcdir, *a, **k):
+        result.launchers_built.append(name)
+        raise _LauncherMiss(name)
+
+    if target.backend == "cuda":
+        from triton.backends.nvidia import driver as nv
+
+        launcher_cls = nv.CudaLauncher
+        libcuda = _libcuda_dir()
+    else:
+        launcher_cls = _RecordingLauncher  # HIP stubs need the local HIP runtime (see build_launcher)
+        libcuda = None
+    saved_build = (build._load_module_from_path, build._build)
+    saved_active = driver._active
+    with knobs.nvidia.scope():
+        driver.set_active(_SimulatedDriver(target, launcher_cls, None))
+        if libcuda is not None:
+            knobs.nvidia.libcuda_path = libcuda
+        build._load_module_from_path, build._build = load_module, refuse_build
+        try:
+            yield
+        finally:
+            build._load_module_from_path, build._build = saved_build
+            driver._active = saved_active
+        compiler_mod.max_shared_mem.cache_clear()
+        if target.backend == "cuda":
+            from triton.backends.nvidia import driver as nv
+
+            nv.libcuda_dirs.cache_clear()
+            nv.library_dirs.cache_clear()
+
+
+class _LauncherMiss(RuntimeError):
+    pass
+
+
+class _RecordingLauncher:
+    def __init__(self, src, metadata):
+        pass
+
+    def __call__(self, *args, **kwargs):
+        return None
+
+
+def verify(directory: str | None = None, *, archs=None) -> VerifyResult:
+    """Launch every kernel listed in a cache's manifest through the real Triton JIT on a
+    simulated device of its arch, with Triton's own cache dir empty and the precompiled cache as
+    the only overlay, and report what was found and what would have been compiled or built."""
+    from triton import knobs
+
+    from . import backends
+    from .problem import Problem
+    from .warmup import warm_inputs
+
+    result = VerifyResult()
+    dirs = [os.path.realpath(directory)] if directory else cache_dirs()
+    manifest = read_manifest(dirs[0]) if dirs else None
+    if not manifest:
+        result.errors.append(f"no manifest in {dirs or 'any kernel cache dir'}")
+        return result
+    entries = [k for k in manifest["kernels"] if archs is None or k["arch"] in archs]
+
+    def listener(src, metadata, metadata_group, times, cache_hit):
+        if cache_hit:
+            result.disk_hits += 1
+        else:
+            result.compiled.append(f"{metadata['name']} for {metadata['target']}")
+
+    saved_caches = {}
+    with tempfile.TemporaryDirectory() as empty, knobs.cache.scope(), knobs.compilation.scope():
+        deactivate()
+        saved_env = os.environ.get(ENV_CACHE)
+        os.environ[ENV_CACHE] = os.pathsep.join(dirs)
+        knobs.cache.dir = empty
+        knobs.compilation.listener = listener
+        try:
+            activate()
+            for entry in entries:
+                problem = Problem(**entry["problem"])
+                target = gpu_target(entry["arch"])
+                rows = entry.get("workspace_rows", problem.rows)  # untouched memory: only its size matters
+                workspace = torch.empty((rows, problem.max_model_len), dtype=torch.float32)
+                args = warm_inputs(problem, device="cpu", workspace=workspace, validate=False)
+                backend = backends.get(entry["backend"])
+                result.kernels += 1
+                # the JIT functions this launch uses start with an empty in-memory cache
+                for launch in launches_of(entry["backend"], meta_launch_args(args), entry["config"], target):
+                    kernel = launch.kernel
+                    saved_caches.setdefault(id(kernel), (kernel, dict(kernel.device_caches)))
+                    kernel.device_caches.clear()
+                with simulated_device(target, result):
+                    try:
+                        backend.launch(args, entry["config"])
+                    except _LauncherMiss:
+                        pass
+                    except Exception as exc:
+                        result.errors.append(f"{entry['arch']} {entry['backend']} {entry['kernel']}: {type(exc).__name__}: {exc}")
+        finally:
+            for kernel, caches in saved_caches.values():
+                kernel.device_caches.clear()
+                kernel.device_caches.update(caches)
+            if saved_env is None:
+                os.environ.pop(ENV_CACHE, None)
+            else:
+                os.environ[ENV_CACHE] = saved_env
+            deactivate()
+    # A kernel entry may launch more than one JIT function; count hits per entry at most once.
+    result.disk_hits = min(result.disk_hits, result.kernels)
+    return result
+
+
+# ============================================================================ CLI
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m paged_mqa_logits.kernel_cache",
+        description="Precompile the kernels the tuned table can pick into a Triton cache directory "
+                    "the package finds at run time (no GPU needed).")
+    p.add_argument("--arch", action="append", required=True,
+                   help="target (repeatable or ';'-separated): sm_90, gfx942, gfx950, ...")
+    p.add_argument("--out", required=True, help="cache directory to fill")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="the engine's max_model_len (default: warmup's default); kernels may specialise on it")
+    p.add_argument("--batch-sizes", default=None,
+                   help="comma-separated batch sizes (default: 1..largest tuned batch of each family)")
+    p.add_argument("--lens", choices=("2d", "1d", "both"), default="both", help="context_lens layouts to cover")
+    p.add_argument("--no-fallbacks", action="store_true", help="skip the fallback chain's default knobs")
+    p.add_argument("--heads", default=None, help="only these heads (comma-separated)")
+    p.add_argument("--next-n", default=None, help="only these next_n values (comma-separated)")
+    p.add_argument("--kv-block-size", default=None, help="only these block sizes (comma-separated)")
+    p.add_argument("--preshuffle", choices=("0", "1"), default=None, help="only this preshuffle setting")
+    p.add_argument("--family", action="store_true",
+                   help="with all four of --heads/--next-n/--kv-block-size/--preshuffle: also precompile that "
+                        "family when the table has no rows for it (the arch's default choices)")
+    p.add_argument("--no-launchers", action="store_true", help="skip the C launcher stubs")
+    p.add_argument("--verify", action="store_true",
+                   help="afterwards, launch every kernel through the real JIT on a simulated device and "
+                        "fail if any would compile")
+    p.add_argument("--quiet", action="store_true")
+    a = p.parse_args(argv)
+    archs = [x for entry in a.arch for x in entry.replace(",", ";").split(";") if x.strip()]
+    batches = None if a.batch_sizes is None else [int(x) for x in a.batch_sizes.split(",") if x.strip()]
+    lens = {"2d": (True,), "1d": (False,), "both": (True, False)}[a.lens]
+    ints = lambda text: {int(x) for x in text.split(",") if x.strip()}  # noqa: E731
+    only = {k: ints(v) for k, v in (("heads", a.heads), ("next_n", a.next_n), ("kv_block_size", a.kv_block_size)) if v}
+    if a.preshuffle is not None:
+        only["preshuffle"] = {a.preshuffle == "1"}
+    extra = []
+    if a.family:
+        if not (a.heads and a.next_n and a.kv_block_size and a.preshuffle is not None):
+            p.error("--family needs --heads, --next-n, --kv-block-size and --preshuffle")
+        from .warmup import WARMUP_DEFAULT_MAX_MODEL_LEN, Family
+
+        extra = [Family(heads=h, kv_block_size=bs, preshuffle=a.preshuffle == "1", next_n=tuple(sorted(only["next_n"])),
+                        batch_sizes=tuple(batches or range(1, 257)),
+                        max_model_len=a.max_model_len or WARMUP_DEFAULT_MAX_MODEL_LEN, lens_2d=lens)
+                 for h in sorted(only["heads"]) for bs in sorted(only["kv_block_size"])]
+    summary = precompile(archs, a.out, max_model_len=a.max_model_len, batch_sizes=batches, lens_2d=lens,
+                         include_fallbacks=not a.no_fallbacks, launchers=not a.no_launchers, progress=not a.quiet,
+                         only=only, extra_families=extra)
+    print(summary.describe())
+    if summary.errors:
+        return 1
+    if a.verify:
+        result = verify(a.out)
+        print(result.describe())
+        return 0 if result.ok else 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

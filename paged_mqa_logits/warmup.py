@@ -1,0 +1,339 @@
+"""``warmup(...)``: compile, for the current device, every kernel a problem family can dispatch to,
+so that CUDA/HIP graph capture never compiles.
+
+A *family* is what an engine fixes at start-up: heads, kv_block_size, preshuffle, max_model_len,
+and the ranges it will call with: next_n values, batch sizes (e.g. its graph-capture sizes),
+context hints, 1-D and/or 2-D ``context_lens``. Every (next_n, batch, hint, layout) is a problem
+key; dispatch gives its backend and knobs (table row, nearest row or defaults), and with
+``include_fallbacks`` the default knobs of the rest of the arch's fallback chain are added.
+
+Triton compiles one binary per *specialisation* (constexprs, plus int arguments equal to 1 or
+divisible by 16, pointer alignment, ...), not per knob set. So for the Triton-based backends
+the specialisations of every problem are first computed on meta tensors
+(:func:`paged_mqa_logits.kernel_cache.launches_of`, no device work), and one real call on small
+synthetic inputs is made only for problems that bring a specialisation not yet warmed. The
+inputs are shaped like an engine's: the table is ``ceil(max_model_len / kv_block_size)`` wide
+and ``out_logits`` is a row slice of one ``[rows, max_model_len]`` workspace (pass the engine's
+own ``workspace`` / ``kv_cache`` to mirror it exactly). After the calls, every predicted
+specialisation is looked up in the JIT's in-memory cache; :attr:`WarmupSummary.missing` lists
+any that is not there (it should be empty).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .problem import HEAD_DIM, LaunchArgs, Problem, fp8_dtype
+
+#: max_model_len used when none is given (DeepSeek-V3.2's 163840-token context)
+WARMUP_DEFAULT_MAX_MODEL_LEN = 163840
+
+
+@dataclass(frozen=True)
+class Family:
+    """The problem keys an engine will call with (see the module docstring)."""
+
+    heads: int
+    kv_block_size: int
+    preshuffle: bool = False
+    next_n: tuple[int, ...] = (1,)
+    batch_sizes: tuple[int, ...] = tuple(range(1, 257))
+    max_model_len: int = WARMUP_DEFAULT_MAX_MODEL_LEN
+    context_hints: tuple = (None,)
+    lens_2d: tuple[bool, ...] = (True,)
+    cu_num: int | None = None  # None: the device's (warmup); precompile takes the table's
+
+
+@dataclass(frozen=True)
+class Call:
+    problem: Problem
+    backend: str
+    config: dict = field(hash=False, compare=False)
+    kind: str = "dispatch"  # "dispatch" (what the op runs) | "fallback" (a later backend's defaults)
+
+
+def native_fp8(arch: str) -> str:
+    return "fnuz" if arch == "gfx942" else "fn"
+
+
+def enumerate_calls(family: Family, *, arch: str, cu_num: int, fp8: str | None = None, device_type: str = "cuda",
+                    hypothetical: bool = False, include_fallbacks: bool = True) -> list[Call]:
+    """Every (problem, backend, knobs) the family can run, sorted so calls sharing inputs are adjacent."""
+    from . import backends, dispatch
+
+    fp8 = fp8 or native_fp8(arch)
+    calls = []
+    for next_n in sorted(set(family.next_n)):
+        for lens_2d in sorted(set(family.lens_2d)):
+            for batch in sorted(set(family.batch_sizes)):
+                for hint in family.context_hints:
+                    problem = Problem(
+                        arch=arch, cu_num=cu_num, batch=batch, next_n=next_n, heads=family.heads,
+                        head_dim=HEAD_DIM, kv_block_size=family.kv_block_size, preshuffle=family.preshuffle,
+                        context=hint, lens_2d=lens_2d, fp8=fp8, device_type=device_type,
+                        max_model_len=family.max_model_len, hypothetical=hypothetical,
+                    )
+                    choice = dispatch.choose(problem)
+                    calls.append(Call(problem, choice.backend, dict(choice.config)))
+                    if not include_fallbacks:
+                        continue
+                    for name in dispatch.fallback_chain(arch):
+                        if name != choice.backend and backends.why_not(name, problem) is None:
+                            calls.append(Call(problem, name, dict(backends.get(name).default_config(problem)), "fallback"))
+    return calls
+
+
+def table_families(arch: str, *, max_model_len: int = WARMUP_DEFAULT_MAX_MODEL_LEN,
+                   lens_2d: tuple[bool, ...] = (True, False)) -> list[Family]:
+    """One family per (heads, kv_block_size, preshuffle, cu_num) of the arch's table rows:
+    its tuned next_n values, batches ``1..largest tuned batch``, and the tuned contexts (plus
+    ``None``) as hints."""
+    from .table import table_configs
+
+    groups: dict[tuple, dict] = {}
+    for fields, _backend, _knobs in table_configs(arch):
+        key = (fields["heads"], fields["kv_block_size"], fields["preshuffle"], fields["cu_num"])
+        g = groups.setdefault(key, {"next_n": set(), "batch": 1, "contexts": set()})
+        g["next_n"].add(fields["next_n"])
+        g["batch"] = max(g["batch"], fields["batch"])
+        if fields["context"] is not None:
+            g["contexts"].add(fields["context"])
+    return [
+        Family(heads=h, kv_block_size=bs, preshuffle=pre, next_n=tuple(sorted(g["next_n"])),
+               batch_sizes=tuple(range(1, g["batch"] + 1)), max_model_len=max_model_len,
+               context_hints=(None,) + tuple(sorted(g["contexts"])), lens_2d=tuple(lens_2d), cu_num=cu)
+        for (h, bs, pre, cu), g in sorted(groups.items())
+    ]
+
+
+def warm_context(problem: Problem) -> int:
+    """Tokens per synthetic sequence: two blocks (enough to cross a block boundary), cheap."""
+    return max(1, min(problem.max_model_len, 2 * problem.kv_block_size, 256))
+
+
+def warm_inputs(problem: Problem, *, device, workspace: torch.Tensor, kv_cache: torch.Tensor | None = None,
+                seed: int = 0, validate: bool = True) -> LaunchArgs:
+    """Small inputs shaped like an engine call of ``problem``: uniform ``warm_context`` tokens,
+    a block table ``ceil(max_model_len / kv_block_size)`` wide, ``out`` = ``workspace[:rows]``.
+
+    ``device="meta"`` gives the same shapes, strides and storage sizes with no data (this is
+    what precompile specialises); otherwise tensors come from :func:`reference.make_inputs` and
+    are validated like a real call (``validate=False`` keeps ``problem`` as given instead, for a
+    simulated device).
+    """
+    device = torch.device(device)
+    p = problem
+    bs, ctx = p.kv_block_size, warm_context(p)
+    blocks = math.ceil(ctx / bs)
+    width = max(1, math.ceil(p.max_model_len / bs))
+    dtype = fp8_dtype(p.fp8)
+    out = workspace[: p.rows]
+    if device.type == "meta":
+        packed = bs * (HEAD_DIM + 4)
+        nblocks = max(1, p.batch * blocks)
+        kv = kv_cache if kv_cache is not None else torch.empty(
+            (nblocks, packed), dtype=torch.uint8, device=device).as_strided((nblocks, bs, 1, HEAD_DIM + 4), (packed, HEAD_DIM + 4, HEAD_DIM + 4, 1))
+        q = torch.empty((p.batch, p.next_n, p.heads, HEAD_DIM), dtype=dtype, device=device)
+        weights = torch.empty((p.rows, p.heads), dtype=torch.float32, device=device)
+        lens = torch.empty((p.batch, p.next_n) if p.lens_2d else (p.batch,), dtype=torch.int32, device=device)
+        table = torch.empty((p.batch, width), dtype=torch.int32, device=device)
+        return LaunchArgs(q, kv, weights, out, lens, table, p.max_model_len, bs, p.preshuffle, p)
+
+    from .reference import make_inputs
+    from .validate import build_launch_args
+
+    inp = make_inputs(p.batch, p.next_n, p.heads, ctx, kv_block_size=bs, preshuffle=p.preshuffle, fp8_dtype=dtype,
+                      lens_2d=p.lens_2d, max_model_len=ctx, device=device, seed=seed)
+    table = torch.full((p.batch, width), -1, dtype=torch.int32, device=device)
+    table[:, :blocks] = inp["kv_indices"][:, :blocks]
+    kv = inp["kv_cache"]
+    if kv_cache is not None:  # the engine's cache: reads land in its blocks, results are scratch
+        kv = kv_cache
+        table[:, :blocks] %= kv_cache.shape[0]
+    if not validate:
+        return LaunchArgs(inp["q_fp8"], kv, inp["weights"], out, inp["context_lens"], table, p.max_model_len, bs,
+                          p.preshuffle, p)
+    args = build_launch_args(inp["q_fp8"], kv, inp["weights"], out, inp["context_lens"], table, p.max_model_len,
+                             p.preshuffle, bs, p.context)
+    if args.problem != p:
+        raise RuntimeError(f"warmup inputs describe {args.problem.describe()}, expected {p.describe()}")
+    return args
+
+
+@dataclass
+class WarmupSummary:
+    device: str
+    arch: str
+    cu_num: int
+    problems: int = 0  # problem keys enumerated
+    calls_run: int = 0  # real calls made
+    compiled: list[dict] = field(default_factory=list)  # per (backend, knobs): kernels warmed, calls run
+    kernels: int = 0  # distinct JIT specialisations now in memory (Triton-based backends)
+    missing: list[str] = field(default_factory=list)  # predicted specialisations not found afterwards
+    notes: list[str] = field(default_factory=list)
+    precompiled_dirs: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def describe(self) -> str:
+        lines = [f"warmup on {self.device} ({self.arch}, {self.cu_num} CUs/SMs): {self.problems} problem keys, "
+                 f"{self.calls_run} calls, {self.kernels} kernel specialisations in {self.seconds:.2f} s"
+                 + (f"; precompiled cache: {', '.join(self.precompiled_dirs)}" if self.precompiled_dirs else "")]
+        for c in self.compiled:
+            knobs = ", ".join(f"{k}={v}" for k, v in sorted(c["config"].items())) or "defaults"
+            lines.append(f"  {c['backend']:6s} [{knobs}] ({c['kind']}): {c['kernels']} specialisation(s), {c['calls']} call(s)")
+        lines += [f"  note: {n}" for n in self.notes]
+        lines += [f"  MISSING: {m}" for m in self.missing]
+        return "\n".join(lines)
+
+
+def _resolve_ints(value, *, as_range: bool) -> tuple[int, ...]:
+    if isinstance(value, int):
+        return tuple(range(1, value + 1)) if as_range else (value,)
+    return tuple(int(v) for v in value)
+
+
+def warmup(
+    heads: int,
+    kv_block_size: int,
+    preshuffle: bool = False,
+    *,
+    next_n=1,
+    batch_sizes=256,
+    max_model_len: int = WARMUP_DEFAULT_MAX_MODEL_LEN,
+    context_hints=(None,),
+    lens_2d=(True,),
+    device=None,
+    kv_cache: torch.Tensor | None = None,
+    workspace: torch.Tensor | None = None,
+    include_fallbacks: bool = True,
+    progress: bool = True,
+    seed: int = 0,
+) -> WarmupSummary:
+    """Compile (or load from the precompiled cache) every kernel this family can dispatch to.
+
+    Args:
+        heads, kv_block_size, preshuffle: fixed by the model and the cache layout.
+        next_n: an int (that value) or the values to cover (1 + speculative tokens).
+        batch_sizes: an int N (batches 1..N) or the batches to cover (e.g. the graph-capture sizes).
+        max_model_len: the engine's value (the table width and ``out_logits`` row stride follow it).
+        context_hints: the ``context_hint`` values the engine passes (``None`` = no hint);
+            ``"table"`` = every tuned context of this family plus ``None``.
+        lens_2d: layouts to cover: ``(True,)`` vLLM's 2-D lengths, ``(False,)`` 1-D, or both.
+        device: default the current GPU, else CPU.
+        kv_cache, workspace: the engine's own cache / ``[rows, >= max_model_len]`` fp32 logits
+            workspace, to mirror their sizes exactly (optional; never read as results).
+        include_fallbacks: also warm the default knobs of the rest of the arch's fallback chain.
+
+    Returns a :class:`WarmupSummary`; ``summary.missing`` is empty when every predicted kernel
+    specialisation is in the JIT's cache.
+    """
+    from tqdm import tqdm
+
+    from . import kernel_cache
+    from .arch import detect
+    from .op import launch
+
+    started = time.perf_counter()
+    precompiled = kernel_cache.activate()
+    if device is None:
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    info = detect(device)
+    if context_hints == "table":
+        context_hints = (None,) + tuple(sorted({f["context"] for f, _, _ in _family_rows(info.arch, heads, kv_block_size, preshuffle)
+                                                if f["context"] is not None}))
+    family = Family(heads=heads, kv_block_size=kv_block_size, preshuffle=preshuffle,
+                    next_n=_resolve_ints(next_n, as_range=False), batch_sizes=_resolve_ints(batch_sizes, as_range=True),
+                    max_model_len=max_model_len, context_hints=tuple(context_hints), lens_2d=tuple(lens_2d))
+    calls = enumerate_calls(family, arch=info.arch, cu_num=info.cu_num, device_type=device.type,
+                            include_fallbacks=include_fallbacks)
+    summary = WarmupSummary(device=str(device), arch=info.arch, cu_num=info.cu_num,
+                            problems=len({c.problem for c in calls}), precompiled_dirs=precompiled)
+    rows = max(c.problem.rows for c in calls)
+    if workspace is None:
+        workspace = torch.empty((rows, max_model_len), dtype=torch.float32, device=device)
+    if workspace.shape[0] < rows or workspace.shape[1] < max_model_len:
+        raise ValueError(f"workspace must be at least [{rows}, {max_model_len}], got {tuple(workspace.shape)}")
+    meta_workspace = kernel_cache.meta_mirror(workspace)
+    meta_kv = None if kv_cache is None else kernel_cache.meta_mirror(kv_cache)
+    target = kernel_cache.current_target() if device.type == "cuda" else None
+
+    warmed: set[tuple] = set()  # (kernel id, jit key) predicted and run
+    predicted: dict[tuple, object] = {}  # same keys -> kernel
+    groups_run: set[tuple] = set()  # non-Triton backends: (backend, knobs, next_n, lens_2d)
+    per_config: dict[tuple, dict] = {}
+    current = None  # (inputs key, LaunchArgs) of the last real inputs built
+    for call in tqdm(calls, desc="paged_mqa_logits warmup", unit="call", disable=not progress):
+        p = call.problem
+        config_key = (call.backend, tuple(sorted(call.config.items())), call.kind)
+        entry = per_config.setdefault(config_key, {"backend": call.backend, "config": dict(call.config),
+                                                   "kind": call.kind, "keys": set(), "calls": 0})
+        keys = None
+        if target is not None and call.backend in kernel_cache.TRITON_BACKENDS:
+            meta_args = warm_inputs(p, device="meta", workspace=meta_workspace, kv_cache=meta_kv)
+            try:
+                recorded = kernel_cache.launches_of(call.backend, meta_args, call.config, target)
+                keys = {(id(r.kernel), r.jit_key): r.kernel for r in recorded}
+            except Exception as exc:  # cannot specialise on meta tensors: run it once per group instead
+                note = f"{call.backend}: specialisations not predicted ({type(exc).__name__}: {exc})"
+                if note not in summary.notes:
+                    summary.notes.append(note)
+        if keys is not None:
+            entry["keys"] |= set(keys)
+            predicted.update(keys)
+            if set(keys) <= warmed:
+                continue
+            warmed |= set(keys)
+        else:
+            group = (config_key, p.next_n, p.lens_2d)
+            if group in groups_run:
+                continue
+            groups_run.add(group)
+        inputs_key = (p.batch, p.next_n, p.lens_2d, p.context)
+        if current is None or current[0] != inputs_key:
+            current = (inputs_key, warm_inputs(p, device=device, workspace=workspace, kv_cache=kv_cache, seed=seed))
+        args = current[1]
+        if call.kind == "dispatch":
+            launch(args)
+        else:
+            launch(args, backend=call.backend, config=call.config)
+        entry["calls"] += 1
+        summary.calls_run += 1
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        summary.missing = _not_in_jit_cache(predicted)
+    summary.kernels = len(predicted)
+    summary.compiled = [{"backend": e["backend"], "config": e["config"], "kind": e["kind"],
+                         "kernels": len(e["keys"]), "calls": e["calls"]} for e in per_config.values()]
+    summary.seconds = time.perf_counter() - started
+    return summary
+
+
+def _family_rows(arch, heads, kv_block_size, preshuffle):
+    from .table import table_configs
+
+    return [r for r in table_configs(arch)
+            if (r[0]["heads"], r[0]["kv_block_size"], r[0]["preshuffle"]) == (heads, kv_block_size, preshuffle)]
+
+
+def _not_in_jit_cache(predicted: dict) -> list[str]:
+    """Predicted (kernel, key) pairs absent from the JIT's in-memory cache of the current device."""
+    from triton.runtime.driver import driver
+
+    device = driver.active.get_current_device()
+    missing = []
+    for (_, key), kernel in predicted.items():
+        caches = getattr(kernel, "device_caches", {})
+        if device not in caches or key not in caches[device][0]:
+            missing.append(f"{kernel.fn.__qualname__}: {key[:160]}")
+    return missing
+
+
+__all__ = ["warmup", "WarmupSummary", "Family", "Call", "enumerate_calls", "table_families", "warm_inputs",
+           "WARMUP_DEFAULT_MAX_MODEL_LEN"]

@@ -1,0 +1,190 @@
+"""The ahead-of-time kernel cache, proven on CPU: the specialisation and cache keys recorded on
+meta tensors equal the ones Triton's real JIT computes for a launch on an sm_90 / gfx950 device
+(simulated driver), the JIT finds the precompiled binaries (and CUDA launcher stubs) instead of
+compiling, and the run-time lookup rule (env var, defaults, overlay) behaves as documented."""
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from paged_mqa_logits import kernel_cache as kc
+from paged_mqa_logits import reload_tuned_table
+from paged_mqa_logits.problem import Problem
+from paged_mqa_logits.warmup import warm_inputs
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY_TABLE = """\
+arch,cu_num,heads,head_dim,kv_block_size,preshuffle,batch,next_n,context,backend,ChunkK,WavePerEU,SplitKV,num_warps,num_stages,us,provenance
+sm_90,132,64,128,64,0,2,1,any,triton,64,,0,4,3,,prior:test
+gfx950,256,64,128,64,1,2,1,any,triton,64,,0,4,2,,prior:test
+"""
+
+
+@pytest.fixture
+def tiny_table(tmp_path, monkeypatch):
+    path = tmp_path / "tiny_tuned.csv"
+    path.write_text(TINY_TABLE)
+    monkeypatch.setenv("PAGED_MQA_LOGITS_CONFIGS", str(path))
+    reload_tuned_table()
+    return str(path)
+
+
+@pytest.fixture
+def clean_activation():
+    kc.deactivate()
+    yield
+    kc.deactivate()
+
+
+def _problem(arch, **kw):
+    fields = dict(arch=arch, cu_num=132 if arch == "sm_90" else 256, batch=3, next_n=2, heads=64, head_dim=128,
+                  kv_block_size=64, preshuffle=arch != "sm_90", context=None, lens_2d=True,
+                  fp8="fn", device_type="cuda", max_model_len=512)
+    fields.update(kw)
+    return Problem(**fields)
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "gfx950"])
+@pytest.mark.parametrize("lens_2d", [True, False])
+def test_recorded_keys_equal_the_keys_of_a_real_jit_launch(arch, lens_2d):
+    """Meta-tensor recording vs Triton's own JIT.run on real tensors of a simulated device."""
+    from triton import knobs
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+    from triton.compiler.compiler import ASTSource, make_backend
+    from triton.runtime.cache import get_cache_key
+
+    from paged_mqa_logits import backends
+
+    target = kc.gpu_target(arch)
+    problem = _problem(arch, lens_2d=lens_2d, batch=1 if lens_2d else 3)
+    config = {"ChunkK": 64, "SplitKV": 0, "num_warps": 4, "num_stages": 3}
+    real = warm_inputs(problem, device="cpu", workspace=torch.empty((problem.rows, 512)), validate=False)
+    recorded = kc.launches_of("triton", kc.meta_launch_args(real), config, target)
+    assert len(recorded) == 1
+
+    seen = []
+
+    def hook(*, key, repr, fn, compile, is_manual_warmup, already_compiled):
+        seen.append((key, compile))
+        return True  # the JIT then skips compiling and launching
+
+    kernel = recorded[0].kernel
+    saved = dict(kernel.device_caches)
+    kernel.device_caches.clear()
+    knobs.runtime.jit_cache_hook = hook
+    try:
+        with kc.simulated_device(target, kc.VerifyResult()):
+            backends.get("triton").launch(real, config)
+    finally:
+        knobs.runtime.jit_cache_hook = None
+        kernel.device_caches.clear()
+        kernel.device_caches.update(saved)
+    (jit_key, compile_args), = seen
+    assert recorded[0].jit_key == jit_key
+    # the on-disk key triton.compile would file the JIT's kernel under, from the JIT's own data
+    backend = make_backend(target)
+    jit_options = json.loads(compile_args["specialization_data"])["options"]
+    jit_options = backend.parse_options({k: tuple(v) if isinstance(v, list) else v for k, v in jit_options.items()})
+    src = ASTSource(kernel, compile_args["signature"], compile_args["constants"], compile_args["configs"][0])
+    key = get_cache_key(src, backend, jit_options, env_vars=get_cache_invalidating_env_vars())
+    assert recorded[0].disk_key() == hashlib.sha256(key.encode()).hexdigest()
+
+
+def test_meta_inputs_specialise_like_real_inputs():
+    for problem in (_problem("sm_90"), _problem("gfx942", fp8="fnuz", lens_2d=False, batch=1, next_n=1),
+                    _problem("gfx950", kv_block_size=16, max_model_len=100)):
+        real = warm_inputs(problem, device="cpu", workspace=torch.empty((problem.rows + 2, problem.max_model_len)),
+                           validate=False)
+        meta = warm_inputs(problem, device="meta",
+                           workspace=torch.empty((problem.rows + 2, problem.max_model_len), device="meta"))
+        for name in ("q", "kv_cache", "weights", "out", "context_lens", "block_table"):
+            a, b = getattr(kc.meta_launch_args(real), name), getattr(meta, name)
+            assert (a.dtype, a.shape, a.stride(), a.storage_offset(), a.untyped_storage().nbytes()) == \
+                   (b.dtype, b.shape, b.stride(), b.storage_offset(), b.untyped_storage().nbytes()), name
+
+
+def _cli(*args, env=None):
+    """The CLI in a fresh process: compiling must not share a process with the Triton interpreter
+    the CPU tests run (it leaves triton.language patched; see backends/_interpret.py)."""
+    done = subprocess.run([sys.executable, "-m", "paged_mqa_logits.kernel_cache", *args], capture_output=True,
+                          text=True, cwd=REPO, env=dict(os.environ, **(env or {})))
+    return done.returncode, done.stdout + done.stderr
+
+
+def test_precompile_then_the_jit_finds_every_kernel_and_launcher(tiny_table, tmp_path, clean_activation):
+    out = str(tmp_path / "cache")
+    code, log = _cli("--arch", "sm_90;gfx950", "--out", out, "--max-model-len", "512", "--no-fallbacks", "--quiet",
+                     "--verify")
+    assert code == 0, log
+    manifest = kc.read_manifest(out)
+    assert manifest["targets"] == ["gfx950", "sm_90"]
+    assert {k["arch"] for k in manifest["kernels"]} == {"sm_90", "gfx950"}
+    assert f"verify: {len(manifest['kernels'])}/{len(manifest['kernels'])} kernels found by the JIT" in log
+
+    result = kc.verify(out)  # in this process too: loading from the cache compiles nothing
+    assert result.ok, result.describe()
+    assert result.disk_hits == len(manifest["kernels"])
+    assert result.launchers_found >= 1  # CUDA launcher stubs (HIP stubs need the local HIP runtime)
+
+    # relocatable: the group files' absolute paths of the build dir are not needed
+    moved = str(tmp_path / "installed" / "kernel_cache")
+    shutil.move(out, moved)
+    assert kc.verify(moved).ok
+
+    # a cache-invalidating env var that differs from build time makes every kernel miss (the
+    # verification can fail); fresh process, since a miss compiles
+    probe = f"from paged_mqa_logits import kernel_cache as kc; print(kc.verify({moved!r}).describe())"
+    stale = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO,
+                           env=dict(os.environ, TRITON_DEFAULT_FP_FUSION="0"))
+    n = len(manifest["kernels"])
+    assert f"verify: 0/{n} kernels found by the JIT in the cache, {n} compiled" in stale.stdout, stale.stdout + stale.stderr
+    assert "FAIL" in stale.stdout
+
+
+def test_lookup_rule_env_defaults_and_off(tmp_path, monkeypatch, clean_activation):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    monkeypatch.setenv(kc.ENV_CACHE, os.pathsep.join([str(a), str(tmp_path / "missing"), str(b)]))
+    assert kc.cache_dirs() == [str(a), str(b)]
+    monkeypatch.setenv(kc.ENV_CACHE, "off")
+    assert kc.cache_dirs() == []
+    monkeypatch.delenv(kc.ENV_CACHE)
+    monkeypatch.setattr(kc, "default_dirs", lambda: [str(tmp_path / "nope"), str(b)])
+    assert kc.cache_dirs() == [str(b)]
+
+
+def test_a_cache_built_by_another_triton_or_python_is_skipped(tmp_path, monkeypatch, clean_activation, caplog):
+    (tmp_path / "manifest.json").write_text(json.dumps(
+        {"triton_version": "0.0.0", "python_ext_suffix": ".cpython-39-x86_64-linux-gnu.so", "kernels": []}))
+    monkeypatch.setenv(kc.ENV_CACHE, str(tmp_path))
+    assert kc.activate() == []
+    assert "not used" in caplog.text
+
+
+def test_activate_overlays_without_touching_the_users_cache(tmp_path, monkeypatch, clean_activation):
+    from triton import knobs
+
+    monkeypatch.setenv(kc.ENV_CACHE, str(tmp_path))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "user"))
+    assert kc.activate() == [str(tmp_path)]
+    assert knobs.cache.manager_class.precompiled_dirs == [str(tmp_path)]
+    assert knobs.cache.dir == str(tmp_path / "user")  # writes still go to the user's cache dir
+    kc.deactivate()
+    assert knobs.cache.manager_class is None
+
+    class Mine:  # a user-installed cache manager wins
+        pass
+
+    knobs.cache.manager_class = Mine
+    try:
+        assert kc.activate() == []
+        assert knobs.cache.manager_class is Mine
+    finally:
+        del knobs.cache.manager_class

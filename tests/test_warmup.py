@@ -1,0 +1,106 @@
+"""warmup(): the calls a problem family can make (table rows, nearest rows, defaults, fallbacks),
+a CPU run with its summary, and on a GPU: nothing compiles during capture afterwards."""
+
+import pytest
+import torch
+
+from paged_mqa_logits import reload_tuned_table
+from paged_mqa_logits.warmup import Family, enumerate_calls, table_families, warmup
+
+TABLE = """\
+arch,cu_num,heads,head_dim,kv_block_size,preshuffle,batch,next_n,context,backend,ChunkK,WavePerEU,SplitKV,num_warps,num_stages,us,provenance
+sm_90,132,64,128,64,0,1,1,any,triton,32,,0,4,3,,prior:test
+sm_90,132,64,128,64,0,16,1,any,triton,64,,0,8,3,,prior:test
+sm_90,132,64,128,64,0,16,1,4096,triton,128,,0,8,2,,prior:test
+sm_90,132,64,128,64,0,4,2,any,triton,64,,2,4,3,,prior:test
+cpu,0,64,128,16,1,2,1,any,torch,,,,,,,prior:test
+"""
+
+
+@pytest.fixture
+def table(tmp_path, monkeypatch):
+    path = tmp_path / "warm_tuned.csv"
+    path.write_text(TABLE)
+    monkeypatch.setenv("PAGED_MQA_LOGITS_CONFIGS", str(path))
+    reload_tuned_table()
+
+
+def test_table_families_cover_the_tuned_rows(table):
+    (fam,) = table_families("sm_90", max_model_len=8192)
+    assert (fam.heads, fam.kv_block_size, fam.preshuffle, fam.cu_num) == (64, 64, False, 132)
+    assert fam.next_n == (1, 2) and fam.batch_sizes == tuple(range(1, 17))
+    assert fam.context_hints == (None, 4096) and fam.lens_2d == (True, False)
+
+
+def test_enumerate_calls_follows_dispatch_and_adds_fallbacks(table):
+    fam = Family(heads=64, kv_block_size=64, next_n=(1,), batch_sizes=(1, 3, 16, 200), context_hints=(None, 4096),
+                 max_model_len=8192)
+    calls = enumerate_calls(fam, arch="sm_90", cu_num=132, hypothetical=True)
+    picked = {(c.problem.batch, c.problem.context): c.config["ChunkK"] for c in calls if c.kind == "dispatch"}
+    # exact rows, nearest tuned batch (log2 distance, ties to the larger), context rows with a hint
+    assert picked == {(1, None): 32, (3, None): 32, (16, None): 64, (200, None): 64,
+                      (1, 4096): 128, (3, 4096): 128, (16, 4096): 128, (200, 4096): 128}
+    fallbacks = {c.backend for c in calls if c.kind == "fallback"}
+    assert "torch" in fallbacks and "triton" not in fallbacks  # sm_90 chain: gluon -> triton -> torch, minus the pick
+    assert fallbacks <= {"gluon", "torch"}
+    no_row = enumerate_calls(Family(heads=32, kv_block_size=64, batch_sizes=(8,), max_model_len=1024), arch="sm_90",
+                             cu_num=132, hypothetical=True, include_fallbacks=False)
+    assert [c.kind for c in no_row] == ["dispatch"]  # the per-arch default when no row exists
+
+
+def test_warmup_on_cpu_runs_each_choice_once_and_summarises(table):
+    summary = warmup(64, 16, True, next_n=(1, 2), batch_sizes=4, max_model_len=64, lens_2d=(True, False),
+                     device="cpu", include_fallbacks=False, progress=False)
+    assert summary.arch == "cpu" and summary.device == "cpu"
+    assert summary.problems == 2 * 4 * 2
+    assert summary.calls_run == 4  # torch backend: one call per (next_n, layout)
+    assert [(c["backend"], c["kind"], c["calls"]) for c in summary.compiled] == [("torch", "dispatch", 4)]
+    assert summary.missing == [] and summary.kernels == 0
+    assert "torch" in summary.describe() and "16 problem keys" in summary.describe()
+
+
+def test_warmup_on_cpu_includes_the_fallback_chain(table):
+    summary = warmup(64, 16, True, next_n=1, batch_sizes=(2,), max_model_len=32, device="cpu", progress=False)
+    kinds = {(c["backend"], c["kind"]) for c in summary.compiled}
+    assert kinds == {("torch", "dispatch"), ("triton", "fallback")}  # triton runs under the interpreter here
+    assert summary.calls_run == 2
+
+
+def test_warmup_rejects_a_too_small_workspace(table):
+    with pytest.raises(ValueError, match="workspace"):
+        warmup(64, 16, True, batch_sizes=4, max_model_len=64, device="cpu", progress=False,
+               workspace=torch.empty(2, 64))
+
+
+@pytest.mark.gpu
+def test_after_warmup_capture_compiles_nothing():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA/ROCm GPU; none present (CPU-only machine)")
+    from triton import knobs
+
+    from paged_mqa_logits.torch_op import paged_mqa_logits
+    from paged_mqa_logits.warmup import warm_inputs
+
+    sizes, max_model_len = (1, 2, 3, 8, 16, 17), 2048
+    summary = warmup(64, 64, False, next_n=(1, 2), batch_sizes=sizes, max_model_len=max_model_len, progress=False)
+    assert summary.missing == [], summary.describe()
+    workspace = torch.empty((max(sizes) * 2, max_model_len), dtype=torch.float32, device="cuda")
+    from paged_mqa_logits.warmup import enumerate_calls as calls_of
+    from paged_mqa_logits.arch import detect
+
+    info = detect("cuda")
+    fam = Family(heads=64, kv_block_size=64, next_n=(1, 2), batch_sizes=sizes, max_model_len=max_model_len)
+    compiles = []
+    knobs.compilation.listener = lambda **kw: compiles.append(kw["metadata"]["name"])
+    try:
+        for call in calls_of(fam, arch=info.arch, cu_num=info.cu_num, include_fallbacks=False):
+            args = warm_inputs(call.problem, device="cuda", workspace=workspace)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                paged_mqa_logits(args.q, args.kv_cache, args.weights, args.out, args.context_lens, args.block_table,
+                                 max_model_len, False, 64)
+            graph.replay()
+        torch.cuda.synchronize()
+    finally:
+        knobs.compilation.listener = None
+    assert compiles == [], f"compiled during capture: {compiles}"
