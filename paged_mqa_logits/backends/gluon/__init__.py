@@ -1,0 +1,106 @@
+"""``gluon`` backend: hand-laid-out Gluon kernels, one *variant module* per kernel family.
+
+=================  ===========  =============================================================
+module             VARIANT      archs / kernel
+=================  ===========  =============================================================
+``cdna.py``        ``mfma``     gfx942, gfx950: register MFMA, buffer loads
+``hopper_mma.py``  ``mma_v2``   sm_90: the same kernel body with ``mma_v2`` atoms
+``hopper_wgmma``   ``wgmma``    sm_90: wgmma on cp.async-staged key tiles (peak speed)
+=================  ===========  =============================================================
+
+A variant module exports ``VARIANT``, ``ARCHS``, ``unsupported(problem)``,
+``candidates(problem)`` (dicts carrying ``"variant"``), ``default_config(problem)``,
+``launch(args, config)`` and ``compile_specs(arch, configs=None)``. This package aggregates
+them: the backend serves a problem when any variant does, its candidates are the union, and
+``launch`` dispatches on ``config["variant"]`` (the arch's default variant when absent).
+Variant modules are imported here once; one that fails to import (a Triton without some Gluon
+API, a module still being written) is simply absent and its import error is reported by
+``unsupported``. Importing this package needs Triton, not a GPU.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from ...problem import LaunchArgs, Problem
+
+#: variant modules, in preference order for an arch's default variant
+VARIANT_MODULES = ("hopper_wgmma", "hopper_mma", "cdna")
+
+#: what a variant module must define
+INTERFACE = ("VARIANT", "ARCHS", "unsupported", "candidates", "default_config", "launch", "compile_specs")
+
+_MODULES = []
+_IMPORT_ERRORS: dict[str, str] = {}
+for _name in VARIANT_MODULES:
+    try:
+        _module = importlib.import_module(f"{__name__}.{_name}")
+    except Exception as exc:  # an unfinished or incompatible variant must not break the others
+        _IMPORT_ERRORS[_name] = f"{type(exc).__name__}: {exc}"
+        continue
+    _missing = [attr for attr in INTERFACE if not hasattr(_module, attr)]
+    if _missing:
+        _IMPORT_ERRORS[_name] = f"lacks {', '.join(_missing)}"
+    else:
+        _MODULES.append(_module)
+
+
+def variant_modules() -> list:
+    """The variant modules that imported, in :data:`VARIANT_MODULES` order."""
+    return list(_MODULES)
+
+
+def import_errors() -> dict[str, str]:
+    return dict(_IMPORT_ERRORS)
+
+
+class GluonBackend:
+    name = "gluon"
+
+    @property
+    def knobs(self) -> tuple[str, ...]:
+        out = ["variant"]
+        for module in _MODULES:
+            out += [k for k in getattr(module, "KNOBS", ()) if k not in out]
+        return tuple(out)
+
+    def _serving(self, problem: Problem) -> list:
+        return [m for m in _MODULES if m.unsupported(problem) is None]
+
+    def unsupported(self, problem: Problem) -> str | None:
+        if problem.device_type == "cpu" and not problem.hypothetical:
+            return "gluon kernels run on GPU tensors only, got CPU tensors"
+        if self._serving(problem):
+            return None
+        reasons = [f"{m.VARIANT}: {m.unsupported(problem)}" for m in _MODULES]
+        reasons += [f"{name}: not importable ({err})" for name, err in _IMPORT_ERRORS.items()]
+        return "no gluon variant serves this problem (" + "; ".join(reasons) + ")"
+
+    def candidates(self, problem: Problem) -> list[dict]:
+        return [c for m in self._serving(problem) for c in m.candidates(problem)]
+
+    def default_config(self, problem: Problem) -> dict:
+        serving = self._serving(problem)
+        if not serving:
+            raise ValueError(f"gluon: {self.unsupported(problem)}")
+        return serving[0].default_config(problem)
+
+    def variant(self, problem: Problem, config: dict):
+        """The module that runs ``config`` (its ``variant``, else the arch's default variant)."""
+        name = config.get("variant")
+        if name is None:
+            serving = self._serving(problem)
+            if not serving:
+                raise ValueError(f"gluon: {self.unsupported(problem)}")
+            return serving[0]
+        for module in _MODULES:
+            if module.VARIANT == name:
+                return module
+        raise ValueError(f"gluon: unknown or unavailable variant {name!r} "
+                         f"(available: {', '.join(m.VARIANT for m in _MODULES)}; import errors: {_IMPORT_ERRORS})")
+
+    def launch(self, args: LaunchArgs, config: dict) -> None:
+        self.variant(args.problem, config).launch(args, config)
+
+
+BACKEND = GluonBackend()

@@ -1,0 +1,281 @@
+"""gfx942 / gfx950 (CDNA3 / CDNA4) variant of the ``gluon`` backend: fp8 MFMA, buffer loads.
+
+The kernel body is :func:`common.register_mma_logits_kernel`; this module supplies its AMD
+atoms and the host side (knobs, candidates, launch, compile specs).
+
+Atoms:
+
+* accumulator: ``AMDMFMALayout`` (v3 on gfx942, v4 on gfx950), not transposed, 4 waves side by
+  side along the tokens. A lane then holds one token column and 16 (32x32 MFMA) or 4 (16x16)
+  heads of it: the head sum is in-lane adds plus one (two) cross-lane steps. 32x32 tiles need
+  32 tokens per wave, so ``ChunkK = 64`` (16 tokens per wave) uses 16x16 MFMA.
+* MMA: ``Mfma = "fp8"``: plain fp8 MFMA, ``v_mfma_f32_32x32x16_fp8_fp8`` / ``16x16x32``
+  (e4m3fnuz on gfx942, e4m3fn on gfx950); ``Mfma = "f8f6f4"`` (gfx950 only):
+  ``v_mfma_scale_f32_32x32x64_f8f6f4`` / ``16x16x128`` through ``cdna4.mfma_scaled`` with unit
+  scales (e8m0 127 = 2^0), the same products and fp32 accumulation at twice the MFMA rate and a
+  quarter of the instructions; it is gfx950's default.
+* loads: ``buffer_load`` from a 64-bit scalar base with 32-bit offsets (block table, q, weights);
+  the cache through ``buffer_load`` when the host proved every cache byte lies within 2^31 of
+  the base (``KV_32BIT``), else 64-bit ``global_load`` gathers.
+
+Knobs: ``ChunkK`` (64/128/256 tokens per tile), ``WavePerEU`` (1/2/4: the ``waves_per_eu``
+register budget, and the programs per CU that ``SplitKV = 0`` sizes the grid for),
+``SplitKV`` (0 = ``derive_split_kv`` on the host), ``ReuseKV`` (0: a program per query row,
+which re-reads the keys from L2; 1: a program per sequence scores every next_n row against
+each key tile it reads once), ``Mfma`` (gfx950), ``QInLDS`` (query rows and weights staged in
+LDS and read per tile, 64 heads per MFMA, instead of held in VGPRs), ``Prefetch`` (keys of the
+next tile in flight while this one is scored, or one tile per wave). ``candidates`` offers every
+(ChunkK, WavePerEU, ReuseKV/QInLDS, Mfma) that :func:`fits`, with Prefetch where it fits.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+from ...compile import LDS_LIMIT_BYTES, VGPRS_PER_SIMD, CompileSpec
+from ...problem import LaunchArgs, Problem, derive_split_kv
+from . import common
+
+VARIANT = "mfma"
+ARCHS = ("gfx942", "gfx950")
+KNOBS = ("ChunkK", "WavePerEU", "SplitKV", "ReuseKV", "Mfma", "QInLDS", "Prefetch")
+FP8 = {"gfx942": "fnuz", "gfx950": "fn"}
+#: MFMA families per arch, default first
+MFMA_KINDS = {"gfx942": ("fp8",), "gfx950": ("f8f6f4", "fp8")}
+WAVES_PER_EU = (1, 2, 4)
+NUM_WARPS = 4  # one wave per SIMD of the CU
+THREADS_PER_WARP = 64
+#: heads per MFMA when Q is read from LDS: two 32-row tiles (32 measured no better)
+HEAD_CHUNK = 64
+
+
+# ----------------------------------------------------------------------------- atoms
+@gluon.jit
+def buffer_gather(base, offsets, mask, other):
+    """32-bit offsets from a uniform 64-bit base: one buffer descriptor, no per-lane 64-bit math."""
+    return gl.amd.cdna3.buffer_load(base, offsets, mask=mask, other=other)
+
+
+@gluon.jit
+def cache_gather(base, offsets, KV_32BIT: gl.constexpr):
+    """Cache bytes at 64-bit ``offsets``: buffer loads when the cache fits 31 bits, else global."""
+    if KV_32BIT:
+        return gl.amd.cdna3.buffer_load(base, offsets.to(gl.int32))
+    else:
+        return gl.load(base + offsets)
+
+
+@gluon.jit
+def mfma_fp8(a, b, acc):
+    return gl.amd.cdna3.mfma(a, b, acc)
+
+
+@gluon.jit
+def mfma_f8f6f4(a, b, acc):
+    # No scale tensors: unit e8m0 scales, so this is the plain fp8 product.
+    return gl.amd.cdna4.mfma_scaled(a, None, "e4m3", b, None, "e4m3", acc)
+
+
+def mfma_layout(arch: str, heads: int, chunk: int, kind: str) -> gl.amd.AMDMFMALayout:
+    """The accumulator layout (see the module docstring for why this shape)."""
+    tile = 32 if chunk // NUM_WARPS >= 32 and heads % 32 == 0 else 16
+    k = {("fp8", 32): 16, ("fp8", 16): 32, ("f8f6f4", 32): 64, ("f8f6f4", 16): 128}[(kind, tile)]
+    return gl.amd.AMDMFMALayout(version=3 if arch == "gfx942" else 4, instr_shape=[tile, tile, k],
+                                transposed=False, warps_per_cta=[1, NUM_WARPS])
+
+
+# ----------------------------------------------------------------------------- knobs
+def _knobs(problem: Problem, config: dict) -> tuple[int, int, int, int, str, int, int]:
+    """``(ChunkK, WavePerEU, SplitKV, ReuseKV, Mfma, QInLDS, Prefetch)`` with backend defaults.
+
+    An unset ``QInLDS`` / ``Prefetch`` takes the first setting that :func:`fits` the other
+    knobs (Q in VGPRs for a per-row program, then in LDS; prefetch, then none), so a table row
+    that names only the common knobs (e.g. upstream's ChunkK 256 / WavePerEU 4) still gets a
+    kernel that reaches its occupancy without spilling, when one exists."""
+    chunk = int(config.get("ChunkK") or 128)
+    waves = int(config.get("WavePerEU") or 2)
+    split = int(config.get("SplitKV") or 0)
+    reuse = int(config.get("ReuseKV") or 0)
+    kind = config.get("Mfma") or MFMA_KINDS[problem.arch][0]
+    if chunk not in common.CHUNK_SIZES or waves not in WAVES_PER_EU or kind not in MFMA_KINDS[problem.arch]:
+        raise ValueError(f"gluon/{VARIANT}: unsupported knobs {config} on {problem.arch}")
+    rows = common.rows_per_program(problem.next_n, reuse)
+    q_options = [int(config["QInLDS"])] if config.get("QInLDS") is not None else ([0, 1] if rows == 1 else [1])
+    prefetch_options = [int(config["Prefetch"])] if config.get("Prefetch") is not None else [1, 0]
+    settings = [(q, pf) for q in q_options for pf in prefetch_options]
+    q_lds, prefetch = next((s for s in settings if _fits(problem, chunk, waves, rows, *s)), settings[0])
+    return chunk, waves, split, reuse, kind, q_lds, prefetch
+
+
+def lds_bytes(rows: int, heads: int, q_lds: int, head_dim: int = 128) -> int:
+    """Shared memory of one program: the staged query rows and their weights."""
+    return rows * heads * (head_dim + 4) if q_lds else 0
+
+
+def fits(problem: Problem, config: dict) -> bool:
+    """Whether a knob set reaches the occupancy ``WavePerEU`` asks for, with no spills.
+
+    LDS: ``WavePerEU`` programs (4 waves each: one per SIMD) share the CU's LDS (64 KiB
+    gfx942, 160 KiB gfx950). VGPRs: ``512 / WavePerEU`` per lane against :func:`vgpr_estimate`."""
+    chunk, waves, _, reuse, _, q_lds, prefetch = _knobs(problem, config)
+    return _fits(problem, chunk, waves, common.rows_per_program(problem.next_n, reuse), q_lds, prefetch)
+
+
+def _fits(problem: Problem, chunk: int, waves: int, rows: int, q_lds: int, prefetch: int) -> bool:
+    if lds_bytes(rows, problem.heads, q_lds) * waves > LDS_LIMIT_BYTES[problem.arch]:
+        return False
+    aligned = problem.kv_block_size % 4 == 0  # block stride kv_block_size*132 is then 16-byte aligned
+    need = vgpr_estimate(problem.heads, chunk, rows, q_lds, aligned, prefetch)
+    return need <= VGPRS_PER_SIMD[problem.arch] // waves
+
+
+def vgpr_estimate(heads: int, chunk: int, rows: int, q_lds: int, aligned: bool = True, prefetch: int = 1) -> int:
+    """VGPRs per lane the kernel needs at least: what is live across one MFMA of a tile.
+
+    With ``T = ChunkK / 4`` tokens per wave and ``HC`` heads per MFMA (all heads with Q in
+    registers, at most :data:`HEAD_CHUNK` from LDS):
+
+    * fp32 scores ``HC*T/64``;
+    * keys of this tile and, with ``Prefetch``, the next: ``T*128 B / 64 lanes / 4 = T/2`` each;
+    * Q in registers: the operand (``H*128 B / 64 / 4 = H/2``) and the weights (``H/2``: a lane
+      holds 16 of every 32 heads) of every row;
+    * Q from LDS: one head chunk's operand ``HC/2`` (its weights come after the MFMA), plus the
+      next row's operand and weights (``HC``) in flight when a program has several rows; with
+      more heads than one chunk (128), every chunk's scores and operand plus the running sum;
+    * block strides that are not 16-byte multiples (``kv_block_size`` 1: 132-byte blocks)
+      gather keys 4 bytes at a time, one address per dword: ``3*T`` more.
+
+    Calibrated on gfx942 and gfx950 (both MFMA kinds) over heads 32/64 (16/128 spot-checked), ChunkK 64/128/256,
+    WavePerEU 1/2/4, per-row / shared-KV, Q in VGPRs / LDS, with and without Prefetch,
+    next_n 1-8, block sizes 1/16/64/256, plain and Preshuffle: every knob set it admits
+    compiles without scratch at its WavePerEU; it also rejects some that would just fit."""
+    t = chunk // NUM_WARPS
+    hc = min(heads, HEAD_CHUNK) if q_lds else heads
+    need = (t if prefetch else t // 2) + hc * t // 64
+    if q_lds:
+        need += hc // 2 + (hc if rows > 1 else 0)
+        if heads > hc:  # the compiler overlaps the head chunks: count each one, plus the running sum
+            need += (heads // hc - 1) * (hc * t // 64 + hc // 2) + 16
+    else:
+        need += rows * heads
+    if not aligned:
+        need += 3 * t
+    return need
+
+
+# ----------------------------------------------------------------------------- interface
+def unsupported(problem: Problem) -> str | None:
+    return common.shape_reason(problem, ARCHS, FP8)
+
+
+def candidates(problem: Problem) -> list[dict]:
+    out = []
+    for kind in MFMA_KINDS[problem.arch]:
+        # per-row programs with Q in VGPRs or in LDS; shared-KV programs stage Q in LDS
+        for reuse, q_lds in ((0, 0), (0, 1), (1, 1)) if problem.next_n > 1 else ((0, 0), (0, 1)):
+            for chunk in common.CHUNK_SIZES:
+                for waves in WAVES_PER_EU:
+                    # register-double-buffered tiles where they fit, else one tile per wave
+                    for prefetch in (1, 0):
+                        cand = {"variant": VARIANT, "ChunkK": chunk, "WavePerEU": waves, "SplitKV": 0,
+                                "ReuseKV": reuse, "Mfma": kind, "QInLDS": q_lds, "Prefetch": prefetch}
+                        if fits(problem, cand):
+                            out.append(cand)
+                            break
+    return out
+
+
+def default_config(problem: Problem) -> dict:
+    """Upstream's fixed default (ChunkK 256, WavePerEU 2) where it fits, per-row programs."""
+    for chunk, waves in ((256, 2), (128, 2), (128, 1), (64, 1)):
+        config = {"variant": VARIANT, "ChunkK": chunk, "WavePerEU": waves, "SplitKV": 0, "ReuseKV": 0,
+                  "Mfma": MFMA_KINDS[problem.arch][0], "QInLDS": 0, "Prefetch": 1}
+        if fits(problem, config):
+            break
+    return config
+
+
+def constexprs(problem: Problem, config: dict, kv_32bit: bool) -> dict:
+    chunk, _, _, reuse, kind, q_lds, prefetch = _knobs(problem, config)
+    rows = common.rows_per_program(problem.next_n, reuse)
+    return dict(
+        NEXT_N=problem.next_n, HEADS=problem.heads, HEAD_DIM=problem.head_dim, KV_BLOCK=problem.kv_block_size,
+        CHUNK=chunk, ROWS=rows, PRESHUFFLE=problem.preshuffle, LENS_2D=problem.lens_2d, Q_IN_LDS=bool(q_lds),
+        HEAD_CHUNK=min(HEAD_CHUNK, problem.heads) if q_lds else problem.heads, PREFETCH=bool(prefetch),
+        KV_32BIT=kv_32bit,
+        ACC=mfma_layout(problem.arch, problem.heads, chunk, kind), K_WIDTH=16,
+        MMA=mfma_f8f6f4 if kind == "f8f6f4" else mfma_fp8, LOAD=buffer_gather, LOAD_KV=cache_gather,
+        THREADS_PER_WARP=THREADS_PER_WARP,
+    )
+
+
+def options(problem: Problem, config: dict) -> dict:
+    return {"num_warps": NUM_WARPS, "waves_per_eu": _knobs(problem, config)[1]}
+
+
+def num_splits(problem: Problem, config: dict) -> int:
+    chunk, waves, split, reuse = _knobs(problem, config)[:4]
+    if split > 0:
+        return split
+    groups = problem.next_n // common.rows_per_program(problem.next_n, reuse)
+    # WavePerEU waves per SIMD = WavePerEU programs of 4 waves per CU.
+    return derive_split_kv(problem.cu_num, problem.batch * groups, problem.work_context, chunk,
+                           ctas_per_cu=waves * 4 // NUM_WARPS)
+
+
+_PLANS: dict[tuple, tuple] = {}
+
+
+def launch(args: LaunchArgs, config: dict) -> None:
+    p = args.problem
+    kv_32bit = common.kv_fits_32bit(args.kv_cache)
+    key = (p, common.config_key(config), kv_32bit)
+    plan = _PLANS.get(key)
+    if plan is None:
+        splits = num_splits(p, config)
+        rows = common.rows_per_program(p.next_n, _knobs(p, config)[3])
+        grid = (p.batch * splits * (p.next_n // rows),)
+        plan = _PLANS[key] = (grid, splits, {**constexprs(p, config, kv_32bit), **options(p, config)})
+    grid, splits, kwargs = plan
+    common.register_mma_logits_kernel[grid](*common.kernel_arguments(args, splits), **kwargs)
+
+
+def compile_specs(arch: str, configs: list[dict] | None = None) -> list[CompileSpec]:
+    """One spec per config (problem fields + knobs, see ``compile_matrix``), specialised as the
+    JIT specialises a typical vLLM call (:func:`common.typical_arguments`)."""
+    from triton.backends.amd.compiler import HIPBackend
+
+    specs = []
+    for cfg in configs if configs is not None else compile_matrix(arch):
+        problem = common.problem_for(arch, FP8[arch], cfg)
+        kv_32bit = bool(cfg.get("kv_32bit", True))
+        consts = constexprs(problem, cfg, kv_32bit)
+        signature, consts, attrs = common.specialise(common.register_mma_logits_kernel,
+                                                     common.typical_arguments(problem, kv_32bit=kv_32bit), consts,
+                                                     HIPBackend)
+        chunk, waves, split, reuse, kind, q_lds, prefetch = _knobs(problem, cfg)
+        knobs = {"variant": VARIANT, "ChunkK": chunk, "WavePerEU": waves, "SplitKV": split, "ReuseKV": reuse,
+                 "Mfma": kind, "QInLDS": q_lds, "Prefetch": prefetch}
+        specs.append(CompileSpec(
+            name=common.spec_name("gluon", VARIANT, arch, problem, knobs, kv_32bit), backend="gluon", arch=arch,
+            knobs=dict(knobs, **common.problem_fields(problem), kv_32bit=kv_32bit),
+            fn=common.register_mma_logits_kernel, signature=signature, constexprs=consts,
+            options=options(problem, cfg), gluon=True, attrs=attrs,
+        ))
+    return specs
+
+
+def compile_matrix(arch: str) -> list[dict]:
+    """Every candidate of a representative problem set; see ``common.representative_problems``."""
+    out = []
+    for fields in common.representative_problems(arch):
+        problem = common.problem_for(arch, FP8[arch], fields)
+        for cand in candidates(problem):
+            out.append(dict(fields, **cand))
+    # The 64-bit cache path once per MFMA family (the index math is the same; only the load).
+    for kind in MFMA_KINDS[arch]:
+        out.append({"heads": 64, "next_n": 2, "kv_block_size": 64, "preshuffle": True, "lens_2d": True,
+                    "variant": VARIANT, "ChunkK": 128, "WavePerEU": 2, "SplitKV": 0, "ReuseKV": 1, "Mfma": kind,
+                    "QInLDS": 1, "Prefetch": 1, "kv_32bit": False})
+    return out

@@ -1,0 +1,209 @@
+"""sm_90 register-MMA variant of the ``gluon`` backend: ``mma_v2`` (``mma.sync m16n8k32`` e4m3).
+
+The kernel body is :func:`common.register_mma_logits_kernel`, the one the AMD MFMA variant
+runs; this module supplies the NVIDIA atoms and the host side. Its purpose is to execute the
+AMD path's shared index, mask, gather and epilogue code on our H200 (see docs/VERIFICATION.md);
+the fast Hopper kernel is the ``wgmma`` variant.
+
+Atoms:
+
+* accumulator: ``NVMMADistributedLayout`` v2 (``instr_shape [16, 8]``), warps side by side
+  along the tokens like the AMD kernel, so the head sum stays inside a warp;
+* operands: ``DotOperandLayout`` with ``k_width = 16`` (16 contiguous fp8 per thread), so keys
+  and queries are gathered straight into the operand layout with 16-byte ``ld.global``, exactly
+  as the AMD kernel does with ``buffer_load_dwordx4``;
+* MMA: ``mma_v2``, PTX ``mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32``. sm_90 has no
+  native fp8 ``mma.sync``: ptxas unpacks the fp8 operands to f16 (``F2FP.F16.E4M3.UNPACK_B``)
+  and runs ``HMMA.16816.F32``; e4m3 -> f16 is exact and the products accumulate in fp32, so
+  the numbers are those of a native fp8 MMA, at f16-MMA speed and with twice the operand
+  registers;
+* loads: ``gl.load`` on 64-bit addresses (the ``KV_32BIT`` flag is ignored).
+
+Query rows are staged in shared memory (``QInLDS = 1``, the default) and multiplied 32 heads
+at a time: a warp must hold every head of Q for its tokens, which in registers costs
+``H * D / 32`` bytes per thread per row (twice that once unpacked to f16).
+
+Knobs: ``ChunkK`` (64/128/256), ``num_warps`` (4/8), ``SplitKV`` (0 = ``derive_split_kv``
+with 2 programs per SM), ``ReuseKV`` (0: a program per query row; 1: a program per sequence
+scores every next_n row against each key tile), ``QInLDS`` (0 keeps Q and the weights in
+registers: the path the AMD per-row kernel takes), ``Prefetch`` (1: keys of the next tile in
+flight while this one is scored; 0: one tile per warp, fewer registers).
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+
+from ...compile import CompileSpec
+from ...problem import LaunchArgs, Problem, derive_split_kv
+from . import common
+
+VARIANT = "mma_v2"
+ARCHS = ("sm_90",)
+KNOBS = ("ChunkK", "SplitKV", "ReuseKV", "num_warps", "QInLDS", "Prefetch")
+FP8 = {"sm_90": "fn"}
+NUM_WARPS = (4, 8)
+THREADS_PER_WARP = 32
+HEAD_CHUNK = 32
+#: fp8 per thread per operand register group: 16 = 16-byte gathers straight into the operand
+K_WIDTH = 16
+#: tokens per warp a tile may give each warp without spilling (unpacked keys + scores)
+MAX_TOKENS_PER_WARP = 16
+CTAS_PER_SM = 2
+
+
+# ----------------------------------------------------------------------------- atoms
+@gluon.jit
+def global_gather(base, offsets, mask, other):
+    return gl.load(base + offsets, mask=mask, other=other)
+
+
+@gluon.jit
+def cache_gather(base, offsets, KV_32BIT: gl.constexpr):
+    return gl.load(base + offsets)
+
+
+@gluon.jit
+def mma_e4m3(a, b, acc):
+    return mma_v2(a, b, acc)
+
+
+def mma_layout(num_warps: int) -> gl.NVMMADistributedLayout:
+    return gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, num_warps], instr_shape=[16, 8])
+
+
+# ----------------------------------------------------------------------------- knobs
+def _knobs(problem: Problem, config: dict) -> tuple[int, int, int, int, int, int]:
+    """``(ChunkK, num_warps, SplitKV, ReuseKV, QInLDS, Prefetch)`` with backend defaults (an
+    unset ``Prefetch`` is on where it :func:`fits`, else off)."""
+    chunk = int(config.get("ChunkK") or 64)
+    warps = int(config.get("num_warps") or 4)
+    split = int(config.get("SplitKV") or 0)
+    reuse = int(config.get("ReuseKV") or 0)
+    q_lds = config.get("QInLDS")
+    q_lds = 1 if q_lds is None else int(q_lds)
+    if chunk not in common.CHUNK_SIZES or warps not in NUM_WARPS:
+        raise ValueError(f"gluon/{VARIANT}: unsupported knobs {config}")
+    rows = common.rows_per_program(problem.next_n, reuse)
+    if config.get("Prefetch") is not None:
+        prefetch = int(config["Prefetch"])
+    else:
+        prefetch = 1 if _fits(problem, chunk, warps, rows, 1) or not _fits(problem, chunk, warps, rows, 0) else 0
+    return chunk, warps, split, reuse, q_lds, prefetch
+
+
+def fits(problem: Problem, config: dict) -> bool:
+    """No spills (measured; the f16-unpacked operands make registers the limit): at most 16
+    tokens per warp per tile; 32 when a warp holds one tile (``Prefetch = 0``) of 16-byte
+    aligned blocks for a single row."""
+    chunk, warps, _, reuse, _, prefetch = _knobs(problem, config)
+    return _fits(problem, chunk, warps, common.rows_per_program(problem.next_n, reuse), prefetch)
+
+
+def _fits(problem: Problem, chunk: int, warps: int, rows: int, prefetch: int) -> bool:
+    tokens = chunk // warps
+    if tokens <= MAX_TOKENS_PER_WARP:
+        return True
+    return tokens == 2 * MAX_TOKENS_PER_WARP and not prefetch and rows == 1 and problem.kv_block_size % 4 == 0
+
+
+# ----------------------------------------------------------------------------- interface
+def unsupported(problem: Problem) -> str | None:
+    return common.shape_reason(problem, ARCHS, FP8)
+
+
+def candidates(problem: Problem) -> list[dict]:
+    out = []
+    for reuse in ((0, 1) if problem.next_n > 1 else (0,)):
+        for chunk in common.CHUNK_SIZES:
+            for warps in NUM_WARPS:
+                # register-double-buffered tiles where they fit, else one tile per warp
+                for prefetch in (1, 0):
+                    cand = {"variant": VARIANT, "ChunkK": chunk, "SplitKV": 0, "ReuseKV": reuse, "num_warps": warps,
+                            "QInLDS": 1, "Prefetch": prefetch}
+                    if fits(problem, cand):
+                        out.append(cand)
+                        break
+    return out
+
+
+def default_config(problem: Problem) -> dict:
+    return {"variant": VARIANT, "ChunkK": 128, "SplitKV": 0, "ReuseKV": 1 if problem.next_n > 1 else 0,
+            "num_warps": 8, "QInLDS": 1, "Prefetch": 1}
+
+
+def constexprs(problem: Problem, config: dict) -> dict:
+    chunk, warps, _, reuse, q_lds, prefetch = _knobs(problem, config)
+    return dict(
+        NEXT_N=problem.next_n, HEADS=problem.heads, HEAD_DIM=problem.head_dim, KV_BLOCK=problem.kv_block_size,
+        CHUNK=chunk, ROWS=common.rows_per_program(problem.next_n, reuse), PRESHUFFLE=problem.preshuffle,
+        LENS_2D=problem.lens_2d, Q_IN_LDS=bool(q_lds),
+        HEAD_CHUNK=min(HEAD_CHUNK, problem.heads) if q_lds else problem.heads, PREFETCH=bool(prefetch), KV_32BIT=False,
+        ACC=mma_layout(warps), K_WIDTH=K_WIDTH, MMA=mma_e4m3, LOAD=global_gather, LOAD_KV=cache_gather,
+        THREADS_PER_WARP=THREADS_PER_WARP,
+    )
+
+
+def options(problem: Problem, config: dict) -> dict:
+    return {"num_warps": _knobs(problem, config)[1]}
+
+
+def num_splits(problem: Problem, config: dict) -> int:
+    chunk, _, split, reuse = _knobs(problem, config)[:4]
+    if split > 0:
+        return split
+    groups = problem.next_n // common.rows_per_program(problem.next_n, reuse)
+    return derive_split_kv(problem.cu_num, problem.batch * groups, problem.work_context, chunk, CTAS_PER_SM)
+
+
+_PLANS: dict[tuple, tuple] = {}
+
+
+def launch(args: LaunchArgs, config: dict) -> None:
+    p = args.problem
+    key = (p, common.config_key(config))
+    plan = _PLANS.get(key)
+    if plan is None:
+        splits = num_splits(p, config)
+        rows = common.rows_per_program(p.next_n, _knobs(p, config)[3])
+        grid = (p.batch * splits * (p.next_n // rows),)
+        plan = _PLANS[key] = (grid, splits, {**constexprs(p, config), **options(p, config)})
+    grid, splits, kwargs = plan
+    common.register_mma_logits_kernel[grid](*common.kernel_arguments(args, splits), **kwargs)
+
+
+def compile_specs(arch: str, configs: list[dict] | None = None) -> list[CompileSpec]:
+    """One spec per config (problem fields + knobs), specialised like a typical vLLM call."""
+    from triton.backends.nvidia.compiler import CUDABackend
+
+    specs = []
+    for cfg in configs if configs is not None else compile_matrix(arch):
+        problem = common.problem_for(arch, FP8[arch], cfg)
+        signature, consts, attrs = common.specialise(common.register_mma_logits_kernel,
+                                                     common.typical_arguments(problem), constexprs(problem, cfg),
+                                                     CUDABackend)
+        chunk, warps, split, reuse, q_lds, prefetch = _knobs(problem, cfg)
+        knobs = {"variant": VARIANT, "ChunkK": chunk, "SplitKV": split, "ReuseKV": reuse, "num_warps": warps,
+                 "QInLDS": q_lds, "Prefetch": prefetch}
+        specs.append(CompileSpec(
+            name=common.spec_name("gluon", VARIANT, arch, problem, knobs, True), backend="gluon", arch=arch,
+            knobs=dict(knobs, **common.problem_fields(problem)), fn=common.register_mma_logits_kernel,
+            signature=signature, constexprs=consts, options=options(problem, cfg), gluon=True, attrs=attrs,
+        ))
+    return specs
+
+
+def compile_matrix(arch: str) -> list[dict]:
+    """Every candidate of ``common.representative_problems``, plus the register-Q path."""
+    out = []
+    for fields in common.representative_problems(arch):
+        problem = common.problem_for(arch, FP8[arch], fields)
+        for cand in candidates(problem):
+            out.append(dict(fields, **cand))
+    for heads in (32, 64):
+        out.append({"heads": heads, "next_n": 2, "kv_block_size": 64, "preshuffle": False, "lens_2d": True,
+                    "variant": VARIANT, "ChunkK": 64, "SplitKV": 0, "ReuseKV": 0, "num_warps": 8, "QInLDS": 0,
+                    "Prefetch": 1})
+    return out

@@ -1,0 +1,614 @@
+"""sm_90 peak-speed variant of the ``gluon`` backend: fp8 ``wgmma`` on key tiles streamed by cp.async.
+
+Design (and why):
+
+* **Tokens are the M dimension.** A tile is ``ChunkK`` keys ``[ChunkK, 128]`` fp8, token-major
+  (= K-major, which fp8 wgmma requires of both operands). The B operand is ``Q^T``: Q of the
+  sequence sits in shared memory (loaded once per program) and is viewed transposed, so one
+  ``wgmma m64nNk32`` scores 64 keys against ``N = rows * H`` query heads. An accumulator row is
+  a token and its columns are ``(j, h)``: the key scale is one register per accumulator row,
+  the weights are per-column values (registers for one row group, else read from shared
+  memory per group), and the head sum is in-thread adds plus two quad shuffles (the MMA layout
+  gives each quad of lanes whole rows).
+* **Each key is read once for all next_n rows.** The rows are cut into groups of at most
+  ``RowsPerMMA`` rows (powers of two: Triton shapes are), ``N = group_rows * H <= 256``. Every
+  group reuses the tile in shared memory. With several groups, the wgmma of group ``g + 1`` is
+  issued before the epilogue of group ``g``, so the tensor cores and the fp32 epilogue
+  (scale, ReLU, weight, head sum: ~3 fp32 ops per score) overlap inside the warpgroup; across
+  programs, 2-3 programs per SM interleave the same way.
+* **Keys arrive by per-token cp.async gathers** (16 bytes per thread) into a ring of
+  ``num_stages`` tiles (NVMMA 128-byte swizzle, the wgmma A layout). A gather serves every
+  block size (1..256), the block-table indirection and the Preshuffle byte order with the same
+  code. (TMA would need the plain layout, 16-byte-aligned block strides and one box per block;
+  the gather needs none of that and the copy engine is not the bottleneck.)
+* **Latency.** A program owns tiles ``split, split + num_splits, ...`` of its sequence
+  (round-robin): its first tiles do not depend on the lengths, so their block-table entries, Q
+  and the weights load *in parallel* with the lengths; the chain before the first key copy is
+  one memory latency, not two. In steady state the table entries of the next tile to issue
+  are prefetched one iteration ahead.
+* **One warpgroup per program** (4 warps). ``SplitKV = 0`` sizes the grid for one wave of the
+  programs that fit on the chip (:func:`derive_splits`), with equal tile counts per program.
+
+Ring protocol (iteration ``i``, tile ``i`` in slot ``i % S``, one cp.async group per tile, Q in
+the group before them): ``cp.async.wait_group(S - 2)`` (this thread's copies of tile ``i``
+landed; groups complete in order) -> ``fence.proxy.async`` (they become visible to the async
+proxy wgmma reads through) -> ``bar.sync`` (everyone's did; everyone finished iteration
+``i - 1``, whose wgmmas were waited for to 0 and whose scales were read) -> issue tile
+``i + S - 1`` into the slot tile ``i - 1`` used -> wgmma + epilogue of tile ``i``. Copies past
+the program's last tile are masked (zero-fill a slot nobody reads), so every iteration commits
+exactly one group; the program waits for all groups before it exits (masked copies still write).
+The compiler's shared-memory barrier analysis adds two more ``bar.sync`` per iteration (it
+cannot tell ring slots apart); they are redundant but harmless.
+
+Semantics follow ``problem.py``: row ``j`` sees ``p < min(row_len(b, j), max_model_len, table
+width)``; nothing else of ``out`` is written; cache and output offsets are 64-bit. The scale
+stays inside the ReLU as the contract states it (no sign assumption).
+
+Knobs: ``ChunkK`` (64/128 tokens per tile in the candidates; 256 accepted), ``RowsPerMMA``
+(1/2/4/8 next_n rows per wgmma),
+``num_stages`` (ring depth, >= 2), ``SplitKV`` (0 = derived on the host), ``CtasPerSM``
+(programs per SM that ``SplitKV = 0`` sizes the grid for; 0 = estimated from the kernel's
+resources), ``num_warps`` (always 4).
+"""
+
+from __future__ import annotations
+
+import math
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    async_copy,
+    fence_async_shared,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from ...compile import LDS_LIMIT_BYTES, CompileSpec
+from ...problem import LaunchArgs, Problem
+from . import common
+
+VARIANT = "wgmma"
+ARCHS = ("sm_90",)
+KNOBS = ("ChunkK", "RowsPerMMA", "num_stages", "SplitKV", "CtasPerSM", "num_warps")
+FP8 = {"sm_90": "fn"}
+CHUNK_SIZES = (64, 128, 256)
+NUM_WARPS = 4  # one warpgroup, wgmma's unit
+HEAD_DIM = 128
+MAX_MMA_N = 256  # wgmma's largest N
+#: fp32 registers per thread the live accumulators may take (of the 255 ptxas allows)
+ACC_REG_BUDGET = 128
+SM_REGISTERS = 65536
+SM_SHARED_BYTES = 228 * 1024  # per SM; one program may use LDS_LIMIT_BYTES["sm_90"]
+SM_COUNT_H100 = 132  # used only when a problem carries no SM count (hypothetical problems)
+# Device-side copies of constants (jitted code may only read constexpr globals).
+_D = gl.constexpr(HEAD_DIM)
+_WARPS = gl.constexpr(NUM_WARPS)
+
+
+# ----------------------------------------------------------------------------- layouts
+# Every layout of the kernel, chosen here:
+#
+# COPY: a [rows, 128] byte tile, 16 bytes (one cp.async) per thread: 8 threads cover a 128-byte
+#   row, a warp 4 rows, the warpgroup 16 rows; taller tiles repeat over registers.
+# SCALE_COPY: [ChunkK] fp32 scales, one 4-byte cp.async per thread (replicas, when ChunkK < 128,
+#   are predicated off by the compiler).
+# MMA(N): the wgmma accumulator [ChunkK, N]: warp w holds rows 16w..16w+15 (+64 per repeat),
+#   lane l rows l/4 and l/4+8 and columns 2(l%4), 2(l%4)+1 of every 8: a row's scores sit in one
+#   quad of lanes.
+# TILE_SMEM: NVMMA shared layout, 128-byte swizzle, 8-bit: the K-major A (keys) and B (Q^T,
+#   through a transposed view of Q [rows*H, 128]) operands of fp8 wgmma.
+# VEC_SMEM: plain 1-D/2-D shared vectors (scales ring, weights, row limits).
+@gluon.constexpr_function
+def _copy_layout():
+    return gl.BlockedLayout([1, 16], [4, 8], [_WARPS, 1], [1, 0])
+
+
+@gluon.constexpr_function
+def _scale_copy_layout():
+    return gl.BlockedLayout([1], [32], [_WARPS], [0])
+
+
+@gluon.constexpr_function
+def _mma_layout(n):
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[_WARPS, 1], instr_shape=[16, n, 32])
+
+
+@gluon.constexpr_function
+def _tile_smem_layout():
+    return gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
+
+
+@gluon.constexpr_function
+def _vec_smem_layout():
+    return gl.SwizzledSharedLayout(1, 1, 1, [0])
+
+
+# ----------------------------------------------------------------------------- row groups
+@gluon.constexpr_function
+def row_groups(next_n, rows_per_mma):
+    """``(first_row, rows)`` of each wgmma: greedy powers of two of at most ``rows_per_mma``,
+    e.g. next_n 7, RowsPerMMA 4 -> (0, 4), (4, 2), (6, 1)."""
+    groups, row = [], 0
+    while row < next_n:
+        size = 1
+        while size * 2 <= min(rows_per_mma, next_n - row):
+            size *= 2
+        groups.append((row, size))
+        row += size
+    return tuple(groups)
+
+
+@gluon.constexpr_function
+def _num_groups(next_n, rows_per_mma):
+    return len(row_groups(next_n, rows_per_mma))
+
+
+@gluon.constexpr_function
+def _group_first_row(next_n, rows_per_mma, g):
+    return row_groups(next_n, rows_per_mma)[g][0]
+
+
+@gluon.constexpr_function
+def _group_rows(next_n, rows_per_mma, g):
+    return row_groups(next_n, rows_per_mma)[g][1]
+
+
+# ----------------------------------------------------------------------------- device helpers
+@gluon.jit
+def _gather(base, offsets, mask, other):
+    return gl.load(base + offsets, mask=mask, other=other)
+
+
+@gluon.jit
+def _row_limits(lens_ptr, b, seq_len, end, stride_lens_b, stride_lens_j, j, NEXT_N: gl.constexpr,
+                LENS_2D: gl.constexpr):
+    """First invisible position ``min(row_len(b, j), end)`` of query rows ``j`` (a tensor;
+    rows ``j >= NEXT_N`` get 0). Vector form of ``common.row_length``."""
+    if LENS_2D:
+        row_len = gl.load(lens_ptr + b.to(gl.int64) * stride_lens_b + j * stride_lens_j, mask=j < NEXT_N, other=0)
+    else:
+        row_len = seq_len - (NEXT_N - 1) + j
+    return gl.where(j < NEXT_N, gl.minimum(gl.maximum(row_len, 0), end), 0)
+
+
+@gluon.jit
+def _key_offsets(pages, tokens, d, stride_block, KV_BLOCK: gl.constexpr, PRESHUFFLE: gl.constexpr):
+    """int64 byte offsets ``[T, D]`` (token-major, the orientation of a wgmma A tile) of the key
+    bytes of ``tokens`` (with cache blocks ``pages``) and dims ``d``; ``common.key_offsets``
+    builds the same offsets dim-major."""
+    slot = tokens % KV_BLOCK
+    if PRESHUFFLE:
+        token_part = (slot // 16) * (16 * _D) + (slot % 16) * 16
+        dim_part = (d // 16) * 256 + d % 16
+    else:
+        token_part = slot * _D
+        dim_part = d
+    return (pages * stride_block + token_part)[:, None] + dim_part[None, :]
+
+
+@gluon.jit
+def _tile_pages(table_row, tile, table_tokens, CHUNK: gl.constexpr, KV_BLOCK: gl.constexpr):
+    """Cache blocks of ``tile``'s tokens in the two copy layouts (read twice from the table,
+    L1-resident, rather than moved between layouts). Masked by the table width only, a host
+    value, so they can load before the lengths arrive; entries past a sequence may be garbage
+    (-1): those tokens are never copied."""
+    key_tokens = tile * CHUNK + gl.arange(0, CHUNK, gl.SliceLayout(1, _copy_layout()))
+    scale_tokens = tile * CHUNK + gl.arange(0, CHUNK, _scale_copy_layout())
+    return (common.tile_pages(table_row, key_tokens, table_tokens, KV_BLOCK, _gather),
+            common.tile_pages(table_row, scale_tokens, table_tokens, KV_BLOCK, _gather))
+
+
+@gluon.jit
+def _issue_tile(key_dst, scale_dst, kv_ptr, scale_ptr, pages, tile, end, stride_block,
+                CHUNK: gl.constexpr, KV_BLOCK: gl.constexpr, PRESHUFFLE: gl.constexpr, KV_ALIGN: gl.constexpr):
+    """cp.async the keys and scales of ``tile``'s tokens ``< end`` into one ring slot (masked
+    tokens are zero-filled and never stored); ``pages`` from :func:`_tile_pages`.
+
+    ``KV_ALIGN``: 16 when the cache base and block stride are 16-byte aligned (the JIT then
+    knows it and copies 16 bytes per cp.async); else 4, which the contract guarantees (fp32
+    scales) but the JIT cannot see, so it is stated on the addresses (cp.async moves >= 4)."""
+    key_pages, scale_pages = pages
+    copy_layout: gl.constexpr = _copy_layout()
+    tokens = tile * CHUNK + gl.arange(0, CHUNK, gl.SliceLayout(1, copy_layout))
+    d = gl.arange(0, _D, gl.SliceLayout(0, copy_layout))
+    offsets = _key_offsets(key_pages, tokens, d, stride_block, KV_BLOCK, PRESHUFFLE)
+    key_ptrs = kv_ptr + offsets
+    if KV_ALIGN < 16:
+        key_ptrs = gl.multiple_of(key_ptrs, [KV_ALIGN, KV_ALIGN])
+    async_copy.async_copy_global_to_shared(key_dst, key_ptrs, mask=(tokens < end)[:, None])
+    scale_tokens = tile * CHUNK + gl.arange(0, CHUNK, _scale_copy_layout())
+    async_copy.async_copy_global_to_shared(
+        scale_dst, scale_ptr + common.scale_offsets(scale_pages, scale_tokens, stride_block, KV_BLOCK, _D),
+        mask=scale_tokens < end)
+
+
+@gluon.jit
+def _group_logits(scores, scale, weight, CHUNK: gl.constexpr, ROWS: gl.constexpr, HEADS: gl.constexpr):
+    """``[CHUNK, ROWS*H]`` scores -> ``[CHUNK, ROWS]``: ``scale * sum_h w * relu(score)``.
+    ``scale`` is per accumulator row (token), ``weight`` per column (j, h). Factoring the key
+    scale out of the ReLU (exact for the non-negative scales of fp8 quantisation, as DeepGEMM
+    does) leaves two fp32 ops per score: the epilogue is what bounds next_n >= 2."""
+    y = gl.maximum(scores, 0.0) * weight[None, :]
+    logits = gl.sum(gl.reshape(y, [CHUNK, ROWS, HEADS]), axis=2)
+    return logits * gl.convert_layout(scale, gl.SliceLayout(1, logits.type.layout))[:, None]
+
+
+@gluon.jit
+def _store_logits(out_ptr, logits, b, tile, limits, stride_out, NEXT_N: gl.constexpr,
+                  FIRST_ROW: gl.constexpr, ROWS: gl.constexpr, CHUNK: gl.constexpr):
+    """``out[b*NEXT_N + j, p] = logits`` for rows ``FIRST_ROW..+ROWS`` where ``p < limits[j]``."""
+    layout: gl.constexpr = logits.type.layout
+    p = tile * CHUNK + gl.arange(0, CHUNK, gl.SliceLayout(1, layout))
+    j = FIRST_ROW + gl.arange(0, ROWS, gl.SliceLayout(0, layout))
+    row_start = (b.to(gl.int64) * NEXT_N + j) * stride_out
+    gl.store(out_ptr + row_start[None, :] + p[:, None], logits, mask=p[:, None] < limits[None, :])
+
+
+@gluon.jit
+def _issue_group(keys, q_smem, g: gl.constexpr, NEXT_N: gl.constexpr, HEADS: gl.constexpr, CHUNK: gl.constexpr,
+                 ROWS_PER_MMA: gl.constexpr):
+    """Start the asynchronous wgmma of row group ``g``: scores ``[CHUNK, rows*H]``."""
+    first: gl.constexpr = _group_first_row(NEXT_N, ROWS_PER_MMA, g)
+    rows: gl.constexpr = _group_rows(NEXT_N, ROWS_PER_MMA, g)
+    acc = gl.zeros([CHUNK, rows * HEADS], gl.float32, _mma_layout(rows * HEADS))
+    return warpgroup_mma(keys, q_smem.slice(first * HEADS, rows * HEADS).permute((1, 0)), acc, use_acc=False,
+                         is_async=True)
+
+
+@gluon.jit
+def _finish_group(scores, scale_slot, weight_smem, limit_smem, out_ptr, b, tile, stride_out, g: gl.constexpr,
+                  NEXT_N: gl.constexpr, HEADS: gl.constexpr, CHUNK: gl.constexpr, ROWS_PER_MMA: gl.constexpr):
+    """Epilogue and store of row group ``g`` of a tile (its wgmma already waited for)."""
+    first: gl.constexpr = _group_first_row(NEXT_N, ROWS_PER_MMA, g)
+    rows: gl.constexpr = _group_rows(NEXT_N, ROWS_PER_MMA, g)
+    layout: gl.constexpr = _mma_layout(rows * HEADS)
+    scale = scale_slot.load(gl.SliceLayout(1, layout))
+    weight = weight_smem.slice(first * HEADS, rows * HEADS).load(gl.SliceLayout(0, layout))
+    logits = _group_logits(scores, scale, weight, CHUNK, rows, HEADS)
+    limits = limit_smem.slice(first, rows).load(gl.SliceLayout(0, logits.type.layout))
+    _store_logits(out_ptr, logits, b, tile, limits, stride_out, NEXT_N, first, rows, CHUNK)
+
+
+@gluon.jit
+def _score_tile_groups(keys, q_smem, scale_slot, weight_smem, limit_smem, out_ptr, b, tile, stride_out,
+                       NEXT_N: gl.constexpr, HEADS: gl.constexpr, CHUNK: gl.constexpr, ROWS_PER_MMA: gl.constexpr):
+    """Every row group of one tile; group g+1's wgmma runs during group g's epilogue."""
+    NUM_GROUPS: gl.constexpr = _num_groups(NEXT_N, ROWS_PER_MMA)
+    pending = _issue_group(keys, q_smem, 0, NEXT_N, HEADS, CHUNK, ROWS_PER_MMA)
+    for g in gl.static_range(1, NUM_GROUPS):
+        issued = _issue_group(keys, q_smem, g, NEXT_N, HEADS, CHUNK, ROWS_PER_MMA)
+        done = warpgroup_mma_wait(1, deps=(pending,))
+        _finish_group(done, scale_slot, weight_smem, limit_smem, out_ptr, b, tile, stride_out, g - 1,
+                      NEXT_N, HEADS, CHUNK, ROWS_PER_MMA)
+        pending = issued
+    done = warpgroup_mma_wait(0, deps=(pending,))
+    _finish_group(done, scale_slot, weight_smem, limit_smem, out_ptr, b, tile, stride_out, NUM_GROUPS - 1,
+                  NEXT_N, HEADS, CHUNK, ROWS_PER_MMA)
+
+
+# ----------------------------------------------------------------------------- the kernel
+@gluon.jit(do_not_specialize=common.DYNAMIC_PARAMS)
+def wgmma_logits_kernel(
+    q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, table_ptr,
+    stride_q_b, stride_q_j, stride_q_h,
+    stride_block,  # bytes between cache blocks (multiple of 4)
+    stride_w, stride_out, stride_lens_b, stride_lens_j, stride_table,
+    max_model_len, max_blocks, num_splits,
+    NEXT_N: gl.constexpr, NEXT_N_POW2: gl.constexpr, HEADS: gl.constexpr, KV_BLOCK: gl.constexpr,
+    CHUNK: gl.constexpr, ROWS_PER_MMA: gl.constexpr, STAGES: gl.constexpr,
+    PRESHUFFLE: gl.constexpr, LENS_2D: gl.constexpr, KV_ALIGN: gl.constexpr, Q_ASYNC: gl.constexpr,
+):
+    """Program ``(split, b)`` scores tiles ``split, split + num_splits, ...`` of sequence ``b``
+    against all its next_n query rows (see the module docstring)."""
+    split = gl.program_id(0)
+    b = gl.program_id(1)
+    copy_layout: gl.constexpr = _copy_layout()
+    tile_smem: gl.constexpr = _tile_smem_layout()
+    vec_smem: gl.constexpr = _vec_smem_layout()
+    vec_layout: gl.constexpr = gl.BlockedLayout([1], [32], [_WARPS], [0])
+    NUM_GROUPS: gl.constexpr = _num_groups(NEXT_N, ROWS_PER_MMA)
+    Q_ROWS: gl.constexpr = NEXT_N_POW2 * HEADS  # rows j*H + h; rows past NEXT_N*H unused
+
+    key_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, CHUNK, _D], tile_smem)
+    scale_ring = gl.allocate_shared_memory(gl.float32, [STAGES, CHUNK], vec_smem)
+    q_smem = gl.allocate_shared_memory(gl.float8e4nv, [Q_ROWS, _D], tile_smem)
+    weight_smem = gl.allocate_shared_memory(gl.float32, [Q_ROWS], vec_smem)
+    limit_smem = gl.allocate_shared_memory(gl.int32, [NEXT_N_POW2], vec_smem)
+
+    # 1. What does not depend on the lengths, so that it loads in parallel with them: Q (the
+    #    first cp.async group), the weights, the block-table entries of the first tiles.
+    m = gl.arange(0, Q_ROWS, gl.SliceLayout(1, copy_layout))
+    d = gl.arange(0, _D, gl.SliceLayout(0, copy_layout))
+    q_rows = b.to(gl.int64) * stride_q_b + (m // HEADS) * stride_q_j + (m % HEADS) * stride_q_h
+    q_ptrs = q_ptr + q_rows[:, None] + d[None, :]
+    q_mask = (m < NEXT_N * HEADS)[:, None]
+    if Q_ASYNC:
+        async_copy.async_copy_global_to_shared(q_smem, q_ptrs, mask=q_mask)
+    else:  # q rows not 16-byte aligned (cp.async needs >= 4): a plain load, stored to shared
+        q_smem.store(gl.load(q_ptrs, mask=q_mask, other=0.0))
+    async_copy.commit_group()  # (an empty group in the fallback: the counting stays the same)
+    mw = gl.arange(0, Q_ROWS, vec_layout)
+    weights = gl.load(weights_ptr + (b.to(gl.int64) * NEXT_N + mw // HEADS) * stride_w + mw % HEADS,
+                      mask=mw < NEXT_N * HEADS, other=0.0)
+    table_row = table_ptr + b.to(gl.int64) * stride_table
+    table_tokens = max_blocks * KV_BLOCK
+    first_pages = ()
+    for s in gl.static_range(STAGES - 1):
+        first_pages = first_pages + (_tile_pages(table_row, split + s * num_splits, table_tokens, CHUNK, KV_BLOCK),)
+
+    # 2. The lengths decide this program's tile count.
+    seq_len = common.sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
+    end = common.visible_end(seq_len, max_model_len, max_blocks, KV_BLOCK)
+    n = gl.cdiv(gl.cdiv(end, CHUNK) - split, num_splits)
+    if n <= 0:
+        async_copy.wait_group(0)  # Q's copies must land before the shared memory is released
+        return
+
+    # Weights and row limits go through shared memory once; each row group's epilogue reads
+    # its slice in the accumulator's column layout.
+    weight_smem.store(weights)
+    limit_smem.store(_row_limits(lens_ptr, b, seq_len, end, stride_lens_b, stride_lens_j,
+                                 gl.arange(0, NEXT_N_POW2, vec_layout), NEXT_N, LENS_2D))
+
+    # 3. Prologue: tiles 0..STAGES-2 in flight, one cp.async group each (masked past the end).
+    for s in gl.static_range(STAGES - 1):
+        _issue_tile(key_ring.index(s), scale_ring.index(s), kv_ptr, scale_ptr, first_pages[s],
+                    split + s * num_splits, end, stride_block, CHUNK, KV_BLOCK, PRESHUFFLE, KV_ALIGN)
+        async_copy.commit_group()
+    pages = _tile_pages(table_row, split + (STAGES - 1) * num_splits, table_tokens, CHUNK, KV_BLOCK)
+
+    if NUM_GROUPS == 1:
+        # A single wgmma covers every row: its weights stay in registers.
+        mma_layout: gl.constexpr = _mma_layout(NEXT_N * HEADS)
+        gl.thread_barrier()
+        weight_regs = weight_smem.slice(0, NEXT_N * HEADS).load(gl.SliceLayout(0, mma_layout))
+
+    # 4. Steady state: tile i lives in slot i % STAGES.
+    for i in range(n):
+        slot = i % STAGES
+        tile = split + i * num_splits
+        async_copy.wait_group(STAGES - 2)  # Q and tiles 0..i landed (this thread's copies)
+        fence_async_shared()  # ... and are visible to wgmma's async proxy
+        gl.thread_barrier()  # ... for every thread; and tile i-1's slot is free
+
+        ahead = i + STAGES - 1
+        _issue_tile(key_ring.index(ahead % STAGES), scale_ring.index(ahead % STAGES), kv_ptr, scale_ptr, pages,
+                    split + ahead * num_splits, end, stride_block, CHUNK, KV_BLOCK, PRESHUFFLE, KV_ALIGN)
+        async_copy.commit_group()
+        pages = _tile_pages(table_row, split + (ahead + 1) * num_splits, table_tokens, CHUNK, KV_BLOCK)
+
+        keys = key_ring.index(slot)
+        if NUM_GROUPS == 1:
+            scores = warpgroup_mma(keys, q_smem.slice(0, NEXT_N * HEADS).permute((1, 0)),
+                                   gl.zeros([CHUNK, NEXT_N * HEADS], gl.float32, mma_layout), use_acc=False,
+                                   is_async=True)
+            scale = scale_ring.index(slot).load(gl.SliceLayout(1, mma_layout))
+            scores = warpgroup_mma_wait(0, deps=(scores,))
+            logits = _group_logits(scores, scale, weight_regs, CHUNK, NEXT_N, HEADS)
+            limits = limit_smem.load(gl.SliceLayout(0, logits.type.layout))
+            _store_logits(out_ptr, logits, b, tile, limits, stride_out, NEXT_N, 0, NEXT_N, CHUNK)
+        else:
+            _score_tile_groups(keys, q_smem, scale_ring.index(slot), weight_smem, limit_smem, out_ptr, b, tile,
+                               stride_out, NEXT_N, HEADS, CHUNK, ROWS_PER_MMA)
+
+    async_copy.wait_group(0)  # no copy may outlive the program (the tail groups are masked)
+
+
+# ============================================================================= host side
+def _pow2_floor(x: int) -> int:
+    return 1 << (max(int(x), 1).bit_length() - 1)
+
+
+def max_rows_per_mma(heads: int) -> int:
+    return max(1, min(8, MAX_MMA_N // heads))
+
+
+def _knobs(problem: Problem, config: dict) -> tuple[int, int, int, int, int]:
+    """``(ChunkK, RowsPerMMA, num_stages, SplitKV, CtasPerSM)``; ``None`` takes the default."""
+    default = default_config(problem) if any(config.get(k) is None for k in ("ChunkK", "RowsPerMMA", "num_stages")) \
+        else {}
+    chunk = int(config.get("ChunkK") or default["ChunkK"])
+    rows = int(config.get("RowsPerMMA") or default["RowsPerMMA"])
+    stages = int(config.get("num_stages") or default["num_stages"])
+    split = int(config.get("SplitKV") or 0)
+    ctas = int(config.get("CtasPerSM") or 0)
+    warps = int(config.get("num_warps") or NUM_WARPS)
+    if (chunk not in CHUNK_SIZES or rows < 1 or rows & (rows - 1) or rows * problem.heads > MAX_MMA_N
+            or not 2 <= stages <= 8 or split < 0 or ctas < 0 or warps != NUM_WARPS):
+        raise ValueError(f"gluon/{VARIANT}: unsupported knobs {config} for heads={problem.heads}")
+    return chunk, rows, stages, split, ctas
+
+
+def resources(problem: Problem, chunk: int, rows: int, stages: int) -> dict:
+    """Host-side estimate of a program's footprint, calibrated on ptxas's reports for every
+    (heads, next_n, RowsPerMMA, ChunkK) of the contract (tests/backends/gluon/
+    test_compile_hopper_wgmma.py checks the candidates never spill):
+
+    * ``acc_regs``: fp32 accumulator registers per thread that are live at once (one group, or
+      two consecutive groups while one is reduced and the next computed);
+    * ``acc_budget``: what ``acc_regs`` may reach without spills: 128, but 64 from three row
+      groups on (ptxas then keeps more of the unrolled epilogues' state live);
+    * ``regs_estimate``: accumulators, the weights when one group keeps them in registers, ~36
+      of addresses and loop state, ~12 per row group beyond two (fit to ptxas, +-20);
+    * ``smem``: the key/scale ring, Q, the weights and the row limits;
+    * ``ctas_per_sm``: programs an SM holds (registers, shared memory), for ``SplitKV = 0``.
+    """
+    groups = row_groups(problem.next_n, min(rows, _pow2_floor(problem.next_n)))
+    widths = [r * problem.heads * (chunk // 64) for _, r in groups]  # accumulator columns x M repeats
+    if len(groups) == 1:
+        acc_regs = widths[0] // 2
+    else:
+        acc_regs = max(a + b for a, b in zip(widths, widths[1:])) // 2
+    weight_regs = groups[0][1] * problem.heads // 4 if len(groups) == 1 else 0  # kept in registers
+    regs = min(255, acc_regs + weight_regs + 36 + (12 * len(groups) if len(groups) > 2 else 0))
+    q_rows = triton_next_pow2(problem.next_n) * problem.heads
+    smem = stages * chunk * (HEAD_DIM + 4) + q_rows * (HEAD_DIM + 4) + 4 * triton_next_pow2(problem.next_n)
+    by_regs = SM_REGISTERS // ((-(-regs // 8) * 8) * 32 * NUM_WARPS)
+    by_smem = SM_SHARED_BYTES // (smem + 1024)  # the driver reserves 1 KB per program
+    return {"acc_regs": acc_regs, "acc_budget": ACC_REG_BUDGET if len(groups) <= 2 else ACC_REG_BUDGET // 2,
+            "regs_estimate": regs, "smem": smem, "ctas_per_sm": max(1, min(by_regs, by_smem, 8))}
+
+
+def triton_next_pow2(x: int) -> int:
+    return 1 << (max(int(x), 1) - 1).bit_length()
+
+
+def fits(problem: Problem, chunk: int, rows: int, stages: int) -> bool:
+    r = resources(problem, chunk, rows, stages)
+    return r["acc_regs"] <= r["acc_budget"] and r["smem"] <= LDS_LIMIT_BYTES["sm_90"]
+
+
+def derive_splits(cu_num: int, batch: int, context: int, chunk: int, ctas_per_sm: int) -> int:
+    """``SplitKV = 0``: programs per sequence for one wave of ``cu_num * ctas_per_sm`` programs,
+    with equal tile counts: the most splits the wave allows, then as few as give the same
+    tiles per program (a partial extra wave or unequal shares would set the time)."""
+    tiles = max(1, math.ceil(max(context, 1) / chunk))
+    slots = max(1, cu_num or SM_COUNT_H100) * max(1, ctas_per_sm)
+    most = max(1, min(tiles, slots // max(batch, 1)))
+    per_program = math.ceil(tiles / most)
+    return max(1, math.ceil(tiles / per_program))
+
+
+def num_splits(problem: Problem, config: dict) -> int:
+    chunk, rows, stages, split, ctas = _knobs(problem, config)
+    if split > 0:
+        return split
+    ctas = ctas or resources(problem, chunk, rows, stages)["ctas_per_sm"]
+    return derive_splits(problem.cu_num, problem.batch, problem.work_context, chunk, ctas)
+
+
+def constexprs(problem: Problem, config: dict) -> dict:
+    chunk, rows, stages, _, _ = _knobs(problem, config)
+    return dict(NEXT_N=problem.next_n, NEXT_N_POW2=triton_next_pow2(problem.next_n), HEADS=problem.heads,
+                KV_BLOCK=problem.kv_block_size, CHUNK=chunk, ROWS_PER_MMA=min(rows, _pow2_floor(problem.next_n)),
+                STAGES=stages, PRESHUFFLE=problem.preshuffle, LENS_2D=problem.lens_2d)
+
+
+def alignment(q, kv) -> dict:
+    """Per-call constexprs from the tensors' addresses and strides (what the JIT specialises on
+    anyway, so they add no kernel variants): ``KV_ALIGN`` 16 or 4 (see :func:`_issue_tile`),
+    ``Q_ASYNC`` when every q row starts 16-byte aligned."""
+    kv_aligned = kv.data_ptr() % 16 == 0 and kv.stride(0) % 16 == 0
+    q_async = q.data_ptr() % 16 == 0 and all(s % 16 == 0 for s in q.stride()[:3])
+    return {"KV_ALIGN": 16 if kv_aligned else 4, "Q_ASYNC": q_async}
+
+
+def options(problem: Problem, config: dict) -> dict:
+    return {"num_warps": NUM_WARPS}
+
+
+# ----------------------------------------------------------------------------- interface
+def unsupported(problem: Problem) -> str | None:
+    reason = common.shape_reason(problem, ARCHS, FP8)
+    if reason is not None:
+        return reason
+    if problem.heads > MAX_MMA_N:
+        return f"heads must be <= {MAX_MMA_N} (one wgmma N covers all heads of a row), got {problem.heads}"
+    if not any(fits(problem, 64, 1, stages) for stages in (2, 3)):
+        return f"no tile configuration fits sm_90's registers and shared memory for {problem.describe()}"
+    return None
+
+
+def _rows_options(problem: Problem) -> list[int]:
+    """RowsPerMMA values that change the kernel, widest first."""
+    widest = min(max_rows_per_mma(problem.heads), _pow2_floor(problem.next_n))
+    return [widest >> k for k in range(widest.bit_length())]
+
+
+def _stages_for(chunk: int) -> tuple[int, int]:
+    """A shallow and a deep ring per tile size: >= 2 tiles in flight while one is scored."""
+    return {64: (4, 6), 128: (3, 4), 256: (2, 3)}[chunk]
+
+
+def candidates(problem: Problem) -> list[dict]:
+    """The two widest row groupings that fit, x ChunkK 64/128 x a shallow and a deep ring; and,
+    where the derived split count is large (latency-bound shapes), half of it."""
+    out, groupings = [], 0
+    for rows in _rows_options(problem):
+        fitting = [(chunk, stages) for chunk in (64, 128) for stages in _stages_for(chunk)
+                   if fits(problem, chunk, rows, stages)]
+        for chunk, stages in fitting:
+            out.append({"variant": VARIANT, "ChunkK": chunk, "RowsPerMMA": rows, "num_stages": stages,
+                        "SplitKV": 0, "CtasPerSM": 0, "num_warps": NUM_WARPS})
+        groupings += bool(fitting)
+        if groupings == 2:
+            break
+    base = default_config(problem)
+    derived = num_splits(problem, base)
+    if derived >= 8:
+        out.append(dict(base, SplitKV=derived // 2))
+    return out
+
+
+def default_config(problem: Problem) -> dict:
+    """The widest row grouping that fits (one wgmma for all rows when N <= 256 allows it:
+    fewest A-tile reads, no second accumulator); 128-token tiles when a group is at most 64
+    columns wide (per-tile overheads dominate narrow tiles), else 64; the shallow ring."""
+    for rows in _rows_options(problem):
+        for chunk in ((128, 64) if rows * problem.heads <= 64 else (64, 128)):
+            for stages in _stages_for(chunk) + (2,):
+                if fits(problem, chunk, rows, stages):
+                    return {"variant": VARIANT, "ChunkK": chunk, "RowsPerMMA": rows, "num_stages": stages,
+                            "SplitKV": 0, "CtasPerSM": 0, "num_warps": NUM_WARPS}
+    raise ValueError(f"gluon/{VARIANT}: no configuration fits {problem.describe()}")
+
+
+_PLANS: dict[tuple, tuple] = {}
+
+
+def launch(args: LaunchArgs, config: dict) -> None:
+    """Grid ``(splits, batch)``; per-(problem, config) launch parameters are cached, so a repeated
+    call only builds the argument tuple and launches. No host sync, no allocation."""
+    p = args.problem
+    key = (p, common.config_key(config))
+    plan = _PLANS.get(key)
+    if plan is None:
+        splits = num_splits(p, config)
+        plan = _PLANS[key] = ((splits, p.batch), splits, {**constexprs(p, config), **options(p, config)})
+    grid, splits, kwargs = plan
+    wgmma_logits_kernel[grid](*common.kernel_arguments(args, splits), **kwargs, **alignment(args.q, args.kv_cache))
+
+
+# ----------------------------------------------------------------------------- compile specs
+def compile_specs(arch: str, configs: list[dict] | None = None) -> list[CompileSpec]:
+    """One spec per config (problem fields + knobs), specialised like a typical vLLM call."""
+    from triton.backends.nvidia.compiler import CUDABackend
+
+    specs = []
+    for cfg in configs if configs is not None else compile_matrix(arch):
+        problem = common.problem_for(arch, FP8[arch], cfg)
+        runtime = list(common.typical_arguments(problem))
+        if cfg.get("block_stride_pad"):  # a padded cache block stride (e.g. 4: not 16-byte aligned)
+            runtime[10] += int(cfg["block_stride_pad"])
+        q, kv = runtime[0], runtime[1]
+        if cfg.get("q_misaligned"):  # q rows at an odd address: the plain-load fallback
+            q = runtime[0] = common.StandIn(q.dtype, q.ptr_range(), aligned=False)
+        q_strides, kv_stride = runtime[7:10], runtime[10]
+        aligned = {"KV_ALIGN": 16 if kv.data_ptr() % 16 == 0 and kv_stride % 16 == 0 else 4,
+                   "Q_ASYNC": q.data_ptr() % 16 == 0 and all(st % 16 == 0 for st in q_strides)}
+        signature, consts, attrs = common.specialise(wgmma_logits_kernel, tuple(runtime),
+                                                     {**constexprs(problem, cfg), **aligned}, CUDABackend)
+        chunk, rows, stages, split, ctas = _knobs(problem, cfg)
+        knobs = {"variant": VARIANT, "ChunkK": chunk, "RowsPerMMA": rows, "num_stages": stages, "SplitKV": split,
+                 "CtasPerSM": ctas, "num_warps": NUM_WARPS, "kvalign": aligned["KV_ALIGN"],
+                 "qasync": int(aligned["Q_ASYNC"])}
+        specs.append(CompileSpec(
+            name=common.spec_name("gluon", VARIANT, arch, problem, knobs, True), backend="gluon", arch=arch,
+            knobs=dict(knobs, **common.problem_fields(problem)), fn=wgmma_logits_kernel, signature=signature,
+            constexprs=consts, options=options(problem, cfg), gluon=True, attrs=attrs,
+        ))
+    return specs
+
+
+def compile_matrix(arch: str) -> list[dict]:
+    """Every candidate of ``common.representative_problems`` (deduplicated by kernel)."""
+    out, seen = [], set()
+    for fields in common.representative_problems(arch):
+        problem = common.problem_for(arch, FP8[arch], fields)
+        for cand in candidates(problem) + [default_config(problem)]:
+            key = (tuple(sorted(constexprs(problem, cand).items())))
+            if key not in seen:
+                seen.add(key)
+                out.append(dict(fields, **cand))
+    return out

@@ -1,0 +1,435 @@
+"""Cross-compilation driver: build kernels for a target with no GPU present.
+
+``python -m paged_mqa_logits compile --backend gluon|flydsl --arch gfx942|gfx950|sm90``
+compiles every candidate of a backend's knob space (or only the configs the tuned table can
+pick) and writes, per kernel, the binary, the ISA/PTX text and a resources record.
+
+Shared data shapes (every backend that can be cross-compiled produces these):
+
+* :class:`CompileSpec` is one kernel to build: the jitted function, its signature and
+  constexprs, compile options (num_warps, waves_per_eu, ...) and the knobs it realises.
+  Kernel modules produce specs; this driver compiles them.
+* :class:`CompileRecord` is one compiled kernel: where its files are, the resources the
+  compiler reported, and the matrix instructions found in its ISA.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+# Per-arch limits used by the CI checks.
+LDS_LIMIT_BYTES = {"gfx942": 64 * 1024, "gfx950": 160 * 1024, "sm_90": 227 * 1024}
+VGPRS_PER_SIMD = {"gfx942": 512, "gfx950": 512}
+
+
+@dataclass
+class CompileSpec:
+    name: str  # unique, filesystem-safe: backend_variant_arch_shape_knobs
+    backend: str
+    arch: str  # "gfx942" | "gfx950" | "sm_90"
+    knobs: dict  # the CSV knobs this kernel realises (ChunkK, WavePerEU, num_warps, variant, ...)
+    fn: object  # the @gluon.jit / @triton.jit function
+    signature: dict  # argument name -> Triton type string ("*u8", "*fp32", "i32", "i64", "constexpr")
+    constexprs: dict  # constexpr argument name -> value
+    options: dict = field(default_factory=dict)  # num_warps, num_stages, waves_per_eu, ...
+    gluon: bool = True  # compile through GluonASTSource instead of ASTSource
+    #: argument attributes as the JIT passes them ({(index,): [["tt.divisibility", 16]], ...})
+    attrs: dict = field(default_factory=dict)
+
+
+@dataclass
+class CompileRecord:
+    name: str  # unique, filesystem-safe: backend_variant_arch_knobs
+    backend: str  # "gluon" | "flydsl" | ...
+    arch: str  # "gfx942" | "gfx950" | "sm_90"
+    knobs: dict
+    ok: bool
+    error: str | None = None
+    binary: str | None = None  # path of the .hsaco / .cubin
+    isa: str | None = None  # path of the .amdgcn / .ptx (+ .sass when available) text
+    vgprs: int | None = None  # AMD: VGPRs (arch VGPRs + AGPRs); NVIDIA: registers per thread
+    sgprs: int | None = None
+    lds_bytes: int | None = None  # LDS (AMD) / shared memory (NVIDIA) bytes per workgroup
+    scratch_bytes: int | None = None  # private segment / local memory bytes per lane
+    spill_count: int | None = None  # AMD: VGPR+SGPR spills; NVIDIA: 1 if the kernel has stack/local memory
+    occupancy: int | None = None  # waves per SIMD (AMD) or CTAs per SM (NVIDIA) if reported
+    mma_instructions: list[str] = field(default_factory=list)  # distinct MFMA / MMA mnemonics
+    agprs: int | None = None  # AMD: AGPRs (already included in ``vgprs``)
+    options: dict = field(default_factory=dict)  # compile options (num_warps, waves_per_eu, ...)
+    seconds: float | None = None  # wall-clock compile time
+
+    def write(self, out_dir: str) -> str:
+        path = os.path.join(out_dir, f"{self.name}.json")
+        with open(path, "w") as f:
+            json.dump(asdict(self), f, indent=1, sort_keys=True)
+        return path
+
+
+# ============================================================================= the driver
+ARCHS = ("gfx942", "gfx950", "sm_90")
+#: VGPRs are allocated in blocks of 8 per lane on gfx90a/gfx942/gfx950 (arch VGPRs and AGPRs
+#: come from one 512-entry file per SIMD lane)
+VGPR_GRANULE = 8
+
+
+def target(arch: str):
+    from triton.backends.compiler import GPUTarget
+
+    if arch.startswith("gfx"):
+        return GPUTarget("hip", arch, 64)
+    if arch == "sm_90":
+        return GPUTarget("cuda", 90, 32)
+    raise ValueError(f"no cross-compilation target for arch {arch!r}; known: {', '.join(ARCHS)}")
+
+
+# ----------------------------------------------------------------------------- ISA parsing
+def _field(text: str, pattern: str) -> int | None:
+    m = re.search(pattern, text, re.MULTILINE)
+    return int(m.group(1)) if m else None
+
+
+def amd_resources(isa: str) -> dict:
+    """Resources and MFMA mnemonics from AMDGPU assembly (``asm["amdgcn"]``).
+
+    ``vgprs`` is ``TotalNumVgprs`` (arch VGPRs + AGPRs, what occupancy is computed from);
+    ``spill_count`` is VGPR + SGPR spills; ``lds_bytes`` the static LDS of the workgroup."""
+    vgpr_spills = _field(isa, r"\.vgpr_spill_count:\s+(\d+)") or 0
+    sgpr_spills = _field(isa, r"\.sgpr_spill_count:\s+(\d+)") or 0
+    lds = _field(isa, r"; LDSByteSize: (\d+) bytes")
+    if lds is None:
+        lds = _field(isa, r"\.group_segment_fixed_size:\s+(\d+)")
+    return {
+        "vgprs": _field(isa, r"; TotalNumVgprs: (\d+)") or _field(isa, r"; NumVgprs: (\d+)"),
+        "arch_vgprs": _field(isa, r"; NumVgprs: (\d+)"),
+        "agprs": _field(isa, r"; NumAgprs: (\d+)") or 0,
+        "sgprs": _field(isa, r"\.sgpr_count:\s+(\d+)") or _field(isa, r"; NumSgprs: (\d+)"),
+        "lds_bytes": lds,
+        "scratch_bytes": _field(isa, r"; ScratchSize: (\d+)"),
+        "spill_count": vgpr_spills + sgpr_spills,
+        "occupancy": _field(isa, r"; Occupancy: (\d+)"),
+        "mma_instructions": sorted(set(re.findall(r"^\s+(v_mfma\w*)", isa, re.MULTILINE))),
+    }
+
+
+def ptx_mma_instructions(ptx: str) -> list[str]:
+    """Distinct ``mma.sync`` / ``wgmma.mma_async`` instructions of a PTX text."""
+    return sorted(set(re.findall(r"^\s*((?:wgmma\.mma_async|mma)\.[\w.]+)", ptx, re.MULTILINE)))
+
+
+def sass_mma_instructions(sass: str) -> list[str]:
+    return sorted(set(re.findall(r"\b((?:HMMA|HGMMA|QGMMA|IMMA|QMMA)\.[\w.]+)", sass)))
+
+
+def _nvidia_tool(name: str) -> str | None:
+    import triton
+
+    path = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+    return path if os.path.exists(path) else None
+
+
+def nvidia_resources(cubin_path: str) -> dict:
+    """Registers, shared and stack/local bytes per thread from ``cuobjdump --dump-resource-usage``
+    (the Triton wheel ships it), plus the SASS text (``cuobjdump -sass``) when it works."""
+    out: dict = {}
+    tool = _nvidia_tool("cuobjdump")
+    if tool is None:
+        return out
+    usage = subprocess.run([tool, "--dump-resource-usage", cubin_path], capture_output=True, text=True)
+    m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", usage.stdout)
+    if m:
+        reg, stack, shared, local = map(int, m.groups())
+        out.update(vgprs=reg, scratch_bytes=stack + local, shared_static=shared)
+    sass = subprocess.run([tool, "-sass", cubin_path], capture_output=True, text=True)
+    if sass.returncode == 0 and sass.stdout:
+        out["sass"] = sass.stdout
+    return out
+
+
+# ----------------------------------------------------------------------------- compiling
+def compile_spec(spec: CompileSpec, out_dir: str | None) -> CompileRecord:
+    """Compile one spec for its arch; write binary, ISA and record under ``out_dir`` (if any)."""
+    import tempfile
+
+    import triton
+    from triton.compiler.compiler import ASTSource
+
+    record = CompileRecord(name=spec.name, backend=spec.backend, arch=spec.arch, knobs=dict(spec.knobs), ok=False,
+                           options=dict(spec.options))
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+    start = time.perf_counter()
+    try:
+        if spec.gluon:
+            from triton.experimental.gluon._runtime import GluonASTSource
+
+            src = GluonASTSource(spec.fn, spec.signature, spec.constexprs, spec.attrs)
+        else:
+            src = ASTSource(spec.fn, spec.signature, spec.constexprs, spec.attrs)
+        kernel = triton.compile(src, target=target(spec.arch), options=dict(spec.options))
+    except Exception as exc:
+        record.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
+        record.seconds = round(time.perf_counter() - start, 2)
+        if out_dir:
+            record.write(out_dir)
+        return record
+    record.seconds = round(time.perf_counter() - start, 2)
+    record.ok = True
+    asm = kernel.asm
+    work_dir = out_dir or tempfile.mkdtemp(prefix="pml_compile_")
+    stem = os.path.join(work_dir, spec.name)
+    if spec.arch.startswith("gfx"):
+        isa = asm["amdgcn"]
+        for key, value in amd_resources(isa).items():
+            if hasattr(record, key):
+                setattr(record, key, value)
+        # Triton allocates LDS dynamically: the ISA's LDSByteSize is only the static part.
+        record.lds_bytes = max(record.lds_bytes or 0, int(kernel.metadata.shared or 0))
+        _write(stem + ".amdgcn", isa)
+        _write(stem + ".hsaco", asm["hsaco"])
+        record.isa, record.binary = stem + ".amdgcn", stem + ".hsaco"
+    else:
+        ptx = asm["ptx"]
+        _write(stem + ".ptx", ptx)
+        _write(stem + ".cubin", asm["cubin"])
+        record.isa, record.binary = stem + ".ptx", stem + ".cubin"
+        res = nvidia_resources(stem + ".cubin")
+        record.vgprs = res.get("vgprs")
+        record.scratch_bytes = res.get("scratch_bytes")
+        record.spill_count = None if record.scratch_bytes is None else int(record.scratch_bytes > 0)
+        record.lds_bytes = max(res.get("shared_static", 0), int(kernel.metadata.shared or 0))
+        record.mma_instructions = ptx_mma_instructions(ptx)
+        if "sass" in res:
+            _write(stem + ".sass", res["sass"])
+            record.mma_instructions += sass_mma_instructions(res["sass"])
+    if out_dir:
+        record.write(out_dir)
+    else:
+        record.isa = record.binary = None
+        import shutil
+
+        shutil.rmtree(work_dir, ignore_errors=True)
+    return record
+
+
+def _write(path: str, data) -> None:
+    with open(path, "wb" if isinstance(data, bytes) else "w") as f:
+        f.write(data)
+
+
+_POOL_SPECS: list[CompileSpec] = []
+
+
+def _compile_index(index: int, out_dir: str | None) -> CompileRecord:
+    return compile_spec(_POOL_SPECS[index], out_dir)
+
+
+def compile_specs(specs: list[CompileSpec], out_dir: str | None, *, jobs: int = 1,
+                  progress: bool = True) -> list[CompileRecord]:
+    """Compile ``specs`` (in ``jobs`` forked processes when > 1), in order."""
+    global _POOL_SPECS
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+    records: list[CompileRecord | None] = [None] * len(specs)
+
+    def report(i: int, rec: CompileRecord) -> None:
+        records[i] = rec
+        if progress:
+            done = sum(r is not None for r in records)
+            status = "ok" if rec.ok else "FAILED"
+            print(f"[{done}/{len(specs)}] {rec.name}: {status} ({rec.seconds:.1f}s)", file=sys.stderr, flush=True)
+
+    if jobs <= 1 or len(specs) <= 1:
+        for i, spec in enumerate(specs):
+            report(i, compile_spec(spec, out_dir))
+        return records
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    _POOL_SPECS = specs  # inherited by the forked workers; jitted functions do not pickle
+    try:
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+            futures = {pool.submit(_compile_index, i, out_dir): i for i in range(len(specs))}
+            for future in as_completed(futures):
+                report(futures[future], future.result())
+    finally:
+        _POOL_SPECS = []
+    return records
+
+
+def backend_specs(backend: str, arch: str, only_table: bool = False) -> list[CompileSpec]:
+    """Specs of every variant of ``backend`` that targets ``arch``: its whole compile matrix, or
+    with ``only_table`` the configs the tuned table can pick on ``arch``."""
+    if backend != "gluon":
+        raise ValueError(f"backend {backend!r} has no compile specs (flydsl compiles itself)")
+    from .backends.gluon import import_errors, variant_modules
+
+    modules = [m for m in variant_modules() if arch in m.ARCHS]
+    if not modules:
+        raise ValueError(f"no gluon variant targets {arch} (import errors: {import_errors()})")
+    specs: list[CompileSpec] = []
+    if not only_table:
+        for module in modules:
+            specs += module.compile_specs(arch)
+        return specs
+    from .table import table_configs
+
+    by_variant: dict[str, list[dict]] = {}
+    for fields, name, knobs in table_configs(arch):
+        if name != backend:
+            continue
+        variant = knobs.get("variant") or modules[0].VARIANT
+        config = {k: v for k, v in fields.items() if v is not None}
+        by_variant.setdefault(variant, []).append(dict(config, **knobs))
+    for module in modules:
+        configs = by_variant.pop(module.VARIANT, [])
+        if configs:
+            specs += module.compile_specs(arch, _unique(configs))
+    if by_variant:
+        raise ValueError(f"the table names gluon variants with no module for {arch}: {', '.join(by_variant)}")
+    return specs
+
+
+def _unique(configs: list[dict]) -> list[dict]:
+    """Table rows that differ only in batch / context / cu_num compile to the same kernel."""
+    seen, out = set(), []
+    for cfg in configs:
+        key = tuple(sorted((k, v) for k, v in cfg.items() if k not in ("batch", "context", "cu_num", "arch")))
+        if key not in seen:
+            seen.add(key)
+            out.append(cfg)
+    return out
+
+
+def compile_all(backend: str, arch: str, out_dir: str | None, only_table: bool = False, progress: bool = True,
+                jobs: int = 1) -> list[CompileRecord]:
+    """Compile every candidate (or every table config) of ``backend`` for ``arch``."""
+    from .arch import normalise_arch
+
+    arch = normalise_arch(arch)
+    if backend == "flydsl":
+        import importlib
+
+        try:
+            flydsl = importlib.import_module("paged_mqa_logits.backends.flydsl_cdna")
+        except ImportError as exc:
+            raise ValueError(f"the flydsl backend is not importable: {exc}") from exc
+        return flydsl.compile_candidates(arch, out_dir, only_table)
+    specs = backend_specs(backend, arch, only_table)
+    return compile_specs(specs, out_dir, jobs=jobs, progress=progress)
+
+
+# ----------------------------------------------------------------------------- checks
+def _native_fp8_mma(arch: str, mnemonic: str) -> bool:
+    if arch == "gfx942":
+        return mnemonic.startswith("v_mfma") and "fp8" in mnemonic
+    if arch == "gfx950":
+        return mnemonic.startswith("v_mfma") and ("fp8" in mnemonic or "f8f6f4" in mnemonic)
+    if arch == "sm_90":
+        return ("mma" in mnemonic and "e4m3" in mnemonic) and not mnemonic.startswith(("HMMA", "HGMMA", "QGMMA"))
+    return False
+
+
+def max_waves_per_simd(vgprs: int) -> int:
+    """Waves a SIMD can host with ``vgprs`` (arch VGPRs + AGPRs) per lane: 512 registers per lane,
+    allocated in blocks of 8, at most 8 waves: ``min(8, 512 // roundup(vgprs, 8))``."""
+    granted = -(-max(vgprs, 1) // VGPR_GRANULE) * VGPR_GRANULE
+    return min(8, 512 // granted)
+
+
+def check_records(records: list[CompileRecord]) -> list[str]:
+    """Issue 4's CI checks; one message per violation (empty: all good).
+
+    * every kernel compiled;
+    * its matrix instructions are native fp8: ``v_mfma_*fp8*`` (gfx942), fp8 or ``f8f6f4``
+      MFMA (gfx950), ``mma.sync``/``wgmma`` on e4m3 (sm_90, from the PTX), and no other MFMA;
+    * no scratch and no spills;
+    * AMD: the VGPRs allow the occupancy ``WavePerEU`` asks for
+      (:func:`max_waves_per_simd` >= WavePerEU), and so does the compiler's own ``Occupancy``
+      (which also accounts for LDS and SGPRs);
+    * LDS / shared memory within the chip's limit (:data:`LDS_LIMIT_BYTES`).
+    """
+    problems = []
+    for r in records:
+        if not r.ok:
+            problems.append(f"{r.name}: failed to compile: {r.error}")
+            continue
+        mmas = [m for m in r.mma_instructions if not m.startswith(("HMMA", "HGMMA", "QGMMA", "IMMA", "QMMA"))]
+        if not any(_native_fp8_mma(r.arch, m) for m in mmas):
+            problems.append(f"{r.name}: no native fp8 matrix instruction for {r.arch} (found {mmas or 'none'})")
+        elif r.arch.startswith("gfx") and not all(_native_fp8_mma(r.arch, m) for m in mmas):
+            problems.append(f"{r.name}: non-fp8 MFMA in the ISA: {[m for m in mmas if not _native_fp8_mma(r.arch, m)]}")
+        if r.scratch_bytes is None:
+            problems.append(f"{r.name}: the compiler reported no scratch size")
+        elif r.scratch_bytes:
+            problems.append(f"{r.name}: {r.scratch_bytes} bytes of scratch per lane (spills)")
+        if r.spill_count:
+            problems.append(f"{r.name}: {r.spill_count} register spills")
+        waves = r.knobs.get("WavePerEU")
+        if r.arch.startswith("gfx") and waves:
+            if r.vgprs is None or max_waves_per_simd(r.vgprs) < int(waves):
+                problems.append(f"{r.name}: {r.vgprs} VGPRs allow {max_waves_per_simd(r.vgprs or 512)} waves/SIMD, "
+                                f"WavePerEU asks for {waves}")
+            if r.occupancy is not None and r.occupancy < int(waves):
+                problems.append(f"{r.name}: compiler occupancy {r.occupancy} < WavePerEU {waves}")
+            # WavePerEU waves on each of the CU's 4 SIMDs = that many waves / num_warps programs,
+            # whose LDS (dynamic, so not in the compiler's occupancy) must fit the CU together.
+            programs = -(-int(waves) * 4 // int(r.options.get("num_warps", 4)))
+            limit = LDS_LIMIT_BYTES.get(r.arch)
+            if limit is not None and (r.lds_bytes or 0) * programs > limit:
+                problems.append(f"{r.name}: {programs} programs x {r.lds_bytes} B of LDS > {limit} B per CU")
+        limit = LDS_LIMIT_BYTES.get(r.arch)
+        if limit is not None and (r.lds_bytes or 0) > limit:
+            problems.append(f"{r.name}: {r.lds_bytes} bytes of LDS/shared memory > {limit}")
+    return problems
+
+
+def summary_table(records: list[CompileRecord]) -> str:
+    """One line per kernel: registers (AMD: VGPRs incl. AGPRs), AGPRs, SGPRs, LDS / shared bytes,
+    scratch bytes per lane, spills, waves per SIMD, compile seconds, matrix instructions."""
+    def cell(value, width):
+        return f"{'-' if value is None else value:>{width}}"
+
+    head = (f"{'kernel':<100} {'ok':>3} {'vgpr':>5} {'agpr':>5} {'sgpr':>5} {'lds':>7} {'scr':>5} {'spl':>4} "
+            f"{'occ':>4} {'sec':>5}  mma")
+    lines = [head, "-" * len(head)]
+    for r in records:
+        lines.append(f"{r.name:<100} {'yes' if r.ok else 'NO':>3} {cell(r.vgprs, 5)} {cell(r.agprs, 5)} "
+                     f"{cell(r.sgprs, 5)} {cell(r.lds_bytes, 7)} {cell(r.scratch_bytes, 5)} {cell(r.spill_count, 4)} "
+                     f"{cell(r.occupancy, 4)} {cell(r.seconds, 5)}  "
+                     f"{','.join(r.mma_instructions) if r.ok else r.error}")
+    ok = sum(r.ok for r in records)
+    total = sum(r.seconds or 0 for r in records)
+    lines.append(f"{ok}/{len(records)} compiled, {total:.1f}s of compile time")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m paged_mqa_logits compile",
+                                description="Cross-compile a backend's candidates for an arch (no GPU needed); "
+                                            "exit status 1 if any kernel fails to compile or a check fails.")
+    p.add_argument("--backend", required=True, choices=("gluon", "flydsl"))
+    p.add_argument("--arch", required=True, help="gfx942, gfx950 or sm90")
+    p.add_argument("--out", default=None, help="directory for binaries, ISA text and resource records")
+    p.add_argument("--only-table", action="store_true", help="only the configs the tuned table can pick")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel compile processes")
+    a = p.parse_args(argv)
+    try:
+        records = compile_all(a.backend, a.arch, a.out, only_table=a.only_table, jobs=a.jobs)
+    except ValueError as exc:
+        print(f"compile: {exc}", file=sys.stderr)
+        return 2
+    print(summary_table(records))
+    problems = check_records(records)
+    for line in problems:
+        print(f"CHECK FAILED: {line}")
+    if not records:
+        print("nothing to compile")
+    return 1 if problems else 0

@@ -1,0 +1,222 @@
+"""CPU CI for the sm_90 ``wgmma`` variant (backends/gluon/hopper_wgmma.py): every kernel the
+candidate set can launch is cross-compiled for sm_90 and inspected, and the host side
+(support, candidates, split rule, launch arguments) is checked without a GPU.
+
+Compile matrix (~65 kernels, ~1 minute on 2 cores):
+
+* **every candidate and the default** of the issue-3 grid shapes: H 32/64 x next_n 1/2/4,
+  KVBlockSize 64, plain cache, 2-D lengths (what the tuner times);
+* **the default config** of every other code path: next_n 3, 5, 6, 7, 8 (uneven row groups,
+  many groups) for H 32/64; KVBlockSize 1, 16, 32, 128, 256, plain and Preshuffle (16+);
+  1-D lengths; H 16 and 128; a cache block stride that is not 16-byte aligned (4-byte
+  cp.async path) with q rows that are not 16-byte aligned (plain-load Q path).
+
+Each kernel must: compile; contain fp8 ``wgmma.mma_async ... m64nNk32.f32.e4m3.e4m3`` for exactly
+the N of its row groups and no other MMA; not spill (no stack/local memory); not have its
+wgmmas serialised by ptxas (``ptxas -v`` warns when registers run short); fit shared memory;
+and reach at least the programs per SM that ``SplitKV = 0`` sizes the grid for.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+pytest.importorskip("triton.experimental.gluon")
+
+from paged_mqa_logits.backends.gluon import common  # noqa: E402
+from paged_mqa_logits.backends.gluon import hopper_wgmma as wg  # noqa: E402
+from paged_mqa_logits.compile import LDS_LIMIT_BYTES, check_records, compile_specs  # noqa: E402
+from paged_mqa_logits.problem import Problem  # noqa: E402
+
+ARCH = "sm_90"
+
+
+def problem(heads=64, next_n=1, kv_block_size=64, preshuffle=False, lens_2d=True, batch=32, context=8192,
+            **overrides) -> Problem:
+    fields = dict(arch=ARCH, cu_num=132, batch=batch, next_n=next_n, heads=heads, head_dim=128,
+                  kv_block_size=kv_block_size, preshuffle=preshuffle, context=context, lens_2d=lens_2d, fp8="fn",
+                  device_type="cuda", max_model_len=context)
+    fields.update(overrides)
+    return Problem(**fields)
+
+
+def shape_fields(p: Problem) -> dict:
+    return dict(heads=p.heads, next_n=p.next_n, kv_block_size=p.kv_block_size, preshuffle=p.preshuffle,
+                lens_2d=p.lens_2d)
+
+
+def ci_matrix() -> list[dict]:
+    """The compile configs of the module docstring, one per distinct kernel."""
+    configs = []
+    for heads in (32, 64):
+        for next_n in (1, 2, 4):
+            p = problem(heads, next_n)
+            configs += [dict(shape_fields(p), **c) for c in wg.candidates(p) + [wg.default_config(p)]]
+    others = [problem(h, n) for h in (32, 64) for n in (3, 5, 6, 7, 8)]
+    others += [problem(64, 2, bs, pre) for bs in (1, 16, 32, 128, 256) for pre in (False, True) if not pre or bs % 16 == 0]
+    others += [problem(32, 3, lens_2d=False), problem(64, 4, 16, True, lens_2d=False), problem(16, 4), problem(128, 2)]
+    configs += [dict(shape_fields(p), **wg.default_config(p)) for p in others]
+    configs.append(dict(shape_fields(problem(64, 2)), **wg.default_config(problem(64, 2)), block_stride_pad=4,
+                        q_misaligned=1))
+    out, seen = [], set()
+    for cfg in configs:
+        key = tuple(sorted((k, v) for k, v in cfg.items() if k != "SplitKV"))  # SplitKV: host only
+        if key not in seen:
+            seen.add(key)
+            out.append(cfg)
+    return out
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    """(config, spec, record, ptxas log) for every kernel of :func:`ci_matrix`."""
+    out_dir = str(tmp_path_factory.mktemp("wgmma_sm90"))
+    configs = ci_matrix()
+    specs = wg.compile_specs(ARCH, configs)
+    records = compile_specs(specs, out_dir, jobs=min(2, os.cpu_count() or 1), progress=False)
+    ptxas = os.path.join(os.path.dirname(__import__("triton").__file__), "backends", "nvidia", "bin", "ptxas")
+
+    def ptxas_log(record):
+        if not record.ok:
+            return ""
+        run = subprocess.run([ptxas, "-v", "--gpu-name=sm_90a", record.isa, "-o", os.devnull], capture_output=True,
+                             text=True)
+        return run.stdout + run.stderr
+
+    with ThreadPoolExecutor(2) as pool:
+        logs = list(pool.map(ptxas_log, records))
+    return list(zip(configs, specs, records, logs))
+
+
+def test_matrix_covers_every_knob_value():
+    configs = ci_matrix()
+    assert {c["ChunkK"] for c in configs} >= {64, 128}
+    assert {c["RowsPerMMA"] for c in configs} >= {1, 2, 4, 8}
+    assert {c["num_stages"] for c in configs} >= {3, 4, 6}
+    assert {c["kv_block_size"] for c in configs} == {1, 16, 32, 64, 128, 256}
+    assert {c["next_n"] for c in configs} == set(range(1, 9))
+    assert {(c["preshuffle"], c["lens_2d"]) for c in configs} == {(False, True), (True, True), (False, False),
+                                                                   (True, False)}
+
+
+def test_kernels_compile_without_spills(compiled):
+    problems = check_records([record for _, _, record, _ in compiled])
+    assert not problems, "\n".join(problems)
+
+
+def test_wgmma_fp8_of_the_row_group_widths(compiled):
+    for cfg, spec, record, _ in compiled:
+        ptx = open(record.isa).read()
+        found = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k32\.f32\.e4m3\.e4m3", ptx))
+        groups = wg.row_groups(cfg["next_n"], spec.constexprs["ROWS_PER_MMA"])
+        assert found == {str(rows * cfg["heads"]) for _, rows in groups}, record.name
+        assert not re.search(r"\bmma\.sync", ptx), f"{record.name}: register MMA in the wgmma kernel"
+
+
+def test_wgmma_not_serialised_and_no_local_memory(compiled):
+    for _, _, record, log in compiled:
+        assert "Used" in log, f"{record.name}: no ptxas report:\n{log}"
+        assert "serialized" not in log, f"{record.name}: ptxas serialised the wgmmas:\n{log}"
+        spills = [int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", log)]
+        assert spills and not any(spills), f"{record.name}: spills:\n{log}"
+
+
+def test_occupancy_at_least_what_the_split_rule_assumes(compiled):
+    for cfg, _, record, _ in compiled:
+        p = common.problem_for(ARCH, "fn", cfg)
+        est = wg.resources(p, cfg["ChunkK"], cfg["RowsPerMMA"], cfg["num_stages"])
+        regs = -(-record.vgprs // 8) * 8
+        smem = record.lds_bytes
+        assert smem <= LDS_LIMIT_BYTES[ARCH]
+        assert abs(smem - est["smem"]) <= 1024, f"{record.name}: shared {smem}, estimated {est['smem']}"
+        actual = min(wg.SM_REGISTERS // (regs * 128), wg.SM_SHARED_BYTES // (smem + 1024))
+        assert actual >= est["ctas_per_sm"], (f"{record.name}: {record.vgprs} registers and {smem} B shared allow "
+                                              f"{actual} programs per SM, the split rule assumes {est['ctas_per_sm']}")
+
+
+# ----------------------------------------------------------------------------- host side
+def test_unsupported_says_why():
+    assert wg.unsupported(problem()) is None
+    assert wg.unsupported(problem(next_n=8, kv_block_size=1)) is None
+    assert "gfx950" in wg.unsupported(problem(arch="gfx950"))
+    assert "e4m3fnuz" in wg.unsupported(problem(fp8="fnuz"))
+    assert "device type" in wg.unsupported(problem(device_type="cpu"))
+    assert "power of two" in wg.unsupported(problem(heads=48))
+    assert "head_dim" in wg.unsupported(problem(head_dim=64))
+    assert wg.unsupported(problem(device_type="cpu", hypothetical=True)) is None
+
+
+@pytest.mark.parametrize("heads", (16, 32, 64, 128))
+@pytest.mark.parametrize("next_n", range(1, 9))
+def test_candidates_and_default_fit(heads, next_n):
+    p = problem(heads, next_n)
+    if heads == 128 and next_n >= 3:  # beyond the contract (H 32/64): two rows of 128 heads max
+        assert "no tile configuration fits" in wg.unsupported(p)
+        return
+    assert wg.unsupported(p) is None
+    default = wg.default_config(p)
+    cands = wg.candidates(p)
+    assert cands
+    for cfg in cands + [default]:
+        assert cfg["variant"] == wg.VARIANT
+        assert set(cfg) == {"variant", *wg.KNOBS}
+        assert wg.fits(p, cfg["ChunkK"], cfg["RowsPerMMA"], cfg["num_stages"])
+        assert wg.num_splits(p, cfg) >= 1
+    assert len({tuple(sorted(c.items())) for c in cands}) == len(cands)
+
+
+def test_row_groups():
+    assert wg.row_groups(7, 4) == ((0, 4), (4, 2), (6, 1))
+    assert wg.row_groups(8, 2) == ((0, 2), (2, 2), (4, 2), (6, 2))
+    assert wg.row_groups(3, 8) == ((0, 2), (2, 1))
+    assert wg.row_groups(1, 4) == ((0, 1),)
+
+
+def test_split_rule_one_wave_equal_shares():
+    # batch 1: one tile per program; batch 8 x 128 tiles with 264 slots: 32 programs of 4 tiles
+    assert wg.derive_splits(132, 1, 8192, 64, 2) == 128
+    assert wg.derive_splits(132, 8, 8192, 64, 2) == 32
+    for batch in (1, 3, 8, 32, 64, 128, 256, 1024):
+        for context in (100, 8192, 32768):
+            for ctas in (1, 2, 3):
+                splits = wg.derive_splits(132, batch, context, 64, ctas)
+                tiles = -(-context // 64)
+                assert 1 <= splits <= tiles
+                assert batch * splits <= max(132 * ctas, batch)  # never more than one wave (unless batch is)
+                per = -(-tiles // splits)
+                assert -(-tiles // per) == splits  # no split count with the same tiles per program is smaller
+
+
+def test_launch_builds_the_kernels_arguments_on_meta_tensors():
+    """The launch path on CPU: Triton's own binder specialises the kernel on meta copies of
+    real-looking arguments (strided q, padded cache blocks, 1-D and 2-D lengths)."""
+    import torch
+    from triton.backends.compiler import GPUTarget
+
+    from paged_mqa_logits import kernel_cache
+    from paged_mqa_logits.problem import LaunchArgs
+
+    for lens_2d, pad in ((True, 0), (False, 4)):
+        p = problem(64, 2, lens_2d=lens_2d, batch=3, context=1000)
+        kv = torch.empty(50 * (64 * 132 + pad), dtype=torch.uint8, device="meta").as_strided(
+            (50, 64, 1, 132), (64 * 132 + pad, 132, 132, 1))
+        q = torch.empty(3, 2, 80, 128, dtype=torch.float8_e4m3fn, device="meta")[:, :, 8:72]
+        lens = torch.empty((3, 2) if lens_2d else (3,), dtype=torch.int32, device="meta")
+        args = LaunchArgs(q=q, kv_cache=kv, weights=torch.empty(6, 64, device="meta"),
+                          out=torch.empty(6, 1008, device="meta"), context_lens=lens,
+                          block_table=torch.empty(3, 16, dtype=torch.int32, device="meta"), max_model_len=1000,
+                          kv_block_size=64, preshuffle=False, problem=p)
+        sink = []
+        with kernel_cache.record_launches(GPUTarget("cuda", 90, 32), sink):
+            wg.launch(args, wg.default_config(p))
+        assert len(sink) == 1
+        launch = sink[0]
+        names = launch.kernel.arg_names
+        consts = {names[k[0]] if isinstance(k, tuple) else k: v for k, v in launch.constexprs.items()}
+        assert consts["KV_ALIGN"] == (16 if pad == 0 else 4) and consts["Q_ASYNC"] is True
+        assert consts["LENS_2D"] is lens_2d and consts["NEXT_N"] == 2 and consts["HEADS"] == 64

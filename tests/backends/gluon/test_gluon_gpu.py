@@ -1,0 +1,213 @@
+"""Numerical correctness of the gluon variants on a GPU, against ``reference.reference_logits``.
+
+* CUDA sm_90 (H200): the ``mma_v2`` variant -- the kernel body the AMD variant runs, so this is
+  where the AMD path's index, mask, gather and epilogue code is executed -- and ``wgmma``
+  when importable;
+* ROCm gfx942 / gfx950: the ``mfma`` variant.
+
+Skipped (with the reason printed) without a GPU or on another arch. Every check is the
+BRIEF's: positions a row does not see keep their sentinel bit pattern (NaN fill, padded rows
+and columns around the written region), ``calc_diff < 1e-3`` on the visible positions.
+
+Matrix: KVBlockSize 1/16/32/64/128/256, Preshuffle on/off, H 32/64, next_n 1/2/3/4/8, 1-D and
+2-D lengths, random per-sequence contexts including 0 and odd lengths, padded block strides,
+strided block-table and output rows (``op_cases.random_case``); every candidate of three
+shapes; forced split counts and the register/LDS query paths; 1-D vs 2-D bit identity; a KV
+cache and an output past 2^31 bytes (64-bit offsets, and AMD's 64-bit gather path); CUDA-graph
+capture and replay.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from op_cases import build, random_case
+from paged_mqa_logits.op import build_launch_args
+from paged_mqa_logits.reference import check_logits, make_inputs, reference_logits
+
+VARIANTS = {"sm_90": ("mma_v2", "wgmma"), "gfx942": ("mfma",), "gfx950": ("mfma",)}
+ALL_VARIANTS = ("mma_v2", "wgmma", "mfma")
+
+
+def _skip(reason: str):
+    print(f"\nSKIP: {reason}")
+    pytest.skip(reason)
+
+
+def device_arch() -> str:
+    if not torch.cuda.is_available():
+        _skip("no CUDA/ROCm GPU: the gluon kernels only run on one")
+    from paged_mqa_logits.arch import detect
+
+    return detect("cuda").arch
+
+
+def fp8_dtype(arch: str):
+    return torch.float8_e4m3fnuz if arch == "gfx942" else torch.float8_e4m3fn
+
+
+def variant_module(name: str):
+    arch = device_arch()
+    if name not in VARIANTS.get(arch, ()):
+        _skip(f"variant {name!r} does not target this GPU ({arch})")
+    from paged_mqa_logits.backends.gluon import import_errors, variant_modules
+
+    for module in variant_modules():
+        if module.VARIANT == name:
+            return module
+    _skip(f"variant {name!r} is not importable: {import_errors()}")
+
+
+def launch_args(inp: dict, context_hint=None):
+    return build_launch_args(inp["q_fp8"], inp["kv_cache"], inp["weights"], inp["out_logits"], inp["context_lens"],
+                             inp["kv_indices"], inp["max_model_len"], inp["preshuffle"], inp["kv_block_size"],
+                             context_hint)
+
+
+def run_checked(module, inp: dict, config: dict | None = None, reference=None):
+    """Launch ``module`` on ``inp`` (config: the module default) and compare with the reference."""
+    args = launch_args(inp, context_hint=int(inp["context_lens"].max()) if config and config.get("hint") else None)
+    reason = module.unsupported(args.problem)
+    assert reason is None, reason
+    config = dict(module.default_config(args.problem) if config is None else config)
+    config.pop("hint", None)
+    before = inp["out_logits"].clone()
+    module.launch(args, config)
+    torch.cuda.synchronize()
+    ref = reference if reference is not None else reference_logits(
+        inp["q_fp8"], inp["kv_cache"], inp["weights"], inp["context_lens"], inp["kv_indices"], inp["max_model_len"],
+        kv_block_size=inp["kv_block_size"], preshuffle=inp["preshuffle"])
+    return check_logits(inp["out_logits"], before, ref), config
+
+
+@pytest.mark.parametrize("name", ALL_VARIANTS)
+@pytest.mark.parametrize("seed", range(24))
+def test_random_matrix(name, seed):
+    module = variant_module(name)
+    arch = device_arch()
+    case = random_case(9000 + seed, heads=(32, 64), max_context=700, max_batch=4)
+    inp = build(case, device="cuda", fp8_dtype=fp8_dtype(arch))
+    problem = launch_args(inp).problem
+    cands = module.candidates(problem)
+    config = cands[seed % len(cands)]  # walk the candidate set across seeds
+    check, config = run_checked(module, inp, config)
+    assert check.ok, f"{case} {config}: {check.describe()}"
+
+
+SHAPES = (
+    dict(batch=3, next_n=1, heads=64, context_lens=[515, 0, 129], kv_block_size=64, preshuffle=True),
+    dict(batch=2, next_n=4, heads=32, context_lens=[1000, 77], kv_block_size=16, preshuffle=False, lens_2d=False),
+    dict(batch=2, next_n=8, heads=64, context_lens=[333, 9], kv_block_size=1, preshuffle=False),
+)
+
+
+@pytest.mark.parametrize("name", ALL_VARIANTS)
+@pytest.mark.parametrize("shape", range(len(SHAPES)))
+def test_every_candidate(name, shape):
+    module = variant_module(name)
+    arch = device_arch()
+    spec = dict(SHAPES[shape])
+    batch, next_n, heads, lens = spec.pop("batch"), spec.pop("next_n"), spec.pop("heads"), spec.pop("context_lens")
+    inp = make_inputs(batch, next_n, heads, lens, device="cuda", fp8_dtype=fp8_dtype(arch), seed=shape, out_row_pad=3,
+                      table_row_pad=2, block_stride_pad=16, max_model_len=max(lens) + 40, **spec)
+    ref = reference_logits(inp["q_fp8"], inp["kv_cache"], inp["weights"], inp["context_lens"], inp["kv_indices"],
+                           inp["max_model_len"], kv_block_size=inp["kv_block_size"], preshuffle=inp["preshuffle"])
+    failures = []
+    for config in module.candidates(launch_args(inp).problem):
+        inp["out_logits"].fill_(float("nan"))
+        check, _ = run_checked(module, inp, config, reference=ref)
+        if not check.ok:
+            failures.append(f"{config}: {check.describe()}")
+    assert not failures, "\n".join(failures)
+
+
+FORCED = {
+    "mma_v2": [dict(ChunkK=64, num_warps=4, SplitKV=1, ReuseKV=0, QInLDS=0),  # Q in registers (AMD per-row path)
+               dict(ChunkK=128, num_warps=8, SplitKV=7, ReuseKV=1, QInLDS=1),
+               dict(ChunkK=256, num_warps=8, SplitKV=64, ReuseKV=0, QInLDS=1, Prefetch=0),  # > tiles splits
+               dict(ChunkK=128, num_warps=4, SplitKV=0, ReuseKV=1, QInLDS=0, hint=True)],
+    "mfma": [dict(ChunkK=64, WavePerEU=4, SplitKV=1, ReuseKV=0, QInLDS=0),
+             dict(ChunkK=128, WavePerEU=2, SplitKV=7, ReuseKV=1, QInLDS=1),
+             dict(ChunkK=256, WavePerEU=4, SplitKV=64, ReuseKV=0, QInLDS=1, Prefetch=0),
+             dict(ChunkK=128, WavePerEU=1, SplitKV=0, ReuseKV=1, QInLDS=0, hint=True)],
+}
+
+
+@pytest.mark.parametrize("name", ("mma_v2", "mfma"))
+@pytest.mark.parametrize("index", range(4))
+def test_forced_paths(name, index):
+    module = variant_module(name)
+    arch = device_arch()
+    config = dict(FORCED[name][index], variant=name)
+    for heads, bs, pre, lens_2d in ((32, 32, True, True), (64, 64, False, False)):
+        inp = make_inputs(3, 3, heads, [700, 1, 250], kv_block_size=bs, preshuffle=pre, lens_2d=lens_2d,
+                          device="cuda", fp8_dtype=fp8_dtype(arch), seed=index, out_row_pad=1, table_pad=1)
+        check, _ = run_checked(module, inp, config)
+        assert check.ok, f"{config} heads={heads}: {check.describe()}"
+
+
+@pytest.mark.parametrize("name", ALL_VARIANTS)
+def test_1d_and_2d_lengths_are_bit_identical(name):
+    module = variant_module(name)
+    arch = device_arch()
+    outs = []
+    for lens_2d in (False, True):
+        inp = make_inputs(3, 4, 64, [300, 3, 129], kv_block_size=16, preshuffle=True, lens_2d=lens_2d, device="cuda",
+                          fp8_dtype=fp8_dtype(arch), seed=5)
+        check, _ = run_checked(module, inp)
+        assert check.ok, check.describe()
+        outs.append(inp["out_logits"])
+    assert torch.equal(outs[0].view(torch.int32), outs[1].view(torch.int32))
+
+
+@pytest.mark.parametrize("name", ALL_VARIANTS)
+def test_kv_cache_past_2gib(name):
+    """Blocks padded to 1 MiB: the last blocks start past 2^31 bytes (64-bit gathers; on AMD the
+    host switches the cache loads from 32-bit buffer offsets to 64-bit global loads)."""
+    module = variant_module(name)
+    arch = device_arch()
+    inp = make_inputs(2, 2, 64, [64 * 1100, 64 * 1000 + 17], kv_block_size=64, preshuffle=True, device="cuda",
+                      fp8_dtype=fp8_dtype(arch), seed=7, block_stride_pad=(1 << 20))
+    kv = inp["kv_cache"]
+    assert kv.shape[0] * kv.stride(0) > 2**31
+    check, _ = run_checked(module, inp)
+    assert check.ok, check.describe()
+
+
+@pytest.mark.parametrize("name", ALL_VARIANTS)
+def test_output_past_2gib(name):
+    """A 4.2M-column output row stride: rows 128+ start past 2^31 bytes (64-bit row offsets)."""
+    module = variant_module(name)
+    arch = device_arch()
+    batch, next_n = 66, 2
+    inp = make_inputs(batch, next_n, 32, [200 + 3 * b for b in range(batch)], kv_block_size=32, device="cuda",
+                      fp8_dtype=fp8_dtype(arch), seed=8)
+    width = 4_200_000
+    big = torch.full((batch * next_n + 1, width), float("nan"), device="cuda")
+    assert big.numel() * 4 > 2**31 and (batch * next_n - 1) * width * 4 > 2**31
+    inp["out_logits"] = big
+    check, _ = run_checked(module, inp)
+    assert check.ok, check.describe()
+
+
+@pytest.mark.parametrize("name", ALL_VARIANTS)
+def test_cuda_graph_capture_and_replay(name):
+    module = variant_module(name)
+    arch = device_arch()
+    inp = make_inputs(4, 2, 64, [900, 5, 64, 333], kv_block_size=64, device="cuda", fp8_dtype=fp8_dtype(arch), seed=3)
+    args = launch_args(inp)
+    config = module.default_config(args.problem)
+    module.launch(args, config)  # warm-up: compile outside the capture
+    torch.cuda.synchronize()
+    inp["out_logits"].fill_(float("nan"))
+    before = inp["out_logits"].clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        module.launch(args, config)
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = reference_logits(inp["q_fp8"], inp["kv_cache"], inp["weights"], inp["context_lens"], inp["kv_indices"],
+                           inp["max_model_len"], kv_block_size=64, preshuffle=False)
+    check = check_logits(inp["out_logits"], before, ref)
+    assert check.ok, check.describe()
