@@ -1,0 +1,356 @@
+"""The paged MQA logits kernel body for gfx942 / gfx950 (see ``plan.py`` for the work split).
+
+Written once against a small ``ops`` interface: ``ir.py`` emits it as FlyDSL/MLIR (the real
+kernel), ``emulate.py`` runs the same code on NumPy lanes (CPU checks of its index math).
+
+Workgroup (split ``s``, sequence ``b``), 4 waves. Lane ``l`` of a wave: ``c = l % 16`` (MFMA row
+of A = head, column of B = token), ``g = l // 16`` (lane quarter).
+
+Data layouts, chosen once here:
+
+* **LDS stage** = ChunkK tokens in the Preshuffle tile order: token ``t``, dim ``d`` at byte
+  ``(t // 16) * 2048 + (d // 16) * 256 + (t % 16) * 16 + d % 16``. A preshuffled cache block
+  already is this image, so its DMA is a straight copy; for the plain layout the DMA lanes fetch
+  the matching 16-byte pieces instead (the LDS image is the same either way).
+* **MFMA operands** (``v_mfma_f32_16x16x32_fp8_fp8``): the dims a lane feeds for k-step
+  ``ks = 2p + h`` are ``64p + 16g + 8h + (0..7)``. Any assignment works as long as A (Q) and B
+  (K) use the same one; this one makes every lane's bytes for two k-steps one contiguous 16-byte
+  piece, so B is two ``ds_read_b128`` per tile and Q two 16-byte loads per 16 heads.
+* **MFMA result**: lane (c, g) holds ``S[head 16m + 4g + i, token 16t + c]``, i < 4; the head
+  sum is 4 in-register terms per 16 heads, then across the 4 lane quarters.
+* **Head reduction across quarters**: a reduce-scatter of up to 4 tiles (``_reduce_tiles``), so
+  each lane ends with the full sum of one token and the wave stores 64 consecutive floats.
+
+Masking and 64-bit addressing go through buffer resources: every KV page and every output row
+gets its own descriptor with a 64-bit base, per-lane offsets stay 32-bit, and ``num_records``
+bounds them (out-of-range reads give 0, out-of-range stores are dropped). An output row's
+``num_records`` is its visible length, so positions a row may not see are never written.
+"""
+
+import torch
+
+from .plan import HEAD_DIM, TILE, WAVE_SIZE, KernelPlan
+
+PAGE_TILE_BYTES = TILE * HEAD_DIM  # 2 KiB: one 16-token tile of keys
+
+
+def _log2(n: int) -> int:
+    assert n & (n - 1) == 0, n
+    return n.bit_length() - 1
+
+
+def _pick(I, values, index):
+    """``values[index]`` for a runtime ``index`` (uniform: s_cselect chain; per lane: v_cndmask)."""
+    result = values[0]
+    for k in range(1, len(values)):
+        result = I.select(I.eq(index, k), values[k], result)
+    return result
+
+
+class KernelBody:
+    """One workgroup's program: the plan, the ``ops`` it is expressed in, the kernel arguments
+    (by :data:`ARG_NAMES`) and the per-wave quantities derived once in the prologue. Methods
+    bind ``I = self.ops``: every instruction goes through it."""
+
+    def __init__(self, plan: KernelPlan, ops, args: dict):
+        self.p = plan
+        self.a = args
+        self.ops = I = ops
+        p = plan
+        tid = I.thread_id()
+        self.lane = I.bit_and(tid, WAVE_SIZE - 1)
+        wave = I.uniform(I.shr(tid, 6))
+        self.wave = wave
+        self.c = I.bit_and(self.lane, 15)
+        self.g = I.shr(self.lane, 4)
+        self.split = I.block_id(0)
+        self.b = I.block_id(1)
+        self.rg = I.bit_and(wave, p.row_groups - 1)  # row group: rows rg, rg + row_groups, ...
+        self.tg = I.shr(wave, _log2(p.row_groups))  # token group: tiles [tg * nt, (tg + 1) * nt)
+
+    # ------------------------------------------------------------------ lengths and ranges
+    def lengths(self):
+        """``seq_len`` (the work size) and ``end`` = the last token + 1 any row may see."""
+        I = self.ops
+        p, a = self.p, self.a
+        lens_row = I.add(I.base_address(a["lens"]), I.mul(I.mul(I.to_i64(self.b), I.to_i64(a["stride_lens_b"])), 4))
+        extent = I.mul(I.add(I.mul(a["stride_lens_j"], p.next_n - 1), 1), 4) if p.lens_2d else I.const32(4)
+        self.lens_rsrc = I.buffer_resource(lens_row, extent)
+        if p.lens_2d:
+            seq_len = I.const32(0)
+            for j in range(p.next_n):  # the row reduction: max_j lens[b, j], never lens[b, 0] alone
+                seq_len = I.smax(seq_len, I.scalar_load(self.lens_rsrc, I.mul(a["stride_lens_j"], 4 * j)))
+        else:
+            seq_len = I.smax(I.scalar_load(self.lens_rsrc, 0), 0)
+        self.seq_len = seq_len
+        width = I.mul(a["max_blocks"], p.kv_block_size)
+        self.end = I.smin(I.smin(seq_len, a["max_model_len"]), width)
+
+    def row_length(self, j):
+        """Visible length of row ``j`` (uniform, ``j < next_n``) before the ``end`` clamp."""
+        I = self.ops
+        p, a = self.p, self.a
+        if p.lens_2d:
+            return I.smax(I.scalar_load(self.lens_rsrc, I.mul(I.mul(a["stride_lens_j"], j), 4)), 0)
+        return I.smax(I.add(self.seq_len, I.sub(j, p.next_n - 1)), 0)
+
+    def split_range(self):
+        """Chunks ``[c0, c1)`` of ChunkK tokens this workgroup walks."""
+        I = self.ops
+        chunks = I.ceil_div(self.end, self.p.chunk_k)
+        per_split = I.ceil_div(chunks, self.a["num_splits"])
+        self.c0 = I.smin(I.mul(self.split, per_split), chunks)
+        self.c1 = I.smin(I.add(self.c0, per_split), chunks)
+
+    # ------------------------------------------------------------------ the wave's rows
+    def load_rows(self):
+        """Per row slot r: validity, output descriptor, Q fragments and weights (registers)."""
+        I = self.ops
+        p, a = self.p, self.a
+        q_base, w_base, out_base = (I.base_address(a[k]) for k in ("q", "weights", "out"))
+        self.rows = []
+        for r in range(p.rows_per_wave):
+            j = I.add(self.rg, p.row_groups * r)
+            valid = I.lt(j, p.next_n)
+            j_safe = I.smin(j, p.next_n - 1)
+            visible = I.select(valid, I.smin(self.row_length(j_safe), self.end), 0)
+            out_row = I.add(I.mul(self.b, p.next_n), j_safe)
+            out_rsrc = I.buffer_resource(
+                I.add(out_base, I.mul(I.mul(I.to_i64(out_row), I.to_i64(a["stride_out"])), 4)), I.mul(visible, 4))
+            q_row = I.add(q_base, I.add(I.mul(I.to_i64(self.b), I.to_i64(a["stride_q_b"])),
+                                         I.mul(I.to_i64(j_safe), I.to_i64(a["stride_q_j"]))))
+            q_rsrc = I.buffer_resource(q_row, I.select(valid, I.add(I.mul(a["stride_q_h"], p.heads - 1), HEAD_DIM), 0))
+            w_rsrc = I.buffer_resource(I.add(w_base, I.mul(I.mul(I.to_i64(out_row), I.to_i64(a["stride_w"])), 4)),
+                                       I.select(valid, 4 * p.heads, 0))
+            q_frags, weights = [], []
+            for m in range(p.m_tiles):
+                head = I.add(self.c, 16 * m)
+                frags = []
+                for half in range(2):  # dims 64*half + 16g + (0..15) -> k-steps 2*half, 2*half + 1
+                    off = I.add(I.mul(head, a["stride_q_h"]), I.add(I.mul(self.g, 16), 64 * half))
+                    frags += I.buffer_load_pair(q_rsrc, off)
+                q_frags.append(frags)
+                weights.append(I.buffer_load_f32x4(w_rsrc, I.mul(I.add(I.mul(self.g, 4), 16 * m), 4)))
+            self.rows.append(dict(out=out_rsrc, q=q_frags, w=weights))
+
+    # ------------------------------------------------------------------ a stage's pages
+    def stage_pages(self, chunk, live):
+        """Cache blocks of stage ``chunk``: ``(base address, in range)`` per page. Pages at or past
+        ``end`` (whose table entries may be junk) and stages not ``live`` use block 0 and an
+        empty descriptor, so they never touch memory."""
+        I = self.ops
+        p, a = self.p, self.a
+        first_token = I.mul(chunk, p.chunk_k)
+        pages = []
+        for k in range(p.pages_per_stage):
+            start = I.add(first_token, k * p.kv_block_size) if p.kv_block_size < p.chunk_k else first_token
+            page = I.shr(start, _log2(p.kv_block_size))
+            ok = I.both(live, I.lt(start, self.end))
+            block = I.select(ok, I.scalar_load(self.table_rsrc, I.mul(page, 4)), 0)
+            pages.append((I.add(self.kv_base, I.mul(I.to_i64(block), I.to_i64(a["stride_block"]))), ok))
+        return pages
+
+    def page_of_tile(self, tile):
+        """Stage-local page index of stage tile ``tile`` (an i32 value)."""
+        I = self.ops
+        if self.p.pages_per_stage == 1:
+            return I.const32(0)
+        return I.shr(tile, _log2(self.p.kv_block_size // TILE))
+
+    def tile_in_page(self, chunk, tile):
+        """Index of stage tile ``tile`` among the 16-token tiles of its cache block."""
+        I = self.ops
+        p = self.p
+        token = I.add(I.mul(chunk, p.chunk_k), I.mul(tile, TILE))
+        return I.shr(I.bit_and(token, p.kv_block_size - 1), 4)
+
+    def issue_stage(self, chunk, pages, parity):
+        """Start the asynchronous copy of stage ``chunk`` into LDS buffer ``parity``. Wave w copies
+        the stage's tiles ``[w * n, (w + 1) * n)``, n = tiles_per_stage / 4."""
+        I = self.ops
+        p = self.p
+        dma = p.dma_bytes
+        per_instr = WAVE_SIZE * dma
+        key_bytes = p.kv_block_size * (HEAD_DIM + 4)  # keys + scales: the block's packed extent
+        stage_base = I.add(self.lds, I.mul(parity, p.stage_bytes))
+        for u in range(p.dma_tiles_per_wave):
+            tile = I.add(I.mul(self.wave, p.dma_tiles_per_wave), u)
+            page = self.page_of_tile(tile)
+            base = _pick(I, [pb for pb, _ in pages], page)
+            ok = _pick(I, [ok for _, ok in pages], page)
+            rsrc = I.buffer_resource(base, I.select(ok, key_bytes, 0))
+            page_offset = I.uniform(I.mul(self.tile_in_page(chunk, tile), PAGE_TILE_BYTES))
+            lds_tile = I.add(stage_base, I.mul(tile, PAGE_TILE_BYTES))
+            for k in range(p.dma_per_tile):
+                in_tile = k * per_instr  # bytes of the LDS tile this instruction fills
+                source = I.uniform(I.add(page_offset, self._dma_source_offset(in_tile)))
+                I.lds_dma(rsrc, I.uniform(I.add(lds_tile, in_tile)), self.dma_lane_offset, source, dma)
+
+    def _dma_lane_part(self):
+        """Per-lane part of the source offset of a DMA instruction (the same for all of them):
+        lane ``l`` deposits its bytes at LDS ``M0 + l * dma_bytes``; this is where they come from,
+        relative to the first byte of the instruction's source (``_dma_source_offset``)."""
+        I = self.ops
+        p, lane = self.p, self.lane
+        if p.preshuffle:
+            return I.mul(lane, p.dma_bytes)
+        if p.dma_bytes == 4:  # 256 B = one (tile, 16-dim) slab: lane -> token l/4, dims 4*(l%4)..
+            return I.add(I.mul(I.shr(lane, 2), HEAD_DIM), I.mul(I.bit_and(lane, 3), 4))
+        # 1 KiB = four 16-dim slabs: lane -> token l%16, dims 16*(l/16)..
+        return I.add(I.mul(I.bit_and(lane, 15), HEAD_DIM), I.mul(I.shr(lane, 4), 16))
+
+    def _dma_source_offset(self, in_tile: int) -> int:
+        """Source offset (inside the cache tile) of the instruction filling LDS tile bytes from
+        ``in_tile``: the same bytes for Preshuffle; the ``in_tile // 256``-th 16-dim slab of token
+        row 0 for the plain layout (the lane part adds the token rows)."""
+        return in_tile if self.p.preshuffle else 16 * (in_tile // 256)
+
+    # ------------------------------------------------------------------ scales
+    def final_tile(self, group):
+        """Stage tile whose token ``c`` this lane holds after reducing tile group ``group``."""
+        I = self.ops
+        p = self.p
+        first = I.add(I.mul(self.tg, p.tiles_per_wave), group * p.reduce_group)
+        sub = {4: self.g, 2: I.shr(self.g, 1), 1: I.const32(0)}[p.reduce_group]
+        return I.add(first, sub)
+
+    def prefetch_scales(self, chunk, pages):
+        """Per lane and tile group: the fp32 scale of the token this lane will store."""
+        I = self.ops
+        p = self.p
+        scales = []
+        for group in range(p.reduce_groups):
+            tile = self.final_tile(group)
+            base = _pick(I, [pb for pb, _ in pages], self.page_of_tile(tile))
+            token = I.add(I.mul(chunk, p.chunk_k), I.add(I.mul(tile, TILE), self.c))
+            in_page = I.bit_and(token, p.kv_block_size - 1)
+            offset = I.add(I.mul(in_page, 4), p.kv_block_size * HEAD_DIM)
+            scales.append(I.global_load_f32(I.add(base, I.to_i64(offset))))
+        return scales
+
+    # ------------------------------------------------------------------ compute
+    def compute_stage(self, chunk, parity, scales):
+        """Score the wave's tiles of the stage in LDS buffer ``parity`` for all of its rows.
+
+        Tile by tile with a scheduling fence after each: the next tile's keys are read from LDS
+        while the current tile's MFMAs run, and only one tile's accumulators (rows x heads / 16
+        independent MFMA chains) are live, which keeps the VGPR count within the occupancy
+        target."""
+        I = self.ops
+        p = self.p
+        stage_base = I.add(self.lds, I.mul(parity, p.stage_bytes))
+        lane_part = I.add(I.mul(self.g, 256), I.mul(self.c, 16))
+        first_tile = I.mul(self.tg, p.tiles_per_wave)
+
+        def read_keys(k):  # B operands of the wave's k-th tile: k-steps 0..3
+            addr = I.add(I.add(stage_base, I.mul(I.add(first_tile, k), PAGE_TILE_BYTES)), lane_part)
+            return I.lds_read_pair(addr) + I.lds_read_pair(I.add(addr, 1024))
+
+        keys = read_keys(0)
+        partials = [[] for _ in self.rows]
+        for k in range(p.tiles_per_wave):
+            upcoming = read_keys(k + 1) if k + 1 < p.tiles_per_wave else None
+            for row, row_partials in zip(self.rows, partials):
+                row_partials.append(self._head_sum(row, keys))
+            if (k + 1) % p.reduce_group == 0:  # a tile group is complete: reduce and store it
+                self._store_group(chunk, k // p.reduce_group, partials, scales)
+                partials = [[] for _ in self.rows]
+            I.sched_fence()
+            keys = upcoming
+
+    def _store_group(self, chunk, group, partials, scales):
+        I = self.ops
+        p = self.p
+        token = I.add(I.mul(chunk, p.chunk_k), I.add(I.mul(self.final_tile(group), TILE), self.c))
+        writer = {4: I.true(), 2: I.eq(I.bit_and(self.g, 1), 0), 1: I.eq(self.g, 0)}[p.reduce_group]
+        offset = I.select(writer, I.mul(token, 4), I.OUT_OF_RANGE)
+        for row, row_partials in zip(self.rows, partials):
+            # ReLU is positively homogeneous and scales are >= 0: scale after the head sum.
+            I.buffer_store_f32(I.fmul(self._reduce_tiles(row_partials), scales[group]), row["out"], offset)
+
+    def _head_sum(self, row, tile_keys):
+        """``sum_h w[h] * relu(S[h, token])`` over this lane's heads, for one row and one tile.
+        Padding row slots (``j >= next_n``) compute on zeros; their stores are dropped."""
+        I = self.ops
+        total = I.zero_f32()
+        for m in range(self.p.m_tiles):
+            acc = I.zero_acc()
+            for ks in range(self.p.k_steps):
+                acc = I.mfma(row["q"][m][ks], tile_keys[ks], acc)
+            for i in range(4):
+                total = I.fma(row["w"][m][i], I.relu(I.acc_element(acc, i)), total)
+        return total
+
+    def _reduce_tiles(self, partials):
+        """Sum over the 4 lane quarters, scattering tiles: with n tiles in, lane quarter g ends with
+        tile ``g * n // 4`` (n = 4: each quarter its own tile; n < 4: duplicates)."""
+        I = self.ops
+        upper = I.eq(I.bit_and(self.g, 2), 2)  # exchange with quarter g ^ 2
+        odd = I.eq(I.bit_and(self.g, 1), 1)  # exchange with quarter g ^ 1
+        if len(partials) == 1:
+            x = I.fadd(partials[0], I.shuffle_xor(partials[0], 32))
+            return I.fadd(x, I.shuffle_xor(x, 16))
+        half = len(partials) // 2
+        kept = []
+        for k in range(half):  # keep tiles [0, half) in the lower quarters, [half, n) in the upper
+            lo, hi = partials[k], partials[half + k]
+            keep, send = I.select(upper, hi, lo), I.select(upper, lo, hi)
+            kept.append(I.fadd(keep, I.shuffle_xor(send, 32)))
+        if half == 1:
+            return I.fadd(kept[0], I.shuffle_xor(kept[0], 16))
+        keep, send = I.select(odd, kept[1], kept[0]), I.select(odd, kept[0], kept[1])
+        return I.fadd(keep, I.shuffle_xor(send, 16))
+
+    # ------------------------------------------------------------------ the whole kernel
+    def run(self):
+        I = self.ops
+        p, a = self.p, self.a
+        self.lengths()
+        self.split_range()
+        self.kv_base = I.base_address(a["kv"])
+        table_row = I.add(I.base_address(a["table"]), I.mul(I.mul(I.to_i64(self.b), I.to_i64(a["stride_table"])), 4))
+        self.table_rsrc = I.buffer_resource(table_row, I.mul(a["max_blocks"], 4))
+        self.lds = I.lds_allocate(p.lds_bytes)
+        self.load_rows()
+        self.dma_lane_offset = self._dma_lane_part()
+
+        pages = self.stage_pages(self.c0, I.lt(self.c0, self.c1))
+        self.issue_stage(self.c0, pages, I.const32(0))
+        scales = self.prefetch_scales(self.c0, pages)
+
+        def stage(chunk, current):
+            nxt = I.add(chunk, 1)
+            pages = self.stage_pages(nxt, I.lt(nxt, self.c1))  # scalar loads overlap the wait
+            parity = I.bit_and(I.sub(chunk, self.c0), 1)
+            I.wait_vm_and_barrier()  # stage `chunk` landed (every wave's part); its other buffer is free
+            self.issue_stage(nxt, pages, I.sub(1, parity))
+            upcoming = self.prefetch_scales(nxt, pages)
+            self.compute_stage(chunk, parity, current)
+            return upcoming
+
+        I.for_range(self.c0, self.c1, scales, stage)
+        I.wait_vm()  # no copy may land in LDS after the workgroup ends
+
+
+ARG_NAMES = ("q", "kv", "weights", "out", "lens", "table", "stride_q_b", "stride_q_j", "stride_q_h", "stride_block",
+             "stride_w", "stride_out", "stride_lens_b", "stride_lens_j", "stride_table", "max_model_len",
+             "max_blocks", "num_splits", "batch")
+
+
+def launch_arguments(args, num_splits: int) -> tuple:
+    """The launcher's positional arguments for one call (no stream). Tensors are passed as views
+    of the caller's storage (no copies): fp8 as uint8, 1-D lengths as a ``[B, 1]`` view so the
+    kernel sees one tensor rank (and one compiled specialisation) for both length layouts."""
+    lens = args.context_lens
+    if lens.dim() == 1:
+        lens_2d_view = lens.as_strided((lens.shape[0], 1), (lens.stride(0), 1))
+        stride_lens_b, stride_lens_j = lens.stride(0), 0
+    else:
+        lens_2d_view, (stride_lens_b, stride_lens_j) = lens, lens.stride()
+    q = args.q.view(torch.uint8)
+    return (
+        q, args.kv_cache, args.weights, args.out, lens_2d_view, args.block_table,
+        q.stride(0), q.stride(1), q.stride(2), args.kv_cache.stride(0), args.weights.stride(0), args.out.stride(0),
+        stride_lens_b, stride_lens_j, args.block_table.stride(0), args.max_model_len, args.max_blocks, num_splits,
+        args.problem.batch,
+    )

@@ -1,0 +1,130 @@
+"""The ``flydsl`` backend object: what it serves, its knobs, and the guarded launch.
+
+Importing this module never imports flydsl (nor does anything else in the package at import
+time): the kernel modules are imported on the first launch or compile.
+
+Safety rule: launching a FlyDSL kernel without ``COMPILE_ONLY`` on a machine without a ROCm
+runtime aborts the whole process (it is not an exception). So :meth:`unsupported` refuses unless
+a ROCm GPU of the problem's arch is really present (``torch.version.hip``, a visible device,
+its ``gcnArchName`` -- never the ``PAGED_MQA_LOGITS_ARCH`` override), and :meth:`launch`
+re-checks before touching flydsl.
+
+Knobs (CSV columns): ``ChunkK`` (tokens per LDS stage: 64 or 128), ``WavePerEU`` (the occupancy
+target; the kernel runs one wave per SIMD, so this is also workgroups per CU) and ``SplitKV``
+(0 = :func:`derive_split_kv` with ``ctas_per_cu = WavePerEU``, from the CU count, batch and the
+context hint -- host-only, no sync).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+from ...problem import LaunchArgs, Problem, derive_split_kv
+from .plan import ARCHS, CHUNK_KS, WAVE_PER_EUS, KernelPlan
+
+NOT_INSTALLED = "flydsl is not installed (pip install paged_mqa_logits[rocm])"
+NATIVE_FP8 = {"gfx942": "fnuz", "gfx950": "fn"}
+
+
+def flydsl_installed() -> bool:
+    """Whether ``import flydsl`` would find the package (without importing it)."""
+    try:
+        return importlib.util.find_spec("flydsl") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def rocm_runtime_problem(arch: str) -> str | None:
+    """Why this process cannot run a ROCm kernel for ``arch`` (``None`` = it can)."""
+    if not getattr(torch.version, "hip", None):
+        return "no ROCm runtime: this torch is not a ROCm build (torch.version.hip is unset)"
+    if not torch.cuda.is_available():
+        return "no ROCm runtime: torch sees no ROCm GPU"
+    device_arch = torch.cuda.get_device_properties(torch.cuda.current_device()).gcnArchName.split(":")[0]
+    if device_arch != arch:
+        return f"the ROCm device is {device_arch}, not {arch}"
+    return None
+
+
+class FlyDSLBackend:
+    name = "flydsl"
+    knobs = ("ChunkK", "WavePerEU", "SplitKV")
+
+    # ------------------------------------------------------------------ what it serves
+    def unsupported(self, problem: Problem) -> str | None:
+        if problem.arch not in ARCHS:
+            return f"flydsl kernels are built for gfx942/gfx950, not {problem.arch}"
+        if problem.fp8 != NATIVE_FP8[problem.arch]:
+            return (f"{problem.arch} computes fp8 e4m3{NATIVE_FP8[problem.arch]} natively; the inputs are "
+                    f"e4m3{problem.fp8}")
+        if problem.head_dim != 128:
+            return f"head_dim must be 128, got {problem.head_dim}"
+        shape_error = self.plan(problem, {}).problem_error()
+        if shape_error:
+            return shape_error
+        if problem.hypothetical:  # explain / compile --only-table: arch and shapes only
+            return None
+        if not flydsl_installed():
+            return NOT_INSTALLED
+        if problem.device_type != "cuda":
+            return f"no ROCm runtime: the tensors are on {problem.device_type}"
+        return rocm_runtime_problem(problem.arch)
+
+    def plan(self, problem: Problem, config: dict) -> KernelPlan:
+        knobs = {**self.default_config(problem), **{k: v for k, v in config.items() if v is not None}}
+        return KernelPlan(arch=problem.arch, heads=problem.heads, next_n=problem.next_n,
+                          kv_block_size=problem.kv_block_size, preshuffle=problem.preshuffle,
+                          lens_2d=problem.lens_2d, chunk_k=int(knobs["ChunkK"]),
+                          wave_per_eu=int(knobs["WavePerEU"]))
+
+    # ------------------------------------------------------------------ knobs
+    def candidates(self, problem: Problem) -> list[dict]:
+        if problem.arch not in ARCHS:
+            return []
+        out = []
+        for chunk_k in CHUNK_KS:
+            for wave_per_eu in WAVE_PER_EUS:
+                config = {"ChunkK": chunk_k, "WavePerEU": wave_per_eu, "SplitKV": 0}
+                if self.plan(problem, config).config_error() is None:
+                    out.append(config)
+        return out
+
+    def default_config(self, problem: Problem) -> dict:
+        """ChunkK 64 and the highest occupancy (up to 4 workgroups per CU) the shape fits."""
+        for wave_per_eu in sorted(WAVE_PER_EUS, reverse=True):
+            config = {"ChunkK": 64, "WavePerEU": wave_per_eu, "SplitKV": 0}
+            if problem.arch not in ARCHS or self._bare_plan(problem, config).config_error() is None:
+                return config
+        return {"ChunkK": 64, "WavePerEU": 1, "SplitKV": 0}
+
+    def _bare_plan(self, problem: Problem, config: dict) -> KernelPlan:
+        return KernelPlan(arch=problem.arch, heads=problem.heads, next_n=problem.next_n,
+                          kv_block_size=problem.kv_block_size, preshuffle=problem.preshuffle,
+                          lens_2d=problem.lens_2d, chunk_k=config["ChunkK"], wave_per_eu=config["WavePerEU"])
+
+    def split_count(self, problem: Problem, plan: KernelPlan, config: dict) -> int:
+        """``SplitKV`` if set, else the host rule with ``WavePerEU`` workgroups per CU."""
+        splits = int(config.get("SplitKV") or 0)
+        if splits > 0:
+            return splits
+        return derive_split_kv(max(problem.cu_num, 1), problem.batch, problem.work_context, plan.chunk_k,
+                               ctas_per_cu=plan.wave_per_eu)
+
+    # ------------------------------------------------------------------ launch
+    def launch(self, args: LaunchArgs, config: dict) -> None:
+        problem = args.problem
+        reason = self.unsupported(problem) if not problem.hypothetical else "a hypothetical problem cannot launch"
+        if reason is not None:  # never start a FlyDSL launch that could abort the process
+            raise RuntimeError(f"flydsl backend cannot launch: {reason}")
+        plan = self.plan(problem, config)
+        error = plan.config_error()
+        if error is not None:
+            raise ValueError(f"flydsl config {config}: {error}")
+        from .kernel import launch_plan  # imports flydsl
+
+        launch_plan(plan, args, self.split_count(problem, plan, config))
+
+
+BACKEND = FlyDSLBackend()

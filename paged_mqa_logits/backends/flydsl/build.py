@@ -1,0 +1,332 @@
+"""Compile FlyDSL kernels for gfx942 / gfx950 on a machine without a GPU.
+
+FlyDSL's compile-only mode is steered by process-global environment variables (``COMPILE_ONLY``,
+``ARCH``, ``FLYDSL_GPU_ARCH``) and caches the target arch, so every arch is compiled in child
+processes (``python -m paged_mqa_logits.backends.flydsl.build``) with its own environment:
+
+* ``COMPILE_ONLY=1``: trace, lower and link, never create an execution engine or launch;
+* ``ARCH`` and ``FLYDSL_GPU_ARCH``: the target (FlyDSL's own arch query would answer gfx942);
+* ``ROCM_PATH``: FlyDSL links the code object with ``$ROCM_PATH/llvm/bin/ld.lld``. Without a
+  ROCm install we point it at a temporary directory holding a stand-in ``ld.lld`` that calls
+  Triton's in-process linker (``triton._C.libtriton.amd.link_hsaco``), for the compile only;
+* ``FLYDSL_DEBUG_DUMP_ASM=1`` + ``FLYDSL_DUMP_DIR``: FlyDSL writes the final ISA.
+
+Per kernel the child writes ``<name>.hsaco`` (the code object, taken from the compiled module's
+``gpu.binary``), ``<name>.s`` (the ISA) and ``<name>.json`` (the :class:`CompileRecord`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict
+
+from ...compile import CompileRecord
+from .plan import ARCHS, HEADS, KV_BLOCK_SIZES, LDS_PER_CU, KernelPlan
+
+BACKEND_NAME = "flydsl"
+MAX_WORKERS = 4
+
+# ============================================================================ what to compile
+def _problem(arch: str, heads: int, next_n: int, kv_block_size: int, preshuffle: bool, lens_2d: bool):
+    from ...problem import Problem
+
+    fp8 = {"gfx942": "fnuz", "gfx950": "fn"}[arch]
+    return Problem(arch, 0, 1, next_n, heads, 128, kv_block_size, preshuffle, None, lens_2d, fp8, "cuda", 8192,
+                   hypothetical=True)
+
+
+def _plans_for(problem, configs) -> list[KernelPlan]:
+    from .backend import BACKEND
+
+    return [BACKEND.plan(problem, config) for config in configs]
+
+
+def knob_space(arch: str) -> list[KernelPlan]:
+    """Every candidate (ChunkK x WavePerEU) of the canonical layout (KVBlockSize 64, Preshuffle,
+    2-D lengths) for heads 32/64 and next_n 1..8, plus each cache/length layout (KVBlockSize
+    16..256, plain and Preshuffle, 1-D and 2-D) with the default knobs for two shapes."""
+    from .backend import BACKEND
+
+    plans: dict[str, KernelPlan] = {}
+    for heads in HEADS:
+        for next_n in range(1, 9):
+            problem = _problem(arch, heads, next_n, 64, True, True)
+            for plan in _plans_for(problem, BACKEND.candidates(problem)):
+                plans[plan.name] = plan
+    for heads, next_n in ((64, 1), (32, 3)):
+        for kv_block_size in KV_BLOCK_SIZES:
+            for preshuffle in (True, False):
+                for lens_2d in (True, False):
+                    problem = _problem(arch, heads, next_n, kv_block_size, preshuffle, lens_2d)
+                    for plan in _plans_for(problem, [BACKEND.default_config(problem)]):
+                        plans[plan.name] = plan
+    return list(plans.values())
+
+
+def table_plans(arch: str) -> list[KernelPlan]:
+    """The configs the tuned table can pick for ``arch`` (both length layouts: the table does
+    not key on them)."""
+    from ... import table
+
+    plans: dict[str, KernelPlan] = {}
+    for fields, backend, knobs in table.table_configs(arch):
+        if backend != BACKEND_NAME:
+            continue
+        for lens_2d in (True, False):
+            problem = _problem(arch, fields["heads"], fields["next_n"], fields["kv_block_size"],
+                               bool(fields["preshuffle"]), lens_2d)
+            from .backend import BACKEND
+
+            if BACKEND.unsupported(problem) is None:
+                plan = BACKEND.plan(problem, knobs)
+                plans[plan.name] = plan
+    return list(plans.values())
+
+
+# ============================================================================ checks
+def occupancy(arch: str, vgprs: int, lds_bytes: int) -> int:
+    """Waves per SIMD this kernel can reach: VGPRs (512 per lane, granules of 8) and LDS
+    (one wave per SIMD per workgroup, so workgroups per CU = waves per SIMD)."""
+    by_vgprs = 512 // max(8, (vgprs + 7) // 8 * 8)
+    by_lds = LDS_PER_CU[arch] // lds_bytes if lds_bytes else 8
+    return max(0, min(8, by_vgprs, by_lds))
+
+
+def parse_isa(arch: str, text: str) -> dict:
+    """Resources from the ISA text's kernel metadata (``.vgpr_count`` & co.)."""
+
+    def first_int(pattern):
+        match = re.search(pattern, text, re.M)
+        return int(match.group(1)) if match else None
+
+    num_vgpr = first_int(r"\.num_vgpr,\s*(\d+)")
+    num_agpr = first_int(r"\.num_agpr,\s*(\d+)") or 0
+    vgpr_count = first_int(r"^\s*\.vgpr_count:\s*(\d+)") or 0
+    # gfx90a+: AGPRs follow the arch VGPRs (aligned to 4) in one 512-entry file
+    unified = ((num_vgpr or 0) + 3) // 4 * 4 + num_agpr if num_agpr else (num_vgpr or 0)
+    vgprs = max(vgpr_count, unified)
+    lds = first_int(r"^\s*\.group_segment_fixed_size:\s*(\d+)")
+    spills = (first_int(r"^\s*\.vgpr_spill_count:\s*(\d+)") or 0) + (first_int(r"^\s*\.sgpr_spill_count:\s*(\d+)") or 0)
+    return {
+        "vgprs": vgprs,
+        "agprs": num_agpr,
+        "sgprs": first_int(r"^\s*\.sgpr_count:\s*(\d+)"),
+        "lds_bytes": lds,
+        "scratch_bytes": first_int(r"^\s*\.private_segment_fixed_size:\s*(\d+)"),
+        "spill_count": spills,
+        "occupancy": occupancy(arch, vgprs, lds or 0),
+        "mma_instructions": sorted(set(re.findall(r"\bv_mfma_\w+", text))),
+    }
+
+
+# ============================================================================ parent side
+def _linker_stand_in(directory: str) -> str | None:
+    """``ROCM_PATH`` to use for the link: ``None`` if a real ``ld.lld`` is installed, else a
+    directory with a stand-in ``llvm/bin/ld.lld`` calling Triton's in-process linker."""
+    root = os.environ.get("ROCM_PATH") or "/opt/rocm"
+    if os.access(os.path.join(root, "llvm", "bin", "ld.lld"), os.X_OK):
+        return None
+    bin_dir = os.path.join(directory, "llvm", "bin")
+    os.makedirs(bin_dir, exist_ok=True)
+    script = os.path.join(bin_dir, "ld.lld")
+    with open(script, "w") as f:
+        f.write(f"#!{sys.executable}\n" + _STAND_IN_SOURCE)
+    os.chmod(script, 0o755)
+    return directory
+
+
+_STAND_IN_SOURCE = '''"""ld.lld stand-in for FlyDSL compile-only builds: ld.lld -shared IN.o -o OUT.hsaco."""
+import sys
+
+from triton._C.libtriton import amd
+
+args, inputs, output = sys.argv[1:], [], None
+i = 0
+while i < len(args):
+    if args[i] == "-o":
+        output, i = args[i + 1], i + 2
+        continue
+    if not args[i].startswith("-"):
+        inputs.append(args[i])
+    i += 1
+if output is None or len(inputs) != 1:
+    sys.exit(f"ld.lld stand-in: expected `-shared IN.o -o OUT`, got {args}")
+amd.link_hsaco(inputs[0], output)
+'''
+
+
+def compile_plans(arch: str, plans: list[KernelPlan], out_dir: str | None, workers: int | None = None,
+                  progress: bool = True) -> list[CompileRecord]:
+    """Compile ``plans`` for ``arch`` in child processes (up to ``workers`` in parallel)."""
+    if arch not in ARCHS:
+        raise ValueError(f"flydsl compiles for {'/'.join(ARCHS)}, not {arch}")
+    from .backend import NOT_INSTALLED, flydsl_installed
+
+    if not flydsl_installed():
+        raise RuntimeError(NOT_INSTALLED)
+    if not plans:
+        return []
+    workers = max(1, min(workers or os.cpu_count() or 1, MAX_WORKERS, len(plans)))
+    with tempfile.TemporaryDirectory(prefix="flydsl_build_") as tmp:
+        target = out_dir or os.path.join(tmp, "out")
+        os.makedirs(target, exist_ok=True)
+        env = dict(os.environ, COMPILE_ONLY="1", ARCH=arch, FLYDSL_GPU_ARCH=arch, FLYDSL_DEBUG_DUMP_ASM="1",
+                   FLYDSL_RUNTIME_ENABLE_CACHE="0")
+        rocm = _linker_stand_in(os.path.join(tmp, "rocm"))
+        if rocm is not None:
+            env["ROCM_PATH"] = rocm
+        package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+        procs = []
+        for w in range(workers):
+            spec = os.path.join(tmp, f"plans{w}.json")
+            with open(spec, "w") as f:
+                json.dump([asdict(p) for p in plans[w::workers]], f)
+            cmd = [sys.executable, "-m", "paged_mqa_logits.backends.flydsl.build", "--worker", spec, "--out", target,
+                   "--dump", os.path.join(tmp, f"dump{w}")]
+            # stderr to a file, not a pipe: LLVM's warnings would fill a pipe nobody reads yet
+            log = open(os.path.join(tmp, f"worker{w}.log"), "w+")
+            procs.append((subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=log, text=True), log))
+        records: dict[str, CompileRecord] = {}
+        failures: list[str] = []
+        lock = threading.Lock()
+
+        def collect(proc, log):
+            for line in proc.stdout:
+                if not line.startswith("{"):
+                    continue
+                record = CompileRecord(**json.loads(line))
+                with lock:
+                    records[record.name] = record
+                    if progress:
+                        print(f"[{len(records)}/{len(plans)}] {record.name}: {'ok' if record.ok else 'FAILED'} "
+                              f"({record.seconds}s)", file=sys.stderr, flush=True)
+            if proc.wait() != 0:
+                log.seek(0)
+                with lock:
+                    failures.append(log.read()[-4000:])
+            log.close()
+
+        readers = [threading.Thread(target=collect, args=pair) for pair in procs]
+        for reader in readers:
+            reader.start()
+        for reader in readers:
+            reader.join()
+        for plan in plans:  # a worker that died takes its remaining kernels with it
+            if plan.name not in records:
+                records[plan.name] = CompileRecord(plan.name, BACKEND_NAME, arch, _knobs(plan), False,
+                                                   error="worker failed: " + " | ".join(failures)[-2000:])
+        out = [records[p.name] for p in plans]
+        if out_dir is None:
+            for record in out:
+                record.binary = record.isa = None
+        return out
+
+
+def compile_candidates(arch: str, out_dir: str | None, only_table: bool = False) -> list[CompileRecord]:
+    """Compile every candidate of the knob space (or only the tuned table's configs) for
+    ``arch`` without a GPU. See :func:`knob_space` / :func:`table_plans`."""
+    from ...arch import normalise_arch
+
+    arch = normalise_arch(arch)
+    return compile_plans(arch, table_plans(arch) if only_table else knob_space(arch), out_dir)
+
+
+def _knobs(plan: KernelPlan) -> dict:
+    return {"ChunkK": plan.chunk_k, "WavePerEU": plan.wave_per_eu, "SplitKV": 0}
+
+
+# ============================================================================ child side
+def _code_object(ir_text: str) -> bytes:
+    """The ELF code object inside a compiled module's ``gpu.binary``."""
+    from flydsl._mlir import ir
+    from flydsl._mlir.dialects import gpu
+    from flydsl.compiler.jit_function import _create_mlir_context
+
+    with _create_mlir_context():
+        module = ir.Module.parse(ir_text)
+        for op in module.body.operations:
+            if op.operation.name == "gpu.binary":
+                return bytes(gpu.ObjectAttr(op.attributes["objects"][0]).object)
+    raise RuntimeError("compiled module has no gpu.binary")
+
+
+def _placeholder_args(plan: KernelPlan) -> tuple:
+    """CPU tensors of the right dtypes and ranks: under COMPILE_ONLY nothing is launched, only
+    the (shape-independent) specialisation is compiled."""
+    import torch
+
+    u8, f32, i32 = torch.uint8, torch.float32, torch.int32
+    tensors = (torch.zeros(1, 1, 1, 16, dtype=u8), torch.zeros(1, 1, 1, 16, dtype=u8), torch.zeros(1, 4, dtype=f32),
+               torch.zeros(1, 4, dtype=f32), torch.zeros(1, 1, dtype=i32), torch.zeros(1, 1, dtype=i32))
+    return tensors + (1,) * 13
+
+
+def _compile_one(plan: KernelPlan, out_dir: str, dump_dir: str) -> CompileRecord:
+    from .kernel import launcher
+
+    record = CompileRecord(plan.name, BACKEND_NAME, plan.arch, _knobs(plan), False,
+                           options={"waves_per_eu": plan.wave_per_eu, "num_warps": 4})
+    os.environ["FLYDSL_DUMP_DIR"] = dump = os.path.join(dump_dir, plan.name)
+    start = time.perf_counter()
+    try:
+        launch = launcher(plan)
+        launch(*_placeholder_args(plan))
+        binary = _code_object(launch._last_compiled[1]._ir_text)
+        isa_files = [os.path.join(root, f) for root, _, files in os.walk(dump) for f in files if f.endswith(".s")]
+        if not isa_files:
+            raise RuntimeError(f"FlyDSL wrote no ISA under {dump}")
+        with open(isa_files[0]) as f:
+            isa = f.read()
+    except Exception as exc:  # one bad kernel must not hide the others
+        record.error = f"{type(exc).__name__}: {exc}"[-4000:]
+        record.seconds = round(time.perf_counter() - start, 2)
+        return record
+    record.seconds = round(time.perf_counter() - start, 2)
+    record.binary = os.path.join(out_dir, plan.name + ".hsaco")
+    record.isa = os.path.join(out_dir, plan.name + ".s")
+    with open(record.binary, "wb") as f:
+        f.write(binary)
+    with open(record.isa, "w") as f:
+        f.write(isa)
+    for key, value in parse_isa(plan.arch, isa).items():
+        setattr(record, key, value)
+    record.ok = True
+    record.write(out_dir)
+    return record
+
+
+def _worker(spec: str, out_dir: str, dump_dir: str) -> None:
+    with open(spec) as f:
+        plans = [KernelPlan(**p) for p in json.load(f)]
+    for plan in plans:
+        if os.environ.get("ARCH") != plan.arch or os.environ.get("COMPILE_ONLY") != "1":
+            raise SystemExit("build worker: run through compile_plans (COMPILE_ONLY=1, ARCH=<plan arch>)")
+        record = _compile_one(plan, out_dir, dump_dir)
+        print(json.dumps(asdict(record)), flush=True)
+    shutil.rmtree(dump_dir, ignore_errors=True)
+
+
+def main(argv=None) -> int:
+    """Internal worker entry (``compile_plans`` runs it); the user-facing command is
+    ``python -m paged_mqa_logits compile --backend flydsl --arch gfx942|gfx950``."""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--worker", metavar="PLANS_JSON", required=True, help="compile the plans in this file")
+    parser.add_argument("--out", required=True, help="directory for .hsaco/.s/.json")
+    parser.add_argument("--dump", required=True, help="FlyDSL dump directory of this worker")
+    args = parser.parse_args(argv)
+    _worker(args.worker, args.out, args.dump)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,308 @@
+"""Run the kernel body (``algorithm.py``) on NumPy lanes: the ``ops`` of ``ir.py`` modelled one
+instruction at a time, so the kernel's own index math, LDS image, MFMA operand placement, head
+reduction and masking can be checked against the reference on a CPU.
+
+What is modelled (from the CDNA3/CDNA4 ISA documents; the assumptions a real MI300/MI355X run
+confirms):
+
+* a workgroup is 4 waves x 64 lanes run in lockstep; every value is an array over (wave, lane)
+  (i32 / i64 / f32 keep their width, so 32-bit wrap-around shows up as it would on the GPU);
+  ``uniform`` (``v_readfirstlane``) takes lane 0;
+* raw buffer resources: a lane's access is dropped (store) or reads 0 (load) when
+  ``offset + size > num_records``; soffset is not part of that check; any access that lands
+  outside the tensor it was derived from raises (a fault on the GPU);
+* LDS DMA: lane ``l`` writes ``nbytes`` at ``M0 + l * nbytes``; copies land at once (the
+  lockstep order stands in for ``s_waitcnt vmcnt(0)`` + barrier, so a stage written into the
+  buffer being read shows up as wrong results);
+* ``v_mfma_f32_16x16x32_fp8_fp8``: lane ``l`` holds ``A[l % 16][8 * (l // 16) + e]`` and
+  ``B[8 * (l // 16) + e][l % 16]`` (byte ``e`` of its i64) and receives
+  ``D[4 * (l // 16) + i][l % 16]``; fp8 is e4m3fnuz on gfx942 and e4m3fn on gfx950.
+
+Imports no flydsl: the emulator runs wherever torch and numpy do.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ...problem import LaunchArgs
+from .algorithm import ARG_NAMES, KernelBody, launch_arguments
+from .plan import WAVE_SIZE, WAVES, KernelPlan
+
+_REGION_BITS = 40  # tensor k lives at addresses [(k + 1) << 40, (k + 2) << 40)
+_FP8 = {"gfx942": torch.float8_e4m3fnuz, "gfx950": torch.float8_e4m3fn}
+
+
+class EmulationFault(RuntimeError):
+    """An access the GPU would fault on (outside every tensor, or misaligned LDS)."""
+
+
+class _Memory:
+    """The kernel's tensors as byte arrays sharing storage with the torch tensors."""
+
+    def __init__(self):
+        self.regions: list[np.ndarray] = []
+
+    def tensor_address(self, tensor: torch.Tensor) -> int:
+        storage = torch.empty(0, dtype=torch.uint8).set_(tensor.untyped_storage())
+        self.regions.append(storage.numpy())
+        return (len(self.regions) << _REGION_BITS) + tensor.storage_offset() * tensor.element_size()
+
+    def _locate(self, address: np.ndarray, nbytes: int):
+        region = (address >> _REGION_BITS) - 1
+        offset = address & ((1 << _REGION_BITS) - 1)
+        if region.min() < 0 or region.max() != region.min() or region.max() >= len(self.regions):
+            raise EmulationFault(f"access outside the kernel's tensors (addresses {np.unique(address)[:4]}...)")
+        data = self.regions[int(region.flat[0])]
+        if offset.min() < 0 or offset.max() + nbytes > data.size:
+            raise EmulationFault(f"access past a tensor's storage (offset {offset.max()} + {nbytes} > {data.size})")
+        return data, offset
+
+    def read(self, address: np.ndarray, nbytes: int) -> np.ndarray:
+        if address.size == 0:
+            return np.zeros(address.shape + (nbytes,), np.uint8)
+        data, offset = self._locate(address, nbytes)
+        return data[offset[..., None] + np.arange(nbytes)]
+
+    def write(self, address: np.ndarray, values: np.ndarray) -> None:
+        if address.size == 0:
+            return
+        data, offset = self._locate(address, values.shape[-1])
+        data[offset[..., None] + np.arange(values.shape[-1])] = values
+
+
+class _Resource:
+    def __init__(self, address, num_records):
+        self.address = np.broadcast_to(address, (WAVES, WAVE_SIZE)).astype(np.int64)
+        self.num_records = np.broadcast_to(num_records, (WAVES, WAVE_SIZE)).astype(np.int64)
+
+
+def _lanes(value, dtype=np.int32) -> np.ndarray:
+    return np.broadcast_to(np.asarray(value, dtype=dtype), (WAVES, WAVE_SIZE))
+
+
+class EmulatedOps:
+    """The instruction set of ``ir.py`` for one workgroup (split ``split``, sequence ``b``)."""
+
+    OUT_OF_RANGE = 0x7FFFFFFF
+
+    def __init__(self, plan: KernelPlan, memory: _Memory, split: int, b: int):
+        self.plan, self.memory, self.ids = plan, memory, (split, b)
+        self.lds = np.zeros(0, np.uint8)
+        self.fp8 = _FP8[plan.arch]
+
+    # ------------------------------------------------------------------ integers
+    def const32(self, v):
+        return _lanes(v)
+
+    @staticmethod
+    def _int(v, like=None):
+        if isinstance(v, np.ndarray):
+            return v
+        return _lanes(v, like.dtype if isinstance(like, np.ndarray) else np.int32)
+
+    def _pair(self, a, b):
+        a2 = self._int(a, b)
+        return a2, self._int(b, a2)
+
+    def add(self, a, b):
+        a, b = self._pair(a, b)
+        return a + b
+
+    def sub(self, a, b):
+        a, b = self._pair(a, b)
+        return a - b
+
+    def mul(self, a, b):
+        a, b = self._pair(a, b)
+        return a * b
+
+    def shr(self, a, n):
+        a, n = self._pair(a, n)
+        assert a.dtype == np.int32, "logical shifts are only used on i32"
+        return (a.view(np.uint32) >> n.astype(np.uint32)).astype(np.int32)
+
+    def bit_and(self, a, b):
+        a, b = self._pair(a, b)
+        return a & b
+
+    def smin(self, a, b):
+        a, b = self._pair(a, b)
+        return np.minimum(a, b)
+
+    def smax(self, a, b):
+        a, b = self._pair(a, b)
+        return np.maximum(a, b)
+
+    def ceil_div(self, a, b):
+        a, b = self._pair(a, b)
+        return -(-a // b)
+
+    def lt(self, a, b):
+        a, b = self._pair(a, b)
+        return a < b
+
+    def eq(self, a, b):
+        a, b = self._pair(a, b)
+        return a == b
+
+    def both(self, a, b):
+        return np.logical_and(a, b)
+
+    def true(self):
+        return _lanes(True, bool)
+
+    def select(self, cond, a, b):
+        if isinstance(a, (int, float)) or isinstance(b, (int, float)):
+            a, b = self._pair(a, b)
+        return np.where(cond if np.ndim(a) == 2 else cond[..., None], a, b)
+
+    def to_i64(self, v):
+        return self._int(v).astype(np.int64)
+
+    def uniform(self, v):
+        return np.broadcast_to(self._int(v)[:, :1], (WAVES, WAVE_SIZE))
+
+    def thread_id(self):
+        return (np.arange(WAVES, dtype=np.int32)[:, None] * WAVE_SIZE + np.arange(WAVE_SIZE, dtype=np.int32))
+
+    def block_id(self, axis: int):
+        return _lanes(self.ids[axis])
+
+    # ------------------------------------------------------------------ control
+    def for_range(self, lower, upper, carried, body):
+        if np.unique(lower).size != 1 or np.unique(upper).size != 1:
+            raise EmulationFault("the stage loop's bounds must be the same for the whole workgroup")
+        lo, hi = int(np.unique(lower)[0]), int(np.unique(upper)[0])
+        for i in range(lo, hi):
+            carried = body(_lanes(i), carried)
+        return carried
+
+    def sched_fence(self):
+        pass
+
+    def wait_vm_and_barrier(self):
+        pass
+
+    def wait_vm(self):
+        pass
+
+    # ------------------------------------------------------------------ memory
+    def lds_allocate(self, nbytes: int):
+        self.lds = np.full(nbytes, 0xCD, np.uint8)  # junk: unfilled bytes must never be used
+        return _lanes(0)
+
+    def base_address(self, address: int):
+        return _lanes(address, np.int64)
+
+    def buffer_resource(self, address, num_records):
+        return _Resource(address, num_records)
+
+    def _buffer_read(self, rsrc: _Resource, offset, nbytes: int) -> np.ndarray:
+        """Per-dword range check, as raw buffers do: out-of-range dwords read 0."""
+        offset = self._int(offset).astype(np.int64)
+        out = np.zeros((WAVES, WAVE_SIZE, nbytes), np.uint8)
+        for dword in range(0, nbytes, 4):
+            ok = offset + dword + 4 <= rsrc.num_records
+            out[ok, dword:dword + 4] = self.memory.read(rsrc.address[ok] + offset[ok] + dword, 4)
+        return out
+
+    def scalar_load(self, rsrc, offset):
+        offset = self._int(offset)
+        if (offset != offset[:, :1]).any():
+            raise EmulationFault("a scalar load needs a wave-uniform offset")
+        return self._buffer_read(rsrc, offset, 4).view(np.int32)[..., 0]
+
+    def buffer_load_pair(self, rsrc, offset):
+        data = self._buffer_read(rsrc, offset, 16)
+        return [data[..., :8], data[..., 8:]]
+
+    def buffer_load_f32x4(self, rsrc, offset):
+        data = self._buffer_read(rsrc, offset, 16).view(np.float32)
+        return [data[..., i] for i in range(4)]
+
+    def buffer_store_f32(self, value, rsrc, offset):
+        offset = self._int(offset).astype(np.int64)
+        ok = offset + 4 <= rsrc.num_records
+        values = np.ascontiguousarray(np.broadcast_to(value, (WAVES, WAVE_SIZE)).astype(np.float32))
+        self.memory.write(rsrc.address[ok] + offset[ok], values[ok][:, None].view(np.uint8))
+
+    def global_load_f32(self, address):
+        return self.memory.read(np.asarray(address, np.int64), 4).view(np.float32)[..., 0]
+
+    def lds_dma(self, rsrc, lds_address, lane_offset, uniform_offset, nbytes):
+        for name, value in (("M0", lds_address), ("soffset", uniform_offset)):
+            value = self._int(value)
+            if (value != value[:, :1]).any():
+                raise EmulationFault(f"LDS DMA {name} must be wave-uniform")
+        m0 = self.uniform(lds_address)
+        lane = np.arange(WAVE_SIZE)
+        data = self._buffer_read(
+            _Resource(rsrc.address + self._int(uniform_offset).astype(np.int64), rsrc.num_records), lane_offset, nbytes)
+        target = m0.astype(np.int64) + lane * nbytes
+        if target.min() < 0 or target.max() + nbytes > self.lds.size:
+            raise EmulationFault(f"LDS DMA past the allocation ({target.max()} + {nbytes} > {self.lds.size})")
+        self.lds[target[..., None] + np.arange(nbytes)] = data
+
+    def lds_read_pair(self, address):
+        address = self._int(address).astype(np.int64)
+        if (address % 16).any() or address.min() < 0 or address.max() + 16 > self.lds.size:
+            raise EmulationFault("misaligned or out-of-range ds_read_b128")
+        data = self.lds[address[..., None] + np.arange(16)]
+        return [data[..., :8], data[..., 8:]]
+
+    # ------------------------------------------------------------------ math
+    def zero_f32(self):
+        return _lanes(0.0, np.float32)
+
+    def zero_acc(self):
+        return np.zeros((WAVES, WAVE_SIZE, 4), np.float32)
+
+    def acc_element(self, acc, i):
+        return acc[..., i]
+
+    def _fp8(self, bytes_: np.ndarray) -> np.ndarray:
+        return torch.from_numpy(np.ascontiguousarray(bytes_)).view(self.fp8).float().numpy()
+
+    def mfma(self, a, b, acc):
+        lane = np.arange(WAVE_SIZE)
+        row, group = lane % 16, lane // 16
+        a_vals, b_vals = self._fp8(a), self._fp8(b)  # [wave, lane, 8]
+        a_mat = np.zeros((WAVES, 16, 32), np.float32)
+        b_mat = np.zeros((WAVES, 32, 16), np.float32)
+        for e in range(8):
+            a_mat[:, row, 8 * group + e] = a_vals[:, :, e]
+            b_mat[:, 8 * group + e, row] = b_vals[:, :, e]
+        d = a_mat @ b_mat  # [wave, 16, 16]
+        out = acc.copy()
+        for i in range(4):
+            out[..., i] += d[:, 4 * group + i, row]
+        return out
+
+    def relu(self, x):
+        return np.maximum(x, np.float32(0))
+
+    def fma(self, a, b, c):
+        return (a * b + c).astype(np.float32)
+
+    def fmul(self, a, b):
+        return (a * b).astype(np.float32)
+
+    def fadd(self, a, b):
+        return (a + b).astype(np.float32)
+
+    def shuffle_xor(self, value, mask: int):
+        return np.broadcast_to(value, (WAVES, WAVE_SIZE))[:, np.arange(WAVE_SIZE) ^ mask]
+
+
+def emulate(plan: KernelPlan, args: LaunchArgs, num_splits: int) -> None:
+    """Run ``plan`` on ``args`` (CPU tensors) workgroup by workgroup, writing ``args.out``."""
+    memory = _Memory()
+    values = list(launch_arguments(args, num_splits))
+    for i in range(6):  # tensors -> addresses in the emulated address space
+        values[i] = memory.tensor_address(values[i])
+    named = dict(zip(ARG_NAMES, values))
+    for b in range(args.problem.batch):
+        for split in range(num_splits):
+            KernelBody(plan, EmulatedOps(plan, memory, split, b), named).run()

@@ -1,0 +1,74 @@
+"""The FlyDSL launcher of the kernel in ``algorithm.py``: ``@flyc.kernel`` + ``@flyc.jit``, one
+compiled specialisation per :class:`KernelPlan`, and the guarded launch path's last step.
+
+Imports flydsl (only the launch and compile paths import this module).
+"""
+
+# No ``from __future__ import annotations``: FlyDSL reads real annotation objects.
+
+import functools
+
+import torch
+
+import flydsl.compiler as flyc
+import flydsl.expr as fx
+from flydsl._mlir import ir
+from flydsl._mlir.dialects import arith
+
+from . import ir as flydsl_ops
+from .algorithm import ARG_NAMES, KernelBody, launch_arguments
+from .plan import KernelPlan
+
+
+@functools.lru_cache(maxsize=None)
+def launcher(plan: KernelPlan):
+    """The ``@flyc.jit`` launcher of ``plan`` (cached: one compiled kernel per plan).
+
+    Arguments, in order: the six tensors (q and kv as uint8 views), then the int32 scalars of
+    :data:`ARG_NAMES`, then the stream. Grid = (num_splits, batch), 256 threads.
+    """
+
+    @flyc.kernel(name=plan.name, known_block_size=[256, 1, 1])
+    def paged_mqa_logits_kernel(
+        q: fx.Tensor, kv: fx.Tensor, weights: fx.Tensor, out: fx.Tensor, lens: fx.Tensor, table: fx.Tensor,
+        stride_q_b: fx.Int32, stride_q_j: fx.Int32, stride_q_h: fx.Int32, stride_block: fx.Int32,
+        stride_w: fx.Int32, stride_out: fx.Int32, stride_lens_b: fx.Int32, stride_lens_j: fx.Int32,
+        stride_table: fx.Int32, max_model_len: fx.Int32, max_blocks: fx.Int32, num_splits: fx.Int32,
+        batch: fx.Int32,
+    ):
+        values = (q, kv, weights, out, lens, table, stride_q_b, stride_q_j, stride_q_h, stride_block, stride_w,
+                  stride_out, stride_lens_b, stride_lens_j, stride_table, max_model_len, max_blocks, num_splits,
+                  batch)
+        KernelBody(plan, flydsl_ops, dict(zip(ARG_NAMES, values))).run()
+
+    @flyc.jit
+    def launch(
+        q: fx.Tensor, kv: fx.Tensor, weights: fx.Tensor, out: fx.Tensor, lens: fx.Tensor, table: fx.Tensor,
+        stride_q_b: fx.Int32, stride_q_j: fx.Int32, stride_q_h: fx.Int32, stride_block: fx.Int32,
+        stride_w: fx.Int32, stride_out: fx.Int32, stride_lens_b: fx.Int32, stride_lens_j: fx.Int32,
+        stride_table: fx.Int32, max_model_len: fx.Int32, max_blocks: fx.Int32, num_splits: fx.Int32,
+        batch: fx.Int32, stream: fx.Stream = fx.Stream(None),
+    ):
+        grid_x = arith.index_cast(ir.IndexType.get(), fx.as_ir_value(num_splits))
+        grid_y = arith.index_cast(ir.IndexType.get(), fx.as_ir_value(batch))
+        paged_mqa_logits_kernel(
+            q, kv, weights, out, lens, table, stride_q_b, stride_q_j, stride_q_h, stride_block, stride_w,
+            stride_out, stride_lens_b, stride_lens_j, stride_table, max_model_len, max_blocks, num_splits, batch,
+        ).launch(grid=(grid_x, grid_y, 1), block=(256, 1, 1), stream=stream)
+
+    launch.compile_hints = {"waves_per_eu": plan.wave_per_eu}
+    return launch
+
+
+_COMPILED: dict = {}
+
+
+def launch_plan(plan: KernelPlan, args, num_splits: int) -> None:
+    """Launch ``plan`` on the current stream. The first call of a plan compiles (and launches);
+    later calls reuse the compiled function without re-tracing."""
+    values = launch_arguments(args, num_splits) + (torch.cuda.current_stream(),)
+    compiled = _COMPILED.get(plan)
+    if compiled is None:
+        _COMPILED[plan] = flyc.compile(launcher(plan), *values)
+    else:
+        compiled(*values)

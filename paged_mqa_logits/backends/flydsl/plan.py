@@ -1,0 +1,173 @@
+"""The static shape of one FlyDSL kernel: how a workgroup's four waves split the work of a KV
+stage, how big the stages are, and what that costs in LDS. Pure Python (no flydsl import), so
+the backend can judge configurations and the tests can check the decomposition on any machine.
+
+The kernel (``kernel.py``) computes, per workgroup = (KV split ``s``, sequence ``b``)::
+
+    for each stage of ChunkK tokens in the split's range:      # double-buffered in LDS
+        async-copy the stage's keys (ChunkK x 128 fp8) global -> LDS
+        for each next_n row j and each 16-token tile of the stage:
+            S[h, t] = Q[b, j, h, :] . K[t, :]                  # v_mfma_f32_16x16x32_fp8_fp8
+            logits[b*next_n + j, t] = scale[t] * sum_h w[j, h] * relu(S[h, t])
+
+Four waves (256 threads, one wave per SIMD) share each stage. They split the (rows x tiles) work
+of a stage into ``row_groups x token_groups = 4`` parts: rows are spread first (each wave keeps
+the Q fragments of its rows in registers for the whole kernel), tiles second. So a page is read
+from HBM once per workgroup and replayed from LDS for every next_n row.
+
+One wave per SIMD means ``WavePerEU`` (the occupancy hint, waves per SIMD) is also the number of
+workgroups per CU; it caps VGPRs at ``512 / WavePerEU`` and LDS at ``LDS(CU) / WavePerEU``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+HEAD_DIM = 128
+WAVES = 4  # waves per workgroup, one per SIMD
+WAVE_SIZE = 64
+TILE = 16  # tokens per MFMA tile (N of the 16x16x32 MFMA); also the Preshuffle tile
+MFMA_K = 32  # fp8 bytes of head_dim per MFMA
+LDS_PER_CU = {"gfx942": 64 * 1024, "gfx950": 160 * 1024}
+#: bytes one lane moves per global->LDS DMA instruction: gfx942 has only the dword form,
+#: gfx950 adds dwordx4 (buffer_load_dwordx4 ... lds).
+DMA_BYTES = {"gfx942": 4, "gfx950": 16}
+ARCHS = tuple(LDS_PER_CU)
+HEADS = (32, 64)
+KV_BLOCK_SIZES = (16, 32, 64, 128, 256)
+CHUNK_KS = (64, 128)
+WAVE_PER_EUS = (1, 2, 3, 4)
+
+
+def row_groups(next_n: int) -> int:
+    """Waves that own different next_n rows (the rest of the 4 waves split the tiles)."""
+    return 1 if next_n == 1 else 2 if next_n <= 3 else 4
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    arch: str  # "gfx942" | "gfx950"
+    heads: int
+    next_n: int
+    kv_block_size: int
+    preshuffle: bool
+    lens_2d: bool
+    chunk_k: int  # tokens per LDS stage
+    wave_per_eu: int  # occupancy target = workgroups per CU
+
+    # ------------------------------------------------------------------ work split
+    @property
+    def row_groups(self) -> int:
+        return row_groups(self.next_n)
+
+    @property
+    def token_groups(self) -> int:
+        return WAVES // self.row_groups
+
+    @property
+    def rows_per_wave(self) -> int:
+        """Row slots per wave: rows ``rg, rg + row_groups, ...``; slots ``>= next_n`` are idle."""
+        return math.ceil(self.next_n / self.row_groups)
+
+    @property
+    def tiles_per_stage(self) -> int:
+        return self.chunk_k // TILE
+
+    @property
+    def tiles_per_wave(self) -> int:
+        return self.tiles_per_stage // self.token_groups
+
+    @property
+    def reduce_group(self) -> int:
+        """Tiles reduced together across the 4 lane quarters (a reduce-scatter of <= 4 tiles)."""
+        return min(self.tiles_per_wave, 4)
+
+    @property
+    def reduce_groups(self) -> int:
+        return self.tiles_per_wave // self.reduce_group
+
+    @property
+    def m_tiles(self) -> int:
+        """16-head MFMA row tiles per query row."""
+        return self.heads // 16
+
+    @property
+    def k_steps(self) -> int:
+        return HEAD_DIM // MFMA_K
+
+    # ------------------------------------------------------------------ memory
+    @property
+    def dma_bytes(self) -> int:
+        return DMA_BYTES[self.arch]
+
+    @property
+    def stage_bytes(self) -> int:
+        return self.chunk_k * HEAD_DIM
+
+    @property
+    def lds_bytes(self) -> int:
+        return 2 * self.stage_bytes
+
+    @property
+    def dma_tiles_per_wave(self) -> int:
+        """16-token tiles (2 KiB each) each wave copies into LDS per stage."""
+        return self.tiles_per_stage // WAVES
+
+    @property
+    def dma_per_tile(self) -> int:
+        """DMA instructions per 2 KiB tile (a wave instruction moves 64 lanes x dma_bytes)."""
+        return TILE * HEAD_DIM // (WAVE_SIZE * self.dma_bytes)
+
+    @property
+    def pages_per_stage(self) -> int:
+        """Distinct cache blocks one stage touches (stages start at multiples of chunk_k)."""
+        return max(1, self.chunk_k // self.kv_block_size)
+
+    @property
+    def vgpr_budget(self) -> int:
+        """VGPRs (arch + acc, allocated in granules of 8) per lane that let ``wave_per_eu``
+        waves share a SIMD."""
+        return 512 // self.wave_per_eu // 8 * 8
+
+    @property
+    def vgpr_estimate(self) -> int:
+        """VGPRs the kernel needs without spilling, calibrated on compiles of the (heads, next_n,
+        ChunkK) space with LLVM from flydsl 0.5.0: Q fragments (heads/2 per row slot) and
+        weights (heads/4 per row slot) stay resident; the reduce group's keys, accumulators and
+        partials add 0 / 34 / 60 for 1 / 2 / 4 tiles; 30 for addresses, masks and scales. The
+        compile checks (``compile_candidates``) are what proves a candidate fits."""
+        return self.rows_per_wave * self.heads * 3 // 4 + {1: 0, 2: 34, 4: 60}[self.reduce_group] + 30
+
+    @property
+    def name(self) -> str:
+        return (f"flydsl_{self.arch}_h{self.heads}_n{self.next_n}_kb{self.kv_block_size}"
+                f"_{'shuf' if self.preshuffle else 'plain'}_{'2d' if self.lens_2d else '1d'}"
+                f"_ck{self.chunk_k}_w{self.wave_per_eu}")
+
+    def problem_error(self) -> str | None:
+        """Why this plan's shape cannot be built (``None`` = it can)."""
+        if self.arch not in ARCHS:
+            return f"arch {self.arch} is not gfx942/gfx950"
+        if self.heads not in HEADS:
+            return f"heads must be one of {HEADS}, got {self.heads}"
+        if not 1 <= self.next_n <= 8:
+            return f"next_n must be in 1..8, got {self.next_n}"
+        if self.kv_block_size not in KV_BLOCK_SIZES:
+            return (f"kv_block_size must be one of {KV_BLOCK_SIZES} (a 16-token MFMA tile must lie in one "
+                    f"block), got {self.kv_block_size}")
+        return None
+
+    def config_error(self) -> str | None:
+        """Why the knobs do not fit this arch (``None`` = they do)."""
+        if self.chunk_k not in CHUNK_KS:
+            return f"ChunkK must be one of {CHUNK_KS}, got {self.chunk_k}"
+        if self.wave_per_eu not in WAVE_PER_EUS:
+            return f"WavePerEU must be one of {WAVE_PER_EUS}, got {self.wave_per_eu}"
+        if self.lds_bytes * self.wave_per_eu > LDS_PER_CU[self.arch]:
+            return (f"ChunkK={self.chunk_k} needs {self.lds_bytes} B of LDS per workgroup; "
+                    f"{self.wave_per_eu} workgroups exceed the {LDS_PER_CU[self.arch]} B of a {self.arch} CU")
+        if self.vgpr_estimate > self.vgpr_budget:
+            return (f"heads={self.heads}, next_n={self.next_n}, ChunkK={self.chunk_k} need ~{self.vgpr_estimate} "
+                    f"VGPRs; WavePerEU={self.wave_per_eu} leaves {self.vgpr_budget}")
+        return None

@@ -1,0 +1,139 @@
+"""Compile-only builds of the FlyDSL kernel for gfx942 and gfx950 on a machine without a GPU,
+checked like every cross-compiled kernel (``paged_mqa_logits.compile.check_records``: native fp8
+MFMA, no scratch/spills, LDS within the chip, VGPRs for the WavePerEU occupancy), plus what the
+ISA must show for this design (LDS DMA of the right width, ds_read_b128 of the keys, barriers).
+
+Covered here: every (ChunkK, WavePerEU) candidate of the two most register-hungry shapes and
+of next_n=1, and each cache/length layout. The whole knob space (~120 kernels per arch, about a
+minute each on 2 cores) is ``python -m paged_mqa_logits compile --backend flydsl --arch ARCH``.
+Needs ``pip install flydsl==0.5.0``; skipped (with the reason) without it.
+"""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from paged_mqa_logits.backends.flydsl import build
+from paged_mqa_logits.backends.flydsl.backend import BACKEND, NOT_INSTALLED, flydsl_installed
+from paged_mqa_logits.compile import check_records
+
+ARCHS = ("gfx942", "gfx950")
+
+
+def _require_flydsl():
+    if not flydsl_installed():
+        pytest.skip(NOT_INSTALLED)
+
+
+def _selection(arch):
+    """Every candidate of (h64, next_n 8), (h64, next_n 3), (h32, next_n 1) and one kernel per
+    cache/length layout the knob space covers."""
+    plans = {}
+    for heads, next_n in ((64, 8), (64, 3), (32, 1)):
+        problem = build._problem(arch, heads, next_n, 64, True, True)
+        for plan in build._plans_for(problem, BACKEND.candidates(problem)):
+            plans[plan.name] = plan
+    for kv_block_size, preshuffle, lens_2d, next_n in ((16, False, False, 2), (32, True, False, 5), (128, False, True, 4),
+                                                       (256, True, True, 1)):
+        problem = build._problem(arch, 64, next_n, kv_block_size, preshuffle, lens_2d)
+        for plan in build._plans_for(problem, [{"ChunkK": 128, "WavePerEU": 2}]):
+            plans[plan.name] = plan
+    return list(plans.values())
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    """Both archs, compiled once for the module (each arch in its own child processes)."""
+    _require_flydsl()
+    out = {}
+    for arch in ARCHS:
+        directory = tmp_path_factory.mktemp(arch)
+        out[arch] = (build.compile_plans(arch, _selection(arch), str(directory), progress=False), directory)
+    return out
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_kernels_compile_and_pass_the_checks(compiled, arch):
+    records, _ = compiled[arch]
+    assert len(records) == len(_selection(arch)) >= 12
+    assert check_records(records) == []
+    for record in records:
+        assert record.backend == "flydsl" and record.arch == arch and record.mma_instructions == [
+            "v_mfma_f32_16x16x32_fp8_fp8"]
+        assert record.options == {"waves_per_eu": record.knobs["WavePerEU"], "num_warps": 4}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_files_and_isa(compiled, arch):
+    records, directory = compiled[arch]
+    dma = {"gfx942": r"buffer_load_dword v\d+, s\[\d+:\d+\], s\d+ offen lds",
+           "gfx950": r"buffer_load_dwordx4 v\d+, s\[\d+:\d+\], s\d+ offen lds"}[arch]
+    for record in records:
+        assert os.path.dirname(record.binary) == str(directory)
+        with open(record.binary, "rb") as f:
+            binary = f.read()
+        assert binary[:4] == b"\x7fELF" and record.name.encode() in binary
+        assert os.path.exists(os.path.join(directory, record.name + ".json"))
+        with open(record.isa) as f:
+            isa = f.read()
+        assert re.search(rf'\.amdgcn_target "amdgcn-amd-amdhsa-[a-z]*-{arch}', isa)
+        assert re.search(dma, isa), "the keys must reach LDS by DMA of this arch's width"
+        assert "ds_read_b128" in isa and "s_barrier" in isa
+        assert "scratch_" not in isa
+        plan = next(p for p in _selection(arch) if p.name == record.name)
+        assert record.lds_bytes == plan.lds_bytes
+
+
+def test_only_table_compiles_what_the_table_names(monkeypatch, tmp_path):
+    _require_flydsl()
+    from paged_mqa_logits import table
+
+    rows = [({"heads": 32, "next_n": 2, "kv_block_size": 64, "preshuffle": True, "batch": 64, "context": None},
+             "flydsl", {"ChunkK": 128, "WavePerEU": 2}),
+            ({"heads": 64, "next_n": 1, "kv_block_size": 64, "preshuffle": True, "batch": 1, "context": None},
+             "gluon", {"ChunkK": 256, "WavePerEU": 4})]
+    monkeypatch.setattr(table, "table_configs", lambda arch: rows)
+    records = build.compile_candidates("gfx950", str(tmp_path), only_table=True)
+    assert sorted(r.name for r in records) == ["flydsl_gfx950_h32_n2_kb64_shuf_1d_ck128_w2",
+                                               "flydsl_gfx950_h32_n2_kb64_shuf_2d_ck128_w2"]
+    assert check_records(records) == []
+
+
+def test_knob_space_covers_every_candidate():
+    for arch in ARCHS:
+        names = {plan.name for plan in build.knob_space(arch)}
+        for heads in (32, 64):
+            for next_n in range(1, 9):
+                problem = build._problem(arch, heads, next_n, 64, True, True)
+                for config in BACKEND.candidates(problem):
+                    assert BACKEND.plan(problem, config).name in names
+        layouts = {re.search(r"_kb(\d+)_(shuf|plain)_(1d|2d)_", n).groups() for n in names}
+        assert len(layouts) == 5 * 2 * 2  # every block size x cache layout x length layout
+
+
+def test_the_linker_stand_in(tmp_path, monkeypatch):
+    monkeypatch.setenv("ROCM_PATH", str(tmp_path / "no-rocm-here"))
+    root = build._linker_stand_in(str(tmp_path / "rocm"))
+    linker = os.path.join(root, "llvm", "bin", "ld.lld")
+    assert os.access(linker, os.X_OK)
+    result = subprocess.run([linker, "-shared", "a.o", "b.o", "-o", "x.hsaco"], capture_output=True, text=True)
+    assert result.returncode != 0 and "expected `-shared IN.o -o OUT`" in result.stderr
+    real = tmp_path / "real" / "llvm" / "bin"
+    real.mkdir(parents=True)
+    (real / "ld.lld").write_text("#!/bin/sh\n")
+    (real / "ld.lld").chmod(0o755)
+    monkeypatch.setenv("ROCM_PATH", str(tmp_path / "real"))
+    assert build._linker_stand_in(str(tmp_path / "unused")) is None  # a real ld.lld is used as is
+
+
+def test_compile_cli(tmp_path):
+    """``python -m paged_mqa_logits compile --backend flydsl --only-table`` on the shipped table."""
+    _require_flydsl()
+    result = subprocess.run([sys.executable, "-m", "paged_mqa_logits", "compile", "--backend", "flydsl", "--arch",
+                             "gfx942", "--only-table", "--out", str(tmp_path)], capture_output=True, text=True,
+                            cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "CHECK FAILED" not in result.stdout
