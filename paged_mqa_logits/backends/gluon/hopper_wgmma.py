@@ -238,11 +238,42 @@ def _group_logits(scores, scale, weight, CHUNK: gl.constexpr, ROWS: gl.constexpr
 def _store_logits(out_ptr, logits, b, tile, limits, stride_out, NEXT_N: gl.constexpr,
                   FIRST_ROW: gl.constexpr, ROWS: gl.constexpr, CHUNK: gl.constexpr):
     """``out[b*NEXT_N + j, p] = logits`` for rows ``FIRST_ROW..+ROWS`` where ``p < limits[j]``."""
+    _store_logits_from(out_ptr, logits, b, tile * CHUNK, limits, stride_out, NEXT_N, FIRST_ROW, ROWS, CHUNK)
+
+
+@gluon.jit
+def _store_logits_from(out_ptr, logits, b, first_token, limits, stride_out, NEXT_N: gl.constexpr,
+                       FIRST_ROW: gl.constexpr, ROWS: gl.constexpr, TOKENS: gl.constexpr):
+    """The logits of tokens ``first_token..+TOKENS`` (see :func:`_store_logits`)."""
     layout: gl.constexpr = logits.type.layout
-    p = tile * CHUNK + gl.arange(0, CHUNK, gl.SliceLayout(1, layout))
+    p = first_token + gl.arange(0, TOKENS, gl.SliceLayout(1, layout))
     j = FIRST_ROW + gl.arange(0, ROWS, gl.SliceLayout(0, layout))
     row_start = (b.to(gl.int64) * NEXT_N + j) * stride_out
     gl.store(out_ptr + row_start[None, :] + p[:, None], logits, mask=p[:, None] < limits[None, :])
+
+
+@gluon.jit
+def _score_tile_halves(keys, q_smem, scale_slot, weight_regs, limit_smem, out_ptr, b, tile, stride_out,
+                       NEXT_N: gl.constexpr, HEADS: gl.constexpr, CHUNK: gl.constexpr):
+    """A single row group over a 128-token tile as two 64-token wgmmas: the second runs on the
+    tensor cores while the first half's epilogue runs on the ALUs (same registers as one
+    128-row accumulator)."""
+    HALF: gl.constexpr = CHUNK // 2
+    layout: gl.constexpr = _mma_layout(NEXT_N * HEADS)
+    q_t = q_smem.slice(0, NEXT_N * HEADS).permute((1, 0))
+    first = warpgroup_mma(keys.slice(0, HALF), q_t, gl.zeros([HALF, NEXT_N * HEADS], gl.float32, layout),
+                          use_acc=False, is_async=True)
+    second = warpgroup_mma(keys.slice(HALF, HALF), q_t, gl.zeros([HALF, NEXT_N * HEADS], gl.float32, layout),
+                           use_acc=False, is_async=True)
+    first = warpgroup_mma_wait(1, deps=(first,))
+    logits = _group_logits(first, scale_slot.slice(0, HALF).load(gl.SliceLayout(1, layout)), weight_regs,
+                           HALF, NEXT_N, HEADS)
+    limits = limit_smem.load(gl.SliceLayout(0, logits.type.layout))
+    _store_logits_from(out_ptr, logits, b, tile * CHUNK, limits, stride_out, NEXT_N, 0, NEXT_N, HALF)
+    second = warpgroup_mma_wait(0, deps=(second,))
+    logits = _group_logits(second, scale_slot.slice(HALF, HALF).load(gl.SliceLayout(1, layout)), weight_regs,
+                           HALF, NEXT_N, HEADS)
+    _store_logits_from(out_ptr, logits, b, tile * CHUNK + HALF, limits, stride_out, NEXT_N, 0, NEXT_N, HALF)
 
 
 @gluon.jit
@@ -379,7 +410,10 @@ def wgmma_logits_kernel(
         pages = _tile_pages(table_row, split + (ahead + 1) * num_splits, table_tokens, CHUNK, KV_BLOCK)
 
         keys = key_ring.index(slot)
-        if NUM_GROUPS == 1:
+        if NUM_GROUPS == 1 and CHUNK == 128:
+            _score_tile_halves(keys, q_smem, scale_ring.index(slot), weight_regs, limit_smem, out_ptr, b, tile,
+                               stride_out, NEXT_N, HEADS, CHUNK)
+        elif NUM_GROUPS == 1:
             scores = warpgroup_mma(keys, q_smem.slice(0, NEXT_N * HEADS).permute((1, 0)),
                                    gl.zeros([CHUNK, NEXT_N * HEADS], gl.float32, mma_layout), use_acc=False,
                                    is_async=True)
