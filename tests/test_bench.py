@@ -181,7 +181,7 @@ def test_cli_writes_csv_headed_by_the_environment(tmp_path, capsys):
 def test_cli_fails_loudly_on_a_wrong_backend(tmp_path, fake_backend):
     out = tmp_path / "bench.csv"
     rc = bench.main(["--heads", "16", "--next-n", "1", "--batch", "1", "--context", "32", "--kv-block-size", "16",
-                     "--backend", "fake", "--config", "mode=wrong", "--quiet", "--out", str(out)])
+                     "--backend", "fake", "--config", "mode=wrong", "--device", "cpu", "--quiet", "--out", str(out)])
     assert rc == 1
     _, rows = _read(out)
     assert rows[0]["status"].startswith("FAIL: calc_diff") and rows[0]["knobs"] == "mode=wrong"
@@ -191,7 +191,8 @@ def test_cli_all_candidates_from_a_shapes_file(tmp_path, fake_backend):
     keys = tmp_path / "keys.csv"
     keys.write_text("heads,next_n,batch,context,kv_block_size\n16,1,1,32,16\n")
     out = tmp_path / "bench.csv"
-    rc = bench.main(["--shapes", str(keys), "--backend", "fake", "--all-candidates", "--quiet", "--out", str(out)])
+    rc = bench.main(["--shapes", str(keys), "--backend", "fake", "--all-candidates", "--device", "cpu", "--quiet",
+                     "--out", str(out)])
     _, rows = _read(out)
     assert rc == 1  # some candidates are wrong on purpose
     assert [(r["knobs"], r["status"][:5]) for r in rows] == [

@@ -25,7 +25,7 @@ trap 'rm -rf "$WORK"' EXIT
 # The family measured: DeepSeek-V3.2 indexer decode as vLLM calls it on NVIDIA.
 HEADS=64 KV_BLOCK=64 NEXT_N=1 MAX_MODEL_LEN=163840 CONTEXT=8192 BATCH=32
 BATCHES="1,2,4,8,16,32,64,128,256"   # warmup()/precompile cover these (vLLM-style capture sizes)
-REPEATS=3
+REPEATS="${REPEATS:-3}"
 
 log() { echo "$@" >&2; }
 "$PY" - <<'EOF' >&2
