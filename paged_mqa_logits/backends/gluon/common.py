@@ -103,13 +103,12 @@ def tile_pages(table_row, tokens, end, KV_BLOCK: gl.constexpr, LOAD: gl.constexp
 
 
 @gluon.jit
-def key_offsets(pages, tokens, d, stride_block, KV_BLOCK: gl.constexpr, HEAD_DIM: gl.constexpr,
-                PRESHUFFLE: gl.constexpr):
-    """int64 byte offsets ``[D, T]`` of key bytes (dim ``d`` [D], token ``tokens`` [T]).
-
-    ``pages``/``tokens`` are in ``SliceLayout(0, L)`` and ``d`` in ``SliceLayout(1, L)`` of the
-    wanted layout ``L``. The offset splits into a token part and a dim part:
-    plain ``slot*D | d``; Preshuffle ``(slot//16)*16*D + (slot%16)*16 | (d//16)*256 + d%16``."""
+def key_offset_parts(pages, tokens, d, stride_block, KV_BLOCK: gl.constexpr, HEAD_DIM: gl.constexpr,
+                     PRESHUFFLE: gl.constexpr):
+    """The byte offset of key (token, dim) split into a per-token part (int64, the page base
+    included) and a per-dim part, so kernels can lay the ``[T, D]`` or ``[D, T]`` sum out as
+    their MMA operand needs: plain ``page*stride + slot*D | d``; Preshuffle
+    ``page*stride + (slot//16)*16*D + (slot%16)*16 | (d//16)*256 + d%16``."""
     slot = tokens % KV_BLOCK
     if PRESHUFFLE:
         token_part = (slot // 16) * (16 * HEAD_DIM) + (slot % 16) * 16
@@ -117,7 +116,18 @@ def key_offsets(pages, tokens, d, stride_block, KV_BLOCK: gl.constexpr, HEAD_DIM
     else:
         token_part = slot * HEAD_DIM
         dim_part = d
-    return dim_part[:, None] + (pages * stride_block + token_part)[None, :]
+    return pages * stride_block + token_part, dim_part
+
+
+@gluon.jit
+def key_offsets(pages, tokens, d, stride_block, KV_BLOCK: gl.constexpr, HEAD_DIM: gl.constexpr,
+                PRESHUFFLE: gl.constexpr):
+    """int64 byte offsets ``[D, T]`` of key bytes (dim ``d`` [D], token ``tokens`` [T]).
+
+    ``pages``/``tokens`` are in ``SliceLayout(0, L)`` and ``d`` in ``SliceLayout(1, L)`` of the
+    wanted layout ``L``."""
+    token_part, dim_part = key_offset_parts(pages, tokens, d, stride_block, KV_BLOCK, HEAD_DIM, PRESHUFFLE)
+    return dim_part[:, None] + token_part[None, :]
 
 
 @gluon.jit

@@ -175,16 +175,9 @@ def _row_limits(lens_ptr, b, seq_len, end, stride_lens_b, stride_lens_j, j, NEXT
 @gluon.jit
 def _key_offsets(pages, tokens, d, stride_block, KV_BLOCK: gl.constexpr, PRESHUFFLE: gl.constexpr):
     """int64 byte offsets ``[T, D]`` (token-major, the orientation of a wgmma A tile) of the key
-    bytes of ``tokens`` (with cache blocks ``pages``) and dims ``d``; ``common.key_offsets``
-    builds the same offsets dim-major."""
-    slot = tokens % KV_BLOCK
-    if PRESHUFFLE:
-        token_part = (slot // 16) * (16 * _D) + (slot % 16) * 16
-        dim_part = (d // 16) * 256 + d % 16
-    else:
-        token_part = slot * _D
-        dim_part = d
-    return (pages * stride_block + token_part)[:, None] + dim_part[None, :]
+    bytes of ``tokens`` (with cache blocks ``pages``) and dims ``d``."""
+    token_part, dim_part = common.key_offset_parts(pages, tokens, d, stride_block, KV_BLOCK, _D, PRESHUFFLE)
+    return token_part[:, None] + dim_part[None, :]
 
 
 @gluon.jit
