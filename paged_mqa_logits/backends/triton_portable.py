@@ -113,7 +113,7 @@ def _paged_mqa_logits_kernel(
         tl.store(out_rows[None, :] + token[:, None], logits, mask=visible)
 
 
-def _dot_dtype(problem: Problem, fp8_dtype: torch.dtype):
+def _dot_dtype(problem: Problem):
     if problem.device_type == "cpu":
         return tl.float32
     native_fp8 = problem.arch.startswith("gfx") or (problem.arch.startswith("sm_") and int(problem.arch[3:]) >= 89)
@@ -169,7 +169,7 @@ class TritonBackend:
             args.kv_cache.stride(0), args.weights.stride(0), args.out.stride(0), *lens_strides,
             args.block_table.stride(0), args.max_model_len, args.max_blocks, splits,
             NEXT_N=p.next_n, ROWS=rows, HEADS=p.heads, HEAD_DIM=p.head_dim, KV_BLOCK=args.kv_block_size,
-            CHUNK=chunk, PRESHUFFLE=args.preshuffle, LENS_2D=p.lens_2d, DOT_DTYPE=_dot_dtype(p, args.q.dtype),
+            CHUNK=chunk, PRESHUFFLE=args.preshuffle, LENS_2D=p.lens_2d, DOT_DTYPE=_dot_dtype(p),
             NUM_STAGES=stages, **options,
         )
 

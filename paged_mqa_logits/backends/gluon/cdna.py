@@ -268,11 +268,7 @@ def compile_specs(arch: str, configs: list[dict] | None = None) -> list[CompileS
 
 def compile_matrix(arch: str) -> list[dict]:
     """Every candidate of a representative problem set; see ``common.representative_problems``."""
-    out = []
-    for fields in common.representative_problems(arch):
-        problem = common.problem_for(arch, FP8[arch], fields)
-        for cand in candidates(problem):
-            out.append(dict(fields, **cand))
+    out = common.candidate_matrix(arch, FP8[arch], candidates)
     # The 64-bit cache path once per MFMA family (the index math is the same; only the load).
     for kind in MFMA_KINDS[arch]:
         out.append({"heads": 64, "next_n": 2, "kv_block_size": 64, "preshuffle": True, "lens_2d": True,

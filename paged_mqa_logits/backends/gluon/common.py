@@ -487,3 +487,13 @@ def representative_problems(arch: str) -> list[dict]:
     for bs, pre in ((1, False), (16, True), (16, False), (128, True), (256, False)):
         out.append({"heads": 64, "next_n": 2, "kv_block_size": bs, "preshuffle": pre, "lens_2d": True})
     return out
+
+
+def candidate_matrix(arch: str, fp8: str, candidates) -> list[dict]:
+    """Every candidate (``candidates(problem)``) of every :func:`representative_problems` shape,
+    as compile configs (problem fields + knobs)."""
+    out = []
+    for fields in representative_problems(arch):
+        problem = problem_for(arch, fp8, fields)
+        out += [dict(fields, **cand) for cand in candidates(problem)]
+    return out

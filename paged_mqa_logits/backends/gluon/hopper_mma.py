@@ -197,11 +197,7 @@ def compile_specs(arch: str, configs: list[dict] | None = None) -> list[CompileS
 
 def compile_matrix(arch: str) -> list[dict]:
     """Every candidate of ``common.representative_problems``, plus the register-Q path."""
-    out = []
-    for fields in common.representative_problems(arch):
-        problem = common.problem_for(arch, FP8[arch], fields)
-        for cand in candidates(problem):
-            out.append(dict(fields, **cand))
+    out = common.candidate_matrix(arch, FP8[arch], candidates)
     for heads in (32, 64):
         out.append({"heads": heads, "next_n": 2, "kv_block_size": 64, "preshuffle": False, "lens_2d": True,
                     "variant": VARIANT, "ChunkK": 64, "SplitKV": 0, "ReuseKV": 0, "num_warps": 8, "QInLDS": 0,
