@@ -18,10 +18,11 @@ Row semantics shared by every backend (BRIEF.md section 1):
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
+
+from .schedule import derive_split_kv  # noqa: F401  (re-exported: its home is schedule.py)
 
 HEAD_DIM = 128
 SUPPORTED_KV_BLOCK_SIZES = (1, 16, 32, 64, 128, 256)
@@ -115,15 +116,3 @@ class LaunchArgs:
     def visible_width(self) -> int:
         """Columns any row can see: ``min(max_model_len, max_blocks * kv_block_size)``."""
         return min(self.max_model_len, self.max_blocks * self.kv_block_size)
-
-
-def derive_split_kv(cu_num: int, batch: int, context: int, chunk_k: int, ctas_per_cu: int = 2) -> int:
-    """Host-side KV split count for ``SplitKV = 0``: enough (sequence, split) programs to fill
-    ``ctas_per_cu`` waves of the chip, never more splits than a sequence has chunks.
-
-    Programs whose split range is empty (the actual length is shorter than ``context``) exit at
-    once, so over-estimating the context costs a few idle programs, not wrong results.
-    """
-    chunks = max(1, math.ceil(max(context, 1) / chunk_k))
-    want = max(1, math.ceil(max(cu_num, 1) * ctas_per_cu / max(batch, 1)))
-    return max(1, min(want, chunks))

@@ -34,12 +34,13 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from ...compile import LDS_LIMIT_BYTES, VGPRS_PER_SIMD, CompileSpec
-from ...problem import LaunchArgs, Problem, derive_split_kv
+from ...problem import LaunchArgs, Problem
+from ...schedule import derive_split_kv
 from . import common
 
 VARIANT = "mfma"
 ARCHS = ("gfx942", "gfx950")
-KNOBS = ("ChunkK", "WavePerEU", "SplitKV", "ReuseKV", "Mfma", "QInLDS", "Prefetch")
+KNOBS = ("ChunkK", "WavePerEU", "SplitKV", "ReuseKV", "Mfma", "QInLDS", "Prefetch", "Schedule")
 FP8 = {"gfx942": "fnuz", "gfx950": "fn"}
 #: MFMA families per arch, default first
 MFMA_KINDS = {"gfx942": ("fp8",), "gfx950": ("f8f6f4", "fp8")}
@@ -100,11 +101,13 @@ def _knobs(problem: Problem, config: dict) -> tuple[int, int, int, int, str, int
     kind = config.get("Mfma") or MFMA_KINDS[problem.arch][0]
     if chunk not in common.CHUNK_SIZES or waves not in WAVES_PER_EU or kind not in MFMA_KINDS[problem.arch]:
         raise ValueError(f"gluon/{VARIANT}: unsupported knobs {config} on {problem.arch}")
+    common.schedule_of(problem, config)  # raises on an unknown schedule
     rows = common.rows_per_program(problem.next_n, reuse)
     q_options = [int(config["QInLDS"])] if config.get("QInLDS") is not None else ([0, 1] if rows == 1 else [1])
     prefetch_options = [int(config["Prefetch"])] if config.get("Prefetch") is not None else [1, 0]
     settings = [(q, pf) for q in q_options for pf in prefetch_options]
-    q_lds, prefetch = next((s for s in settings if _fits(problem, chunk, waves, rows, *s)), settings[0])
+    balanced = common.schedule_of(problem, config) == common.BALANCED
+    q_lds, prefetch = next((s for s in settings if _fits(problem, chunk, waves, rows, *s, balanced)), settings[0])
     return chunk, waves, split, reuse, kind, q_lds, prefetch
 
 
@@ -119,14 +122,23 @@ def fits(problem: Problem, config: dict) -> bool:
     LDS: ``WavePerEU`` programs (4 waves each: one per SIMD) share the CU's LDS (64 KiB
     gfx942, 160 KiB gfx950). VGPRs: ``512 / WavePerEU`` per lane against :func:`vgpr_estimate`."""
     chunk, waves, _, reuse, _, q_lds, prefetch = _knobs(problem, config)
-    return _fits(problem, chunk, waves, common.rows_per_program(problem.next_n, reuse), q_lds, prefetch)
+    balanced = common.schedule_of(problem, config) == common.BALANCED
+    return _fits(problem, chunk, waves, common.rows_per_program(problem.next_n, reuse), q_lds, prefetch, balanced)
 
 
-def _fits(problem: Problem, chunk: int, waves: int, rows: int, q_lds: int, prefetch: int) -> bool:
+#: VGPRs the balanced schedule's segment loop keeps live on top of a split program's (its
+#: cursor, the share's bounds and the sequence's length state across the tile loop)
+BALANCED_VGPRS = 24
+
+
+def _fits(problem: Problem, chunk: int, waves: int, rows: int, q_lds: int, prefetch: int,
+          balanced: bool = False) -> bool:
     if lds_bytes(rows, problem.heads, q_lds) * waves > LDS_LIMIT_BYTES[problem.arch]:
         return False
+    if balanced and prefetch and waves >= 4:
+        return False  # measured: at 128 VGPRs the segment loop and a prefetched tile do not fit together
     aligned = problem.kv_block_size % 4 == 0  # block stride kv_block_size*132 is then 16-byte aligned
-    need = vgpr_estimate(problem.heads, chunk, rows, q_lds, aligned, prefetch)
+    need = vgpr_estimate(problem.heads, chunk, rows, q_lds, aligned, prefetch) + (BALANCED_VGPRS if balanced else 0)
     return need <= VGPRS_PER_SIMD[problem.arch] // waves
 
 
@@ -171,18 +183,20 @@ def unsupported(problem: Problem) -> str | None:
 
 def candidates(problem: Problem) -> list[dict]:
     out = []
-    for kind in MFMA_KINDS[problem.arch]:
-        # per-row programs with Q in VGPRs or in LDS; shared-KV programs stage Q in LDS
-        for reuse, q_lds in ((0, 0), (0, 1), (1, 1)) if problem.next_n > 1 else ((0, 0), (0, 1)):
-            for chunk in common.CHUNK_SIZES:
-                for waves in WAVES_PER_EU:
-                    # register-double-buffered tiles where they fit, else one tile per wave
-                    for prefetch in (1, 0):
-                        cand = {"variant": VARIANT, "ChunkK": chunk, "WavePerEU": waves, "SplitKV": 0,
-                                "ReuseKV": reuse, "Mfma": kind, "QInLDS": q_lds, "Prefetch": prefetch}
-                        if fits(problem, cand):
-                            out.append(cand)
-                            break
+    for schedule in common.SCHEDULES:
+        for kind in MFMA_KINDS[problem.arch]:
+            # per-row programs with Q in VGPRs or in LDS; shared-KV programs stage Q in LDS
+            for reuse, q_lds in ((0, 0), (0, 1), (1, 1)) if problem.next_n > 1 else ((0, 0), (0, 1)):
+                for chunk in common.CHUNK_SIZES:
+                    for waves in WAVES_PER_EU:
+                        # register-double-buffered tiles where they fit, else one tile per wave
+                        for prefetch in (1, 0):
+                            cand = {"variant": VARIANT, "ChunkK": chunk, "WavePerEU": waves, "SplitKV": 0,
+                                    "ReuseKV": reuse, "Mfma": kind, "QInLDS": q_lds, "Prefetch": prefetch,
+                                    "Schedule": schedule}
+                            if fits(problem, cand):
+                                out.append(cand)
+                                break
     return out
 
 
@@ -190,7 +204,8 @@ def default_config(problem: Problem) -> dict:
     """Upstream's fixed default (ChunkK 256, WavePerEU 2) where it fits, per-row programs."""
     for chunk, waves in ((256, 2), (128, 2), (128, 1), (64, 1)):
         config = {"variant": VARIANT, "ChunkK": chunk, "WavePerEU": waves, "SplitKV": 0, "ReuseKV": 0,
-                  "Mfma": MFMA_KINDS[problem.arch][0], "QInLDS": 0, "Prefetch": 1}
+                  "Mfma": MFMA_KINDS[problem.arch][0], "QInLDS": 0, "Prefetch": 1,
+                  "Schedule": common.default_schedule(problem)}
         if fits(problem, config):
             break
     return config
@@ -203,7 +218,7 @@ def constexprs(problem: Problem, config: dict, kv_32bit: bool) -> dict:
         NEXT_N=problem.next_n, HEADS=problem.heads, HEAD_DIM=problem.head_dim, KV_BLOCK=problem.kv_block_size,
         CHUNK=chunk, ROWS=rows, PRESHUFFLE=problem.preshuffle, LENS_2D=problem.lens_2d, Q_IN_LDS=bool(q_lds),
         HEAD_CHUNK=min(HEAD_CHUNK, problem.heads) if q_lds else problem.heads, PREFETCH=bool(prefetch),
-        KV_32BIT=kv_32bit,
+        KV_32BIT=kv_32bit, BALANCED=common.schedule_of(problem, config) == common.BALANCED,
         ACC=mfma_layout(problem.arch, problem.heads, chunk, kind), K_WIDTH=16,
         MMA=mfma_f8f6f4 if kind == "f8f6f4" else mfma_fp8, LOAD=buffer_gather, LOAD_KV=cache_gather,
         THREADS_PER_WARP=THREADS_PER_WARP,
@@ -233,9 +248,10 @@ def launch(args: LaunchArgs, config: dict) -> None:
     key = (p, common.config_key(config), kv_32bit)
     plan = _PLANS.get(key)
     if plan is None:
-        splits = num_splits(p, config)
         rows = common.rows_per_program(p.next_n, _knobs(p, config)[3])
-        grid = (p.batch * splits * (p.next_n // rows),)
+        # WavePerEU waves per SIMD = WavePerEU programs of 4 waves per CU.
+        grid, splits = common.program_grid(p, config, num_splits(p, config), rows,
+                                           _knobs(p, config)[1] * 4 // NUM_WARPS)
         plan = _PLANS[key] = (grid, splits, {**constexprs(p, config, kv_32bit), **options(p, config)})
     grid, splits, kwargs = plan
     common.register_mma_logits_kernel[grid](*common.kernel_arguments(args, splits), **kwargs)
@@ -256,7 +272,7 @@ def compile_specs(arch: str, configs: list[dict] | None = None) -> list[CompileS
                                                      HIPBackend)
         chunk, waves, split, reuse, kind, q_lds, prefetch = _knobs(problem, cfg)
         knobs = {"variant": VARIANT, "ChunkK": chunk, "WavePerEU": waves, "SplitKV": split, "ReuseKV": reuse,
-                 "Mfma": kind, "QInLDS": q_lds, "Prefetch": prefetch}
+                 "Mfma": kind, "QInLDS": q_lds, "Prefetch": prefetch, "Schedule": common.schedule_of(problem, cfg)}
         specs.append(CompileSpec(
             name=common.spec_name("gluon", VARIANT, arch, problem, knobs, kv_32bit), backend="gluon", arch=arch,
             knobs=dict(knobs, **common.problem_fields(problem), kv_32bit=kv_32bit),
@@ -273,5 +289,5 @@ def compile_matrix(arch: str) -> list[dict]:
     for kind in MFMA_KINDS[arch]:
         out.append({"heads": 64, "next_n": 2, "kv_block_size": 64, "preshuffle": True, "lens_2d": True,
                     "variant": VARIANT, "ChunkK": 128, "WavePerEU": 2, "SplitKV": 0, "ReuseKV": 1, "Mfma": kind,
-                    "QInLDS": 1, "Prefetch": 1, "kv_32bit": False})
+                    "QInLDS": 1, "Prefetch": 1, "Schedule": common.BALANCED, "kv_32bit": False})
     return out

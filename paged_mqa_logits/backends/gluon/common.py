@@ -21,10 +21,15 @@ byte offsets, Preshuffle, the ReLU-weight head reduction, the masked stores) is 
 below, so the H200 runs of the ``mma_v2`` variant execute exactly the index, mask and epilogue
 code the AMD kernels run.
 
-Work decomposition. A program owns ``(sequence b, KV split s, row group g)``; it handles
-``ROWS`` consecutive query rows ``j = g*ROWS .. g*ROWS+ROWS-1`` of sequence ``b`` (``ROWS`` is
-1 for the per-row variant, ``next_n`` for the shared-KV one). Per ``ChunkK``-token tile of its
-chunk range it gathers the keys and scales once, then for each of its rows runs
+Work decomposition (``schedule.py``). A program covers ``ROWS`` consecutive query rows
+``j = g*ROWS .. g*ROWS+ROWS-1`` (row group ``g``; ``ROWS`` is 1 for the per-row variant,
+``next_n`` for the shared-KV one) over a range of tiles: with ``Schedule=split`` it owns
+``(sequence b, KV split s, row group g)`` and an even share of ``b``'s tiles; with
+``Schedule=balanced`` the grid is one persistent wave per row group and each program takes an
+equal share of the whole batch's tiles, found by :func:`balanced_share` (an in-kernel prefix
+sum over the lengths), walking it sequence by sequence (:func:`score_rows_segment` per
+segment: query rows and weights are reloaded when the sequence changes). Per ``ChunkK``-token
+tile of its range it gathers the keys and scales once, then for each of its rows runs
 ``scores[H, ChunkK] = Q_j[H, D] @ K^T[D, ChunkK]`` and stores
 ``sum_h w[j, h] * relu(scores[h, t] * scale[t])`` where the row sees ``t``.
 Query rows live in registers, or in shared memory when ``Q_IN_LDS``. With ``PREFETCH`` tiles
@@ -38,7 +43,9 @@ Row semantics (``problem.py``): ``row_len = max(L_b - next_n + j + 1, 0)`` (1-D 
 
 Offsets: every per-program base (query row, weights row, block-table row, output row) is a
 64-bit scalar; cache offsets are 64-bit (``block_id * stride0``); per-lane offsets that stay
-inside one row (head, dim, token < max_model_len) are 32-bit.
+inside one row (head, dim, token < max_model_len) are 32-bit. Block ids read from the table are
+clamped into ``[0, num_blocks)`` (:func:`tile_pages`), so no table value makes a gather leave
+the cache.
 """
 
 from __future__ import annotations
@@ -47,9 +54,11 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
+from ...schedule import BALANCED, SCHEDULES, SPLIT, persistent_programs
+
 #: kernel parameters that change from call to call without changing the code: never
 #: specialised, so a warm-up compile serves every later call (and CI compiles what runs)
-DYNAMIC_PARAMS = ("max_model_len", "max_blocks", "num_splits")
+DYNAMIC_PARAMS = ("max_model_len", "max_blocks", "num_splits", "batch", "num_blocks")
 
 
 # ----------------------------------------------------------------------------- row lengths
@@ -93,13 +102,81 @@ def split_tile_range(end, split, num_splits, CHUNK: gl.constexpr):
     return first, stop
 
 
+# ----------------------------------------------------------------------------- balanced schedule
+#: sequences whose lengths one scan step reads (a multiple of every kernel's thread count)
+SCAN_BLOCK = gl.constexpr(512)
+
+
+@gluon.constexpr_function
+def scan_layout(threads_per_warp, num_warps):
+    """1-D layout of one scan step: ``SCAN_BLOCK`` lengths spread over the whole program."""
+    return gl.BlockedLayout([SCAN_BLOCK // (threads_per_warp * num_warps)], [threads_per_warp], [num_warps], [0])
+
+
+@gluon.jit
+def _add(a, b):
+    return a + b
+
+
+@gluon.jit
+def _block_tiles(lens_ptr, first_seq, batch, stride_lens_b, stride_lens_j, max_model_len, max_blocks,
+                 NEXT_N: gl.constexpr, LENS_2D: gl.constexpr, KV_BLOCK: gl.constexpr, CHUNK: gl.constexpr,
+                 LAYOUT: gl.constexpr):
+    """Tiles of sequences ``first_seq .. first_seq + SCAN_BLOCK`` (0 past the batch): vector
+    form of ``sequence_length`` / ``visible_end``."""
+    seq = first_seq + gl.arange(0, SCAN_BLOCK, LAYOUT)
+    valid = seq < batch
+    row = lens_ptr + seq.to(gl.int64) * stride_lens_b
+    seq_len = gl.load(row, mask=valid, other=0)
+    if LENS_2D:
+        for j in gl.static_range(1, NEXT_N):
+            seq_len = gl.maximum(seq_len, gl.load(row + j * stride_lens_j, mask=valid, other=0))
+    end = gl.minimum(gl.minimum(gl.maximum(seq_len, 0), max_model_len), max_blocks * KV_BLOCK)
+    return seq, gl.cdiv(end, CHUNK)
+
+
+@gluon.jit
+def balanced_share(lens_ptr, batch, stride_lens_b, stride_lens_j, max_model_len, max_blocks, program, num_programs,
+                   NEXT_N: gl.constexpr, LENS_2D: gl.constexpr, KV_BLOCK: gl.constexpr, CHUNK: gl.constexpr,
+                   LAYOUT: gl.constexpr):
+    """``(start, stop, seq, tile)``: program ``program``'s items ``[start, stop)`` of the batch's
+    tiles and the (sequence, tile) of ``start`` (``schedule.share`` / ``schedule.locate``).
+
+    Two passes over the lengths (the second from L1): the total, then the prefix sum locating
+    ``start``: ``seq = #{b : cum(b) <= start}`` and ``tile = start - max{cum(b) <= start}``
+    with ``cum`` the inclusive prefix sum of the tile counts."""
+    total = gl.to_tensor(0)
+    for first_seq in range(0, batch, SCAN_BLOCK):
+        _, tiles = _block_tiles(lens_ptr, first_seq, batch, stride_lens_b, stride_lens_j, max_model_len, max_blocks,
+                                NEXT_N, LENS_2D, KV_BLOCK, CHUNK, LAYOUT)
+        total += gl.sum(tiles, axis=0)
+    start = (total.to(gl.int64) * program // num_programs).to(gl.int32)
+    stop = (total.to(gl.int64) * (program + 1) // num_programs).to(gl.int32)
+    seq = gl.to_tensor(0)
+    before = gl.to_tensor(0)
+    carried = gl.to_tensor(0)
+    for first_seq in range(0, batch, SCAN_BLOCK):
+        _, tiles = _block_tiles(lens_ptr, first_seq, batch, stride_lens_b, stride_lens_j, max_model_len, max_blocks,
+                                NEXT_N, LENS_2D, KV_BLOCK, CHUNK, LAYOUT)
+        cum = gl.associative_scan(tiles, 0, _add) + carried
+        done = cum <= start
+        seq += gl.sum(done.to(gl.int32), axis=0)
+        before = gl.maximum(before, gl.max(gl.where(done, cum, 0), axis=0))
+        carried += gl.sum(tiles, axis=0)
+    return start, stop, seq, start - before
+
+
 # ----------------------------------------------------------------------------- paged gathers
 @gluon.jit
-def tile_pages(table_row, tokens, end, KV_BLOCK: gl.constexpr, LOAD: gl.constexpr):
+def tile_pages(table_row, tokens, end, num_blocks, KV_BLOCK: gl.constexpr, LOAD: gl.constexpr):
     """int64 cache block of each token (tokens at or past ``end`` get block 0 and their table
-    entries are never read: they may be garbage or past the table's width)."""
+    entries are never read: they may be garbage or past the table's width).
+
+    Block ids are clamped into ``[0, num_blocks)``: whatever the table holds, no gather leaves
+    the cache (an invalid id yields the logits of a real block, the documented rule; two
+    integer ops per token, off the memory path)."""
     pages = LOAD(table_row, tokens // KV_BLOCK, tokens < end, 0)
-    return pages.to(gl.int64)
+    return gl.maximum(gl.minimum(pages, num_blocks - 1), 0).to(gl.int64)
 
 
 @gluon.jit
@@ -153,13 +230,14 @@ def load_tile(kv_ptr, scale_ptr, pages_k, pages_s, tile, stride_block, CHUNK: gl
 
 
 @gluon.jit
-def load_tile_pages(table_row, tile, end, CHUNK: gl.constexpr, KV_BLOCK: gl.constexpr,
+def load_tile_pages(table_row, tile, end, num_blocks, CHUNK: gl.constexpr, KV_BLOCK: gl.constexpr,
                     B_LAYOUT: gl.constexpr, S_LAYOUT: gl.constexpr, LOAD: gl.constexpr):
     """Blocks of ``tile``'s tokens in the key layout and in the scale layout (read twice from
     the table, L1-resident, rather than shuffled between layouts)."""
     t_k = tile * CHUNK + gl.arange(0, CHUNK, gl.SliceLayout(0, B_LAYOUT))
     t_s = tile * CHUNK + gl.arange(0, CHUNK, S_LAYOUT)
-    return tile_pages(table_row, t_k, end, KV_BLOCK, LOAD), tile_pages(table_row, t_s, end, KV_BLOCK, LOAD)
+    return (tile_pages(table_row, t_k, end, num_blocks, KV_BLOCK, LOAD),
+            tile_pages(table_row, t_s, end, num_blocks, KV_BLOCK, LOAD))
 
 
 # ----------------------------------------------------------------------------- query rows
@@ -186,8 +264,9 @@ def weighted_relu_head_sum(scores, scales, weights):
     """``[H, T]`` scores -> ``[T]`` logits: ``sum_h weights[h] * relu(scores[h, t] * scales[t])``.
 
     ``scales`` is in ``SliceLayout(0, scores.layout)``, ``weights`` in ``SliceLayout(1, ...)``.
-    The scale stays inside the ReLU, exactly as the contract states it (no sign assumption)."""
-    return gl.sum(gl.maximum(scores * scales[None, :], 0.0) * weights[:, None], axis=0)
+    The per-token scale is factored out of the ReLU (exact for the non-negative scales fp8
+    quantisation produces, as the sm_90 kernels and DeepGEMM do): two fp32 ops per score."""
+    return gl.sum(gl.maximum(scores, 0.0) * weights[:, None], axis=0) * scales
 
 
 @gluon.jit
@@ -221,36 +300,24 @@ def score_staged_row(q_smem, w_smem, keys, scales, out_ptr, row, stride_out, tok
 
 
 # ----------------------------------------------------------------------------- the kernel
-@gluon.jit(do_not_specialize=DYNAMIC_PARAMS)
-def register_mma_logits_kernel(
-    q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, table_ptr,
-    stride_q_b, stride_q_j, stride_q_h,
-    stride_block,  # bytes between cache blocks (multiple of 4)
-    stride_w, stride_out, stride_lens_b, stride_lens_j, stride_table,
-    max_model_len, max_blocks, num_splits,
-    NEXT_N: gl.constexpr, HEADS: gl.constexpr, HEAD_DIM: gl.constexpr, KV_BLOCK: gl.constexpr,
-    CHUNK: gl.constexpr, ROWS: gl.constexpr, PRESHUFFLE: gl.constexpr, LENS_2D: gl.constexpr,
-    Q_IN_LDS: gl.constexpr, HEAD_CHUNK: gl.constexpr, PREFETCH: gl.constexpr, KV_32BIT: gl.constexpr,
-    # arch atoms
-    ACC: gl.constexpr, K_WIDTH: gl.constexpr, MMA: gl.constexpr, LOAD: gl.constexpr, LOAD_KV: gl.constexpr,
-    THREADS_PER_WARP: gl.constexpr,
-):
-    ROW_GROUPS: gl.constexpr = NEXT_N // ROWS
+@gluon.jit
+def score_rows_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, table_ptr, q_smem, w_smem,
+                       b, group, first, stop,
+                       stride_q_b, stride_q_j, stride_q_h, stride_block, stride_w, stride_out, stride_lens_b,
+                       stride_lens_j, stride_table, max_model_len, max_blocks, num_blocks,
+                       NEXT_N: gl.constexpr, HEADS: gl.constexpr, HEAD_DIM: gl.constexpr, KV_BLOCK: gl.constexpr,
+                       CHUNK: gl.constexpr, ROWS: gl.constexpr, PRESHUFFLE: gl.constexpr, LENS_2D: gl.constexpr,
+                       Q_IN_LDS: gl.constexpr, HEAD_CHUNK: gl.constexpr, PREFETCH: gl.constexpr,
+                       KV_32BIT: gl.constexpr, ACC: gl.constexpr, K_WIDTH: gl.constexpr, MMA: gl.constexpr,
+                       LOAD: gl.constexpr, LOAD_KV: gl.constexpr, THREADS_PER_WARP: gl.constexpr):
+    """Tiles ``[first, stop)`` of sequence ``b`` scored against its rows ``group*ROWS ..
+    + ROWS``: Q and the weights loaded once, then the (prefetching) tile loop."""
     A_LAYOUT: gl.constexpr = gl.DotOperandLayout(0, ACC, K_WIDTH)
     B_LAYOUT: gl.constexpr = gl.DotOperandLayout(1, ACC, K_WIDTH)
     TOKENS: gl.constexpr = gl.SliceLayout(0, ACC)  # scales, logits, output columns
     HEADS_L: gl.constexpr = gl.SliceLayout(1, ACC)  # weights
-
-    # Programs in (sequence, split, row group) order, row group fastest: the programs that read
-    # the same keys run side by side (L2 reuse when ROWS < NEXT_N).
-    pid = gl.program_id(0)
-    group = pid % ROW_GROUPS
-    split = (pid // ROW_GROUPS) % num_splits
-    b = pid // (ROW_GROUPS * num_splits)
-
     seq_len = sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
     end = visible_end(seq_len, max_model_len, max_blocks, KV_BLOCK)
-    first, stop = split_tile_range(end, split, num_splits, CHUNK)
     if first < stop:
         j0 = group * ROWS
         row0 = b * NEXT_N + j0
@@ -263,9 +330,6 @@ def register_mma_logits_kernel(
             # instead doubles the VGPRs and spills).
             STAGE: gl.constexpr = gl.BlockedLayout([1, 16], [THREADS_PER_WARP // 8, 8], [gl.num_warps(), 1], [1, 0])
             VEC: gl.constexpr = gl.BlockedLayout([1], [THREADS_PER_WARP], [gl.num_warps()], [0])
-            q_smem = gl.allocate_shared_memory(q_ptr.dtype.element_ty, [ROWS, HEADS, HEAD_DIM],
-                                               gl.SwizzledSharedLayout(16, 1, 8, [1, 0]))
-            w_smem = gl.allocate_shared_memory(gl.float32, [ROWS, HEADS], gl.SwizzledSharedLayout(1, 1, 1, [0]))
             for r in gl.static_range(ROWS):
                 q_smem.index(r).store(load_query(q_ptr, b, j0 + r, stride_q_b, stride_q_j, stride_q_h, HEADS, HEAD_DIM,
                                                  STAGE, LOAD))
@@ -285,20 +349,20 @@ def register_mma_logits_kernel(
         table_row = table_ptr + b.to(gl.int64) * stride_table
         if PREFETCH:
             # Prologue: keys of tile `first`, blocks of tile `first + 1`.
-            pages_k, pages_s = load_tile_pages(table_row, first, end, CHUNK, KV_BLOCK, B_LAYOUT, TOKENS, LOAD)
+            pages_k, pages_s = load_tile_pages(table_row, first, end, num_blocks, CHUNK, KV_BLOCK, B_LAYOUT, TOKENS, LOAD)
             keys, scales = load_tile(kv_ptr, scale_ptr, pages_k, pages_s, first, stride_block, CHUNK, KV_BLOCK,
                                      HEAD_DIM, PRESHUFFLE, B_LAYOUT, TOKENS, LOAD_KV, KV_32BIT)
-            pages_k, pages_s = load_tile_pages(table_row, first + 1, end, CHUNK, KV_BLOCK, B_LAYOUT, TOKENS, LOAD)
+            pages_k, pages_s = load_tile_pages(table_row, first + 1, end, num_blocks, CHUNK, KV_BLOCK, B_LAYOUT, TOKENS, LOAD)
         for tile in range(first, stop):
             if PREFETCH:
                 # In flight while this tile is scored: keys of tile + 1, blocks of tile + 2 (tiles
                 # past the range read block 0 or the next split's blocks; never stored).
                 next_keys, next_scales = load_tile(kv_ptr, scale_ptr, pages_k, pages_s, tile + 1, stride_block, CHUNK,
                                                    KV_BLOCK, HEAD_DIM, PRESHUFFLE, B_LAYOUT, TOKENS, LOAD_KV, KV_32BIT)
-                pages_k, pages_s = load_tile_pages(table_row, tile + 2, end, CHUNK, KV_BLOCK, B_LAYOUT, TOKENS, LOAD)
+                pages_k, pages_s = load_tile_pages(table_row, tile + 2, end, num_blocks, CHUNK, KV_BLOCK, B_LAYOUT, TOKENS, LOAD)
             else:
                 # One tile of keys in registers: other waves of the CU hide the load latency.
-                tile_pages_k, tile_pages_s = load_tile_pages(table_row, tile, end, CHUNK, KV_BLOCK, B_LAYOUT, TOKENS,
+                tile_pages_k, tile_pages_s = load_tile_pages(table_row, tile, end, num_blocks, CHUNK, KV_BLOCK, B_LAYOUT, TOKENS,
                                                              LOAD)
                 keys, scales = load_tile(kv_ptr, scale_ptr, tile_pages_k, tile_pages_s, tile, stride_block, CHUNK,
                                          KV_BLOCK, HEAD_DIM, PRESHUFFLE, B_LAYOUT, TOKENS, LOAD_KV, KV_32BIT)
@@ -313,14 +377,106 @@ def register_mma_logits_kernel(
             if PREFETCH:
                 keys = next_keys
                 scales = next_scales
+        if Q_IN_LDS:
+            gl.thread_barrier()  # every warp is done with this segment's Q before the next one's
+
+
+@gluon.jit(do_not_specialize=DYNAMIC_PARAMS)
+def register_mma_logits_kernel(
+    q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, table_ptr,
+    stride_q_b, stride_q_j, stride_q_h,
+    stride_block,  # bytes between cache blocks (multiple of 4)
+    stride_w, stride_out, stride_lens_b, stride_lens_j, stride_table,
+    max_model_len, max_blocks, num_splits, batch, num_blocks,
+    NEXT_N: gl.constexpr, HEADS: gl.constexpr, HEAD_DIM: gl.constexpr, KV_BLOCK: gl.constexpr,
+    CHUNK: gl.constexpr, ROWS: gl.constexpr, PRESHUFFLE: gl.constexpr, LENS_2D: gl.constexpr,
+    Q_IN_LDS: gl.constexpr, HEAD_CHUNK: gl.constexpr, PREFETCH: gl.constexpr, KV_32BIT: gl.constexpr,
+    BALANCED: gl.constexpr,
+    # arch atoms
+    ACC: gl.constexpr, K_WIDTH: gl.constexpr, MMA: gl.constexpr, LOAD: gl.constexpr, LOAD_KV: gl.constexpr,
+    THREADS_PER_WARP: gl.constexpr,
+):
+    """Balanced: program ``p`` (of a persistent grid, row group fastest) scores its equal share
+    of the batch's tiles (``schedule.py``) for row group ``p % ROW_GROUPS``, segment by segment.
+    Split: program ``(b, split, group)`` scores an even share of sequence ``b``'s tiles."""
+    ROW_GROUPS: gl.constexpr = NEXT_N // ROWS
+    if Q_IN_LDS:
+        q_smem = gl.allocate_shared_memory(q_ptr.dtype.element_ty, [ROWS, HEADS, HEAD_DIM],
+                                           gl.SwizzledSharedLayout(16, 1, 8, [1, 0]))
+        w_smem = gl.allocate_shared_memory(gl.float32, [ROWS, HEADS], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    else:
+        q_smem = 0
+        w_smem = 0
+
+    # Programs with the row group fastest: the programs that read the same keys run side by
+    # side (L2 reuse when ROWS < NEXT_N).
+    pid = gl.program_id(0)
+    group = pid % ROW_GROUPS
+    if BALANCED:
+        item, stop, b, tile = balanced_share(
+            lens_ptr, batch, stride_lens_b, stride_lens_j, max_model_len, max_blocks, pid // ROW_GROUPS,
+            gl.num_programs(0) // ROW_GROUPS, NEXT_N, LENS_2D, KV_BLOCK, CHUNK,
+            scan_layout(THREADS_PER_WARP, gl.num_warps()))
+        while item < stop:
+            seq_len = sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
+            tiles = gl.cdiv(visible_end(seq_len, max_model_len, max_blocks, KV_BLOCK), CHUNK)
+            count = gl.minimum(tiles - tile, stop - item)
+            score_rows_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, table_ptr, q_smem, w_smem,
+                               b, group, tile, tile + count,
+                               stride_q_b, stride_q_j, stride_q_h, stride_block, stride_w, stride_out, stride_lens_b,
+                               stride_lens_j, stride_table, max_model_len, max_blocks, num_blocks,
+                               NEXT_N, HEADS, HEAD_DIM, KV_BLOCK, CHUNK, ROWS, PRESHUFFLE, LENS_2D, Q_IN_LDS,
+                               HEAD_CHUNK, PREFETCH, KV_32BIT, ACC, K_WIDTH, MMA, LOAD, LOAD_KV, THREADS_PER_WARP)
+            item += gl.maximum(count, 0)  # zero-length sequences between long ones hold no items
+            b += 1
+            tile = tile * 0
+    else:
+        split = (pid // ROW_GROUPS) % num_splits
+        b = pid // (ROW_GROUPS * num_splits)
+        seq_len = sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
+        first, stop = split_tile_range(visible_end(seq_len, max_model_len, max_blocks, KV_BLOCK), split, num_splits,
+                                       CHUNK)
+        score_rows_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, table_ptr, q_smem, w_smem,
+                           b, group, first, stop,
+                           stride_q_b, stride_q_j, stride_q_h, stride_block, stride_w, stride_out, stride_lens_b,
+                           stride_lens_j, stride_table, max_model_len, max_blocks, num_blocks,
+                           NEXT_N, HEADS, HEAD_DIM, KV_BLOCK, CHUNK, ROWS, PRESHUFFLE, LENS_2D, Q_IN_LDS,
+                           HEAD_CHUNK, PREFETCH, KV_32BIT, ACC, K_WIDTH, MMA, LOAD, LOAD_KV, THREADS_PER_WARP)
 
 
 # ============================================================================= host side
 # Shared by the variant modules that launch register_mma_logits_kernel (cdna.py, hopper_mma.py).
 
 #: knobs every register-MMA variant reads (CSV spelling); arch modules add their own
-COMMON_KNOBS = ("ChunkK", "SplitKV", "ReuseKV")
+COMMON_KNOBS = ("ChunkK", "SplitKV", "ReuseKV", "Schedule")
 CHUNK_SIZES = (64, 128, 256)
+
+
+def default_schedule(problem) -> str:
+    """``split``, the schedule every shipped table row was measured with. ``balanced`` is a
+    tuner candidate for every shape; it becomes the default only once GPU runs have measured
+    it against ``split`` (docs/PERF_NOTES.md)."""
+    return SPLIT
+
+
+def schedule_of(problem, config: dict) -> str:
+    """The ``Schedule`` knob (``balanced`` / ``split``), its default when unset."""
+    value = config.get("Schedule")
+    if value is None:
+        return default_schedule(problem)
+    if value not in SCHEDULES:
+        raise ValueError(f"Schedule must be one of {', '.join(SCHEDULES)}, got {value!r}")
+    return value
+
+
+def program_grid(problem, config: dict, splits: int, rows: int, programs_per_cu: int) -> tuple[tuple[int], int]:
+    """``(grid, num_splits)`` of register_mma_logits_kernel: one persistent wave of
+    ``cu_num * programs_per_cu`` programs per row group (balanced), or ``batch * splits`` per
+    row group (split)."""
+    groups = problem.next_n // rows
+    if schedule_of(problem, config) == BALANCED:
+        return (persistent_programs(problem.cu_num, programs_per_cu) * groups,), 1
+    return (problem.batch * splits * groups,), splits
 
 
 
@@ -368,7 +524,7 @@ def kernel_arguments(args, num_splits: int) -> tuple:
         q, kv.view(q.dtype), kv.view(torch.float32), w, out, lens, table,
         q.stride(0), q.stride(1), q.stride(2), kv.stride(0), w.stride(0), out.stride(0),
         lens.stride(0), stride_lens_j, table.stride(0),
-        args.max_model_len, args.max_blocks, num_splits,
+        args.max_model_len, args.max_blocks, num_splits, args.problem.batch, args.num_blocks,
     )
 
 
@@ -405,7 +561,7 @@ def typical_arguments(problem, *, kv_32bit: bool = True, num_splits: int = 2) ->
         StandIn(torch.int32, rows * 4), StandIn(torch.int32, b * max_blocks * 4),
         n * h * d, h * d, d, block_bytes, h, width,
         n if problem.lens_2d else 1, 1, max_blocks,
-        width, max_blocks, num_splits,
+        width, max_blocks, num_splits, b, cache_bytes // block_bytes,
     )
 
 

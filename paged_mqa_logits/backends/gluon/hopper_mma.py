@@ -37,12 +37,13 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from ...compile import CompileSpec
-from ...problem import LaunchArgs, Problem, derive_split_kv
+from ...problem import LaunchArgs, Problem
+from ...schedule import derive_split_kv
 from . import common
 
 VARIANT = "mma_v2"
 ARCHS = ("sm_90",)
-KNOBS = ("ChunkK", "SplitKV", "ReuseKV", "num_warps", "QInLDS", "Prefetch")
+KNOBS = ("ChunkK", "SplitKV", "ReuseKV", "num_warps", "QInLDS", "Prefetch", "Schedule")
 FP8 = {"sm_90": "fn"}
 NUM_WARPS = (4, 8)
 THREADS_PER_WARP = 32
@@ -86,11 +87,14 @@ def _knobs(problem: Problem, config: dict) -> tuple[int, int, int, int, int, int
     q_lds = 1 if q_lds is None else int(q_lds)
     if chunk not in common.CHUNK_SIZES or warps not in NUM_WARPS:
         raise ValueError(f"gluon/{VARIANT}: unsupported knobs {config}")
+    common.schedule_of(problem, config)  # raises on an unknown schedule
     rows = common.rows_per_program(problem.next_n, reuse)
+    balanced = common.schedule_of(problem, config) == common.BALANCED
     if config.get("Prefetch") is not None:
         prefetch = int(config["Prefetch"])
     else:
-        prefetch = 1 if _fits(problem, chunk, warps, rows, 1) or not _fits(problem, chunk, warps, rows, 0) else 0
+        prefetch = 1 if _fits(problem, chunk, warps, rows, 1, balanced) or \
+            not _fits(problem, chunk, warps, rows, 0, balanced) else 0
     return chunk, warps, split, reuse, q_lds, prefetch
 
 
@@ -99,11 +103,16 @@ def fits(problem: Problem, config: dict) -> bool:
     tokens per warp per tile; 32 when a warp holds one tile (``Prefetch = 0``) of 16-byte
     aligned blocks for a single row."""
     chunk, warps, _, reuse, _, prefetch = _knobs(problem, config)
-    return _fits(problem, chunk, warps, common.rows_per_program(problem.next_n, reuse), prefetch)
+    balanced = common.schedule_of(problem, config) == common.BALANCED
+    return _fits(problem, chunk, warps, common.rows_per_program(problem.next_n, reuse), prefetch, balanced)
 
 
-def _fits(problem: Problem, chunk: int, warps: int, rows: int, prefetch: int) -> bool:
+def _fits(problem: Problem, chunk: int, warps: int, rows: int, prefetch: int, balanced: bool = False) -> bool:
     tokens = chunk // warps
+    if balanced:
+        # The segment loop keeps the share's cursor live across the tile loop: measured over
+        # the compile matrix, only one tile per warp of exactly 16 tokens never spills.
+        return tokens == MAX_TOKENS_PER_WARP and not prefetch
     if tokens <= MAX_TOKENS_PER_WARP:
         return True
     return tokens == 2 * MAX_TOKENS_PER_WARP and not prefetch and rows == 1 and problem.kv_block_size % 4 == 0
@@ -116,22 +125,24 @@ def unsupported(problem: Problem) -> str | None:
 
 def candidates(problem: Problem) -> list[dict]:
     out = []
-    for reuse in ((0, 1) if problem.next_n > 1 else (0,)):
-        for chunk in common.CHUNK_SIZES:
-            for warps in NUM_WARPS:
-                # register-double-buffered tiles where they fit, else one tile per warp
-                for prefetch in (1, 0):
-                    cand = {"variant": VARIANT, "ChunkK": chunk, "SplitKV": 0, "ReuseKV": reuse, "num_warps": warps,
-                            "QInLDS": 1, "Prefetch": prefetch}
-                    if fits(problem, cand):
-                        out.append(cand)
-                        break
+    for schedule in common.SCHEDULES:
+        for reuse in ((0, 1) if problem.next_n > 1 else (0,)):
+            for chunk in common.CHUNK_SIZES:
+                for warps in NUM_WARPS:
+                    # register-double-buffered tiles where they fit, else one tile per warp
+                    for prefetch in (1, 0):
+                        cand = {"variant": VARIANT, "ChunkK": chunk, "SplitKV": 0, "ReuseKV": reuse,
+                                "num_warps": warps, "QInLDS": 1, "Prefetch": prefetch, "Schedule": schedule}
+                        if fits(problem, cand):
+                            out.append(cand)
+                            break
     return out
 
 
 def default_config(problem: Problem) -> dict:
+    schedule = common.default_schedule(problem)
     return {"variant": VARIANT, "ChunkK": 128, "SplitKV": 0, "ReuseKV": 1 if problem.next_n > 1 else 0,
-            "num_warps": 8, "QInLDS": 1, "Prefetch": 1}
+            "num_warps": 8, "QInLDS": 1, "Prefetch": int(schedule == common.SPLIT), "Schedule": schedule}
 
 
 def constexprs(problem: Problem, config: dict) -> dict:
@@ -141,6 +152,7 @@ def constexprs(problem: Problem, config: dict) -> dict:
         CHUNK=chunk, ROWS=common.rows_per_program(problem.next_n, reuse), PRESHUFFLE=problem.preshuffle,
         LENS_2D=problem.lens_2d, Q_IN_LDS=bool(q_lds),
         HEAD_CHUNK=min(HEAD_CHUNK, problem.heads) if q_lds else problem.heads, PREFETCH=bool(prefetch), KV_32BIT=False,
+        BALANCED=common.schedule_of(problem, config) == common.BALANCED,
         ACC=mma_layout(warps), K_WIDTH=K_WIDTH, MMA=mma_e4m3, LOAD=global_gather, LOAD_KV=cache_gather,
         THREADS_PER_WARP=THREADS_PER_WARP,
     )
@@ -166,9 +178,8 @@ def launch(args: LaunchArgs, config: dict) -> None:
     key = (p, common.config_key(config))
     plan = _PLANS.get(key)
     if plan is None:
-        splits = num_splits(p, config)
         rows = common.rows_per_program(p.next_n, _knobs(p, config)[3])
-        grid = (p.batch * splits * (p.next_n // rows),)
+        grid, splits = common.program_grid(p, config, num_splits(p, config), rows, CTAS_PER_SM)
         plan = _PLANS[key] = (grid, splits, {**constexprs(p, config), **options(p, config)})
     grid, splits, kwargs = plan
     common.register_mma_logits_kernel[grid](*common.kernel_arguments(args, splits), **kwargs)
@@ -186,7 +197,7 @@ def compile_specs(arch: str, configs: list[dict] | None = None) -> list[CompileS
                                                      CUDABackend)
         chunk, warps, split, reuse, q_lds, prefetch = _knobs(problem, cfg)
         knobs = {"variant": VARIANT, "ChunkK": chunk, "SplitKV": split, "ReuseKV": reuse, "num_warps": warps,
-                 "QInLDS": q_lds, "Prefetch": prefetch}
+                 "QInLDS": q_lds, "Prefetch": prefetch, "Schedule": common.schedule_of(problem, cfg)}
         specs.append(CompileSpec(
             name=common.spec_name("gluon", VARIANT, arch, problem, knobs, True), backend="gluon", arch=arch,
             knobs=dict(knobs, **common.problem_fields(problem)), fn=common.register_mma_logits_kernel,
@@ -201,5 +212,5 @@ def compile_matrix(arch: str) -> list[dict]:
     for heads in (32, 64):
         out.append({"heads": heads, "next_n": 2, "kv_block_size": 64, "preshuffle": False, "lens_2d": True,
                     "variant": VARIANT, "ChunkK": 64, "SplitKV": 0, "ReuseKV": 0, "num_warps": 8, "QInLDS": 0,
-                    "Prefetch": 1})
+                    "Prefetch": 1, "Schedule": common.BALANCED})
     return out

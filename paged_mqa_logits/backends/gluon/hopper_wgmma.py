@@ -21,13 +21,19 @@ Design (and why):
   block size (1..256), the block-table indirection and the Preshuffle byte order with the same
   code. (TMA would need the plain layout, 16-byte-aligned block strides and one box per block;
   the gather needs none of that and the copy engine is not the bottleneck.)
-* **Latency.** A program owns tiles ``split, split + num_splits, ...`` of its sequence
-  (round-robin): its first tiles do not depend on the lengths, so their block-table entries, Q
-  and the weights load *in parallel* with the lengths; the chain before the first key copy is
-  one memory latency, not two. In steady state the table entries of the next tile to issue
-  are prefetched one iteration ahead.
-* **One warpgroup per program** (4 warps). ``SplitKV = 0`` sizes the grid for one wave of the
-  programs that fit on the chip (:func:`derive_splits`), with equal tile counts per program.
+* **Two schedules** (``schedule.py``). ``Schedule=split``: program ``(split, b)`` owns tiles
+  ``split, split + num_splits, ...`` of sequence ``b`` (round-robin); its first tiles do not
+  depend on the lengths, so their block-table entries, Q and the weights load *in parallel*
+  with the lengths (the chain before the first key copy is one memory latency, not two);
+  ``SplitKV = 0`` sizes the grid for one wave (:func:`derive_splits`) from the host's context
+  hint, so on a batch of widely spread lengths the short sequences' programs idle.
+  ``Schedule=balanced``: one persistent wave of ``SMs x programs per SM`` programs (the
+  compiled kernel's own occupancy, :func:`resident_programs`), each taking an equal share of
+  the batch's tiles from an in-kernel prefix sum over the lengths (``common.balanced_share``)
+  and walking it as segments, one sequence each (:func:`_score_segment`: the ring restarts,
+  Q and the weights are reloaded, at every sequence boundary). In steady state the table
+  entries of the next tile to issue are prefetched one iteration ahead either way.
+* **One warpgroup per program** (4 warps).
 
 Ring protocol (iteration ``i``, tile ``i`` in slot ``i % S``, one cp.async group per tile, Q in
 the group before them): ``cp.async.wait_group(S - 2)`` (this thread's copies of tile ``i``
@@ -41,14 +47,16 @@ The compiler's shared-memory barrier analysis adds two more ``bar.sync`` per ite
 cannot tell ring slots apart); they are redundant but harmless.
 
 Semantics follow ``problem.py``: row ``j`` sees ``p < min(row_len(b, j), max_model_len, table
-width)``; nothing else of ``out`` is written; cache and output offsets are 64-bit. The scale
-stays inside the ReLU as the contract states it (no sign assumption).
+width)``; nothing else of ``out`` is written; cache and output offsets are 64-bit; block ids
+are clamped into ``[0, num_blocks)``. The key scale is factored out of the ReLU (exact for the
+non-negative scales of fp8 quantisation).
 
 Knobs: ``ChunkK`` (64/128 tokens per tile in the candidates; 256 accepted), ``RowsPerMMA``
 (1/2/4/8 next_n rows per wgmma),
-``num_stages`` (ring depth, >= 2), ``SplitKV`` (0 = derived on the host), ``CtasPerSM``
-(programs per SM that ``SplitKV = 0`` sizes the grid for; 0 = estimated from the kernel's
-resources), ``num_warps`` (always 4).
+``num_stages`` (ring depth, >= 2), ``Schedule`` (``split``, the default, or ``balanced``),
+``SplitKV`` (split: 0 = derived on the host), ``CtasPerSM`` (programs per SM the grid is
+sized for; 0 = the kernel's resources: estimated for split, read from the compiled kernel for
+balanced), ``num_warps`` (always 4).
 """
 
 from __future__ import annotations
@@ -66,11 +74,12 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from ...compile import LDS_LIMIT_BYTES, CompileSpec
 from ...problem import LaunchArgs, Problem
+from ...schedule import persistent_programs
 from . import common
 
 VARIANT = "wgmma"
 ARCHS = ("sm_90",)
-KNOBS = ("ChunkK", "RowsPerMMA", "num_stages", "SplitKV", "CtasPerSM", "num_warps")
+KNOBS = ("ChunkK", "RowsPerMMA", "num_stages", "SplitKV", "CtasPerSM", "num_warps", "Schedule")
 FP8 = {"sm_90": "fn"}
 CHUNK_SIZES = (64, 128, 256)
 NUM_WARPS = 4  # one warpgroup, wgmma's unit
@@ -181,15 +190,15 @@ def _key_offsets(pages, tokens, d, stride_block, KV_BLOCK: gl.constexpr, PRESHUF
 
 
 @gluon.jit
-def _tile_pages(table_row, tile, table_tokens, CHUNK: gl.constexpr, KV_BLOCK: gl.constexpr):
+def _tile_pages(table_row, tile, table_tokens, num_blocks, CHUNK: gl.constexpr, KV_BLOCK: gl.constexpr):
     """Cache blocks of ``tile``'s tokens in the two copy layouts (read twice from the table,
     L1-resident, rather than moved between layouts). Masked by the table width only, a host
     value, so they can load before the lengths arrive; entries past a sequence may be garbage
     (-1): those tokens are never copied."""
     key_tokens = tile * CHUNK + gl.arange(0, CHUNK, gl.SliceLayout(1, _copy_layout()))
     scale_tokens = tile * CHUNK + gl.arange(0, CHUNK, _scale_copy_layout())
-    return (common.tile_pages(table_row, key_tokens, table_tokens, KV_BLOCK, _gather),
-            common.tile_pages(table_row, scale_tokens, table_tokens, KV_BLOCK, _gather))
+    return (common.tile_pages(table_row, key_tokens, table_tokens, num_blocks, KV_BLOCK, _gather),
+            common.tile_pages(table_row, scale_tokens, table_tokens, num_blocks, KV_BLOCK, _gather))
 
 
 @gluon.jit
@@ -312,33 +321,24 @@ def _score_tile_groups(keys, q_smem, scale_slot, weight_smem, limit_smem, out_pt
 
 
 # ----------------------------------------------------------------------------- the kernel
-@gluon.jit(do_not_specialize=common.DYNAMIC_PARAMS)
-def wgmma_logits_kernel(
-    q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, table_ptr,
-    stride_q_b, stride_q_j, stride_q_h,
-    stride_block,  # bytes between cache blocks (multiple of 4)
-    stride_w, stride_out, stride_lens_b, stride_lens_j, stride_table,
-    max_model_len, max_blocks, num_splits,
-    NEXT_N: gl.constexpr, NEXT_N_POW2: gl.constexpr, HEADS: gl.constexpr, KV_BLOCK: gl.constexpr,
-    CHUNK: gl.constexpr, ROWS_PER_MMA: gl.constexpr, STAGES: gl.constexpr,
-    PRESHUFFLE: gl.constexpr, LENS_2D: gl.constexpr, KV_ALIGN: gl.constexpr, Q_ASYNC: gl.constexpr,
-):
-    """Program ``(split, b)`` scores tiles ``split, split + num_splits, ...`` of sequence ``b``
-    against all its next_n query rows (see the module docstring)."""
-    split = gl.program_id(0)
-    b = gl.program_id(1)
+@gluon.jit
+def _score_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, table_ptr,
+                   key_ring, scale_ring, q_smem, weight_smem, limit_smem,
+                   b, first, step, n_given,
+                   stride_q_b, stride_q_j, stride_q_h, stride_block, stride_w, stride_out, stride_lens_b,
+                   stride_lens_j, stride_table, max_model_len, max_blocks, num_blocks,
+                   NEXT_N: gl.constexpr, NEXT_N_POW2: gl.constexpr, HEADS: gl.constexpr, KV_BLOCK: gl.constexpr,
+                   CHUNK: gl.constexpr, ROWS_PER_MMA: gl.constexpr, STAGES: gl.constexpr,
+                   PRESHUFFLE: gl.constexpr, LENS_2D: gl.constexpr, KV_ALIGN: gl.constexpr, Q_ASYNC: gl.constexpr,
+                   BALANCED: gl.constexpr):
+    """Score tiles ``first, first + step, ...`` of sequence ``b`` against all its next_n rows:
+    ``n_given`` tiles (balanced schedule), or as many as the sequence has from ``first`` on
+    (``Schedule=split``, where the lengths are read here). The shared memory is the caller's,
+    reused from segment to segment; everything in flight has landed when this returns."""
     copy_layout: gl.constexpr = _copy_layout()
-    tile_smem: gl.constexpr = _tile_smem_layout()
-    vec_smem: gl.constexpr = _vec_smem_layout()
     vec_layout: gl.constexpr = gl.BlockedLayout([1], [32], [_WARPS], [0])
     NUM_GROUPS: gl.constexpr = _num_groups(NEXT_N, ROWS_PER_MMA)
     Q_ROWS: gl.constexpr = NEXT_N_POW2 * HEADS  # rows j*H + h; rows past NEXT_N*H unused
-
-    key_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, CHUNK, _D], tile_smem)
-    scale_ring = gl.allocate_shared_memory(gl.float32, [STAGES, CHUNK], vec_smem)
-    q_smem = gl.allocate_shared_memory(gl.float8e4nv, [Q_ROWS, _D], tile_smem)
-    weight_smem = gl.allocate_shared_memory(gl.float32, [Q_ROWS], vec_smem)
-    limit_smem = gl.allocate_shared_memory(gl.int32, [NEXT_N_POW2], vec_smem)
 
     # 1. What does not depend on the lengths, so that it loads in parallel with them: Q (the
     #    first cp.async group), the weights, the block-table entries of the first tiles.
@@ -359,67 +359,131 @@ def wgmma_logits_kernel(
     table_tokens = max_blocks * KV_BLOCK
     first_pages = ()
     for s in gl.static_range(STAGES - 1):
-        first_pages = first_pages + (_tile_pages(table_row, split + s * num_splits, table_tokens, CHUNK, KV_BLOCK),)
+        first_pages = first_pages + (_tile_pages(table_row, first + s * step, table_tokens, num_blocks, CHUNK,
+                                                 KV_BLOCK),)
 
-    # 2. The lengths decide this program's tile count.
+    # 2. The lengths: this sequence's visible end (and, splitting, this program's tile count).
     seq_len = common.sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
     end = common.visible_end(seq_len, max_model_len, max_blocks, KV_BLOCK)
-    n = gl.cdiv(gl.cdiv(end, CHUNK) - split, num_splits)
-    if n <= 0:
-        async_copy.wait_group(0)  # Q's copies must land before the shared memory is released
-        return
+    if BALANCED:
+        n = n_given
+    else:
+        n = gl.cdiv(gl.cdiv(end, CHUNK) - first, step)
+    if n > 0:
+        # Weights and row limits go through shared memory once; each row group's epilogue
+        # reads its slice in the accumulator's column layout.
+        weight_smem.store(weights)
+        limit_smem.store(_row_limits(lens_ptr, b, seq_len, end, stride_lens_b, stride_lens_j,
+                                     gl.arange(0, NEXT_N_POW2, vec_layout), NEXT_N, LENS_2D))
 
-    # Weights and row limits go through shared memory once; each row group's epilogue reads
-    # its slice in the accumulator's column layout.
-    weight_smem.store(weights)
-    limit_smem.store(_row_limits(lens_ptr, b, seq_len, end, stride_lens_b, stride_lens_j,
-                                 gl.arange(0, NEXT_N_POW2, vec_layout), NEXT_N, LENS_2D))
+        # 3. Prologue: tiles 0..STAGES-2 in flight, one cp.async group each (masked past the end).
+        for s in gl.static_range(STAGES - 1):
+            _issue_tile(key_ring.index(s), scale_ring.index(s), kv_ptr, scale_ptr, first_pages[s],
+                        first + s * step, _issue_end(s, n, first, step, end, CHUNK), stride_block, CHUNK, KV_BLOCK,
+                        PRESHUFFLE, KV_ALIGN)
+            async_copy.commit_group()
+        pages = _tile_pages(table_row, first + (STAGES - 1) * step, table_tokens, num_blocks, CHUNK, KV_BLOCK)
 
-    # 3. Prologue: tiles 0..STAGES-2 in flight, one cp.async group each (masked past the end).
-    for s in gl.static_range(STAGES - 1):
-        _issue_tile(key_ring.index(s), scale_ring.index(s), kv_ptr, scale_ptr, first_pages[s],
-                    split + s * num_splits, end, stride_block, CHUNK, KV_BLOCK, PRESHUFFLE, KV_ALIGN)
-        async_copy.commit_group()
-    pages = _tile_pages(table_row, split + (STAGES - 1) * num_splits, table_tokens, CHUNK, KV_BLOCK)
+        if NUM_GROUPS == 1:
+            # A single wgmma covers every row: its weights stay in registers.
+            mma_layout: gl.constexpr = _mma_layout(NEXT_N * HEADS)
+            gl.thread_barrier()
+            weight_regs = weight_smem.slice(0, NEXT_N * HEADS).load(gl.SliceLayout(0, mma_layout))
 
-    if NUM_GROUPS == 1:
-        # A single wgmma covers every row: its weights stay in registers.
-        mma_layout: gl.constexpr = _mma_layout(NEXT_N * HEADS)
-        gl.thread_barrier()
-        weight_regs = weight_smem.slice(0, NEXT_N * HEADS).load(gl.SliceLayout(0, mma_layout))
+        # 4. Steady state: tile i lives in slot i % STAGES.
+        for i in range(n):
+            slot = i % STAGES
+            tile = first + i * step
+            async_copy.wait_group(STAGES - 2)  # Q and tiles 0..i landed (this thread's copies)
+            fence_async_shared()  # ... and are visible to wgmma's async proxy
+            gl.thread_barrier()  # ... for every thread; and tile i-1's slot is free
 
-    # 4. Steady state: tile i lives in slot i % STAGES.
-    for i in range(n):
-        slot = i % STAGES
-        tile = split + i * num_splits
-        async_copy.wait_group(STAGES - 2)  # Q and tiles 0..i landed (this thread's copies)
-        fence_async_shared()  # ... and are visible to wgmma's async proxy
-        gl.thread_barrier()  # ... for every thread; and tile i-1's slot is free
+            ahead = i + STAGES - 1
+            _issue_tile(key_ring.index(ahead % STAGES), scale_ring.index(ahead % STAGES), kv_ptr, scale_ptr, pages,
+                        first + ahead * step, _issue_end(ahead, n, first, step, end, CHUNK), stride_block, CHUNK,
+                        KV_BLOCK, PRESHUFFLE, KV_ALIGN)
+            async_copy.commit_group()
+            pages = _tile_pages(table_row, first + (ahead + 1) * step, table_tokens, num_blocks, CHUNK, KV_BLOCK)
 
-        ahead = i + STAGES - 1
-        _issue_tile(key_ring.index(ahead % STAGES), scale_ring.index(ahead % STAGES), kv_ptr, scale_ptr, pages,
-                    split + ahead * num_splits, end, stride_block, CHUNK, KV_BLOCK, PRESHUFFLE, KV_ALIGN)
-        async_copy.commit_group()
-        pages = _tile_pages(table_row, split + (ahead + 1) * num_splits, table_tokens, CHUNK, KV_BLOCK)
+            keys = key_ring.index(slot)
+            if NUM_GROUPS == 1 and CHUNK == 128:
+                _score_tile_halves(keys, q_smem, scale_ring.index(slot), weight_regs, limit_smem, out_ptr, b, tile,
+                                   stride_out, NEXT_N, HEADS, CHUNK)
+            elif NUM_GROUPS == 1:
+                scores = warpgroup_mma(keys, q_smem.slice(0, NEXT_N * HEADS).permute((1, 0)),
+                                       gl.zeros([CHUNK, NEXT_N * HEADS], gl.float32, mma_layout), use_acc=False,
+                                       is_async=True)
+                scale = scale_ring.index(slot).load(gl.SliceLayout(1, mma_layout))
+                scores = warpgroup_mma_wait(0, deps=(scores,))
+                logits = _group_logits(scores, scale, weight_regs, CHUNK, NEXT_N, HEADS)
+                limits = limit_smem.load(gl.SliceLayout(0, logits.type.layout))
+                _store_logits(out_ptr, logits, b, tile, limits, stride_out, NEXT_N, 0, NEXT_N, CHUNK)
+            else:
+                _score_tile_groups(keys, q_smem, scale_ring.index(slot), weight_smem, limit_smem, out_ptr, b, tile,
+                                   stride_out, NEXT_N, HEADS, CHUNK, ROWS_PER_MMA)
+    async_copy.wait_group(0)  # no copy may outlive the segment (the tail groups are masked)
+    gl.thread_barrier()  # every thread is done with Q, the ring and the vectors before the next segment
 
-        keys = key_ring.index(slot)
-        if NUM_GROUPS == 1 and CHUNK == 128:
-            _score_tile_halves(keys, q_smem, scale_ring.index(slot), weight_regs, limit_smem, out_ptr, b, tile,
-                               stride_out, NEXT_N, HEADS, CHUNK)
-        elif NUM_GROUPS == 1:
-            scores = warpgroup_mma(keys, q_smem.slice(0, NEXT_N * HEADS).permute((1, 0)),
-                                   gl.zeros([CHUNK, NEXT_N * HEADS], gl.float32, mma_layout), use_acc=False,
-                                   is_async=True)
-            scale = scale_ring.index(slot).load(gl.SliceLayout(1, mma_layout))
-            scores = warpgroup_mma_wait(0, deps=(scores,))
-            logits = _group_logits(scores, scale, weight_regs, CHUNK, NEXT_N, HEADS)
-            limits = limit_smem.load(gl.SliceLayout(0, logits.type.layout))
-            _store_logits(out_ptr, logits, b, tile, limits, stride_out, NEXT_N, 0, NEXT_N, CHUNK)
-        else:
-            _score_tile_groups(keys, q_smem, scale_ring.index(slot), weight_smem, limit_smem, out_ptr, b, tile,
-                               stride_out, NEXT_N, HEADS, CHUNK, ROWS_PER_MMA)
 
-    async_copy.wait_group(0)  # no copy may outlive the program (the tail groups are masked)
+@gluon.jit
+def _issue_end(i, n, first, step, end, CHUNK: gl.constexpr):
+    """The ``end`` a copy of the segment's ``i``-th tile is masked with: the sequence's end for
+    the segment's own tiles, 0 past them (so a balanced share never copies the next program's
+    tiles, and a copy past the segment is one that moves nothing)."""
+    return gl.where(i < n, end, 0)
+
+
+@gluon.jit(do_not_specialize=common.DYNAMIC_PARAMS)
+def wgmma_logits_kernel(
+    q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, table_ptr,
+    stride_q_b, stride_q_j, stride_q_h,
+    stride_block,  # bytes between cache blocks (multiple of 4)
+    stride_w, stride_out, stride_lens_b, stride_lens_j, stride_table,
+    max_model_len, max_blocks, num_splits, batch, num_blocks,
+    NEXT_N: gl.constexpr, NEXT_N_POW2: gl.constexpr, HEADS: gl.constexpr, KV_BLOCK: gl.constexpr,
+    CHUNK: gl.constexpr, ROWS_PER_MMA: gl.constexpr, STAGES: gl.constexpr,
+    PRESHUFFLE: gl.constexpr, LENS_2D: gl.constexpr, KV_ALIGN: gl.constexpr, Q_ASYNC: gl.constexpr,
+    BALANCED: gl.constexpr,
+):
+    """Balanced: program ``p`` of the persistent grid scores its equal share of the batch's
+    tiles (``schedule.py``), segment by segment. Split: program ``(split, b)`` scores tiles
+    ``split, split + num_splits, ...`` of sequence ``b``. Either way against all next_n rows
+    of the sequence (see the module docstring)."""
+    tile_smem: gl.constexpr = _tile_smem_layout()
+    vec_smem: gl.constexpr = _vec_smem_layout()
+    Q_ROWS: gl.constexpr = NEXT_N_POW2 * HEADS
+    key_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, CHUNK, _D], tile_smem)
+    scale_ring = gl.allocate_shared_memory(gl.float32, [STAGES, CHUNK], vec_smem)
+    q_smem = gl.allocate_shared_memory(gl.float8e4nv, [Q_ROWS, _D], tile_smem)
+    weight_smem = gl.allocate_shared_memory(gl.float32, [Q_ROWS], vec_smem)
+    limit_smem = gl.allocate_shared_memory(gl.int32, [NEXT_N_POW2], vec_smem)
+
+    if BALANCED:
+        item, stop, b, tile = common.balanced_share(
+            lens_ptr, batch, stride_lens_b, stride_lens_j, max_model_len, max_blocks, gl.program_id(0),
+            gl.num_programs(0), NEXT_N, LENS_2D, KV_BLOCK, CHUNK, common.scan_layout(32, _WARPS))
+        while item < stop:
+            seq_len = common.sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
+            tiles = gl.cdiv(common.visible_end(seq_len, max_model_len, max_blocks, KV_BLOCK), CHUNK)
+            count = gl.minimum(tiles - tile, stop - item)
+            if count > 0:  # zero-length sequences between long ones hold no items
+                _score_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, table_ptr,
+                               key_ring, scale_ring, q_smem, weight_smem, limit_smem, b, tile, 1, count,
+                               stride_q_b, stride_q_j, stride_q_h, stride_block, stride_w, stride_out,
+                               stride_lens_b, stride_lens_j, stride_table, max_model_len, max_blocks, num_blocks,
+                               NEXT_N, NEXT_N_POW2, HEADS, KV_BLOCK, CHUNK, ROWS_PER_MMA, STAGES, PRESHUFFLE,
+                               LENS_2D, KV_ALIGN, Q_ASYNC, BALANCED)
+                item += count
+            b += 1
+            tile = tile * 0
+    else:
+        _score_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, table_ptr,
+                       key_ring, scale_ring, q_smem, weight_smem, limit_smem, gl.program_id(1), gl.program_id(0),
+                       num_splits, 0,
+                       stride_q_b, stride_q_j, stride_q_h, stride_block, stride_w, stride_out,
+                       stride_lens_b, stride_lens_j, stride_table, max_model_len, max_blocks, num_blocks,
+                       NEXT_N, NEXT_N_POW2, HEADS, KV_BLOCK, CHUNK, ROWS_PER_MMA, STAGES, PRESHUFFLE,
+                       LENS_2D, KV_ALIGN, Q_ASYNC, BALANCED)
 
 
 # ============================================================================= host side
@@ -444,6 +508,7 @@ def _knobs(problem: Problem, config: dict) -> tuple[int, int, int, int, int]:
     if (chunk not in CHUNK_SIZES or rows < 1 or rows & (rows - 1) or rows * problem.heads > MAX_MMA_N
             or not 2 <= stages <= 8 or split < 0 or ctas < 0 or warps != NUM_WARPS):
         raise ValueError(f"gluon/{VARIANT}: unsupported knobs {config} for heads={problem.heads}")
+    common.schedule_of(problem, config)  # raises on an unknown schedule
     return chunk, rows, stages, split, ctas
 
 
@@ -497,19 +562,56 @@ def derive_splits(cu_num: int, batch: int, context: int, chunk: int, ctas_per_sm
     return max(1, math.ceil(tiles / per_program))
 
 
+def programs_per_sm(problem: Problem, config: dict) -> int:
+    """``CtasPerSM``, or the programs an SM holds by :func:`resources` when it is 0."""
+    chunk, rows, stages, _, ctas = _knobs(problem, config)
+    return ctas or resources(problem, chunk, rows, stages)["ctas_per_sm"]
+
+
 def num_splits(problem: Problem, config: dict) -> int:
-    chunk, rows, stages, split, ctas = _knobs(problem, config)
+    """``Schedule=split``: programs per sequence (``SplitKV``, or :func:`derive_splits`)."""
+    chunk, _, _, split, _ = _knobs(problem, config)
     if split > 0:
         return split
-    ctas = ctas or resources(problem, chunk, rows, stages)["ctas_per_sm"]
-    return derive_splits(problem.cu_num, problem.batch, problem.work_context, chunk, ctas)
+    return derive_splits(problem.cu_num, problem.batch, problem.work_context, chunk, programs_per_sm(problem, config))
+
+
+def resident_programs(compiled) -> int | None:
+    """Programs of a compiled kernel one SM holds at once, from its real register and shared
+    memory use (``None`` when the kernel object does not say). The balanced schedule sizes its
+    persistent grid with it: a grid one program per SM too large runs a second, almost empty
+    wave that doubles the time, and the estimate of :func:`resources` is only a fit."""
+    try:
+        compiled._init_handles()
+        regs, shared = int(compiled.n_regs), int(compiled.metadata.shared)
+    except Exception:  # a kernel object of another Triton version, or a stand-in
+        return None
+    if regs <= 0:
+        return None
+    warp_regs = -(-regs * 32 // 256) * 256  # registers are allocated per warp, 256 at a time
+    by_regs = SM_REGISTERS // (warp_regs * NUM_WARPS)
+    by_smem = SM_SHARED_BYTES // (shared + 1024)  # the driver reserves 1 KB per program
+    return max(1, min(by_regs, by_smem, 8))
+
+
+def grid(problem: Problem, config: dict, compiled=None) -> tuple[tuple[int, int], int]:
+    """``(grid, num_splits)``: one persistent wave of ``SMs * programs_per_sm`` programs
+    (balanced; the compiled kernel's own occupancy when ``CtasPerSM = 0`` and it is given),
+    or ``(splits, batch)`` programs (split)."""
+    if common.schedule_of(problem, config) == common.BALANCED:
+        per_sm = _knobs(problem, config)[4] or (compiled is not None and resident_programs(compiled)) \
+            or programs_per_sm(problem, config)
+        return (persistent_programs(problem.cu_num or SM_COUNT_H100, per_sm), 1), 1
+    splits = num_splits(problem, config)
+    return (splits, problem.batch), splits
 
 
 def constexprs(problem: Problem, config: dict) -> dict:
     chunk, rows, stages, _, _ = _knobs(problem, config)
     return dict(NEXT_N=problem.next_n, NEXT_N_POW2=triton_next_pow2(problem.next_n), HEADS=problem.heads,
                 KV_BLOCK=problem.kv_block_size, CHUNK=chunk, ROWS_PER_MMA=min(rows, _pow2_floor(problem.next_n)),
-                STAGES=stages, PRESHUFFLE=problem.preshuffle, LENS_2D=problem.lens_2d)
+                STAGES=stages, PRESHUFFLE=problem.preshuffle, LENS_2D=problem.lens_2d,
+                BALANCED=common.schedule_of(problem, config) == common.BALANCED)
 
 
 def alignment(q, kv) -> dict:
@@ -556,12 +658,13 @@ def candidates(problem: Problem) -> list[dict]:
         fitting = [(chunk, stages) for chunk in (64, 128) for stages in _stages_for(chunk)
                    if fits(problem, chunk, rows, stages)]
         for chunk, stages in fitting:
-            out.append({"variant": VARIANT, "ChunkK": chunk, "RowsPerMMA": rows, "num_stages": stages,
-                        "SplitKV": 0, "CtasPerSM": 0, "num_warps": NUM_WARPS})
+            for schedule in (common.BALANCED, common.SPLIT):
+                out.append({"variant": VARIANT, "ChunkK": chunk, "RowsPerMMA": rows, "num_stages": stages,
+                            "SplitKV": 0, "CtasPerSM": 0, "num_warps": NUM_WARPS, "Schedule": schedule})
         groupings += bool(fitting)
         if groupings == 2:
             break
-    base = default_config(problem)
+    base = dict(default_config(problem), Schedule=common.SPLIT)
     derived = num_splits(problem, base)
     if derived >= 8:
         out.append(dict(base, SplitKV=derived // 2))
@@ -577,7 +680,8 @@ def default_config(problem: Problem) -> dict:
             for stages in _stages_for(chunk) + (2,):
                 if fits(problem, chunk, rows, stages):
                     return {"variant": VARIANT, "ChunkK": chunk, "RowsPerMMA": rows, "num_stages": stages,
-                            "SplitKV": 0, "CtasPerSM": 0, "num_warps": NUM_WARPS}
+                            "SplitKV": 0, "CtasPerSM": 0, "num_warps": NUM_WARPS,
+                            "Schedule": common.default_schedule(problem)}
     raise ValueError(f"gluon/{VARIANT}: no configuration fits {problem.describe()}")
 
 
@@ -591,10 +695,14 @@ def launch(args: LaunchArgs, config: dict) -> None:
     key = (p, common.config_key(config))
     plan = _PLANS.get(key)
     if plan is None:
-        splits = num_splits(p, config)
-        plan = _PLANS[key] = ((splits, p.batch), splits, {**constexprs(p, config), **options(p, config)})
-    grid, splits, kwargs = plan
-    wgmma_logits_kernel[grid](*common.kernel_arguments(args, splits), **kwargs, **alignment(args.q, args.kv_cache))
+        kwargs = {**constexprs(p, config), **options(p, config)}
+        compiled = None
+        if kwargs["BALANCED"]:  # the grid follows the compiled kernel's occupancy (compiled here once)
+            compiled = wgmma_logits_kernel.warmup(*common.kernel_arguments(args, 1), grid=(1,), **kwargs,
+                                                  **alignment(args.q, args.kv_cache))
+        plan = _PLANS[key] = (*grid(p, config, compiled), kwargs)
+    launch_grid, splits, kwargs = plan
+    wgmma_logits_kernel[launch_grid](*common.kernel_arguments(args, splits), **kwargs, **alignment(args.q, args.kv_cache))
 
 
 # ----------------------------------------------------------------------------- compile specs
@@ -618,7 +726,8 @@ def compile_specs(arch: str, configs: list[dict] | None = None) -> list[CompileS
                                                      {**constexprs(problem, cfg), **aligned}, CUDABackend)
         chunk, rows, stages, split, ctas = _knobs(problem, cfg)
         knobs = {"variant": VARIANT, "ChunkK": chunk, "RowsPerMMA": rows, "num_stages": stages, "SplitKV": split,
-                 "CtasPerSM": ctas, "num_warps": NUM_WARPS, "kvalign": aligned["KV_ALIGN"],
+                 "CtasPerSM": ctas, "num_warps": NUM_WARPS, "Schedule": common.schedule_of(problem, cfg),
+                 "kvalign": aligned["KV_ALIGN"],
                  "qasync": int(aligned["Q_ASYNC"])}
         specs.append(CompileSpec(
             name=common.spec_name("gluon", VARIANT, arch, problem, knobs, True), backend="gluon", arch=arch,

@@ -127,8 +127,13 @@ def test_wgmma_not_serialised_and_no_local_memory(compiled):
 
 
 def test_occupancy_at_least_what_the_split_rule_assumes(compiled):
+    """Split: the grid is sized by :func:`wg.resources`' estimate, which must never promise
+    more programs per SM than the compiled kernel allows. (Balanced: the grid is sized from the
+    compiled kernel itself, see the next test.)"""
     for cfg, _, record, _ in compiled:
         p = common.problem_for(ARCH, "fn", cfg)
+        if common.schedule_of(p, cfg) == common.BALANCED:
+            continue
         est = wg.resources(p, cfg["ChunkK"], cfg["RowsPerMMA"], cfg["num_stages"])
         regs = -(-record.vgprs // 8) * 8
         smem = record.lds_bytes
@@ -137,6 +142,28 @@ def test_occupancy_at_least_what_the_split_rule_assumes(compiled):
         actual = min(wg.SM_REGISTERS // (regs * 128), wg.SM_SHARED_BYTES // (smem + 1024))
         assert actual >= est["ctas_per_sm"], (f"{record.name}: {record.vgprs} registers and {smem} B shared allow "
                                               f"{actual} programs per SM, the split rule assumes {est['ctas_per_sm']}")
+
+
+def test_balanced_grid_follows_the_compiled_kernels_occupancy(compiled):
+    """The persistent grid is one wave: SMs x the programs the compiled kernel's registers and
+    shared memory let an SM hold (or ``CtasPerSM`` when set)."""
+    class Compiled:  # what Triton's CompiledKernel exposes once loaded
+        def __init__(self, regs, shared):
+            self.n_regs, self.metadata = regs, type("Metadata", (), {"shared": shared})()
+
+        def _init_handles(self):
+            pass
+
+    p = problem(batch=64)
+    cfg = dict(wg.default_config(p), Schedule="balanced")
+    assert wg.resident_programs(Compiled(151, 50712)) == 3  # 152 regs x 128 threads: 3 per 64K
+    assert wg.resident_programs(Compiled(96, 50712)) == 4  # then shared memory: 228K / 51.7K
+    assert wg.grid(p, cfg, Compiled(151, 50712)) == ((132 * 3, 1), 1)
+    assert wg.grid(p, dict(cfg, CtasPerSM=2), Compiled(151, 50712)) == ((132 * 2, 1), 1)
+    assert wg.grid(p, dict(cfg, Schedule="split")) == ((wg.num_splits(p, cfg), 64), wg.num_splits(p, cfg))
+    for cfg, _, record, _ in compiled:  # every balanced kernel is resident at least once per SM
+        if cfg.get("Schedule") == "balanced":
+            assert wg.resident_programs(Compiled(record.vgprs, record.lds_bytes)) >= 1, record.name
 
 
 # ----------------------------------------------------------------------------- host side
