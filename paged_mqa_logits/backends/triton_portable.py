@@ -1,16 +1,20 @@
 """``triton`` backend: one plain-Triton kernel for any Triton GPU, and CPU via the interpreter.
 
-One program per (group of ``RowsPerProgram`` next_n rows, KV split, sequence). It walks its
-chunk range of the sequence, gathers each chunk of ``ChunkK`` keys through the block table
-once, and scores it against all rows of its group at once: a single
-``[ChunkK, D] x [D, rows * H]`` dot, so with ``RowsPerProgram >= next_n`` a KV page is read
-once per sequence. Smaller groups bound the accumulator's registers (``next_n * H`` columns per
-token); their repeated reads of a chunk come from L2. The head reduction then folds
-``[ChunkK, rows, H]`` to ``[ChunkK, rows]``.
+Work is scheduled as ``schedule.py`` describes: with ``Schedule=balanced`` a persistent grid of ``SMs * PROGRAMS_PER_SM`` programs per row group, each
+taking an equal share of the batch's chunks from an in-kernel prefix sum over the lengths;
+with ``Schedule=split`` (the default until GPU runs have measured the two) one program per
+(row group, KV split, sequence). A program walks its
+chunks of a sequence, gathers each chunk of ``ChunkK`` keys through the block table once, and
+scores it against all rows of its group at once: a single ``[ChunkK, D] x [D, rows * H]`` dot,
+so with ``RowsPerProgram >= next_n`` a KV page is read once. Smaller groups bound the
+accumulator's registers (``next_n * H`` columns per token); their repeated reads of a chunk
+come from L2. The head reduction then folds ``[ChunkK, rows, H]`` to ``[ChunkK, rows]``.
 
 CPU tensors run through the Triton interpreter (an :class:`InterpretedFunction` made from the
 same Python source), which computes in fp32 after the load because its fp8 arithmetic is not
-trustworthy (BRIEF.md section 3).
+trustworthy (docs/VERIFICATION.md). There the balanced grid has ``CPU_PROGRAMS`` programs per
+row group: the interpreter runs programs one after another, and several shares exercise the
+segment boundaries the GPU sees.
 """
 
 from __future__ import annotations
@@ -19,8 +23,14 @@ import torch
 import triton
 import triton.language as tl
 
-from ..problem import LaunchArgs, Problem, derive_split_kv
+from ..problem import LaunchArgs, Problem
+from ..schedule import BALANCED, SCHEDULES, SPLIT, derive_split_kv, persistent_programs
 from ._interpret import interpreted
+
+#: programs per SM the balanced schedule's persistent grid is sized for
+PROGRAMS_PER_SM = 2
+#: balanced programs per row group on CPU (see the module docstring)
+CPU_PROGRAMS = 3
 
 
 @triton.jit
@@ -47,34 +57,66 @@ def _row_lengths(lens_ptr, b, seq_len, j, stride_lens_b, stride_lens_j, NEXT_N: 
     return tl.where(j < NEXT_N, tl.maximum(lens, 0), 0)
 
 
-# Sizes that vary per call stay unspecialised so one compiled kernel serves every batch.
-@triton.jit(do_not_specialize=("max_model_len", "max_blocks", "num_splits"))
-def _paged_mqa_logits_kernel(
-    q_ptr, kv_fp8_ptr, kv_f32_ptr, weights_ptr, out_ptr, lens_ptr, block_table_ptr,
-    stride_q_b, stride_q_j, stride_q_h,
-    stride_block,  # bytes between cache blocks
-    stride_w, stride_out, stride_lens_b, stride_lens_j, stride_table,
-    max_model_len, max_blocks, num_splits,
-    NEXT_N: tl.constexpr, ROWS: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    KV_BLOCK: tl.constexpr, CHUNK: tl.constexpr, PRESHUFFLE: tl.constexpr, LENS_2D: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, NUM_STAGES: tl.constexpr,
-):
-    """Program (row group g, split s, sequence b) scores next_n rows [g*ROWS, (g+1)*ROWS) of
-    sequence b over its split of the KV range. Row groups of one sequence are adjacent program
-    ids, so when next_n > ROWS the repeated KV reads of a chunk hit L2."""
-    row_group = tl.program_id(0)
-    split = tl.program_id(1)
-    b = tl.program_id(2)
-    M: tl.constexpr = ROWS * HEADS
+#: sequences whose lengths one scan step of the balanced schedule reads
+SCAN_BLOCK = tl.constexpr(512)
 
+
+@triton.jit
+def _block_tiles(lens_ptr, first_seq, batch, stride_lens_b, stride_lens_j, max_model_len, max_blocks,
+                 NEXT_N: tl.constexpr, LENS_2D: tl.constexpr, KV_BLOCK: tl.constexpr, CHUNK: tl.constexpr):
+    """Tiles of sequences ``first_seq .. first_seq + SCAN_BLOCK`` (0 past the batch)."""
+    seq = first_seq + tl.arange(0, SCAN_BLOCK)
+    valid = seq < batch
+    row = lens_ptr + seq.to(tl.int64) * stride_lens_b
+    seq_len = tl.load(row, mask=valid, other=0)
+    if LENS_2D:
+        for j in tl.static_range(1, NEXT_N):
+            seq_len = tl.maximum(seq_len, tl.load(row + j * stride_lens_j, mask=valid, other=0))
+    end = tl.minimum(tl.minimum(tl.maximum(seq_len, 0), max_model_len), max_blocks * KV_BLOCK)
+    return tl.cdiv(end, CHUNK)
+
+
+@triton.jit
+def _balanced_share(lens_ptr, batch, stride_lens_b, stride_lens_j, max_model_len, max_blocks, program, num_programs,
+                    NEXT_N: tl.constexpr, LENS_2D: tl.constexpr, KV_BLOCK: tl.constexpr, CHUNK: tl.constexpr):
+    """``(start, stop, seq, tile)`` of ``program``'s equal share of the batch's tiles, from an
+    in-kernel prefix sum over the lengths (``schedule.share`` / ``schedule.locate``)."""
+    total = tl.zeros((), tl.int32)
+    for first_seq in range(0, batch, SCAN_BLOCK):
+        tiles = _block_tiles(lens_ptr, first_seq, batch, stride_lens_b, stride_lens_j, max_model_len, max_blocks,
+                             NEXT_N, LENS_2D, KV_BLOCK, CHUNK)
+        total += tl.sum(tiles, axis=0)
+    start = (total.to(tl.int64) * program // num_programs).to(tl.int32)
+    stop = (total.to(tl.int64) * (program + 1) // num_programs).to(tl.int32)
+    seq = tl.zeros((), tl.int32)
+    before = tl.zeros((), tl.int32)
+    carried = tl.zeros((), tl.int32)
+    for first_seq in range(0, batch, SCAN_BLOCK):
+        tiles = _block_tiles(lens_ptr, first_seq, batch, stride_lens_b, stride_lens_j, max_model_len, max_blocks,
+                             NEXT_N, LENS_2D, KV_BLOCK, CHUNK)
+        cum = tl.cumsum(tiles, 0) + carried
+        done = cum <= start
+        seq += tl.sum(done.to(tl.int32), axis=0)
+        before = tl.maximum(before, tl.max(tl.where(done, cum, 0), axis=0))
+        carried += tl.sum(tiles, axis=0)
+    return start, stop, seq, start - before
+
+
+@triton.jit
+def _score_segment(q_ptr, kv_fp8_ptr, kv_f32_ptr, weights_ptr, out_ptr, lens_ptr, block_table_ptr,
+                   b, row_group, chunk_begin, chunk_end,
+                   stride_q_b, stride_q_j, stride_q_h, stride_block, stride_w, stride_out, stride_lens_b,
+                   stride_lens_j, stride_table, max_model_len, max_blocks, num_blocks,
+                   NEXT_N: tl.constexpr, ROWS: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                   KV_BLOCK: tl.constexpr, CHUNK: tl.constexpr, PRESHUFFLE: tl.constexpr, LENS_2D: tl.constexpr,
+                   DOT_DTYPE: tl.constexpr, NUM_STAGES: tl.constexpr):
+    """Chunks ``[chunk_begin, chunk_end)`` of sequence ``b`` scored against next_n rows
+    ``[row_group*ROWS, (row_group+1)*ROWS)``."""
+    M: tl.constexpr = ROWS * HEADS
     seq_len = _sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
     j = row_group * ROWS + tl.arange(0, ROWS)
     row_len = _row_lengths(lens_ptr, b, seq_len, j, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
     end = tl.minimum(tl.minimum(seq_len, max_model_len), max_blocks * KV_BLOCK)
-    num_chunks = tl.cdiv(end, CHUNK)
-    per_split = tl.cdiv(num_chunks, num_splits)
-    chunk_begin = split * per_split
-    chunk_end = tl.minimum(chunk_begin + per_split, num_chunks)
 
     # The group's query rows stacked: m = r * HEADS + h for row j = row_group * ROWS + r.
     m = tl.arange(0, M)
@@ -93,7 +135,10 @@ def _paged_mqa_logits_kernel(
     for chunk in tl.range(chunk_begin, chunk_end, num_stages=NUM_STAGES):
         token = chunk * CHUNK + t
         in_range = token < end
-        block = tl.load(table_row + token // KV_BLOCK, mask=in_range, other=0).to(tl.int64)
+        block = tl.load(table_row + token // KV_BLOCK, mask=in_range, other=0)
+        # Whatever the table holds, no gather leaves the cache: ids are clamped into
+        # [0, num_blocks) (an invalid id yields a real block's logits, the documented rule).
+        block = tl.maximum(tl.minimum(block, num_blocks - 1), 0).to(tl.int64)
         slot = token % KV_BLOCK
         if PRESHUFFLE:
             key_offsets = (slot // 16 * 16 * HEAD_DIM + slot % 16 * 16)[:, None] + (d // 16 * 256 + d % 16)[None, :]
@@ -113,6 +158,55 @@ def _paged_mqa_logits_kernel(
         tl.store(out_rows[None, :] + token[:, None], logits, mask=visible)
 
 
+# Sizes that vary per call stay unspecialised so one compiled kernel serves every batch.
+@triton.jit(do_not_specialize=("max_model_len", "max_blocks", "num_splits", "batch", "num_blocks"))
+def _paged_mqa_logits_kernel(
+    q_ptr, kv_fp8_ptr, kv_f32_ptr, weights_ptr, out_ptr, lens_ptr, block_table_ptr,
+    stride_q_b, stride_q_j, stride_q_h,
+    stride_block,  # bytes between cache blocks
+    stride_w, stride_out, stride_lens_b, stride_lens_j, stride_table,
+    max_model_len, max_blocks, num_splits, batch, num_blocks,
+    NEXT_N: tl.constexpr, ROWS: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    KV_BLOCK: tl.constexpr, CHUNK: tl.constexpr, PRESHUFFLE: tl.constexpr, LENS_2D: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, NUM_STAGES: tl.constexpr, BALANCED: tl.constexpr,
+):
+    """Balanced: program (row group g, p) of a persistent grid scores its equal share of the
+    batch's chunks (``schedule.py``) for rows [g*ROWS, (g+1)*ROWS), segment by segment.
+    Split: program (g, split s, sequence b) scores an even share of sequence b's chunks. Row
+    groups of one share are adjacent program ids, so when next_n > ROWS the repeated KV reads
+    of a chunk hit L2."""
+    row_group = tl.program_id(0)
+    if BALANCED:
+        item, stop, b, tile = _balanced_share(lens_ptr, batch, stride_lens_b, stride_lens_j, max_model_len,
+                                              max_blocks, tl.program_id(1), tl.num_programs(1), NEXT_N, LENS_2D,
+                                              KV_BLOCK, CHUNK)
+        while item < stop:
+            seq_len = _sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
+            tiles = tl.cdiv(tl.minimum(tl.minimum(seq_len, max_model_len), max_blocks * KV_BLOCK), CHUNK)
+            count = tl.minimum(tiles - tile, stop - item)
+            _score_segment(q_ptr, kv_fp8_ptr, kv_f32_ptr, weights_ptr, out_ptr, lens_ptr, block_table_ptr,
+                           b, row_group, tile, tile + count,
+                           stride_q_b, stride_q_j, stride_q_h, stride_block, stride_w, stride_out, stride_lens_b,
+                           stride_lens_j, stride_table, max_model_len, max_blocks, num_blocks,
+                           NEXT_N, ROWS, HEADS, HEAD_DIM, KV_BLOCK, CHUNK, PRESHUFFLE, LENS_2D, DOT_DTYPE,
+                           NUM_STAGES)
+            item += tl.maximum(count, 0)  # zero-length sequences between long ones hold no items
+            b += 1
+            tile = tile * 0
+    else:
+        split = tl.program_id(1)
+        b = tl.program_id(2)
+        seq_len = _sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
+        num_chunks = tl.cdiv(tl.minimum(tl.minimum(seq_len, max_model_len), max_blocks * KV_BLOCK), CHUNK)
+        per_split = tl.cdiv(num_chunks, num_splits)
+        chunk_begin = split * per_split
+        _score_segment(q_ptr, kv_fp8_ptr, kv_f32_ptr, weights_ptr, out_ptr, lens_ptr, block_table_ptr,
+                       b, row_group, chunk_begin, tl.minimum(chunk_begin + per_split, num_chunks),
+                       stride_q_b, stride_q_j, stride_q_h, stride_block, stride_w, stride_out, stride_lens_b,
+                       stride_lens_j, stride_table, max_model_len, max_blocks, num_blocks,
+                       NEXT_N, ROWS, HEADS, HEAD_DIM, KV_BLOCK, CHUNK, PRESHUFFLE, LENS_2D, DOT_DTYPE, NUM_STAGES)
+
+
 def _dot_dtype(problem: Problem):
     if problem.device_type == "cpu":
         return tl.float32
@@ -124,7 +218,7 @@ def _dot_dtype(problem: Problem):
 
 class TritonBackend:
     name = "triton"
-    knobs = ("ChunkK", "SplitKV", "RowsPerProgram", "num_warps", "num_stages")
+    knobs = ("ChunkK", "SplitKV", "RowsPerProgram", "num_warps", "num_stages", "Schedule")
 
     def unsupported(self, problem: Problem) -> str | None:
         if problem.heads & (problem.heads - 1):
@@ -141,21 +235,33 @@ class TritonBackend:
                 for warps in (4, 8):
                     for stages in (3, 4):
                         out.append({"ChunkK": chunk, "SplitKV": 0, "RowsPerProgram": rows, "num_warps": warps,
-                                    "num_stages": stages})
-        return out
+                                    "num_stages": stages, "Schedule": BALANCED})
+        # and the per-sequence split (the default), where one or two sequences make the
+        # balanced schedule's length scan pure latency
+        return out + [self.default_config(problem)]
 
     def default_config(self, problem: Problem) -> dict:
         rows = min(triton.next_power_of_2(problem.next_n), max(1, 256 // problem.heads))
-        return {"ChunkK": 64, "SplitKV": 0, "RowsPerProgram": rows, "num_warps": 4, "num_stages": 3}
+        return {"ChunkK": 64, "SplitKV": 0, "RowsPerProgram": rows, "num_warps": 4, "num_stages": 3,
+                "Schedule": SPLIT}
 
     def launch(self, args: LaunchArgs, config: dict) -> None:
         p = args.problem
         chunk = int(config.get("ChunkK") or 64)
         rows = min(int(config.get("RowsPerProgram") or 8), triton.next_power_of_2(p.next_n))
         row_groups = triton.cdiv(p.next_n, rows)
+        schedule = config.get("Schedule") or SPLIT
+        if schedule not in SCHEDULES:
+            raise ValueError(f"triton: Schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
         splits = int(config.get("SplitKV") or 0)
-        if splits <= 0:
-            splits = derive_split_kv(max(p.cu_num, 1), p.batch * row_groups, p.work_context, chunk)
+        if schedule == BALANCED:
+            programs = CPU_PROGRAMS if p.device_type == "cpu" else persistent_programs(p.cu_num, PROGRAMS_PER_SM)
+            grid = (row_groups, programs, 1)
+            splits = 1
+        else:
+            if splits <= 0:
+                splits = derive_split_kv(max(p.cu_num, 1), p.batch * row_groups, p.work_context, chunk)
+            grid = (row_groups, splits, p.batch)
         kv_fp8 = args.kv_cache.view(args.q.dtype)
         kv_f32 = args.kv_cache.view(torch.float32)
         lens = args.context_lens
@@ -163,14 +269,14 @@ class TritonBackend:
         kernel = interpreted(_paged_mqa_logits_kernel) if p.device_type == "cpu" else _paged_mqa_logits_kernel
         stages = int(config.get("num_stages") or 3)
         options = {} if p.device_type == "cpu" else {"num_warps": int(config.get("num_warps") or 4), "num_stages": stages}
-        kernel[(row_groups, splits, p.batch)](
+        kernel[grid](
             args.q, kv_fp8, kv_f32, args.weights, args.out, lens, args.block_table,
             args.q.stride(0), args.q.stride(1), args.q.stride(2),
             args.kv_cache.stride(0), args.weights.stride(0), args.out.stride(0), *lens_strides,
-            args.block_table.stride(0), args.max_model_len, args.max_blocks, splits,
+            args.block_table.stride(0), args.max_model_len, args.max_blocks, splits, p.batch, args.num_blocks,
             NEXT_N=p.next_n, ROWS=rows, HEADS=p.heads, HEAD_DIM=p.head_dim, KV_BLOCK=args.kv_block_size,
             CHUNK=chunk, PRESHUFFLE=args.preshuffle, LENS_2D=p.lens_2d, DOT_DTYPE=_dot_dtype(p),
-            NUM_STAGES=stages, **options,
+            NUM_STAGES=stages, BALANCED=schedule == BALANCED, **options,
         )
 
 

@@ -1,6 +1,8 @@
 """The portable Triton kernel, run on CPU tensors through the Triton interpreter (and on a GPU
 when one is present), against the reference over the randomised matrix."""
 
+import random
+
 import pytest
 import torch
 
@@ -49,6 +51,36 @@ def test_candidates_cover_knobs():
     cands = backend.candidates(p)
     assert {c["ChunkK"] for c in cands} == {64, 128}
     assert {c["RowsPerProgram"] for c in cands} == {1, 2}  # never more rows than next_n (2)
-    assert all(set(c) == {"ChunkK", "SplitKV", "RowsPerProgram", "num_warps", "num_stages"} for c in cands)
+    assert all(set(c) == {"ChunkK", "SplitKV", "RowsPerProgram", "num_warps", "num_stages", "Schedule"} for c in cands)
     assert backend.unsupported(p) is None
     assert "power of two" in backend.unsupported(Problem("sm_90", 132, 8, 2, 48, 128, 64, False, None, True, "fn", "cuda", 8192))
+
+
+@pytest.mark.parametrize("next_n, lens_2d, rows", [(1, True, 1), (3, False, 2), (5, True, 8), (7, False, 4)])
+def test_balanced_schedule_on_widely_ragged_batches(next_n, lens_2d, rows):
+    """Zero-length rows between long ones, shares that end inside a sequence (CPU_PROGRAMS
+    programs per row group), next_n 3/5/7 with row groups that do not divide next_n; the
+    result is bit-identical to the per-sequence split (each logit is computed the same way)."""
+    rng = random.Random(next_n)
+    lens = [0 if b % 4 == 1 else rng.randint(1, 300) for b in range(9)]
+    lens[0] = 300
+    outs = []
+    for schedule in ("balanced", "split"):
+        inp = make_inputs(9, next_n, 16, lens, kv_block_size=16, lens_2d=lens_2d, seed=next_n, out_row_pad=1)
+        check = run_and_check(paged_mqa_logits, inp, backend="triton",
+                              config={"Schedule": schedule, "ChunkK": 32, "RowsPerProgram": rows})
+        assert check.ok, f"{schedule}: {check.describe()}"
+        outs.append(inp["out_logits"])
+    assert torch.equal(outs[0].view(torch.int32), outs[1].view(torch.int32))
+
+
+def test_schedule_knob_is_checked_and_both_are_candidates():
+    from paged_mqa_logits.problem import Problem
+
+    backend = get("triton")
+    p = Problem("sm_90", 132, 8, 2, 64, 128, 64, False, None, True, "fn", "cuda", 8192)
+    assert {c["Schedule"] for c in backend.candidates(p)} == {"balanced", "split"}
+    assert backend.default_config(p)["Schedule"] == "split"
+    inp = make_inputs(2, 1, 16, [40, 3], kv_block_size=16, seed=1)
+    with pytest.raises(ValueError, match="Schedule must be one of"):
+        paged_mqa_logits(*positional(inp), backend="triton", config={"Schedule": "round-robin"})
