@@ -1,5 +1,5 @@
-"""The measuring method of BRIEF.md section 4, shared by ``python -m paged_mqa_logits bench``
-and the tuner (``python -m tuner``).
+"""The measuring method (docs/BENCHMARK.md), shared by ``python -m paged_mqa_logits bench`` and
+the tuner (``python -m tuner``).
 
 Method, for one shape:
 
@@ -15,17 +15,23 @@ Method, for one shape:
   the graph. A call that cannot be captured is timed eagerly and marked ``FAIL`` (the op must be
   capturable). On CPU a plain wall-clock loop over the same calls. The device-to-device copy
   bandwidth is measured in the same run.
+* **Realistic batches.** Besides uniform contexts, ``--ragged`` draws per-sequence lengths from
+  ``[C/2, C]`` and ``--wide-ragged`` from ``[1, C]`` (seeded; the first sequence is exactly
+  ``C``), the spread of a serving decode batch. Every implementation sees the same lengths.
 * **Accounting.** Bytes = KV bytes of the tokens each sequence walks (keys + fp32 scales,
   ``D + 4`` per token) + logits written (4 per visible position); FLOPs = ``2 * H * D`` per
   visible (row, key) pair, i.e. ``2*H*D*next_n`` per key. Block-table, query and weight bytes
-  are left out (DeepGEMM's anchor numbers count the same way).
+  are left out (DeepGEMM's own benchmark counts the same way).
 * **Accuracy on every shape.** The first copy's output is pre-filled with a signalling-NaN
   sentinel, one call is made, and :func:`~paged_mqa_logits.reference.check_logits` checks the
   untouched/mask contract exactly (bit for bit) and ``calc_diff < 1e-3`` on valid positions.
 
 What can be timed (:class:`Impl`): a backend with given knobs, the production dispatch
 (``launch(args)``: table lookup and fallback chain, as the op runs it), and DeepGEMM's
-``fp8_paged_mqa_logits`` when the ``deep_gemm`` package is importable (:func:`deepgemm_runner`).
+``fp8_paged_mqa_logits`` when the ``deep_gemm`` package is importable (:func:`deepgemm_runner`),
+on the same inputs in the same run. Where DeepGEMM refuses a next_n (anything but 1, 2, 4),
+it is timed the way vLLM runs such calls on sm_90: flattened into ``B*next_n`` requests of
+next_n 1 (backend ``deepgemm-flat``), which reads every KV page next_n times.
 """
 
 from __future__ import annotations
@@ -48,17 +54,20 @@ from .problem import HEAD_DIM, LaunchArgs
 
 SENTINEL_BITS = 0x7FBADBAD  # a signalling-NaN payload no kernel computes: "never written"
 MIN_WORKING_SET = 512 << 20
-ANCHOR_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "h200",
-                           "deepgemm_anchor.csv")
-DEFAULT_GRID = dict(heads=(32, 64), next_n=(1, 2, 4), batch=(1, 8, 32, 64, 128, 256), context=(8192, 32768),
+DEFAULT_GRID = dict(heads=(32, 64), next_n=(1, 2, 3, 4), batch=(1, 8, 32, 64, 128, 256), context=(8192, 32768),
                     kv_block_size=(64,))
+#: per-sequence length modes: every sequence at ``context``; drawn from ``[C/2, C]``; from ``[1, C]``
+LENGTH_MODES = ("", "half", "wide")
+#: next_n values DeepGEMM's kernel serves directly; others are timed flattened (see above)
+DEEPGEMM_NEXT_N = (1, 2, 4)
 
 
 # ----------------------------------------------------------------------------- shapes
 @dataclass(frozen=True)
 class Shape:
-    """One benchmarked problem: uniform context by default (``ragged``: per-sequence lengths
-    drawn from ``[context/2, context]``, the first one exactly ``context``)."""
+    """One benchmarked problem: uniform context by default; ``ragged="half"`` draws per-sequence
+    lengths from ``[context/2, context]``, ``ragged="wide"`` from ``[1, context]`` (seeded, the
+    first one exactly ``context``; ``True`` means ``"half"``)."""
 
     heads: int
     next_n: int
@@ -68,24 +77,31 @@ class Shape:
     preshuffle: bool = False
     head_dim: int = HEAD_DIM
     lens_2d: bool = True
-    ragged: bool = False
+    ragged: str = ""
+
+    def __post_init__(self):
+        mode = {True: "half", False: ""}.get(self.ragged, self.ragged)
+        if mode not in LENGTH_MODES:
+            raise ValueError(f"Shape.ragged must be one of {LENGTH_MODES} (or a bool), got {self.ragged!r}")
+        object.__setattr__(self, "ragged", mode)
 
     def lens(self, seed: int = 0) -> list[int]:
         if not self.ragged:
             return [self.context] * self.batch
         gen = torch.Generator().manual_seed(seed)
-        lens = torch.randint(self.context // 2, self.context + 1, (self.batch,), generator=gen).tolist()
+        low = self.context // 2 if self.ragged == "half" else 1
+        lens = torch.randint(low, self.context + 1, (self.batch,), generator=gen).tolist()
         lens[0] = self.context
         return lens
 
     def describe(self) -> str:
         return (f"H={self.heads} next_n={self.next_n} batch={self.batch} context={self.context} "
                 f"kv_block_size={self.kv_block_size} preshuffle={int(self.preshuffle)}"
-                + ("" if self.lens_2d else " lens=1d") + (" ragged" if self.ragged else ""))
+                + ("" if self.lens_2d else " lens=1d") + (f" ragged={self.ragged}" if self.ragged else ""))
 
 
 def grid_shapes(heads, next_n, batch, context, kv_block_size=(64,), preshuffle=(False,), *, lens_2d=True,
-                ragged=False, head_dim=HEAD_DIM) -> list[Shape]:
+                ragged="", head_dim=HEAD_DIM) -> list[Shape]:
     return [Shape(h, n, b, c, bs, p, head_dim, lens_2d, ragged)
             for h, n, bs, p, c, b in itertools.product(heads, next_n, kv_block_size, preshuffle, context, batch)]
 
@@ -94,7 +110,7 @@ def _int_list(text) -> list[int]:
     return [int(x) for x in str(text).replace(";", " ").replace("|", " ").replace(",", " ").split()]
 
 
-def shapes_from_csv(path: str, *, contexts=None, lens_2d=True, ragged=False) -> list[Shape]:
+def shapes_from_csv(path: str, *, contexts=None, lens_2d=True, ragged="") -> list[Shape]:
     """Shapes from a CSV with columns ``heads``/``H``, ``next_n``, ``batch`` and ``context`` (or
     ``contexts``, a ``;``-separated list, as in the tuner's untuned files), optionally
     ``kv_block_size``, ``preshuffle``, ``head_dim``. ``contexts`` (a list) overrides the file's."""
@@ -137,7 +153,7 @@ class Environment:
             f"# versions: triton {self.triton}, torch {self.torch}, {self.cuda}",
             f"# date: {self.date}",
             f"# copy_bandwidth_GBps: {self.copy_gbps:.0f} (device-to-device copy, read + write, same run)",
-            "# method: BRIEF.md section 4 -- rotating make_inputs copies past L2, warm-up outside capture, "
+            "# method: docs/BENCHMARK.md -- rotating make_inputs copies past L2, warm-up outside capture, "
             "median of CUDA-graph replays / calls; bytes = KV (D+4 per walked token) + logits written",
         ]
         if command:
@@ -405,7 +421,7 @@ def deepgemm_unsupported(shape: Shape, arch: str) -> str | None:
     return deepgemm_available()
 
 
-def deepgemm_runner(inputs: dict, next_n: int, slots: int) -> Callable[[], torch.Tensor]:
+def deepgemm_runner(inputs: dict, next_n: int, slots: int, flatten: bool = False) -> Callable[[], torch.Tensor]:
     """DeepGEMM's ``fp8_paged_mqa_logits`` on our inputs (the same co-packed uint8 cache layout).
 
     ``get_paged_mqa_logits_metadata(context_lens_2d, block_kv, slots)`` is computed once, outside
@@ -414,6 +430,10 @@ def deepgemm_runner(inputs: dict, next_n: int, slots: int) -> Callable[[], torch
     num_sms // 2``; :func:`_deepgemm_calls` tries both slot counts). The call allocates and
     returns its own ``[B*next_n, max_model_len]`` logits; positions a row does not see are
     unspecified there, so only the valid positions are checked.
+
+    ``flatten``: vLLM's sm_90 path for next_n DeepGEMM does not serve: ``B*next_n`` requests of
+    next_n 1 (q as ``[B*next_n, 1, H, D]``, lengths ``[B*next_n, 1]``, block-table rows
+    repeated, built once outside the timed calls), the same logits row for row.
     """
     import deep_gemm
 
@@ -422,9 +442,14 @@ def deepgemm_runner(inputs: dict, next_n: int, slots: int) -> Callable[[], torch
         offsets = torch.arange(next_n, device=lens.device, dtype=torch.int32) - (next_n - 1)
         lens = (lens[:, None] + offsets[None, :]).clamp_min(0).to(torch.int32)
     lens = lens.contiguous()
-    schedule = deep_gemm.get_paged_mqa_logits_metadata(lens, inputs["kv_block_size"], slots)
     q, kv, w, table, mml = (inputs["q_fp8"].contiguous(), inputs["kv_cache"], inputs["weights"],
                             inputs["kv_indices"], inputs["max_model_len"])
+    if flatten:
+        b, n, h, d = q.shape
+        q = q.reshape(b * n, 1, h, d)
+        lens = lens.reshape(b * n, 1).contiguous()
+        table = table.repeat_interleave(n, dim=0).contiguous()
+    schedule = deep_gemm.get_paged_mqa_logits_metadata(lens, inputs["kv_block_size"], slots)
 
     def run() -> torch.Tensor:
         return deep_gemm.fp8_paged_mqa_logits(q, kv, w, lens, table, schedule, mml, False)
@@ -432,13 +457,19 @@ def deepgemm_runner(inputs: dict, next_n: int, slots: int) -> Callable[[], torch
     return run
 
 
+def deepgemm_flattens(shape: Shape) -> bool:
+    """Whether DeepGEMM is timed flattened to next_n 1 for this shape (see the module docstring)."""
+    return shape.next_n not in DEEPGEMM_NEXT_N
+
+
 def _deepgemm_calls(workload: Workload) -> list[Callable[[], torch.Tensor]]:
     sms = torch.cuda.get_device_properties(workload.device).multi_processor_count
+    flatten = deepgemm_flattens(workload.shape)
     tries = [sms // 2, sms] if workload.shape.next_n == 4 else [sms]
     error = None
     for slots in tries:
         try:
-            calls = [deepgemm_runner(inp, workload.shape.next_n, slots) for inp in workload.inputs]
+            calls = [deepgemm_runner(inp, workload.shape.next_n, slots, flatten) for inp in workload.inputs]
             calls[0]()
             torch.cuda.synchronize(workload.device)
             return calls
@@ -625,7 +656,7 @@ def measure(impl: Impl, workload: Workload, schedule: Schedule | None = Schedule
             if reason:
                 m.status = f"skipped: {reason}"
                 return m
-            m.backend = "deepgemm"
+            m.backend = "deepgemm-flat" if deepgemm_flattens(workload.shape) else "deepgemm"
         elif impl.kind == "dispatch":
             from . import dispatch
 
@@ -671,10 +702,14 @@ class DeviceLost(RuntimeError):
 
 
 # ----------------------------------------------------------------------------- anchor and CSV
-def load_anchor(path: str = ANCHOR_FILE) -> dict[tuple, float]:
-    """DeepGEMM's H200 timings keyed by ``(H, D, kv_block_size, next_n, batch, context)``."""
-    if not os.path.exists(path):
+def load_anchor(path: str | None) -> dict[tuple, float]:
+    """DeepGEMM timings from a file of another run (``--anchor``), keyed by ``(H, D,
+    kv_block_size, next_n, batch, context)``. Ratios against it are *cross-run* and labelled
+    so: a same-run ``--deepgemm`` measurement is what counts."""
+    if not path:
         return {}
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"--anchor: no such file: {path}")
     with open(path, newline="") as f:
         return {(int(r["H"]), int(r["D"]), int(r["block_kv"]), int(r["next_n"]), int(r["batch"]), int(r["context"])):
                 float(r["us"]) for r in csv.DictReader(line for line in f if not line.startswith("#"))}
@@ -689,7 +724,8 @@ def anchor_us(anchor: dict, shape: Shape) -> float | None:
 
 COLUMNS = ["impl", "backend", "knobs", "H", "D", "kv_block_size", "preshuffle", "lens_2d", "ragged", "next_n", "batch",
            "context", "us", "GBps", "frac_of_copy_bw", "TFLOPs", "calc_diff", "mask_ok", "rotate", "calls", "spread",
-           "timing", "anchor_us", "speedup_vs_anchor", "deepgemm_us", "speedup_vs_deepgemm", "status"]
+           "timing", "deepgemm_us", "speedup_vs_deepgemm", "anchor_us_cross_run", "speedup_vs_anchor_cross_run",
+           "status"]
 
 
 def _fmt(value, decimals=3) -> str:
@@ -713,20 +749,21 @@ def csv_row(m: Measurement, anchor: dict, deepgemm: dict[Shape, float]) -> dict:
     return {
         "impl": m.impl.kind, "backend": m.backend or "", "knobs": format_knobs(m.knobs), "H": s.heads,
         "D": s.head_dim, "kv_block_size": s.kv_block_size, "preshuffle": int(s.preshuffle), "lens_2d": int(s.lens_2d),
-        "ragged": int(s.ragged), "next_n": s.next_n, "batch": s.batch, "context": s.context,
+        "ragged": s.ragged or "0", "next_n": s.next_n, "batch": s.batch, "context": s.context,
         "us": _fmt(m.us, 2), "GBps": _fmt(m.gbps, 0), "frac_of_copy_bw": _fmt(m.frac_of_copy_bw, 3),
         "TFLOPs": _fmt(m.tflops, 1), "calc_diff": f"{m.calc_diff:.2e}" if m.calc_diff is not None else "",
         "mask_ok": "n/a" if m.mask_ok is None and m.calc_diff is not None else _fmt(m.mask_ok),
         "rotate": m.rotate, "calls": m.calls, "spread": _fmt(m.spread, 3), "timing": m.timing,
-        "anchor_us": _fmt(a_us, 2), "speedup_vs_anchor": _fmt(a_us / m.us, 3) if a_us and m.us else "",
         "deepgemm_us": _fmt(d_us, 2), "speedup_vs_deepgemm": _fmt(d_us / m.us, 3) if d_us and m.us else "",
+        "anchor_us_cross_run": _fmt(a_us, 2),
+        "speedup_vs_anchor_cross_run": _fmt(a_us / m.us, 3) if a_us and m.us else "",
         "status": m.status,
     }
 
 
 def write_csv(path: str, env: Environment, measurements: list[Measurement], *, command: str | None = None,
               anchor: dict | None = None) -> None:
-    anchor = load_anchor() if anchor is None else anchor
+    anchor = anchor or {}
     deepgemm = {m.shape: m.us for m in measurements if m.impl.kind == "deepgemm" and m.us}
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}"
@@ -745,36 +782,61 @@ def geomean(values) -> float | None:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
 
 
-def summary(measurements: list[Measurement], anchor: dict) -> list[str]:
-    """Per implementation: geomean speed-up vs the anchor and the issue-3 target figures."""
+def _memory_bound(shape: Shape) -> bool:
+    return shape.next_n <= 2 and shape.batch * shape.context >= 1 << 20
+
+
+def summary(measurements: list[Measurement], anchor: dict | None = None) -> list[str]:
+    """Per length mode (uniform / ragged) and implementation: the same-run comparison with
+    DeepGEMM (geomean, worst shape, shapes below 0.90x; flattened DeepGEMM separately), the
+    minimum fraction of copy bandwidth on memory-bound shapes (next_n <= 2, batch x context
+    >= 1M tokens), the peak TFLOP/s at next_n 4 / H 64, and next_n 3 against the mean of
+    next_n 2 and 4 at the same shape. A ratio against ``anchor`` (another run) is labelled
+    cross-run."""
     lines = []
-    labels = sorted({m.impl.label for m in measurements})
-    for label in labels:
-        ms = [m for m in measurements if m.impl.label == label and m.us]
-        if not ms:
-            continue
-        ratios = [anchor_us(anchor, m.shape) / m.us for m in ms if anchor_us(anchor, m.shape)]
-        text = f"{label}: {len(ms)} shapes"
-        if ratios:
-            text += f", geomean speed-up vs DeepGEMM anchor {geomean(ratios):.3f}x over {len(ratios)} shapes"
-        bw = [m.frac_of_copy_bw for m in ms
-              if m.shape.next_n <= 2 and m.shape.batch * m.shape.context >= 1 << 20 and m.frac_of_copy_bw]
-        if bw:
-            text += f", min frac of copy bw (next_n<=2, B*ctx>=1M) {min(bw):.3f}"
-        flops = [m.tflops for m in ms if m.shape.next_n == 4 and m.shape.heads == 64 and m.tflops]
-        if flops:
-            text += f", max TFLOP/s (next_n=4, H=64) {max(flops):.0f}"
-        small = [m.us for m in ms if m.shape.batch == 1 and m.shape.context == 8192]
-        if small:
-            text += f", batch 1 context 8192: {min(small):.2f}-{max(small):.2f} us"
-        lines.append(text)
-    dispatch = {m.shape: m.us for m in measurements if m.impl.kind == "dispatch" and m.us}
-    for label in labels:
-        other = {m.shape: m.us for m in measurements if m.impl.label == label and m.us and m.impl.kind != "dispatch"}
-        common = [s for s in other if s in dispatch]
-        if common:
-            ratio = geomean(other[s] / dispatch[s] for s in common)
-            lines.append(f"dispatch vs {label}: {ratio:.3f}x faster (geomean over {len(common)} shapes)")
+    for mode in sorted({m.shape.ragged for m in measurements}):
+        grid = [m for m in measurements if m.shape.ragged == mode]
+        name = {"": "uniform", "half": "ragged [C/2, C]", "wide": "wide ragged [1, C]"}[mode]
+        deepgemm = {m.shape: m.us for m in grid if m.impl.kind == "deepgemm" and m.us}
+        for label in sorted({m.impl.label for m in grid if m.impl.kind != "deepgemm"}):
+            ms = [m for m in grid if m.impl.label == label and m.us]
+            if not ms:
+                continue
+            text = f"{label} [{name}]: {len(ms)} shapes"
+            native = [(deepgemm[m.shape] / m.us, m.shape) for m in ms
+                      if m.shape in deepgemm and not deepgemm_flattens(m.shape)]
+            if native:
+                worst = min(native, key=lambda r: r[0])
+                text += (f"; vs DeepGEMM (same run) geomean {geomean(r for r, _ in native):.3f}x over {len(native)}"
+                         f" shapes, worst {worst[0]:.3f}x ({worst[1].describe()}),"
+                         f" {sum(r < 0.9 for r, _ in native)} below 0.90x")
+            flat = [deepgemm[m.shape] / m.us for m in ms if m.shape in deepgemm and deepgemm_flattens(m.shape)]
+            if flat:
+                text += f"; vs flattened DeepGEMM geomean {geomean(flat):.3f}x over {len(flat)} shapes"
+            bw = [m.frac_of_copy_bw for m in ms if _memory_bound(m.shape) and m.frac_of_copy_bw]
+            if bw:
+                text += f"; min frac of copy bw (next_n<=2, B*ctx>=1M) {min(bw):.3f}"
+            flops = [m.tflops for m in ms if m.shape.next_n == 4 and m.shape.heads == 64 and m.tflops]
+            if flops:
+                text += f"; max TFLOP/s (next_n=4, H=64) {max(flops):.0f}"
+            by_key = {(m.shape.heads, m.shape.batch, m.shape.context, m.shape.next_n): m.us for m in ms}
+            n3 = [(by_key[(h, b, c, 3)] / ((by_key[(h, b, c, 2)] + by_key[(h, b, c, 4)]) / 2), (h, b, c))
+                  for (h, b, c, n) in by_key if n == 3 and (h, b, c, 2) in by_key and (h, b, c, 4) in by_key]
+            if n3:
+                worst = max(n3)
+                text += (f"; next_n 3 / mean(next_n 2, 4): worst {worst[0]:.3f} (H={worst[1][0]} batch={worst[1][1]}"
+                         f" context={worst[1][2]}), {sum(r > 1 for r, _ in n3)} of {len(n3)} above 1")
+            ratios = [anchor_us(anchor, m.shape) / m.us for m in ms if anchor and anchor_us(anchor, m.shape)]
+            if ratios:
+                text += f"; vs the anchor file (cross-run) {geomean(ratios):.3f}x over {len(ratios)} shapes"
+            lines.append(text)
+        dispatch = {m.shape: m.us for m in grid if m.impl.kind == "dispatch" and m.us}
+        for label in sorted({m.impl.label for m in grid if m.impl.kind == "backend"}):
+            other = {m.shape: m.us for m in grid if m.impl.label == label and m.us}
+            shared = [s for s in other if s in dispatch]
+            if shared:
+                ratio = geomean(other[s] / dispatch[s] for s in shared)
+                lines.append(f"dispatch vs {label} [{name}]: {ratio:.3f}x faster (geomean over {len(shared)} shapes)")
     return lines
 
 
@@ -815,11 +877,13 @@ def _problem_for(shape: Shape, env: Environment, device):
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m paged_mqa_logits bench",
-        description="Time backends, knob sets, the production dispatch and (if importable) DeepGEMM with the "
-                    "BRIEF.md section 4 method; writes a CSV and exits non-zero if any shape fails its check.")
+        description="Time backends, knob sets, the production dispatch and (if importable) DeepGEMM in the "
+                    "same run with the method of docs/BENCHMARK.md; writes a CSV and exits non-zero if any shape "
+                    "fails its check.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     g = p.add_argument_group("shapes (a grid, or --shapes FILE)")
     g.add_argument("--heads", default="32,64")
-    g.add_argument("--next-n", default="1,2,4")
+    g.add_argument("--next-n", default="1,2,3,4")
     g.add_argument("--batch", default="1,8,32,64,128,256")
     g.add_argument("--context", default=None, help="default 8192,32768 (with --shapes: overrides the file's)")
     g.add_argument("--kv-block-size", default="64")
@@ -827,7 +891,10 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--preshuffle", action="store_true", help="preshuffled cache (see --preshuffle-values for both)")
     g.add_argument("--preshuffle-values", default=None, help="e.g. 0,1 to bench both layouts")
     g.add_argument("--lens-1d", action="store_true", help="1-D context_lens instead of vLLM's 2-D layout")
-    g.add_argument("--ragged", action="store_true", help="per-sequence contexts in [context/2, context]")
+    lengths = g.add_mutually_exclusive_group()
+    lengths.add_argument("--ragged", action="store_true", help="per-sequence contexts in [context/2, context]")
+    lengths.add_argument("--wide-ragged", action="store_true",
+                         help="per-sequence contexts uniform in [1, context], as in serving decode batches")
     g.add_argument("--shapes", default=None,
                    help="CSV of shapes: heads,next_n,batch,context (or contexts) [,kv_block_size,preshuffle]")
     i = p.add_argument_group("what to time (default: the production dispatch)")
@@ -835,7 +902,9 @@ def main(argv: list[str] | None = None) -> int:
     i.add_argument("--config", default=None, help="knobs for --backend, e.g. 'ChunkK=128,SplitKV=0'")
     i.add_argument("--all-candidates", action="store_true", help="every tuner candidate of the backend(s)")
     i.add_argument("--dispatch", action="store_true", help="also time the production dispatch")
-    i.add_argument("--deepgemm", action="store_true", help="also time DeepGEMM's fp8_paged_mqa_logits")
+    i.add_argument("--deepgemm", action="store_true",
+                   help="also time DeepGEMM's fp8_paged_mqa_logits on the same inputs (flattened to next_n 1 "
+                        "where it refuses the next_n, as vLLM runs it)")
     i.add_argument("--no-hint", action="store_true", help="call without context_hint (the table's 'any' rows)")
     m = p.add_argument_group("method")
     m.add_argument("--device", default=None, help="cuda / cuda:1 / cpu (default: a GPU if present)")
@@ -843,7 +912,8 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--copies", type=int, default=None, help="rotating copies (default: past 4x L2, >= 512 MiB)")
     m.add_argument("--max-copies", type=int, default=256)
     m.add_argument("--seed", type=int, default=0)
-    m.add_argument("--anchor", default=ANCHOR_FILE, help="DeepGEMM anchor CSV for the speed-up column")
+    m.add_argument("--anchor", default=None,
+                   help="DeepGEMM timings from another run (CSV); its ratios are reported as cross-run")
     m.add_argument("--out", default=None, help="CSV to write (default: print only)")
     m.add_argument("--fail-fast", action="store_true")
     m.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -853,13 +923,14 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda" and device.index is not None:
         torch.cuda.set_device(device)
     pre = _bool_list(a.preshuffle_values) if a.preshuffle_values else [a.preshuffle]
+    ragged = "wide" if a.wide_ragged else ("half" if a.ragged else "")
     if a.shapes:
         shapes = shapes_from_csv(a.shapes, contexts=_int_list(a.context) if a.context else None,
-                                 lens_2d=not a.lens_1d, ragged=a.ragged)
+                                 lens_2d=not a.lens_1d, ragged=ragged)
     else:
         shapes = grid_shapes(_int_list(a.heads), _int_list(a.next_n), _int_list(a.batch),
                              _int_list(a.context or "8192,32768"), _int_list(a.kv_block_size), pre,
-                             lens_2d=not a.lens_1d, ragged=a.ragged, head_dim=a.head_dim)
+                             lens_2d=not a.lens_1d, ragged=ragged, head_dim=a.head_dim)
     if a.config and (not a.backend or "," in a.backend):
         p.error("--config needs exactly one --backend")
     if a.deepgemm and deepgemm_available():
@@ -922,8 +993,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def print_table(results: list[Measurement], anchor: dict, file=None) -> None:
     deepgemm = {m.shape: m.us for m in results if m.impl.kind == "deepgemm" and m.us}
-    cols = ["impl", "backend", "knobs", "H", "next_n", "batch", "context", "preshuffle", "us", "GBps",
-            "frac_of_copy_bw", "TFLOPs", "calc_diff", "speedup_vs_anchor", "speedup_vs_deepgemm", "status"]
+    cols = ["impl", "backend", "knobs", "H", "next_n", "batch", "context", "ragged", "us", "GBps",
+            "frac_of_copy_bw", "TFLOPs", "calc_diff", "speedup_vs_deepgemm", "status"]
     rows = [cols] + [[str(csv_row(m, anchor, deepgemm)[c]) for c in cols] for m in results]
     widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
     for r in rows:

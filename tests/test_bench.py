@@ -20,6 +20,8 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "tuner"))
 import fake_backends  # noqa: E402  (tests/tuner/fake_backends.py: candidates that misbehave on purpose)
 
 TINY = Shape(heads=16, next_n=2, batch=2, context=48, kv_block_size=16)
+#: DeepGEMM's timings on one H200 from an earlier run (a cross-run reference, never a same-run ratio)
+ANCHOR_FILE = os.path.join(ROOT, "benchmarks", "h200", "deepgemm_anchor.csv")
 
 
 @pytest.fixture
@@ -46,7 +48,7 @@ def test_anchor_accounting_matches_deepgemm_file():
     """The anchor's GB/s is KV bytes + logits written, exactly what bench counts."""
     shape = Shape(heads=64, next_n=2, batch=8, context=8192)
     acc = bench.accounting(shape, shape.lens(), 8192, 128)
-    with open(bench.ANCHOR_FILE) as f:
+    with open(ANCHOR_FILE) as f:
         row = next(r for r in csv.DictReader(f)
                    if (r["H"], r["next_n"], r["batch"], r["context"]) == ("64", "2", "8", "8192"))
     assert acc.bytes / float(row["us"]) / 1e3 == pytest.approx(float(row["GBps"]), rel=0.01)
@@ -80,9 +82,46 @@ def test_summary_compares_the_dispatch_with_each_implementation():
     shapes = [Shape(heads=64, next_n=1, batch=1, context=8192), Shape(heads=64, next_n=1, batch=8, context=8192)]
     ms = [bench.Measurement(s, Impl("dispatch"), us=us) for s, us in zip(shapes, (2.0, 3.0))]
     ms += [bench.Measurement(s, Impl.of("triton", {"ChunkK": 64}), us=us) for s, us in zip(shapes, (4.0, 3.0))]
-    lines = bench.summary(ms, bench.load_anchor())
-    assert any(line.startswith("dispatch: 2 shapes, geomean speed-up vs DeepGEMM anchor") for line in lines)
-    assert "dispatch vs triton[ChunkK=64]: 1.414x faster (geomean over 2 shapes)" in lines
+    lines = bench.summary(ms, bench.load_anchor(ANCHOR_FILE))
+    assert any(line.startswith("dispatch [uniform]: 2 shapes") and "(cross-run)" in line for line in lines)
+    assert "dispatch vs triton[ChunkK=64] [uniform]: 1.414x faster (geomean over 2 shapes)" in lines
+
+
+def test_summary_reports_same_run_deepgemm_per_grid_and_next_n_3():
+    """Per length mode: geomean and worst shape vs DeepGEMM timed in the same run, flattened
+    DeepGEMM (next_n 3) apart, the memory-bound bandwidth floor, next_n 3 vs its neighbours."""
+    ms = []
+    for ragged in ("", "wide"):
+        for n, ours, theirs in ((1, 10.0, 11.0), (2, 20.0, 16.0), (3, 24.0, 60.0), (4, 30.0, 36.0)):
+            s = Shape(heads=64, next_n=n, batch=128, context=32768, ragged=ragged)
+            ms.append(bench.Measurement(s, Impl("dispatch"), us=ours, frac_of_copy_bw=0.8 + n / 100))
+            ms.append(bench.Measurement(s, Impl("deepgemm"), us=theirs))
+    lines = bench.summary(ms)
+    uniform = next(line for line in lines if line.startswith("dispatch [uniform]"))
+    wide = next(line for line in lines if line.startswith("dispatch [wide ragged [1, C]]"))
+    expected_geomean = (11 / 10 * 16 / 20 * 36 / 30) ** (1 / 3)
+    for line in (uniform, wide):
+        assert f"vs DeepGEMM (same run) geomean {expected_geomean:.3f}x over 3 shapes" in line
+        assert "worst 0.800x (H=64 next_n=2 batch=128" in line and "1 below 0.90x" in line
+        assert "vs flattened DeepGEMM geomean 2.500x over 1 shapes" in line
+        assert "min frac of copy bw (next_n<=2, B*ctx>=1M) 0.810" in line
+        assert f"next_n 3 / mean(next_n 2, 4): worst {24 / 25:.3f}" in line and "0 of 1 above 1" in line
+    assert "cross-run" not in uniform
+
+
+def test_wide_ragged_lengths_are_seeded_and_span_one_to_context():
+    shape = Shape(heads=16, next_n=1, batch=400, context=1000, ragged="wide")
+    lens = shape.lens(seed=3)
+    assert lens == shape.lens(seed=3) and lens != shape.lens(seed=4)
+    assert lens[0] == 1000 and min(lens) >= 1 and max(lens) == 1000 and min(lens) < 100
+    assert Shape(heads=16, next_n=1, batch=4, context=8, ragged=True).ragged == "half"
+    with pytest.raises(ValueError, match="ragged"):
+        Shape(heads=16, next_n=1, batch=4, context=8, ragged="sometimes")
+
+
+def test_deepgemm_is_flattened_where_it_refuses_the_next_n():
+    assert [bench.deepgemm_flattens(Shape(heads=64, next_n=n, batch=1, context=64)) for n in range(1, 9)] == \
+        [False, False, True, False, True, True, True, True]
 
 
 def test_time_calls_on_cpu_warms_up_then_loops():
@@ -129,14 +168,17 @@ def test_check_uses_a_sentinel_so_untouched_means_untouched(fake_backend):
 
 
 def test_anchor_speedup_only_on_the_anchor_layout():
-    anchor = bench.load_anchor()
+    anchor = bench.load_anchor(ANCHOR_FILE)
+    assert bench.load_anchor(None) == {}
+    with pytest.raises(FileNotFoundError, match="--anchor"):
+        bench.load_anchor(os.path.join(ROOT, "no_such_anchor.csv"))
     plain = Shape(heads=64, next_n=1, batch=1, context=8192)
     assert bench.anchor_us(anchor, plain) == pytest.approx(4.26)
     assert bench.anchor_us(anchor, Shape(heads=64, next_n=1, batch=1, context=8192, preshuffle=True)) is None
     assert bench.anchor_us(anchor, Shape(heads=64, next_n=1, batch=1, context=8192, lens_2d=False)) is None
     m = bench.Measurement(plain, Impl("dispatch"), backend="gluon", us=2.13)
     row = bench.csv_row(m, anchor, {plain: 4.0})
-    assert row["speedup_vs_anchor"] == "2" and row["speedup_vs_deepgemm"] == "1.878"
+    assert row["speedup_vs_anchor_cross_run"] == "2" and row["speedup_vs_deepgemm"] == "1.878"
 
 
 def test_shapes_from_an_untuned_csv(tmp_path):
@@ -219,3 +261,15 @@ def test_graph_timing_on_gpu():
     m = bench.measure(Impl.of("triton"), wl, Schedule(replays=3), copy_gbps=bench.copy_bandwidth("cuda"))
     assert m.ok, m.status
     assert m.timing == "graph" and m.calls % wl.copies == 0 and 0 < m.frac_of_copy_bw < 1.5
+
+
+def test_cli_wide_ragged_grid_marks_its_rows_and_summarises_them(tmp_path, capsys):
+    out = tmp_path / "bench.csv"
+    rc = bench.main(["--heads", "16", "--next-n", "1", "--batch", "5", "--context", "64", "--kv-block-size", "16",
+                     "--backend", "torch", "--wide-ragged", "--replays", "1", "--quiet", "--out", str(out)])
+    assert rc == 0
+    _, rows = _read(out)
+    assert [r["ragged"] for r in rows] == ["wide"]
+    assert "torch[default] [wide ragged [1, C]]: 1 shapes" in capsys.readouterr().out
+    with pytest.raises(SystemExit):  # the two ragged modes exclude each other
+        bench.main(["--ragged", "--wide-ragged", "--device", "cpu"])
