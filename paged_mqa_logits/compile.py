@@ -343,7 +343,7 @@ def max_waves_per_simd(vgprs: int) -> int:
 
 
 def check_records(records: list[CompileRecord]) -> list[str]:
-    """Issue 4's CI checks; one message per violation (empty: all good).
+    """The checks CI applies to every compiled kernel; one message per violation (empty: all good).
 
     * every kernel compiled;
     * its matrix instructions are native fp8: ``v_mfma_*fp8*`` (gfx942), fp8 or ``f8f6f4``
