@@ -49,7 +49,23 @@ def describe_problem(
     )
 
 
-def explain(**problem) -> dispatch.Choice:
-    """The :class:`~paged_mqa_logits.dispatch.Choice` a call with these properties gets; the
-    keywords are :func:`describe_problem`'s."""
-    return dispatch._decide(describe_problem(**problem))
+def explain(
+    *,
+    arch: str,
+    cu_num: int,
+    batch: int,
+    next_n: int,
+    heads: int,
+    head_dim: int = HEAD_DIM,
+    kv_block_size: int = 64,
+    preshuffle: bool = False,
+    context: int | None = None,
+    lens_2d: bool = True,
+    max_model_len: int | None = None,
+) -> dispatch.Choice:
+    """The :class:`~paged_mqa_logits.dispatch.Choice` a call with these properties gets (the
+    arguments and their rules are :func:`describe_problem`'s)."""
+    return dispatch._decide(describe_problem(
+        arch=arch, cu_num=cu_num, batch=batch, next_n=next_n, heads=heads, head_dim=head_dim,
+        kv_block_size=kv_block_size, preshuffle=preshuffle, context=context, lens_2d=lens_2d,
+        max_model_len=max_model_len))

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import torch
 
-from .. import backends, dispatch
+from .. import backends, dispatch, torch_op
 from ..arch import detect
+from ..op import launch
 from ..torch_op import paged_mqa_logits
 from ..validate import PagedMQAArgumentError, build_launch_args
 
@@ -112,5 +113,8 @@ def deepgemm_fp8_paged_mqa_logits(
     config = dict(choice.config)
     names = _knob_names(backend, problem, config)
     config.update({k: v for k, v in knobs.items() if k in names})
-    return paged_mqa_logits(q_fp8, kv_cache, weights, out_logits, context_lens, kv_indices, max_model_len,
-                            Preshuffle, KVBlockSize, backend=choice.backend, config=config)
+    if torch.compiler.is_compiling() or torch_op._must_use_op(out_logits):
+        return paged_mqa_logits(q_fp8, kv_cache, weights, out_logits, context_lens, kv_indices, max_model_len,
+                                Preshuffle, KVBlockSize, backend=choice.backend, config=config)
+    launch(args, backend=choice.backend, config=config)  # eager: the arguments are validated already
+    return out_logits
