@@ -315,6 +315,8 @@ def compile_all(backend: str, arch: str, out_dir: str | None, only_table: bool =
     if backend == "flydsl":
         import importlib
 
+        # the optional package first: without it every build worker would fail on its own
+        importlib.import_module("flydsl")  # ImportError names it (the CLI says: the rocm extra)
         try:
             flydsl = importlib.import_module("paged_mqa_logits.backends.flydsl_cdna")
         except ImportError as exc:

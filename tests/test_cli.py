@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run(*args, env=None):
-    full_env = dict(os.environ, PYTHONPATH=ROOT, **(env or {}))
+    full_env = {**os.environ, "PYTHONPATH": ROOT, **(env or {})}
     return subprocess.run([sys.executable, "-m", "paged_mqa_logits", *args], capture_output=True, text=True,
                           cwd=ROOT, env=full_env, timeout=600)
 
@@ -135,6 +135,17 @@ def test_missing_optional_package_is_one_line(capsys, monkeypatch):
     rc = cli.run("prog", needs_flydsl, [])
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert_one_line_error(rc, err, "flydsl", "paged_mqa_logits[rocm]")
+
+
+def test_compile_without_flydsl_is_one_line(tmp_path):
+    """``compile --backend flydsl`` on a machine without FlyDSL: one line naming the package and
+    the extra that installs it (a stand-in module that fails to import simulates its absence)."""
+    (tmp_path / "flydsl.py").write_text("raise ModuleNotFoundError(\"No module named 'flydsl'\", name='flydsl')\n")
+    result = run("compile", "--backend", "flydsl", "--arch", "gfx942",
+                 env={"PYTHONPATH": os.pathsep.join([str(tmp_path), ROOT])})
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 1 and len(lines) == 1, result.stderr[-2000:]
+    assert "flydsl" in lines[0] and "paged_mqa_logits[rocm]" in lines[0]
 
 
 def test_debug_shows_the_traceback():
