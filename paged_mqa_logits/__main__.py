@@ -43,7 +43,7 @@ def _check_shape(a, *, arch: str | None = None, cu_num: int | None = None, known
         raise cli.CliError(str(exc)) from None
 
 
-def _demo_device(requested: str | None) -> str:
+def _device(requested: str | None) -> str:
     import torch
 
     if requested is None:
@@ -80,7 +80,7 @@ def demo(argv: list[str]) -> int:
     _check_shape(a)
     if a.context < 1:
         raise cli.CliError(f"argument --context: expected an int >= 1, got {a.context}")
-    device = _demo_device(a.device)
+    device = _device(a.device)
 
     import torch
 
@@ -169,9 +169,26 @@ def _delegate(module: str):
     return run
 
 
+def _option_value(argv: list[str], option: str) -> str | None:
+    """The last value given to ``option`` (``--opt V`` or ``--opt=V``), else ``None``."""
+    value = None
+    for i, word in enumerate(argv):
+        if word == option and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif word.startswith(option + "="):
+            value = word.split("=", 1)[1]
+    return value
+
+
 def _bench(argv: list[str]) -> int:
-    # the bench's parser is its own: it does not know --debug (cli.run handles it)
-    return importlib.import_module("paged_mqa_logits.bench").main(cli.strip_debug(argv))
+    # The bench's parser is its own (bench.py): it does not know --debug, which cli.run handles,
+    # and a device it cannot use is named here, before the bench tries to allocate on it.
+    argv = cli.strip_debug(argv)
+    if "-h" not in argv and "--help" not in argv:
+        device = _option_value(argv, "--device")
+        if device is not None:
+            _device(device)
+    return importlib.import_module("paged_mqa_logits.bench").main(argv)
 
 
 COMMANDS = {

@@ -112,6 +112,8 @@ def test_demo_on_a_missing_gpu(capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     rc, _, err = run_main(capsys, "demo", "--device", "cuda")
     assert_one_line_error(rc, err, "--device", "no CUDA/ROCm GPU", "'cuda'")
+    rc, _, err = run_main(capsys, "bench", "--device=cuda:0", "--batch", "1")
+    assert_one_line_error(rc, err, "--device", "no CUDA/ROCm GPU", "'cuda:0'")
 
 
 def test_bad_table_is_one_line(capsys, monkeypatch, tmp_path):
