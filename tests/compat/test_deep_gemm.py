@@ -26,13 +26,26 @@ def _device_and_fp8(device):
 
 
 def _vllm_decode_step(inp, num_sms, clean_logits=False):
-    """vLLM: ``schedule_metadata`` is built once per step in the metadata builder, then every
-    indexer layer calls ``fp8_paged_mqa_logits`` with it."""
+    """vLLM: ``schedule_metadata`` is built once per step in the metadata builder (from the
+    decode ``seq_lens`` and the cache block size); every indexer layer then passes its
+    ``[num_blocks, block_size, D + 4]`` cache as ``.unsqueeze(-2)``, the decode queries reshaped
+    to ``[B, next_n, H, D]``, sliced weights and ``max_model_len`` positionally."""
     seq_lens = inp["context_lens"]
     schedule_metadata = deep_gemm.get_paged_mqa_logits_metadata(seq_lens, BLOCK, num_sms)
-    return deep_gemm.fp8_paged_mqa_logits(inp["q_fp8"], inp["kv_cache"], inp["weights"], seq_lens, inp["kv_indices"],
-                                          schedule_metadata, max_context_len=inp["max_model_len"],
+    indexer_k_cache = inp["kv_cache"].squeeze(-2)  # the engine's own cache tensor
+    batch, next_n = inp["q_fp8"].shape[:2]
+    q_tokens = inp["q_fp8"].reshape(batch * next_n, *inp["q_fp8"].shape[2:])
+    weights = torch.cat([inp["weights"], torch.zeros_like(inp["weights"][:3])])  # a larger buffer, sliced
+    return deep_gemm.fp8_paged_mqa_logits(q_tokens.reshape(batch, next_n, *q_tokens.shape[1:]),
+                                          indexer_k_cache.unsqueeze(-2), weights[:batch * next_n], seq_lens,
+                                          inp["kv_indices"], schedule_metadata, inp["max_model_len"],
                                           clean_logits=clean_logits)
+
+
+def _top_k_per_row(logits, valid, k):
+    """The engine's next step: top-k over each row's visible range only; the selected values."""
+    masked = torch.where(valid, logits, torch.tensor(float("-inf")))
+    return masked.topk(k, dim=1).values
 
 
 def _check(inp, logits, *, clean_logits):
@@ -43,6 +56,11 @@ def _check(inp, logits, *, clean_logits):
                            width, kv_block_size=BLOCK)
     valid = valid_mask(inp["context_lens"], inp["q_fp8"].shape[1], width, inp["kv_indices"].shape[1] * BLOCK)
     assert calc_diff(logits[valid], ref[valid]) < 1e-3
+    k = 16
+    got, want = _top_k_per_row(logits.cpu(), valid.cpu(), k), _top_k_per_row(ref.cpu(), valid.cpu(), k)
+    finite = torch.isfinite(want)
+    assert torch.equal(torch.isfinite(got), finite)
+    assert torch.allclose(got[finite], want[finite], rtol=1e-3, atol=1e-3)
     if clean_logits:
         assert torch.equal(logits == float("-inf"), ~valid)
 
