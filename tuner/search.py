@@ -39,7 +39,7 @@ from .writer import geomean, merge, provenance, read_existing, rows_for, tuned_i
 @dataclass
 class Options:
     untuned: list[str]
-    out: str
+    out: str | None  # the table to write; only --dry-run goes without
     contexts: tuple[int, ...] | None = None
     backends: list[str] | None = None
     retune_all: bool = False
@@ -224,8 +224,8 @@ class TimeStage:
         return self.pending.popleft()
 
     def _stop_for_budget(self) -> None:
-        """Start nothing more: neither the rest of a started key's contexts (that key stays
-        untuned, its earlier rows are kept) nor another key. Says so once."""
+        """Start nothing more: neither the rest of a started key's contexts (that key is left
+        untuned; what an earlier run wrote for it stays) nor another key. Says so once."""
         if not self.budget_spent:
             self.budget_spent = True
             started = list(dict.fromkeys(t.meta["run"].key for t in self.pending))
