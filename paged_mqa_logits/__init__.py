@@ -8,6 +8,9 @@ Public surface:
 * :func:`reload_tuned_table` — re-read the tuned tables after changing files or env vars.
 * :func:`explain` — which backend, knobs and rule a problem would get.
 * :mod:`paged_mqa_logits.reference` — the reference and input-building helpers.
+* :mod:`paged_mqa_logits.compat` — DeepGEMM's and AITER's entry points on top of the op.
+
+docs/CONTRACT.md is the contract every backend implements.
 """
 
 from .dispatch import reload_tuned_table

@@ -20,6 +20,11 @@ import torch
 ENV_ARCH = "PAGED_MQA_LOGITS_ARCH"
 ENV_CU_NUM = "PAGED_MQA_LOGITS_CU_NUM"
 
+#: The archs the package knows, with the compute-unit count of their usual part: MI300X (304
+#: CUs), MI355X (256 CUs), H100/H200 SXM (132 SMs). Used where a count must be assumed
+#: (explain, precompile, the tuner's dry run) and never overrides a detected count.
+USUAL_CU_NUM = {"gfx942": 304, "gfx950": 256, "sm_90": 132, "cpu": 0}
+
 #: fp8 flavour each known arch computes in natively; archs not listed accept "fn"
 NATIVE_FP8 = {"gfx942": "fnuz", "gfx950": "fn", "cpu": ("fn", "fnuz")}
 

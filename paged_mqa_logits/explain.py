@@ -2,9 +2,51 @@
 
 from __future__ import annotations
 
-from . import dispatch
-from .arch import normalise_arch
+from . import arch as arch_mod
+from . import dispatch, table
 from .problem import HEAD_DIM, Problem
+from .validate import check_problem
+
+_NAMES = {field: f"`{field}`" for field in ("arch", "cu_num", "batch", "next_n", "heads", "head_dim",
+                                            "kv_block_size", "context")}
+
+
+def known_archs() -> set[str]:
+    """Archs a problem may be described for: the arch table's and those the tuned tables name."""
+    return set(arch_mod.USUAL_CU_NUM) | {row.arch for row in table.table().values()}
+
+
+def describe_problem(
+    *,
+    arch: str,
+    cu_num: int,
+    batch: int,
+    next_n: int,
+    heads: int,
+    head_dim: int = HEAD_DIM,
+    kv_block_size: int = 64,
+    preshuffle: bool = False,
+    context: int | None = None,
+    lens_2d: bool = True,
+    max_model_len: int | None = None,
+) -> Problem:
+    """The :class:`~paged_mqa_logits.problem.Problem` a call with these properties has, after
+    the op's argument rules (:class:`~paged_mqa_logits.PagedMQAArgumentError` names the
+    keyword that breaks one; ``arch`` must be one of :func:`known_archs`).
+
+    The problem is described as if its tensors lived on a GPU of ``arch`` (``cpu`` for CPU
+    tensors), so a CPU machine can ask what a gfx950 with 256 CUs would run.
+    """
+    arch = arch_mod.normalise_arch(arch)
+    check_problem(arch=arch, cu_num=cu_num, batch=batch, next_n=next_n, heads=heads, head_dim=head_dim,
+                  kv_block_size=kv_block_size, preshuffle=preshuffle, context=context, names=_NAMES,
+                  prefix="paged_mqa_logits.explain: ", known_archs=known_archs())
+    return Problem(
+        arch=arch, cu_num=cu_num, batch=batch, next_n=next_n, heads=heads, head_dim=head_dim,
+        kv_block_size=kv_block_size, preshuffle=preshuffle, context=context, lens_2d=lens_2d,
+        fp8="fnuz" if arch == "gfx942" else "fn", device_type="cpu" if arch == "cpu" else "cuda",
+        max_model_len=max_model_len or context or 32768, hypothetical=True,
+    )
 
 
 def explain(
@@ -21,16 +63,9 @@ def explain(
     lens_2d: bool = True,
     max_model_len: int | None = None,
 ) -> dispatch.Choice:
-    """The :class:`~paged_mqa_logits.dispatch.Choice` a call with these properties gets.
-
-    The problem is described as if its tensors lived on a GPU of ``arch`` (``cpu`` for CPU
-    tensors), so a CPU machine can ask what a gfx950 with 256 CUs would run.
-    """
-    arch = normalise_arch(arch)
-    problem = Problem(
+    """The :class:`~paged_mqa_logits.dispatch.Choice` a call with these properties gets (the
+    arguments and their rules are :func:`describe_problem`'s)."""
+    return dispatch._decide(describe_problem(
         arch=arch, cu_num=cu_num, batch=batch, next_n=next_n, heads=heads, head_dim=head_dim,
         kv_block_size=kv_block_size, preshuffle=preshuffle, context=context, lens_2d=lens_2d,
-        fp8="fnuz" if arch == "gfx942" else "fn", device_type="cpu" if arch == "cpu" else "cuda",
-        max_model_len=max_model_len or context or 32768, hypothetical=True,
-    )
-    return dispatch._decide(problem)
+        max_model_len=max_model_len))

@@ -34,7 +34,6 @@ CMake target runs.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import hashlib
@@ -49,10 +48,12 @@ from pathlib import Path
 
 import torch
 
+from .arch import USUAL_CU_NUM
+
 ENV_CACHE = "PAGED_MQA_LOGITS_KERNEL_CACHE"
 MANIFEST = "manifest.json"
 #: CU/SM count assumed for families the table does not describe (only dispatch reads it)
-DEFAULT_CU_NUM = {"sm_90": 132, "gfx942": 304, "gfx950": 256}
+DEFAULT_CU_NUM = USUAL_CU_NUM
 #: backends whose ``launch`` goes through Triton ``JITFunction``s (recordable on meta tensors)
 TRITON_BACKENDS = ("triton", "gluon")
 
@@ -798,7 +799,9 @@ def verify(directory: str | None = None, *, archs=None) -> VerifyResult:
 
 # ============================================================================ CLI
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
+    from .cli import ArgumentParser, int_list
+
+    p = ArgumentParser(
         prog="python -m paged_mqa_logits.kernel_cache",
         description="Precompile the kernels the tuned table can pick into a Triton cache directory "
                     "the package finds at run time (no GPU needed).")
@@ -807,13 +810,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, help="cache directory to fill")
     p.add_argument("--max-model-len", type=int, default=None,
                    help="the engine's max_model_len (default: warmup's default); kernels may specialise on it")
-    p.add_argument("--batch-sizes", default=None,
+    p.add_argument("--batch-sizes", type=int_list, default=None,
                    help="comma-separated batch sizes (default: 1..largest tuned batch of each family)")
     p.add_argument("--lens", choices=("2d", "1d", "both"), default="both", help="context_lens layouts to cover")
     p.add_argument("--no-fallbacks", action="store_true", help="skip the fallback chain's default knobs")
-    p.add_argument("--heads", default=None, help="only these heads (comma-separated)")
-    p.add_argument("--next-n", default=None, help="only these next_n values (comma-separated)")
-    p.add_argument("--kv-block-size", default=None, help="only these block sizes (comma-separated)")
+    p.add_argument("--heads", type=int_list, default=None, help="only these heads (comma-separated)")
+    p.add_argument("--next-n", type=int_list, default=None, help="only these next_n values (comma-separated)")
+    p.add_argument("--kv-block-size", type=int_list, default=None, help="only these block sizes (comma-separated)")
     p.add_argument("--preshuffle", choices=("0", "1"), default=None, help="only this preshuffle setting")
     p.add_argument("--family", action="store_true",
                    help="with all four of --heads/--next-n/--kv-block-size/--preshuffle: also precompile that "
@@ -825,10 +828,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quiet", action="store_true")
     a = p.parse_args(argv)
     archs = [x for entry in a.arch for x in entry.replace(",", ";").split(";") if x.strip()]
-    batches = None if a.batch_sizes is None else [int(x) for x in a.batch_sizes.split(",") if x.strip()]
+    batches = a.batch_sizes
     lens = {"2d": (True,), "1d": (False,), "both": (True, False)}[a.lens]
-    ints = lambda text: {int(x) for x in text.split(",") if x.strip()}  # noqa: E731
-    only = {k: ints(v) for k, v in (("heads", a.heads), ("next_n", a.next_n), ("kv_block_size", a.kv_block_size)) if v}
+    only = {k: set(v) for k, v in (("heads", a.heads), ("next_n", a.next_n), ("kv_block_size", a.kv_block_size)) if v}
     if a.preshuffle is not None:
         only["preshuffle"] = {a.preshuffle == "1"}
     extra = []
@@ -855,4 +857,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from .cli import run
+
+    sys.exit(run("python -m paged_mqa_logits.kernel_cache", main, sys.argv[1:]))

@@ -3,7 +3,7 @@
 Everything here is built from tensor *metadata* (shapes, dtypes, strides, devices) and host
 ints. Nothing reads a device value, so building a problem never synchronises the device.
 
-Row semantics shared by every backend (BRIEF.md section 1):
+Row semantics shared by every backend (docs/CONTRACT.md):
 
 * query row ``r = b * next_n + j`` of sequence ``b``;
 * 1-D lengths ``[B]``: ``row_len(b, j) = max(L_b - next_n + j + 1, 0)`` and the sequence

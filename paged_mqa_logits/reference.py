@@ -201,7 +201,7 @@ def valid_mask(context_lens: torch.Tensor, next_n: int, max_model_len: int, tabl
 
 
 def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
-    """``1 - 2 sum(xy) / sum(x^2 + y^2)`` in float64 (0 = identical); BRIEF.md section 4."""
+    """``1 - 2 sum(xy) / sum(x^2 + y^2)`` in float64 (0 = identical); docs/BENCHMARK.md."""
     x, y = x.double(), y.double()
     denom = (x * x + y * y).sum()
     if denom == 0:
@@ -211,7 +211,7 @@ def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
 
 @dataclass
 class Check:
-    """Outcome of comparing an op's output with the reference (BRIEF.md section 4)."""
+    """Outcome of comparing an op's output with the reference (docs/BENCHMARK.md)."""
 
     calc_diff: float  # on the valid positions
     untouched: bool  # every non-valid element of out equals its value before the call, bit for bit
@@ -263,7 +263,7 @@ def make_inputs(
     out_fill: float = float("nan"),
     head_dim: int = HEAD_DIM,
 ) -> dict:
-    """Synthetic inputs with an honest memory footprint (BRIEF.md section 4).
+    """Synthetic inputs with an honest memory footprint (docs/BENCHMARK.md).
 
     Every token of every sequence gets its own block; blocks are assigned through a random
     permutation. ``context_lens`` is an int (uniform) or a list of ``batch`` ints (``L_b``).

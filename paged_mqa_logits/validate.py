@@ -43,6 +43,61 @@ def _host_int(name: str, value, minimum: int) -> int:
     return value
 
 
+# ----------------------------------------------------------------------------- shape rules
+# One home for the rules on a call's shape properties: the op applies them to its tensors'
+# dimensions, ``explain`` (and the CLI) to the numbers it is given. Each returns what was
+# expected, or ``None`` when the value is fine.
+def head_dim_rule(head_dim: int) -> str | None:
+    return None if head_dim == HEAD_DIM else f"== {HEAD_DIM}"
+
+
+def next_n_rule(next_n: int) -> str | None:
+    return None if 1 <= next_n <= MAX_NEXT_N else f"in 1..{MAX_NEXT_N}"
+
+
+def heads_rule(heads: int) -> str | None:
+    ok = heads >= 16 and heads % 16 == 0
+    return None if ok else "a positive multiple of 16 (32 for GLM-5, 64 for DeepSeek-V3.2)"
+
+
+def kv_block_size_rule(kv_block_size: int, preshuffle: bool) -> str | None:
+    if kv_block_size not in SUPPORTED_KV_BLOCK_SIZES:
+        return "one of " + ", ".join(map(str, SUPPORTED_KV_BLOCK_SIZES))
+    if preshuffle and kv_block_size % 16:
+        return "a multiple of 16 when Preshuffle=True"
+    return None
+
+
+def check_problem(*, arch: str | None, cu_num: int | None, batch: int, next_n: int, heads: int, head_dim: int,
+                  kv_block_size: int, preshuffle: bool, context: int | None, names: dict[str, str],
+                  prefix: str = "", known_archs=None) -> None:
+    """The op's rules applied to a problem described by numbers (``explain``, the CLI).
+
+    ``names`` maps each field (``arch``, ``cu_num``, ``batch``, ``next_n``, ``heads``,
+    ``head_dim``, ``kv_block_size``, ``context``) to the name the caller knows it by, so an
+    error names the option the user typed. A described problem has at least one sequence;
+    ``arch``/``cu_num`` of ``None`` are not checked (a real device supplies them); ``arch``
+    must be one of ``known_archs`` (default: the arch table, ``arch.USUAL_CU_NUM``).
+    """
+    def check(field: str, expected: str | None, got) -> None:
+        if expected is not None:
+            raise PagedMQAArgumentError(f"{prefix}argument {names.get(field, field)}: expected {expected}, got {got}")
+
+    if arch is not None:
+        known = sorted(known_archs if known_archs is not None else arch_mod.USUAL_CU_NUM)
+        check("arch", None if arch in known else "one of " + ", ".join(known), arch)
+    if cu_num is not None:
+        minimum = 0 if arch == "cpu" else 1
+        check("cu_num", None if cu_num >= minimum else f"an int >= {minimum}", cu_num)
+    check("batch", None if batch >= 1 else "an int >= 1", batch)
+    check("next_n", next_n_rule(next_n), next_n)
+    check("heads", heads_rule(heads), heads)
+    check("head_dim", head_dim_rule(head_dim), head_dim)
+    check("kv_block_size", kv_block_size_rule(kv_block_size, preshuffle), kv_block_size)
+    if context is not None:
+        check("context", None if context >= 0 else "an int >= 0", context)
+
+
 def build_launch_args(
     q_fp8,
     kv_cache,
@@ -59,22 +114,20 @@ def build_launch_args(
     fp8_types = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
     q = _tensor("q_fp8", q_fp8, fp8_types, (4,))
     batch, next_n, heads, head_dim = q.shape
-    if head_dim != HEAD_DIM:
-        _fail("q_fp8", f"head_dim (dim 3) == {HEAD_DIM}", head_dim)
-    if not 1 <= next_n <= MAX_NEXT_N:
-        _fail("q_fp8", f"next_n (dim 1) in 1..{MAX_NEXT_N}", next_n)
-    if heads < 16 or heads % 16:
-        _fail("q_fp8", "heads (dim 2) a positive multiple of 16 (32 for GLM-5, 64 for DeepSeek-V3.2)", heads)
+    for dim, rule, value in (("head_dim (dim 3)", head_dim_rule, head_dim), ("next_n (dim 1)", next_n_rule, next_n),
+                             ("heads (dim 2)", heads_rule, heads)):
+        expected = rule(value)
+        if expected is not None:
+            _fail("q_fp8", f"{dim} {expected}", value)
     _last_dim_contiguous("q_fp8", q)
     device = q.device
 
     if not isinstance(Preshuffle, bool):
         _fail("Preshuffle", "a bool", type(Preshuffle).__name__)
     block_size = _host_int("KVBlockSize", KVBlockSize, 1)
-    if block_size not in SUPPORTED_KV_BLOCK_SIZES:
-        _fail("KVBlockSize", "one of " + ", ".join(map(str, SUPPORTED_KV_BLOCK_SIZES)), block_size)
-    if Preshuffle and block_size % 16:
-        _fail("KVBlockSize", "a multiple of 16 when Preshuffle=True", block_size)
+    expected = kv_block_size_rule(block_size, Preshuffle)
+    if expected is not None:
+        _fail("KVBlockSize", expected, block_size)
     max_model_len = _host_int("max_model_len", max_model_len, 0)
     if context_hint is not None:
         context_hint = _host_int("context_hint", context_hint, 0)

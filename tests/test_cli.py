@@ -1,4 +1,5 @@
-"""The CLI as users run it: the demo on this machine, explain for every target arch."""
+"""The command line as users run it: the demo and explain answer; every error is one stderr
+line naming what is wrong with a non-zero exit status, and ``--debug`` shows the traceback."""
 
 import os
 import subprocess
@@ -6,40 +7,192 @@ import sys
 
 import pytest
 
+from paged_mqa_logits import __main__ as pml_cli
+from paged_mqa_logits import cli, compile as compile_mod
+from paged_mqa_logits.compile import CompileRecord
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run(*args, env=None):
-    full_env = dict(os.environ, PYTHONPATH=ROOT, **(env or {}))
+    full_env = {**os.environ, "PYTHONPATH": ROOT, **(env or {})}
     return subprocess.run([sys.executable, "-m", "paged_mqa_logits", *args], capture_output=True, text=True,
                           cwd=ROOT, env=full_env, timeout=600)
 
 
+def run_main(capsys, *args):
+    """In-process ``python -m paged_mqa_logits ARGS``: (exit status, stdout, stderr lines)."""
+    rc = pml_cli.main(list(args))
+    out, err = capsys.readouterr()
+    return rc, out, [line for line in err.splitlines() if line.strip()]
+
+
+def assert_one_line_error(rc, err_lines, *needles):
+    assert rc != 0
+    assert len(err_lines) == 1, err_lines
+    assert ": error: " in err_lines[0]
+    for needle in needles:
+        assert needle in err_lines[0], err_lines[0]
+
+
+# ----------------------------------------------------------------------------- answers
 def test_demo_passes():
     result = run("demo")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "dispatch: backend=" in result.stdout and "PASS" in result.stdout
 
 
-def test_demo_options():
-    result = run("demo", "--batch", "2", "--next-n", "3", "--heads", "32", "--context", "300",
-                 "--kv-block-size", "16", "--preshuffle", "--lens-1d", "--backend", "triton")
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "forced backend=triton" in result.stdout and "PASS" in result.stdout
+def test_demo_options_are_honoured(capsys):
+    rc, out, _ = run_main(capsys, "demo", "--batch", "2", "--next-n", "3", "--heads", "32", "--context", "300",
+                          "--kv-block-size", "16", "--preshuffle", "--lens-1d", "--backend", "triton",
+                          "--head-dim", "128", "--device", "cpu", "--seed", "5")
+    assert rc == 0, out
+    assert "batch=2 next_n=3 heads=32 head_dim=128 kv_block_size=16 preshuffle=1 context=300 lens_2d=0" in out
+    assert "forced backend=triton" in out and "PASS" in out
 
 
 @pytest.mark.parametrize("arch,cu", [("gfx942", 304), ("gfx950", 256), ("sm90", 132)])
-def test_explain_answers_without_gpu(arch, cu):
-    result = run("explain", "--arch", arch, "--cu-num", str(cu), "--batch", "64", "--next-n", "2", "--heads", "32",
-                 "--context", "8192")
-    assert result.returncode == 0, result.stderr
-    out = result.stdout
-    assert out.startswith("backend : ") and "rule    : " in out and "knobs   : " in out
-    backend = out.splitlines()[0].split(":")[1].strip()
-    assert backend in ("gluon", "flydsl", "triton", "torch")
+def test_explain_echoes_the_problem_and_defaults_the_cu_count(capsys, arch, cu):
+    rc, out, err = run_main(capsys, "explain", "--arch", arch, "--batch", "64", "--next-n", "2", "--heads", "32",
+                            "--context", "8192")
+    assert rc == 0 and not err
+    lines = out.splitlines()
+    assert lines[0].startswith("problem : ") and f"cu_num={cu} batch=64 next_n=2 heads=32" in lines[0]
+    assert lines[1].startswith("backend : ") and "rule    : " in out and "knobs   : " in out
+    assert lines[1].split(":")[1].strip() in ("gluon", "flydsl", "triton", "torch")
 
 
-def test_explain_logs_nothing_and_usage():
-    result = run()
-    assert result.returncode == 2 and "demo" in result.stdout and "explain" in result.stdout
-    assert run("--help").returncode == 0
+def test_explain_cu_num_is_honoured(capsys):
+    rc, out, _ = run_main(capsys, "explain", "--arch", "gfx950", "--cu-num", "80")
+    assert rc == 0 and "cu_num=80 " in out
+
+
+def test_usage(capsys):
+    rc, out, _ = run_main(capsys)
+    assert rc == 2 and "demo" in out and "explain" in out and "precompile" in out
+    rc, out, _ = run_main(capsys, "--help")
+    assert rc == 0 and "--debug" in out
+
+
+# ----------------------------------------------------------------------------- errors
+@pytest.mark.parametrize("args,needles", [
+    (["explain", "--arch", "gfx942", "--next-n", "9"], ["--next-n", "1..8", "got 9"]),
+    (["explain", "--arch", "gfx942", "--heads", "17"], ["--heads", "multiple of 16", "got 17"]),
+    (["explain", "--arch", "gfx942", "--head-dim", "64"], ["--head-dim", "128", "got 64"]),
+    (["explain", "--arch", "gfx942", "--kv-block-size", "48"], ["--kv-block-size", "one of 1, 16", "got 48"]),
+    (["explain", "--arch", "gfx942", "--kv-block-size", "1", "--preshuffle"], ["--kv-block-size", "Preshuffle"]),
+    (["explain", "--arch", "gfx942", "--batch", "0"], ["--batch", ">= 1", "got 0"]),
+    (["explain", "--arch", "mi999"], ["--arch", "gfx942", "got mi999"]),
+    (["explain", "--arch", "gfx942", "--cu-num", "0"], ["--cu-num", "got 0"]),
+    (["explain", "--arch", "gfx942", "--context", "-1"], ["--context", "got -1"]),
+    (["explain"], ["--arch", "required"]),
+    (["explain", "--arch", "gfx942", "--batch", "many"], ["--batch", "many"]),
+    (["explain", "--arch", "gfx942", "--frob"], ["--frob"]),
+    (["demo", "--batch", "0"], ["--batch", "got 0"]),
+    (["demo", "--context", "0"], ["--context", "got 0"]),
+    (["demo", "--head-dim", "64"], ["--head-dim", "got 64"]),
+    (["demo", "--next-n", "12"], ["--next-n", "got 12"]),
+    (["demo", "--device", "tpu"], ["--device", "'tpu'"]),
+    (["demo", "--backend", "nonesuch"], ["--backend", "nonesuch"]),
+    (["demo", "--backend", "gluon", "--context", "64", "--batch", "1"], ["gluon", "cannot serve"]),
+    (["compile", "--backend", "gluon", "--arch", "gfx1"], ["gfx1"]),
+    (["compile", "--backend", "cuda", "--arch", "gfx942"], ["--backend", "cuda"]),
+    (["precompile", "--arch", "gfx942", "--out", "x", "--heads", "a,b"], ["--heads", "a,b"]),
+    (["bench", "--frob"], ["--frob"]),
+    (["frobnicate"], ["unknown command", "frobnicate"]),
+])
+def test_errors_are_one_line_naming_the_problem(capsys, args, needles):
+    rc, out, err = run_main(capsys, *args)
+    assert_one_line_error(rc, err, *needles)
+
+
+def test_demo_on_a_missing_gpu(capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    rc, _, err = run_main(capsys, "demo", "--device", "cuda")
+    assert_one_line_error(rc, err, "--device", "no CUDA/ROCm GPU", "'cuda'")
+    rc, _, err = run_main(capsys, "bench", "--device=cuda:0", "--batch", "1")
+    assert_one_line_error(rc, err, "--device", "no CUDA/ROCm GPU", "'cuda:0'")
+
+
+def test_bad_table_is_one_line(capsys, monkeypatch, tmp_path):
+    bad = tmp_path / "broken_tuned.csv"
+    bad.write_text("arch,cu_num\nsm_90,132\n")
+    monkeypatch.setenv("PAGED_MQA_LOGITS_CONFIGS", str(bad))
+    from paged_mqa_logits import reload_tuned_table
+
+    reload_tuned_table()
+    rc, _, err = run_main(capsys, "explain", "--arch", "sm90")
+    assert_one_line_error(rc, err, "broken_tuned.csv", "--debug")
+
+
+def test_missing_optional_package_is_one_line(capsys, monkeypatch):
+    """A missing flydsl (the rocm extra) is named with the install command."""
+    monkeypatch.setitem(sys.modules, "flydsl", None)  # import flydsl -> ImportError(name="flydsl")
+
+    def needs_flydsl(argv):
+        import flydsl  # noqa: F401
+
+    rc = cli.run("prog", needs_flydsl, [])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert_one_line_error(rc, err, "flydsl", "paged_mqa_logits[rocm]")
+
+
+def test_compile_without_flydsl_is_one_line(tmp_path):
+    """``compile --backend flydsl`` on a machine without FlyDSL: one line naming the package and
+    the extra that installs it (a stand-in module that fails to import simulates its absence)."""
+    (tmp_path / "flydsl.py").write_text("raise ModuleNotFoundError(\"No module named 'flydsl'\", name='flydsl')\n")
+    result = run("compile", "--backend", "flydsl", "--arch", "gfx942",
+                 env={"PYTHONPATH": os.pathsep.join([str(tmp_path), ROOT])})
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 1 and len(lines) == 1, result.stderr[-2000:]
+    assert "flydsl" in lines[0] and "paged_mqa_logits[rocm]" in lines[0]
+
+
+def test_debug_shows_the_traceback():
+    result = run("explain", "--arch", "gfx942", "--next-n", "9", "--debug")
+    assert result.returncode != 0 and "Traceback (most recent call last)" in result.stderr
+    assert "--next-n" in result.stderr
+    plain = run("explain", "--arch", "gfx942", "--next-n", "9")
+    assert plain.returncode == 2 and plain.stderr.count("\n") == 1 and "Traceback" not in plain.stderr
+    with pytest.raises(cli.CliError):
+        pml_cli.main(["--debug", "explain", "--arch", "gfx942", "--next-n", "9"])
+
+
+# ----------------------------------------------------------------------------- compile's summary
+def _record(name, ok, mma=("v_mfma_f32_16x16x32_fp8_fp8",)):
+    return CompileRecord(name=name, backend="gluon", arch="gfx942", knobs={}, ok=ok, error=None if ok else "boom",
+                         mma_instructions=list(mma), vgprs=64, scratch_bytes=0, spill_count=0, seconds=1.0)
+
+
+@pytest.mark.parametrize("records,rc,summary", [
+    ([_record("a", True), _record("b", True)], 0, "2/2 kernels built, 0 checks failed"),
+    ([_record("a", True), _record("b", False)], 1, "1/2 kernels built, 1 checks failed"),
+    ([_record("a", True, mma=("v_mfma_f32_16x16x16_f16",))], 1, "1/1 kernels built, 1 checks failed"),
+    ([], 0, "0/0 kernels built, 0 checks failed"),
+])
+def test_compile_ends_with_one_summary_line_matching_its_status(capsys, monkeypatch, records, rc, summary):
+    monkeypatch.setattr(compile_mod, "compile_all", lambda *a, **k: records)
+    got, out, _ = run_main(capsys, "compile", "--backend", "gluon", "--arch", "gfx942")
+    last = out.strip().splitlines()[-1]
+    assert got == rc and last.startswith("compile: ") and summary in last
+    assert last.endswith("OK" if rc == 0 else "FAILED")
+
+
+# ----------------------------------------------------------------------------- help
+@pytest.mark.parametrize("command", ["demo", "explain", "compile", "precompile", "bench"])
+def test_help_shows_defaults(capsys, command):
+    with pytest.raises(SystemExit) as exit_:
+        pml_cli.main([command, "--help"])
+    out = capsys.readouterr().out
+    assert exit_.value.code == 0 and "(default: " in out
+
+
+def test_explain_cu_num_default_comes_from_the_arch_table(capsys):
+    from paged_mqa_logits.arch import USUAL_CU_NUM
+
+    with pytest.raises(SystemExit):
+        pml_cli.main(["explain", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert all(f"{arch} {count}" in out for arch, count in USUAL_CU_NUM.items())

@@ -1,5 +1,5 @@
 """The reference itself, checked against an independent per-element implementation that reads
-the cache bytes with the BRIEF's offset formulas directly."""
+the cache bytes with the offset formulas of docs/CONTRACT.md directly."""
 
 import math
 
@@ -13,7 +13,7 @@ from paged_mqa_logits.reference import (
 
 
 def naive_logits(inp):
-    """Loop over rows and positions; byte offsets straight from BRIEF.md section 1."""
+    """Loop over rows and positions; byte offsets straight from docs/CONTRACT.md."""
     q, kv, w = inp["q_fp8"], inp["kv_cache"], inp["weights"]
     lens, table, mml = inp["context_lens"], inp["kv_indices"], inp["max_model_len"]
     bs, pre = inp["kv_block_size"], inp["preshuffle"]

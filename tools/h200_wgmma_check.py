@@ -16,8 +16,8 @@ directly (so it does not depend on the backend's aggregation or the tuned table)
 One line per case: PASS/FAIL, calc_diff on valid positions, ``outside`` (elements written that
 the row must not see, or outside the rows) and ``unwritten`` (visible positions left untouched).
 
-Part 2, timing: every candidate (plus the default) on 8 shapes of the issue-3 grid with the
-method of BRIEF.md section 4 (``bench.build_workload``: a distinct block per token from a random
+Part 2, timing: every candidate (plus the default) on 8 shapes of the benchmark grid with the
+method of docs/BENCHMARK.md (``bench.build_workload``: a distinct block per token from a random
 permutation, rotating copies past L2; ``bench.time_calls``: CUDA-graph replay), accuracy
 checked on each. Prints us, fraction of the copy bandwidth measured in this run, TFLOP/s and the
 speed-up over the DeepGEMM anchor; the best candidate per shape and the geomean are summarised.

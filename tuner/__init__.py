@@ -1,6 +1,7 @@
 """Offline tuner for paged_mqa_logits' tuned tables.
 
-``python -m tuner UNTUNED.csv... --out TABLE.csv`` (console script ``paged-mqa-logits-tune``)
+``python -m tuner UNTUNED.csv... --out TABLE.csv`` from a checkout (installed:
+``python -m paged_mqa_logits.tuner``, console script ``paged-mqa-logits-tune``)
 times every candidate of every backend that can serve each key on the current GPU with the
 bench method and writes the tuned table; ``python -m tuner recheck --table TABLE.csv`` re-times
 a table's picks through the production dispatch and reports drift and regressions.

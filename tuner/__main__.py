@@ -1,80 +1,116 @@
-"""``python -m tuner [tune] UNTUNED.csv... --out TABLE.csv`` and ``python -m tuner recheck``."""
+"""``python -m tuner [tune] UNTUNED.csv... -o TABLE.csv`` and ``python -m tuner recheck``.
+
+Installed, the same command line is ``python -m paged_mqa_logits.tuner`` (console script
+``paged-mqa-logits-tune``). Errors are one line on stderr and a non-zero exit status;
+``--debug`` shows the traceback (:mod:`paged_mqa_logits.cli`).
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+
+from paged_mqa_logits import cli
 
 from .keys import parse_contexts
 
+PROG = f"python -m {__package__ or 'tuner'}"  # "paged_mqa_logits.tuner" once installed
+SUBCOMMANDS = ("tune", "recheck")
 
-def _tune_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m tuner",
+
+def _contexts(text: str) -> tuple[int, ...]:
+    try:
+        return parse_contexts(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive ints, got {text!r}") from None
+
+
+def _tune_parser() -> cli.ArgumentParser:
+    p = cli.ArgumentParser(
+        prog=PROG,
         description="Tune paged_mqa_logits for the current GPU: check and time every candidate of every backend "
-                    "that can serve each key of the untuned CSV(s), and merge the picks into --out. See docs/TUNING.md.")
+                    "that can serve each key of the untuned CSV(s), and merge the picks into --out. See docs/TUNING.md.",
+        epilog=f"commands: '{PROG} [tune] UNTUNED.csv... -o TABLE.csv' tunes (this help); "
+               f"'{PROG} recheck --table TABLE.csv' re-times a tuned table's picks ({PROG} recheck --help).")
     p.add_argument("untuned", nargs="+",
                    help="untuned CSV(s): heads,head_dim,kv_block_size,preshuffle,batch,next_n[,contexts]")
-    p.add_argument("-o", "--out", required=True, help="tuned table to write (merged into if it exists)")
-    p.add_argument("--contexts", type=parse_contexts, default=None,
+    p.add_argument("-o", "--out", default=None,
+                   help="tuned table to write (merged into if it exists); required unless --dry-run")
+    p.add_argument("--contexts", type=_contexts, default=None,
                    help="contexts to tune at, e.g. 8192,32768,131072 (default: the file's, else 8192,32768)")
-    p.add_argument("--backends", default=None, help="only these backends (comma-separated)")
+    p.add_argument("--backends", default=None, help="only these backends, comma-separated (default: all)")
     p.add_argument("--all", dest="retune_all", action="store_true", help="re-tune keys already in --out")
     p.add_argument("--dry-run", action="store_true", help="list the candidates per key and exit (no GPU needed)")
     p.add_argument("--arch", default=None, help="--dry-run: describe this arch instead of the current device")
-    p.add_argument("--cu-num", type=int, default=None, help="--dry-run: CU/SM count of --arch")
+    p.add_argument("--cu-num", type=int, default=None,
+                   help="--dry-run: CU/SM count of --arch (default: the arch's usual part, paged_mqa_logits/arch.py)")
     p.add_argument("--device", default=None, help="cuda or cpu (default: a GPU if present)")
     p.add_argument("--mp", type=int, default=1, help="timing processes, one per GPU")
     p.add_argument("--jobs", type=int, default=None,
                    help="check/compile processes before timing (default: 16 capped by CPUs on GPU, 0 on CPU)")
     p.add_argument("--timeout", type=float, default=180.0, help="seconds per candidate (compile included)")
     p.add_argument("--build-timeout", type=float, default=600.0, help="seconds to build one shape's inputs")
-    p.add_argument("--time-budget", type=float, default=None, help="seconds for the whole run (see docs/TUNING.md)")
+    p.add_argument("--time-budget", type=float, default=None,
+                   help="seconds for the whole run; no candidate is started once it is spent (default: no limit; "
+                        "see docs/TUNING.md)")
     p.add_argument("--top", type=int, default=3, help="candidates per (key, context) re-timed in the confirm stage")
     p.add_argument("--max-candidates", type=int, default=0, help="at most N candidates per backend and key (0: all)")
     p.add_argument("--max-copies", type=int, default=64, help="rotating input copies at most")
-    p.add_argument("--screen-replays", type=int, default=None)
-    p.add_argument("--confirm-replays", type=int, default=None)
-    p.add_argument("--report", default=None, help="CSV of every measurement and rejection")
+    p.add_argument("--screen-replays", type=int, default=None, help="graph replays per screen timing (default: 3)")
+    p.add_argument("--confirm-replays", type=int, default=None,
+                   help="graph replays per confirm timing (default: GPU 10, CPU 3)")
+    p.add_argument("--report", default=None, help="CSV of every measurement and rejection (default: none)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
 
-def _recheck_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m tuner recheck",
+def _recheck_parser() -> cli.ArgumentParser:
+    p = cli.ArgumentParser(
+        prog=f"{PROG} recheck",
         description="Re-time a tuned table's rows through the production dispatch on this GPU; report drift "
                     "against the recorded us and regressions against a baseline.")
-    p.add_argument("--table", required=True)
-    p.add_argument("--baseline", default=None, help="an older table, or the --out of an earlier recheck")
-    p.add_argument("--fail-on-regression", action="store_true", help="exit 1 when a row is >= 1.15x the baseline")
+    p.add_argument("--table", required=True, help="the tuned table to re-time")
+    p.add_argument("--baseline", default=None,
+                   help="an older table, or the --out of an earlier recheck (default: none)")
+    p.add_argument("--fail-on-regression", action="store_true", help="exit 1 when a row is >= --fail x the baseline")
     p.add_argument("--drift", type=float, default=0.10, help="report |measured/recorded - 1| above this")
-    p.add_argument("--warn", type=float, default=1.10)
-    p.add_argument("--fail", type=float, default=1.15)
-    p.add_argument("--out", default=None, help="CSV report (usable as a later --baseline)")
-    p.add_argument("--device", default=None)
-    p.add_argument("--timeout", type=float, default=180.0)
-    p.add_argument("--replays", type=int, default=None)
-    p.add_argument("--max-copies", type=int, default=64)
+    p.add_argument("--warn", type=float, default=1.10, help="WARN at this ratio to the baseline")
+    p.add_argument("--fail", type=float, default=1.15, help="FAIL at this ratio to the baseline")
+    p.add_argument("--out", default=None, help="CSV report, usable as a later --baseline (default: none)")
+    p.add_argument("--device", default=None, help="cuda or cpu (default: a GPU if present)")
+    p.add_argument("--timeout", type=float, default=180.0, help="seconds per row")
+    p.add_argument("--replays", type=int, default=None, help="graph replays per timing (default: GPU 10, CPU 3)")
+    p.add_argument("--max-copies", type=int, default=64, help="rotating input copies at most")
     p.add_argument("--sample", type=int, default=0, help="re-time at most N rows, evenly spread (0: all)")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "recheck":
-        from .recheck import recheck
+def _recheck(argv: list[str]) -> int:
+    from .recheck import recheck
 
-        a = _recheck_parser().parse_args(argv[1:])
-        return recheck(a.table, baseline=a.baseline, fail_on_regression=a.fail_on_regression, device=a.device,
-                       out=a.out, drift=a.drift, warn=a.warn, fail=a.fail, timeout=a.timeout, replays=a.replays,
-                       max_copies=a.max_copies, sample=a.sample, quiet=a.quiet)
-    if argv and argv[0] == "tune":
-        argv = argv[1:]
+    a = _recheck_parser().parse_args(argv)
+    return recheck(a.table, baseline=a.baseline, fail_on_regression=a.fail_on_regression, device=a.device,
+                   out=a.out, drift=a.drift, warn=a.warn, fail=a.fail, timeout=a.timeout, replays=a.replays,
+                   max_copies=a.max_copies, sample=a.sample, quiet=a.quiet)
+
+
+def _tune(argv: list[str]) -> int:
+    a = _tune_parser().parse_args(argv)
+    for path in a.untuned:
+        if not os.path.isfile(path):
+            looks_like_command = not path.endswith(".csv") and os.sep not in path and "." not in path
+            if looks_like_command:
+                raise cli.CliError(f"unknown command {path!r} (expected {' or '.join(SUBCOMMANDS)}, "
+                                   "or untuned CSV files)")
+            raise cli.CliError(f"argument untuned: expected an existing CSV file, got {path!r}")
+    if a.out is None and not a.dry_run:
+        raise cli.CliError("argument -o/--out: expected the tuned table to write (required unless --dry-run), got none")
+    if a.time_budget is not None and a.time_budget <= 0:
+        raise cli.CliError(f"argument --time-budget: expected seconds > 0, got {a.time_budget}")
     from .search import Options, tune
 
-    a = _tune_parser().parse_args(argv)
     opts = Options(
         untuned=a.untuned, out=a.out, contexts=a.contexts,
         backends=[b.strip() for b in a.backends.split(",")] if a.backends else None, retune_all=a.retune_all,
@@ -84,6 +120,15 @@ def main(argv: list[str] | None = None) -> int:
         quiet=a.quiet)
     outcome = tune(opts)
     return 1 if outcome.failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "recheck":
+        return cli.run(f"{PROG} recheck", _recheck, argv[1:])
+    if argv and argv[0] == "tune":
+        argv = argv[1:]
+    return cli.run(PROG, _tune, argv)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ from .writer import geomean, merge, provenance, read_existing, rows_for, tuned_i
 @dataclass
 class Options:
     untuned: list[str]
-    out: str
+    out: str | None  # the table to write; only --dry-run goes without
     contexts: tuple[int, ...] | None = None
     backends: list[str] | None = None
     retune_all: bool = False
@@ -88,14 +88,15 @@ class Outcome:
 def resolve_target(opts: Options) -> Target:
     import torch
 
-    from paged_mqa_logits.arch import detect, normalise_arch
+    from paged_mqa_logits.arch import USUAL_CU_NUM, detect, normalise_arch
 
     device = opts.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if opts.arch:
         if not opts.dry_run:
-            raise SystemExit("--arch/--cu-num describe another target and only go with --dry-run")
+            raise ValueError("argument --arch: expected only together with --dry-run (it describes another "
+                             f"target), got {opts.arch!r} without it")
         arch = normalise_arch(opts.arch)
-        cu = opts.cu_num if opts.cu_num is not None else {"gfx942": 304, "gfx950": 256, "sm_90": 132}.get(arch, 0)
+        cu = opts.cu_num if opts.cu_num is not None else USUAL_CU_NUM.get(arch, 0)
         return Target(arch, cu, "cpu" if arch == "cpu" else "cuda", hypothetical=True)
     info = detect(torch.device(device if device != "cuda" else "cuda:0"))
     return Target(info.arch, info.cu_num, torch.device(device).type)
@@ -168,6 +169,7 @@ class TimeStage:
         self.confirm = bench.Schedule(replays=opts.confirm_replays or (10 if gpu else 3))
         self.cost = {"screen": [], "confirm": [], "build": []}  # seconds per measurement / per task
         self.next_id = 0
+        self.budget_spent = False
 
     # -- estimates for the budget
     def _mean(self, what: str) -> float | None:
@@ -200,6 +202,8 @@ class TimeStage:
 
     # -- the source interface
     def next_task(self):
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            return self._stop_for_budget()
         if self.pending:
             return self.pending.popleft()
         if not self.queue:
@@ -207,9 +211,7 @@ class TimeStage:
         run = self.queue[0]
         top = self._plan(run)
         if top is None:
-            self.left = [r.key for r in self.queue]
-            self.queue.clear()
-            return None
+            return self._stop_for_budget()
         self.queue.popleft()
         run.confirm_top, run.contexts_left = top, len(run.key.contexts)
         impls = [bench.Impl.of(c.backend, c.knobs) for c in run.candidates]
@@ -220,6 +222,20 @@ class TimeStage:
                 meta={"run": run, "context": context}))
             self.next_id += 1
         return self.pending.popleft()
+
+    def _stop_for_budget(self) -> None:
+        """Start nothing more: neither the rest of a started key's contexts (that key is left
+        untuned; what an earlier run wrote for it stays) nor another key. Says so once."""
+        if not self.budget_spent:
+            self.budget_spent = True
+            started = list(dict.fromkeys(t.meta["run"].key for t in self.pending))
+            self.left = started + [r.key for r in self.queue]
+            self.pending.clear()
+            self.queue.clear()
+            if self.left:
+                _say(self.opts, f"[tuner] time budget spent: no further candidates started; {len(self.left)} key(s) "
+                                "left untuned (run again to resume)")
+        return None
 
     def record(self, task, idx, stage, m):
         task.meta["run"].results[(task.meta["context"], idx, stage)] = m
@@ -285,11 +301,12 @@ def tune(opts: Options) -> Outcome:
     load_extra_backends()
     unknown = [b for b in opts.backends or [] if b not in backends.names()]
     if unknown:
-        raise SystemExit(f"--backends: unknown backend(s) {', '.join(unknown)}; known: {', '.join(backends.names())}")
+        raise ValueError(f"argument --backends: expected names among {', '.join(backends.names())}, "
+                         f"got unknown {', '.join(unknown)}")
     target = resolve_target(opts)
     outcome = Outcome(target)
     keys = order_keys(read_untuned(opts.untuned, opts.contexts))
-    existing = read_existing(opts.out)
+    existing = read_existing(opts.out) if opts.out else []  # --dry-run needs no output file
     done = set() if opts.retune_all else tuned_idents(existing, target.arch, target.cu_num,
                                                       {k.ident: k.contexts for k in keys})
     outcome.skipped = [k for k in keys if k.ident in done]

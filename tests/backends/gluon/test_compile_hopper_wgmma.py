@@ -4,7 +4,7 @@ candidate set can launch is cross-compiled for sm_90 and inspected, and the host
 
 Compile matrix (~65 kernels, ~1 minute on 2 cores):
 
-* **every candidate and the default** of the issue-3 grid shapes: H 32/64 x next_n 1/2/4,
+* **every candidate and the default** of the benchmark grid's shapes: H 32/64 x next_n 1/2/4,
   KVBlockSize 64, plain cache, 2-D lengths (what the tuner times);
 * **the default config** of every other code path: next_n 3, 5, 6, 7, 8 (uneven row groups,
   many groups) for H 32/64; KVBlockSize 1, 16, 32, 128, 256, plain and Preshuffle (16+);

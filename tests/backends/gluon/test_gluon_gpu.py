@@ -6,7 +6,7 @@
 * ROCm gfx942 / gfx950: the ``mfma`` variant.
 
 Skipped (with the reason printed) without a GPU or on another arch. Every check is the
-BRIEF's: positions a row does not see keep their sentinel bit pattern (NaN fill, padded rows
+contract's (docs/CONTRACT.md): positions a row does not see keep their sentinel bit pattern (NaN fill, padded rows
 and columns around the written region), ``calc_diff < 1e-3`` on the visible positions.
 
 Matrix: KVBlockSize 1/16/32/64/128/256, Preshuffle on/off, H 32/64, next_n 1/2/3/4/8, 1-D and

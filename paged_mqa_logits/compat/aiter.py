@@ -1,0 +1,120 @@
+"""AITER's ``deepgemm_fp8_paged_mqa_logits`` on top of this package's op.
+
+Replace ``from aiter.ops.triton.pa_mqa_logits import deepgemm_fp8_paged_mqa_logits`` with
+``from paged_mqa_logits.compat.aiter import deepgemm_fp8_paged_mqa_logits``. The arguments,
+their defaults and the out-parameter convention are AITER's; the result is written into
+``out_logits`` (returned, where AITER returns a kernel cache key that callers ignore).
+
+Knobs. Left at their defaults, ``ChunkK``, ``TotalCuCount`` and ``WavePerEU`` leave the choice
+to the tuned table (the dispatcher picks backend and knobs per problem). Passed explicitly (any
+value, the default's value included), they are honoured as AITER does, on the backend the
+dispatcher picks for the call:
+
+* ``ChunkK`` -> ``ChunkK`` (tokens per tile);
+* ``WavePerEU`` -> ``WavePerEU`` (occupancy target of the CDNA kernels);
+* ``TotalCuCount`` and ``WavePerEU`` -> ``SplitKV``, AITER's split count
+  ``((max(1, TotalCuCount // (B * next_n)) + 4) // 5 * 5) * WavePerEU``, with
+  ``TotalCuCount=None`` meaning the device's CU count, as upstream.
+
+Only the knobs that backend reads are passed (the torch backend reads none; the portable
+Triton kernel reads ``ChunkK`` and ``SplitKV``). ``VarCtxSchedule`` (AITER's schedule for
+ragged batches) is accepted and unused: the op balances ragged batches itself.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import backends, dispatch, torch_op
+from ..arch import detect
+from ..op import launch
+from ..torch_op import paged_mqa_logits
+from ..validate import PagedMQAArgumentError, build_launch_args
+
+__all__ = ["deepgemm_fp8_paged_mqa_logits", "aiter_knobs"]
+
+
+class _Default(int):
+    """An upstream default value that remembers it was not passed by the caller."""
+
+
+DEFAULT_CHUNK_K = _Default(256)
+DEFAULT_WAVE_PER_EU = _Default(2)
+
+
+def _fail(name: str, expected: str, got) -> None:
+    raise PagedMQAArgumentError(f"paged_mqa_logits.compat.aiter: argument `{name}`: expected {expected}, got {got}")
+
+
+def _positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        _fail(name, "an int >= 1", value)
+    return int(value)
+
+
+def aiter_knobs(*, chunk_k: int, wave_per_eu: int, total_cu_count: int, batch: int, next_n: int) -> dict:
+    """The knob set AITER's function runs with, in the table's column names."""
+    rows = max(1, batch * next_n)
+    split_kv = (max(1, total_cu_count // rows) + 4) // 5 * 5 * wave_per_eu
+    return {"ChunkK": chunk_k, "WavePerEU": wave_per_eu, "SplitKV": split_kv}
+
+
+def _knob_names(backend, problem, config: dict) -> tuple[str, ...]:
+    """Knobs the backend (the gluon variant, for gluon) that will run ``config`` reads."""
+    variant = getattr(backend, "variant", None)
+    if variant is not None:
+        return ("variant",) + tuple(getattr(variant(problem, config), "KNOBS", ()))
+    return tuple(getattr(backend, "knobs", ()))
+
+
+def deepgemm_fp8_paged_mqa_logits(
+    q_fp8: torch.Tensor,
+    kv_cache: torch.Tensor,
+    weights: torch.Tensor,
+    out_logits: torch.Tensor,
+    context_lens: torch.Tensor,
+    kv_indices: torch.Tensor,
+    max_model_len: int,
+    Preshuffle: bool = False,
+    KVBlockSize: int = 1,
+    ChunkK: int = DEFAULT_CHUNK_K,
+    TotalCuCount: int | None = None,
+    WavePerEU: int = DEFAULT_WAVE_PER_EU,
+    VarCtxSchedule: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Write the logits into ``out_logits`` (AITER's convention) and return it.
+
+    The tensors and ``Preshuffle``/``KVBlockSize`` are the op's (docs/CONTRACT.md): positions a
+    row does not see are left as passed, so pre-fill ``out_logits`` with ``-inf`` as AITER's
+    callers do. The knob arguments are described in the module docstring.
+    """
+    explicit = not (isinstance(ChunkK, _Default) and isinstance(WavePerEU, _Default) and TotalCuCount is None)
+    if VarCtxSchedule is not None and not isinstance(VarCtxSchedule, torch.Tensor):
+        _fail("VarCtxSchedule", "None or a torch.Tensor", type(VarCtxSchedule).__name__)
+    if not explicit:
+        return paged_mqa_logits(q_fp8, kv_cache, weights, out_logits, context_lens, kv_indices, max_model_len,
+                                Preshuffle, KVBlockSize)
+
+    chunk_k = _positive_int("ChunkK", ChunkK)
+    wave_per_eu = _positive_int("WavePerEU", WavePerEU)
+    args = build_launch_args(q_fp8, kv_cache, weights, out_logits, context_lens, kv_indices, max_model_len,
+                             Preshuffle, KVBlockSize)
+    if chunk_k % args.kv_block_size and args.kv_block_size % chunk_k:
+        _fail("ChunkK", f"a multiple or a divisor of KVBlockSize={args.kv_block_size}", chunk_k)
+    if TotalCuCount is None:
+        total_cu_count = detect(q_fp8.device).cu_num or 1
+    else:
+        total_cu_count = _positive_int("TotalCuCount", TotalCuCount)
+    problem = args.problem
+    choice = dispatch.choose(problem)
+    backend = backends.get(choice.backend)
+    knobs = aiter_knobs(chunk_k=chunk_k, wave_per_eu=wave_per_eu, total_cu_count=total_cu_count,
+                        batch=problem.batch, next_n=problem.next_n)
+    config = dict(choice.config)
+    names = _knob_names(backend, problem, config)
+    config.update({k: v for k, v in knobs.items() if k in names})
+    if torch.compiler.is_compiling() or torch_op._must_use_op(out_logits):
+        return paged_mqa_logits(q_fp8, kv_cache, weights, out_logits, context_lens, kv_indices, max_model_len,
+                                Preshuffle, KVBlockSize, backend=choice.backend, config=config)
+    launch(args, backend=choice.backend, config=config)  # eager: the arguments are validated already
+    return out_logits

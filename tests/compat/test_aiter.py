@@ -1,0 +1,104 @@
+"""The AITER drop-in, called the way vLLM's ROCm indexer decode step calls AITER: an
+out-parameter ``[B * next_n, max_model_len]`` fp32 buffer, 2-D ``seq_lens``, explicit
+``ChunkK=256, KVBlockSize=block_size, Preshuffle=..., WavePerEU=2``."""
+
+import inspect
+
+import pytest
+import torch
+
+from paged_mqa_logits import backends
+from paged_mqa_logits.compat import aiter
+from paged_mqa_logits.dispatch import Choice
+from paged_mqa_logits.reference import check_logits, make_inputs, reference_logits
+from paged_mqa_logits.validate import PagedMQAArgumentError
+
+HEADS = 64
+
+
+def _device_and_fp8(device):
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            pytest.skip("needs a CUDA/ROCm GPU; none present (CPU-only machine)")
+        from paged_mqa_logits.arch import detect
+
+        return "cuda", torch.float8_e4m3fnuz if detect("cuda").arch == "gfx942" else torch.float8_e4m3fn
+    return "cpu", torch.float8_e4m3fn
+
+
+def _inputs(device, fp8, *, next_n=2, kv_block_size=64, preshuffle=True, lens_2d=True, seed=0):
+    return make_inputs(3, next_n, HEADS, [640, 3, 200], kv_block_size=kv_block_size, preshuffle=preshuffle,
+                       lens_2d=lens_2d, max_model_len=768, fp8_dtype=fp8, device=device, seed=seed,
+                       out_fill=float("-inf"))
+
+
+def _reference(inp):
+    return reference_logits(inp["q_fp8"], inp["kv_cache"], inp["weights"], inp["context_lens"], inp["kv_indices"],
+                            inp["max_model_len"], kv_block_size=inp["kv_block_size"], preshuffle=inp["preshuffle"])
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("preshuffle,kv_block_size,lens_2d", [(True, 64, True), (False, 64, True), (False, 1, False),
+                                                              (True, 16, False)])
+def test_vllm_rocm_decode_call_matches_reference(device, preshuffle, kv_block_size, lens_2d):
+    device, fp8 = _device_and_fp8(device)
+    inp = _inputs(device, fp8, kv_block_size=kv_block_size, preshuffle=preshuffle, lens_2d=lens_2d)
+    before = inp["out_logits"].clone()
+    rows, width = 3 * 2, inp["max_model_len"]
+    out = aiter.deepgemm_fp8_paged_mqa_logits(
+        inp["q_fp8"], inp["kv_cache"], inp["weights"], inp["out_logits"][:rows, :width], inp["context_lens"],
+        inp["kv_indices"], width, ChunkK=256, KVBlockSize=kv_block_size, Preshuffle=preshuffle, WavePerEU=2)
+    assert out.data_ptr() == inp["out_logits"].data_ptr()
+    assert check_logits(inp["out_logits"], before, _reference(inp)).ok
+
+
+def test_defaults_equal_upstream_and_leave_the_pick_to_the_table(monkeypatch):
+    params = inspect.signature(aiter.deepgemm_fp8_paged_mqa_logits).parameters
+    assert [params[k].default for k in ("Preshuffle", "KVBlockSize", "ChunkK", "TotalCuCount", "WavePerEU",
+                                        "VarCtxSchedule")] == [False, 1, 256, None, 2, None]
+    seen = []
+    torch_backend = backends.get("torch")
+    monkeypatch.setattr(torch_backend, "launch", lambda args, config: seen.append(config))
+    inp = _inputs("cpu", torch.float8_e4m3fn)
+    aiter.deepgemm_fp8_paged_mqa_logits(inp["q_fp8"], inp["kv_cache"], inp["weights"], inp["out_logits"],
+                                        inp["context_lens"], inp["kv_indices"], 768, True, 64)
+    assert seen == [torch_backend.default_config(None)]
+
+
+def test_explicit_knobs_reach_the_chosen_backend(monkeypatch):
+    """ChunkK/WavePerEU/TotalCuCount given -> AITER's knob set on the backend dispatch picks,
+    restricted to the knobs that backend reads (the portable Triton kernel: ChunkK, SplitKV)."""
+    triton_backend = backends.get("triton")
+    if triton_backend is None:
+        pytest.skip(f"triton backend unavailable: {backends.load_error('triton')}")
+    seen = []
+    monkeypatch.setattr(triton_backend, "launch", lambda args, config: seen.append(config))
+    monkeypatch.setattr(aiter.dispatch, "choose", lambda problem: Choice("triton", {"num_warps": 4}, "test", "test"))
+    inp = _inputs("cpu", torch.float8_e4m3fn, next_n=2)
+    aiter.deepgemm_fp8_paged_mqa_logits(inp["q_fp8"], inp["kv_cache"], inp["weights"], inp["out_logits"],
+                                        inp["context_lens"], inp["kv_indices"], 768, True, 64, ChunkK=128,
+                                        TotalCuCount=80, WavePerEU=2)
+    # AITER: SplitKV = ((max(1, 80 // 6) + 4) // 5 * 5) * 2 = 30
+    assert seen == [{"num_warps": 4, "ChunkK": 128, "SplitKV": 30}]
+    seen.clear()
+    aiter.deepgemm_fp8_paged_mqa_logits(inp["q_fp8"], inp["kv_cache"], inp["weights"], inp["out_logits"],
+                                        inp["context_lens"], inp["kv_indices"], 768, True, 64, ChunkK=256)
+    assert seen[0]["ChunkK"] == 256  # an explicit value equal to the default is still explicit
+
+
+def test_knob_mapping_is_aiters_formula():
+    assert aiter.aiter_knobs(chunk_k=256, wave_per_eu=2, total_cu_count=304, batch=1, next_n=1) == {
+        "ChunkK": 256, "WavePerEU": 2, "SplitKV": 610}
+    assert aiter.aiter_knobs(chunk_k=64, wave_per_eu=4, total_cu_count=256, batch=128, next_n=2)["SplitKV"] == 20
+
+
+@pytest.mark.parametrize("knobs,argument", [(dict(ChunkK=0), "ChunkK"), (dict(ChunkK=96), "ChunkK"),
+                                            (dict(WavePerEU=0), "WavePerEU"), (dict(TotalCuCount=-3), "TotalCuCount"),
+                                            (dict(VarCtxSchedule=[1]), "VarCtxSchedule")])
+def test_bad_knobs_name_the_argument(knobs, argument):
+    inp = _inputs("cpu", torch.float8_e4m3fn)
+    before = inp["out_logits"].clone()
+    with pytest.raises(PagedMQAArgumentError, match=f"argument `{argument}`"):
+        aiter.deepgemm_fp8_paged_mqa_logits(inp["q_fp8"], inp["kv_cache"], inp["weights"], inp["out_logits"],
+                                            inp["context_lens"], inp["kv_indices"], 768, True, 64, **knobs)
+    assert torch.equal(inp["out_logits"], before)

@@ -1,0 +1,98 @@
+"""``python -m tuner`` fails like a tool (one stderr line, non-zero status, ``--debug`` for the
+traceback), documents itself (``recheck``, defaults), needs no ``-o`` for ``--dry-run``, and
+starts nothing once ``--time-budget`` is spent."""
+
+import time
+
+import pytest
+
+from tuner import __main__ as cli
+from tuner.candidates import Candidate, Target
+from tuner.keys import TuneKey
+from tuner.search import KeyRun, Options, TimeStage
+
+from paged_mqa_logits.cli import CliError
+
+KEYS = "heads,head_dim,kv_block_size,preshuffle,batch,next_n\n64,128,64,0,32,2\n"
+
+
+@pytest.fixture
+def keys(tmp_path):
+    path = tmp_path / "k.csv"
+    path.write_text(KEYS)
+    return str(path)
+
+
+def run_main(capsys, *args):
+    rc = cli.main(list(args))
+    out, err = capsys.readouterr()
+    return rc, out, [line for line in err.splitlines() if line.strip()]
+
+
+def test_help_lists_recheck_and_shows_defaults(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert exit_.value.code == 0 and "recheck" in out and "(default: 180.0)" in out and "--debug" in out
+    with pytest.raises(SystemExit):
+        cli.main(["recheck", "--help"])
+    assert "(default: 1.15)" in capsys.readouterr().out
+
+
+def test_dry_run_needs_no_output_file(capsys, keys, tmp_path):
+    rc, out, err = run_main(capsys, keys, "--dry-run", "--arch", "gfx950", "--backends", "torch", "--contexts", "64")
+    assert rc == 0 and "1 key(s) to tune on gfx950/cu256" in out and not err
+
+
+@pytest.mark.parametrize("args,needles", [
+    (["frobnicate"], ["unknown command 'frobnicate'", "recheck"]),
+    (["{keys}"], ["-o/--out", "--dry-run"]),
+    (["missing.csv", "-o", "t.csv"], ["untuned", "missing.csv"]),
+    (["{keys}", "--dry-run", "--backends", "nonesuch"], ["--backends", "nonesuch"]),
+    (["{keys}", "-o", "t.csv", "--arch", "sm90"], ["--arch", "--dry-run"]),
+    (["{keys}", "--dry-run", "--contexts", "8k"], ["--contexts", "8k"]),
+    (["{keys}", "--dry-run", "--time-budget", "0"], ["--time-budget", "got 0"]),
+    (["{keys}", "--dry-run", "--mp", "two"], ["--mp", "two"]),
+    (["recheck"], ["--table"]),
+    (["recheck", "--table", "missing_tuned.csv"], ["missing_tuned.csv"]),
+])
+def test_errors_are_one_line(capsys, keys, args, needles):
+    rc, _, err = run_main(capsys, *[a.format(keys=keys) for a in args])
+    assert rc != 0 and len(err) == 1, err
+    assert ": error: " in err[0] and all(n in err[0] for n in needles), err[0]
+
+
+def test_bad_untuned_file_is_one_line(capsys, tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("heads,batch\n64,1\n")
+    rc, _, err = run_main(capsys, str(bad), "--dry-run")
+    assert rc == 1 and len(err) == 1 and "bad.csv" in err[0] and "header lacks" in err[0]
+
+
+def test_debug_shows_the_traceback(keys):
+    with pytest.raises(CliError, match="-o/--out"):
+        cli.main([keys, "--debug"])
+    with pytest.raises(ValueError, match="--backends"):
+        cli.main([keys, "--dry-run", "--backends", "nonesuch", "--debug"])
+
+
+def test_spent_budget_starts_nothing_not_even_a_started_keys_other_contexts(capsys):
+    """Once the deadline passes, the timing stage hands out no task: neither the pending
+    contexts of a key it already started nor a new key, and it says so once."""
+    cands = [Candidate.of("torch", {})] * 2
+    runs = [KeyRun(TuneKey(32, 128, 16, False, b, 1, (64, 128, 256)), cands) for b in (1, 2)]
+
+    class Bar:
+        def update(self, n):
+            pass
+
+    stage = TimeStage(list(runs), Options(untuned=[], out="", top=1), Target("cpu", 0, "cpu"), "p", 1,
+                      time.monotonic() + 1000, Bar(), lambda r: None)
+    first = stage.next_task()
+    assert first is not None and len(stage.pending) == 2  # key 1 started: two more contexts queued
+    stage.deadline = time.monotonic() - 1
+    assert stage.next_task() is None and stage.next_task() is None
+    assert not stage.pending and not stage.queue
+    assert [k.batch for k in stage.left] == [1, 2]
+    out = capsys.readouterr().out
+    assert out.count("time budget spent") == 1 and "2 key(s) left untuned" in out
