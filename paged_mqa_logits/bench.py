@@ -876,7 +876,6 @@ def _problem_for(shape: Shape, env: Environment, device):
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         prog="python -m paged_mqa_logits bench",
         description="Time backends, knob sets, the production dispatch and (if importable) DeepGEMM in the "
                     "same run with the method of docs/BENCHMARK.md; writes a CSV and exits non-zero if any shape "
