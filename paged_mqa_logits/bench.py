@@ -922,6 +922,20 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and device.index is not None:
         torch.cuda.set_device(device)
+    for option, text in (("--heads", a.heads), ("--next-n", a.next_n), ("--batch", a.batch),
+                         ("--context", a.context), ("--kv-block-size", a.kv_block_size)):
+        try:
+            values = _int_list(text) if text is not None else [1]
+        except ValueError:
+            p.error(f"argument {option}: expected comma-separated positive integers, got {text!r}")
+        if not values or min(values) < 1:
+            p.error(f"argument {option}: expected comma-separated positive integers, got {text!r}")
+    if a.backend:
+        from . import backends
+
+        unknown = [n for n in a.backend.split(",") if n not in backends.names()]
+        if unknown:
+            p.error(f"argument --backend: unknown backend(s) {', '.join(unknown)}; known: {', '.join(backends.names())}")
     pre = _bool_list(a.preshuffle_values) if a.preshuffle_values else [a.preshuffle]
     ragged = "wide" if a.wide_ragged else ("half" if a.ragged else "")
     if a.shapes:

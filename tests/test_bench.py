@@ -273,3 +273,13 @@ def test_cli_wide_ragged_grid_marks_its_rows_and_summarises_them(tmp_path, capsy
     assert "torch[default] [wide ragged [1, C]]: 1 shapes" in capsys.readouterr().out
     with pytest.raises(SystemExit):  # the two ragged modes exclude each other
         bench.main(["--ragged", "--wide-ragged", "--device", "cpu"])
+
+
+@pytest.mark.parametrize("argv, named", [(["--batch", "x"], "--batch"), (["--context", "0"], "--context"),
+                                         (["--backend", "nosuch"], "--backend")])
+def test_cli_rejects_bad_options_naming_them(argv, named, capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench.main(argv + ["--device", "cpu", "--quiet"])
+    assert exc.value.code != 0
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"argument {named}" in err
