@@ -181,7 +181,7 @@ def _option_value(argv: list[str], option: str) -> str | None:
 
 
 def _bench(argv: list[str]) -> int:
-    # The bench's parser is its own (bench.py): it does not know --debug, which cli.run handles,
+    # The bench's parser is its own (bench/cli.py): it does not know --debug, which cli.run handles,
     # and a device it cannot use is named here, before the bench tries to allocate on it.
     argv = cli.strip_debug(argv)
     if "-h" not in argv and "--help" not in argv:

@@ -1,4 +1,4 @@
-"""The measuring method (paged_mqa_logits/bench.py) on CPU: accounting, honest footprint, the
+"""The measuring method (paged_mqa_logits/bench/) on CPU: accounting, honest footprint, the
 check on every shape, the timing loop, the CSV and the CLI's exit status. The CUDA-graph path
 runs only with a GPU."""
 

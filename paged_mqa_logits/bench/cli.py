@@ -1,0 +1,179 @@
+"""``python -m paged_mqa_logits bench``: the grid or shape file, what to time, the method's
+settings; prints the table and summary, writes the CSV as it goes."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+from tqdm import tqdm
+
+from .. import backends
+from ..problem import HEAD_DIM, Problem
+from .deepgemm import deepgemm_available
+from .environment import Environment, environment
+from .measure import DeviceLost, Impl, Measurement, Schedule, measure, parse_knobs
+from .report import load_anchor, print_table, summary, write_csv
+from .shapes import Shape, _int_list, grid_shapes, shapes_from_csv
+from .workload import build_workload
+
+
+def _bool_list(text: str) -> list[bool]:
+    return [{"0": False, "1": True, "false": False, "true": True}[x.strip().lower()] for x in text.split(",")]
+
+
+def _impls(a, shape: Shape, problem) -> list[Impl]:
+
+    out = []
+    if a.dispatch or not (a.backend or a.all_candidates):
+        out.append(Impl("dispatch"))
+    names = a.backend.split(",") if a.backend else []
+    if a.all_candidates and not names:
+        names = [n for n in backends.names() if backends.why_not(n, problem) is None]
+    config = parse_knobs(a.config) if a.config else None
+    for name in names:
+        if a.all_candidates and backends.why_not(name, problem) is None:
+            out.extend(Impl.of(name, c) for c in backends.get(name).candidates(problem))
+        else:
+            out.append(Impl.of(name, config))
+    if a.deepgemm:
+        out.append(Impl("deepgemm"))
+    return list(dict.fromkeys(out))
+
+
+def _problem_for(shape: Shape, env: Environment, device):
+
+    return Problem(arch=env.arch, cu_num=env.cu_num, batch=shape.batch, next_n=shape.next_n, heads=shape.heads,
+                   head_dim=shape.head_dim, kv_block_size=shape.kv_block_size, preshuffle=shape.preshuffle,
+                   context=shape.context, lens_2d=shape.lens_2d, fp8="fnuz" if env.arch == "gfx942" else "fn",
+                   device_type=torch.device(device).type, max_model_len=shape.context)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m paged_mqa_logits bench",
+        description="Time backends, knob sets, the production dispatch and (if importable) DeepGEMM in the "
+                    "same run with the method of docs/BENCHMARK.md; writes a CSV and exits non-zero if any shape "
+                    "fails its check.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    g = p.add_argument_group("shapes (a grid, or --shapes FILE)")
+    g.add_argument("--heads", default="32,64")
+    g.add_argument("--next-n", default="1,2,3,4")
+    g.add_argument("--batch", default="1,8,32,64,128,256")
+    g.add_argument("--context", default=None, help="default 8192,32768 (with --shapes: overrides the file's)")
+    g.add_argument("--kv-block-size", default="64")
+    g.add_argument("--head-dim", type=int, default=HEAD_DIM)
+    g.add_argument("--preshuffle", action="store_true", help="preshuffled cache (see --preshuffle-values for both)")
+    g.add_argument("--preshuffle-values", default=None, help="e.g. 0,1 to bench both layouts")
+    g.add_argument("--lens-1d", action="store_true", help="1-D context_lens instead of vLLM's 2-D layout")
+    lengths = g.add_mutually_exclusive_group()
+    lengths.add_argument("--ragged", action="store_true", help="per-sequence contexts in [context/2, context]")
+    lengths.add_argument("--wide-ragged", action="store_true",
+                         help="per-sequence contexts uniform in [1, context], as in serving decode batches")
+    g.add_argument("--shapes", default=None,
+                   help="CSV of shapes: heads,next_n,batch,context (or contexts) [,kv_block_size,preshuffle]")
+    i = p.add_argument_group("what to time (default: the production dispatch)")
+    i.add_argument("--backend", default=None, help="backend name(s), comma-separated")
+    i.add_argument("--config", default=None, help="knobs for --backend, e.g. 'ChunkK=128,SplitKV=0'")
+    i.add_argument("--all-candidates", action="store_true", help="every tuner candidate of the backend(s)")
+    i.add_argument("--dispatch", action="store_true", help="also time the production dispatch")
+    i.add_argument("--deepgemm", action="store_true",
+                   help="also time DeepGEMM's fp8_paged_mqa_logits on the same inputs (flattened to next_n 1 "
+                        "where it refuses the next_n, as vLLM runs it)")
+    i.add_argument("--no-hint", action="store_true", help="call without context_hint (the table's 'any' rows)")
+    m = p.add_argument_group("method")
+    m.add_argument("--device", default=None, help="cuda / cuda:1 / cpu (default: a GPU if present)")
+    m.add_argument("--replays", type=int, default=None, help="graph replays per measurement (default GPU 10, CPU 3)")
+    m.add_argument("--copies", type=int, default=None, help="rotating copies (default: past 4x L2, >= 512 MiB)")
+    m.add_argument("--max-copies", type=int, default=256)
+    m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--anchor", default=None,
+                   help="DeepGEMM timings from another run (CSV); its ratios are reported as cross-run")
+    m.add_argument("--out", default=None, help="CSV to write (default: print only)")
+    m.add_argument("--fail-fast", action="store_true")
+    m.add_argument("--quiet", action="store_true", help="no progress bar")
+    a = p.parse_args(argv)
+
+    device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device)
+    for option, text in (("--heads", a.heads), ("--next-n", a.next_n), ("--batch", a.batch),
+                         ("--context", a.context), ("--kv-block-size", a.kv_block_size)):
+        try:
+            values = _int_list(text) if text is not None else [1]
+        except ValueError:
+            p.error(f"argument {option}: expected comma-separated positive integers, got {text!r}")
+        if not values or min(values) < 1:
+            p.error(f"argument {option}: expected comma-separated positive integers, got {text!r}")
+    if a.backend:
+
+        unknown = [n for n in a.backend.split(",") if n not in backends.names()]
+        if unknown:
+            p.error(f"argument --backend: unknown backend(s) {', '.join(unknown)}; known: {', '.join(backends.names())}")
+    pre = _bool_list(a.preshuffle_values) if a.preshuffle_values else [a.preshuffle]
+    ragged = "wide" if a.wide_ragged else ("half" if a.ragged else "")
+    if a.shapes:
+        shapes = shapes_from_csv(a.shapes, contexts=_int_list(a.context) if a.context else None,
+                                 lens_2d=not a.lens_1d, ragged=ragged)
+    else:
+        shapes = grid_shapes(_int_list(a.heads), _int_list(a.next_n), _int_list(a.batch),
+                             _int_list(a.context or "8192,32768"), _int_list(a.kv_block_size), pre,
+                             lens_2d=not a.lens_1d, ragged=ragged, head_dim=a.head_dim)
+    if a.config and (not a.backend or "," in a.backend):
+        p.error("--config needs exactly one --backend")
+    if a.deepgemm and deepgemm_available():
+        print(f"note: --deepgemm: {deepgemm_available()}; DeepGEMM rows are marked skipped", file=sys.stderr)
+
+    env = environment(device)
+    anchor = load_anchor(a.anchor)
+    schedule = Schedule(replays=a.replays or (10 if device.type == "cuda" else 3))
+    command = "python -m paged_mqa_logits bench " + " ".join(argv if argv is not None else sys.argv[1:])
+    for line in env.header_lines(command):
+        print(line)
+
+
+    results: list[Measurement] = []
+    bar = tqdm(total=len(shapes), unit="shape", disable=a.quiet, file=sys.stderr, dynamic_ncols=True)
+    failed = lost = False
+    for shape in shapes:
+        impls = _impls(a, shape, _problem_for(shape, env, device))
+        try:
+            workload = build_workload(shape, device, copies=a.copies, max_copies=a.max_copies, seed=a.seed,
+                                      context_hint=None if a.no_hint else "context", arch=env.arch)
+        except Exception as exc:
+            status = f"ERROR: building inputs: {type(exc).__name__}: {exc}"[:300]
+            results.extend(Measurement(shape, impl, status=status) for impl in impls)
+            failed = True
+            tqdm.write(f"{status} -- {shape.describe()}", file=sys.stderr)
+            workload = None
+        for impl in impls if workload is not None else []:
+            try:
+                m = measure(impl, workload, schedule, copy_gbps=env.copy_gbps)
+            except DeviceLost as exc:
+                m, lost = Measurement(shape, impl, rotate=workload.copies, status=str(exc)), True
+            results.append(m)
+            failed |= m.failed
+            bar.set_postfix_str(f"{impl.label}: " + (f"{m.us:.2f} us" if m.us else m.status)[:40])
+            if m.failed:
+                tqdm.write(f"{m.status} -- {shape.describe()} {impl.label}", file=sys.stderr)
+            if lost:
+                break
+        del workload
+        if device.type == "cuda" and not lost:
+            torch.cuda.empty_cache()
+        bar.update(1)
+        if a.out:  # keep what was measured if a later shape takes the process down
+            write_csv(a.out, env, results, command=command, anchor=anchor)
+        if lost or (failed and a.fail_fast):
+            break
+    bar.close()
+
+    print_table(results, anchor)
+    for line in summary(results, anchor):
+        print("# " + line)
+    if a.out:
+        print(f"# wrote {a.out}")
+    if failed:
+        print("# FAILED: at least one shape failed its accuracy check or raised (see status)", file=sys.stderr)
+    return 1 if failed else 0

@@ -1,0 +1,282 @@
+"""What is timed (:class:`Impl`), the accuracy check every shape gets, the CUDA-graph timing
+loop, and :func:`measure`, which puts them together and never raises for a failing
+implementation."""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import torch
+
+from .. import backends, dispatch
+from ..arch import detect
+from ..op import launch
+from ..reference import calc_diff, check_logits
+from .deepgemm import deepgemm_calls, deepgemm_flattens, deepgemm_unsupported
+from .shapes import Shape
+from .workload import Workload
+
+SENTINEL_BITS = 0x7FBADBAD  # a signalling-NaN payload no kernel computes: "never written"
+
+
+@dataclass(frozen=True)
+class Impl:
+    """``kind``: ``"backend"`` (``backend`` + ``config``; ``config=None`` = its default),
+    ``"dispatch"`` (the production path) or ``"deepgemm"``."""
+
+    kind: str
+    backend: str | None = None
+    config: tuple | None = None  # sorted (knob, value) pairs
+
+    @staticmethod
+    def of(backend: str, config: dict | None = None) -> "Impl":
+        return Impl("backend", backend, None if config is None else tuple(sorted(config.items())))
+
+    @property
+    def knobs(self) -> dict | None:
+        return None if self.config is None else dict(self.config)
+
+    @property
+    def label(self) -> str:
+        if self.kind != "backend":
+            return self.kind
+        return f"{self.backend}[{format_knobs(self.knobs) or 'default'}]"
+
+
+def format_knobs(knobs: dict | None) -> str:
+    return ";".join(f"{k}={v}" for k, v in sorted((knobs or {}).items()))
+
+
+def parse_knobs(text: str | None) -> dict:
+    """``"ChunkK=128,WavePerEU=4"`` (``,`` or ``;``) -> ``{"ChunkK": 128, "WavePerEU": 4}``."""
+    knobs = {}
+    for item in filter(None, (text or "").replace(";", ",").split(",")):
+        if "=" not in item:
+            raise ValueError(f"knob {item!r} is not NAME=VALUE")
+        name, value = (s.strip() for s in item.split("=", 1))
+        try:
+            knobs[name] = int(value)
+        except ValueError:
+            knobs[name] = value
+    return knobs
+
+
+def runners(impl: Impl, workload: Workload) -> list[Callable]:
+    """One zero-argument call per rotating copy."""
+
+    if impl.kind == "dispatch":
+        return [lambda a=a: launch(a) for a in workload.args]
+    if impl.kind == "backend":
+        knobs = impl.knobs
+        return [lambda a=a: launch(a, backend=impl.backend, config=knobs) for a in workload.args]
+    if impl.kind == "deepgemm":
+        return deepgemm_calls(workload)
+    raise ValueError(f"unknown impl kind {impl.kind!r}")
+
+# ----------------------------------------------------------------------------- check
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def check(impl: Impl, workload: Workload, call: Callable) -> tuple[float, bool | None]:
+    """``(calc_diff, mask_ok)`` of one call on copy 0 (``mask_ok=None``: not applicable)."""
+
+    args = workload.args[0]
+    args.out.view(torch.int32).fill_(SENTINEL_BITS)
+    before = args.out.clone()
+    result = call()
+    _sync(workload.device)
+    ref = workload.reference()
+    if impl.kind == "deepgemm":
+        valid = torch.isfinite(ref)
+        got = result[: ref.shape[0], : ref.shape[1]][valid]
+        diff = float("inf") if bool(torch.isnan(got).any()) else calc_diff(got, ref[valid])
+        return diff, None
+    outcome = check_logits(args.out, before, ref)
+    return outcome.calc_diff, outcome.untouched
+
+
+# ----------------------------------------------------------------------------- timing
+@dataclass(frozen=True)
+class Schedule:
+    replays: int = 10  # graph replays (GPU) or loops (CPU); the median is reported
+    min_replay_us: float = 2000.0  # a replay holds at least this much work (GPU)
+    max_passes: int = 64  # at most this many passes over the copies per graph
+    graph: bool = True  # False: time eager passes (the fallback when capture fails)
+
+
+@dataclass
+class Timing:
+    us: float  # per call
+    calls: int  # calls per replay
+    method: str  # "graph", "eager", "eager (capture failed: ...)", "wall"
+    spread: float  # (max - min) / median over replays
+
+
+def _median_spread(samples: list[float]) -> tuple[float, float]:
+    med = statistics.median(samples)
+    return med, (max(samples) - min(samples)) / med if med > 0 else 0.0
+
+
+def time_calls(calls: list[Callable], device: torch.device, schedule: Schedule = Schedule()) -> Timing:
+    """Per-call time of cycling over ``calls`` (see the module docstring)."""
+    if device.type != "cuda":
+        for call in calls:
+            call()
+        samples = []
+        for _ in range(schedule.replays):
+            t0 = time.perf_counter()
+            for call in calls:
+                call()
+            samples.append((time.perf_counter() - t0) * 1e6 / len(calls))
+        us, spread = _median_spread(samples)
+        return Timing(us, len(calls), "wall", spread)
+
+    for call in calls:  # warm-up: compilation and first-touch happen here, never in capture
+        call()
+    torch.cuda.synchronize(device)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for call in calls:
+        call()
+    end.record()
+    end.synchronize()
+    pass_us = max(start.elapsed_time(end) * 1e3, 1e-3)
+    passes = max(1, min(schedule.max_passes, math.ceil(schedule.min_replay_us / pass_us)))
+
+    method, replay = "graph", None
+    if schedule.graph:
+        try:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for _ in range(passes):
+                    for call in calls:
+                        call()
+            graph.replay()
+            torch.cuda.synchronize(device)
+            replay = graph.replay
+        except Exception as exc:  # a call that cannot be captured: time it eagerly, say so
+            method = f"eager (capture failed: {type(exc).__name__}: {str(exc)[:120]})"
+            torch.cuda.synchronize(device)
+    else:
+        method = "eager"
+    if replay is None:
+        def replay():
+            for _ in range(passes):
+                for call in calls:
+                    call()
+
+    samples = []
+    for _ in range(schedule.replays):
+        start.record()
+        replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3 / (passes * len(calls)))
+    us, spread = _median_spread(samples)
+    return Timing(us, passes * len(calls), method, spread)
+
+
+# ----------------------------------------------------------------------------- one measurement
+@dataclass
+class Measurement:
+    shape: Shape
+    impl: Impl
+    backend: str | None = None  # the backend that ran (dispatch: the one it chose)
+    knobs: dict | None = None
+    us: float | None = None
+    gbps: float | None = None
+    frac_of_copy_bw: float | None = None
+    tflops: float | None = None
+    calc_diff: float | None = None
+    mask_ok: bool | None = None
+    rotate: int = 0
+    calls: int = 0
+    spread: float | None = None  # (max - min) / median of the replays
+    timing: str = ""
+    status: str = "ok"  # "ok", "FAIL: ...", "ERROR: ...", "skipped: ..."
+    seconds: float = 0.0  # wall time spent on this measurement (check + timing)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def failed(self) -> bool:
+        return self.status.startswith(("FAIL", "ERROR"))
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["shape"], d["impl"] = asdict(self.shape), {"kind": self.impl.kind, "backend": self.impl.backend,
+                                                      "config": self.impl.knobs}
+        return d
+
+
+def _accuracy_status(calc_diff: float, mask_ok: bool | None, threshold: float) -> str:
+    problems = []
+    if mask_ok is False:
+        problems.append("positions outside the visible range were written")
+    if not calc_diff < threshold:
+        problems.append(f"calc_diff {calc_diff:.2e} >= {threshold:g}")
+    return "ok" if not problems else "FAIL: " + "; ".join(problems)
+
+
+def measure(impl: Impl, workload: Workload, schedule: Schedule | None = Schedule(), *, copy_gbps: float | None = None,
+            threshold: float = 1e-3) -> Measurement:
+    """Check ``impl`` on ``workload`` and, if it passes and ``schedule`` is given, time it.
+    Never raises for a failing implementation: the status says what went wrong."""
+    t0 = time.perf_counter()
+    m = Measurement(workload.shape, impl, rotate=workload.copies)
+    try:
+        if impl.kind == "deepgemm":
+
+            reason = deepgemm_unsupported(workload.shape, detect(workload.device).arch)
+            if reason:
+                m.status = f"skipped: {reason}"
+                return m
+            m.backend = "deepgemm-flat" if deepgemm_flattens(workload.shape) else "deepgemm"
+        elif impl.kind == "dispatch":
+
+            choice = dispatch.choose(workload.args[0].problem)
+            m.backend, m.knobs = choice.backend, dict(choice.config)
+        else:
+
+            m.backend = impl.backend
+            reason = backends.why_not(impl.backend, workload.args[0].problem)
+            if reason:
+                m.status = f"skipped: {reason}"
+                return m
+            m.knobs = impl.knobs if impl.knobs is not None else \
+                backends.get(impl.backend).default_config(workload.args[0].problem)
+        calls = runners(impl, workload)
+        m.calc_diff, m.mask_ok = check(impl, workload, calls[0])
+        m.status = _accuracy_status(m.calc_diff, m.mask_ok, threshold)
+        if m.ok and schedule is not None:
+            timing = time_calls(calls, workload.device, schedule)
+            acc, shape = workload.accounting, workload.shape
+            m.us, m.calls, m.timing, m.spread = timing.us, timing.calls, timing.method, timing.spread
+            if timing.method.startswith("eager (capture failed"):
+                m.status = "FAIL: not capturable in a CUDA graph (the op must be; timed eagerly instead)"
+            m.gbps = acc.bytes / timing.us / 1e3
+            m.tflops = acc.flops(shape.heads, shape.head_dim) / timing.us / 1e6
+            if copy_gbps:
+                m.frac_of_copy_bw = m.gbps / copy_gbps
+    except Exception as exc:
+        m.status = f"ERROR: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+        try:  # a failed launch may leave the device unusable; say so instead of failing later
+            _sync(workload.device)
+        except Exception as sync_exc:
+            m.status += f" (device unusable: {type(sync_exc).__name__})"
+            raise DeviceLost(m.status) from sync_exc
+    finally:
+        m.seconds = time.perf_counter() - t0
+    return m
+
+
+class DeviceLost(RuntimeError):
+    """A launch broke the device context; the process cannot measure anything else."""

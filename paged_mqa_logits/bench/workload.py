@@ -1,0 +1,151 @@
+"""Honest footprint: rotating input copies of one shape, each its own ``make_inputs`` call (a
+distinct block per token from a random permutation), enough of them to pass L2; and the byte /
+FLOP accounting every figure is computed from."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from ..arch import detect
+from ..problem import LaunchArgs
+from ..reference import logits_into, make_inputs
+from ..validate import build_launch_args
+from .shapes import Shape
+
+MIN_WORKING_SET = 512 << 20
+
+
+@dataclass
+class Accounting:
+    """What one call must do, from the host-side lengths (never read from the device)."""
+
+    visible: int  # (row, key) pairs written
+    kv_bytes: int  # keys + scales of the tokens every sequence walks
+    logits_bytes: int
+
+    @property
+    def bytes(self) -> int:
+        return self.kv_bytes + self.logits_bytes
+
+    def flops(self, heads: int, head_dim: int) -> int:
+        return 2 * heads * head_dim * self.visible
+
+
+def accounting(shape: Shape, lens: list[int], max_model_len: int, max_blocks: int) -> Accounting:
+    """Row ``(b, j)`` sees ``min(max(L_b - next_n + j + 1, 0), max_model_len, max_blocks*bs)``
+    positions (problem.py); sequence ``b`` walks the longest of its rows."""
+    width = min(max_model_len, max_blocks * shape.kv_block_size)
+    visible = walked = 0
+    for length in lens:
+        rows = [min(max(length - shape.next_n + j + 1, 0), width) for j in range(shape.next_n)]
+        visible += sum(rows)
+        walked += max(rows)
+    return Accounting(visible, walked * (shape.head_dim + 4), visible * 4)
+
+
+def _fp8_dtype(arch: str) -> torch.dtype:
+    return torch.float8_e4m3fnuz if arch == "gfx942" else torch.float8_e4m3fn
+
+
+def _copy_footprint(shape: Shape, lens: list[int]) -> tuple[int, int]:
+    """``(persistent bytes of one copy, transient peak while building one)``.
+    make_inputs draws float32 keys and quantises them out of place: ~16 bytes per key element."""
+    blocks = sum(math.ceil(n / shape.kv_block_size) for n in lens)
+    key_elems = blocks * shape.kv_block_size * shape.head_dim
+    persistent = blocks * shape.kv_block_size * (shape.head_dim + 4) + shape.batch * shape.next_n * (max(lens) + 8) * 4
+    return persistent, 16 * key_elems
+
+
+@dataclass
+class Workload:
+    """Rotating input copies of one shape on one device, with their validated launch arguments."""
+
+    shape: Shape
+    device: torch.device
+    inputs: list[dict]
+    args: list[LaunchArgs]
+    lens: list[int]
+    accounting: Accounting
+    context_hint: int | None
+    _reference: torch.Tensor | None = field(default=None, repr=False)
+
+    @property
+    def copies(self) -> int:
+        return len(self.args)
+
+    @property
+    def working_set_bytes(self) -> int:
+        return self.copies * (self.accounting.bytes)
+
+    def with_hint(self, context_hint: int | None) -> "Workload":
+        """The same copies, validated again with another host ``context_hint`` (cheap: no
+        tensor is rebuilt; the reference is shared)."""
+
+        if context_hint == self.context_hint:
+            return self
+        args = [build_launch_args(inp["q_fp8"], inp["kv_cache"], inp["weights"], inp["out_logits"],
+                                  inp["context_lens"], inp["kv_indices"], inp["max_model_len"],
+                                  self.shape.preshuffle, self.shape.kv_block_size, context_hint=context_hint)
+                for inp in self.inputs]
+        self.reference()
+        return Workload(self.shape, self.device, self.inputs, args, self.lens, self.accounting, context_hint,
+                        self._reference)
+
+    def reference(self) -> torch.Tensor:
+        """Reference logits of copy 0 (``-inf`` where not visible); computed once."""
+        if self._reference is None:
+
+            inp = self.inputs[0]
+            rows = self.shape.batch * self.shape.next_n
+            ref = torch.full((rows, inp["max_model_len"]), float("-inf"), dtype=torch.float32, device=self.device)
+            # Big column chunks on a GPU: the reference is not what is being timed.
+            logits_into(ref, inp["q_fp8"], inp["kv_cache"], inp["weights"], inp["context_lens"], inp["kv_indices"],
+                        inp["max_model_len"], kv_block_size=self.shape.kv_block_size, preshuffle=self.shape.preshuffle,
+                        max_elements=(1 << 28) if self.device.type == "cuda" else (1 << 25))
+            self._reference = ref
+        return self._reference
+
+
+def build_workload(shape: Shape, device: str | torch.device = "cpu", *, copies: int | None = None,
+                   max_copies: int = 256, working_set: int | None = None, seed: int = 0,
+                   context_hint: int | None | str = "context", arch: str | None = None) -> Workload:
+    """Rotating copies of ``shape`` (see the module docstring for how many).
+
+    ``context_hint="context"`` passes the shape's context as the host hint, as engines that know
+    the step's longest context do; ``None`` leaves it out (the table's ``any`` rows serve).
+    """
+
+    dev = torch.device(device)
+    arch = arch or detect(dev).arch
+    lens = shape.lens(seed)
+    per_copy, transient = _copy_footprint(shape, lens)
+    if copies is None:
+        if dev.type == "cuda":
+            l2 = int(getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0) or 50 << 20)
+            target = working_set or max(4 * l2, MIN_WORKING_SET)
+            copies = min(max(2, math.ceil(target / max(per_copy, 1))), max_copies)
+        else:
+            copies = 1  # CPU: the loop is for tests and accounting, not for bandwidth
+    if dev.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(dev)
+        budget = int(0.8 * free) - transient - 3 * per_copy  # room for the reference and the check
+        fits = budget // max(per_copy, 1)
+        if fits < 1:
+            raise MemoryError(f"{shape.describe()}: one copy needs {(per_copy + transient) / 2**30:.1f} GiB "
+                              f"while building, {free / 2**30:.1f} GiB free")
+        copies = max(1, min(copies, fits))
+    hint = shape.context if context_hint == "context" else context_hint
+    inputs, args = [], []
+    for i in range(copies):
+        inp = make_inputs(shape.batch, shape.next_n, shape.heads, lens, kv_block_size=shape.kv_block_size,
+                          preshuffle=shape.preshuffle, fp8_dtype=_fp8_dtype(arch), lens_2d=shape.lens_2d,
+                          max_model_len=max(lens), device=dev, seed=seed + i, head_dim=shape.head_dim)
+        inputs.append(inp)
+        args.append(build_launch_args(inp["q_fp8"], inp["kv_cache"], inp["weights"], inp["out_logits"],
+                                      inp["context_lens"], inp["kv_indices"], inp["max_model_len"],
+                                      shape.preshuffle, shape.kv_block_size, context_hint=hint))
+    acc = accounting(shape, lens, inputs[0]["max_model_len"], inputs[0]["kv_indices"].shape[1])
+    return Workload(shape, dev, inputs, args, lens, acc, hint)
