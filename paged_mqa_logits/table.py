@@ -47,11 +47,13 @@ from __future__ import annotations
 
 import csv
 import glob
+import io
 import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .errors import PagedMQAArgumentError
 from .problem import Problem
 
 ENV_CONFIGS = "PAGED_MQA_LOGITS_CONFIGS"
@@ -66,7 +68,7 @@ _INT_KEYS = ("cu_num", "heads", "head_dim", "kv_block_size", "batch", "next_n")
 KNOWN_BACKENDS = ("torch", "triton", "gluon", "flydsl")
 
 
-class TableError(ValueError):
+class TableError(PagedMQAArgumentError):
     """A malformed table file; the message starts with ``file:line``."""
 
 
@@ -143,30 +145,64 @@ def _parse_value(text: str):
         return text
 
 
+def known_columns() -> tuple[str, ...] | None:
+    """Every column a table may have: keys, meta, the common knobs and every backend's knobs;
+    ``None`` when a backend cannot be imported here (its knob names are then unknown)."""
+    from . import backends
+
+    columns = list(REQUIRED_COLUMNS)
+    for name in KNOWN_BACKENDS:
+        backend = backends.get(name)
+        if backend is None:
+            return None
+        columns += [k for k in backend.knobs if k not in columns]
+    return tuple(columns)
+
+
 def parse_file(path: str) -> list[Row]:
-    """Rows of one CSV file; raises :class:`TableError` with ``path:line`` on malformed input."""
+    """Rows of one CSV file; raises :class:`TableError` with ``path:line`` on malformed input:
+    a missing or unknown column, a malformed cell, a non-finite or negative ``us``, a knob
+    value outside its backend's space (``Backend.check_config``)."""
     rows: list[Row] = []
     header: list[str] | None = None
-    with open(path, newline="") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip() or line.lstrip().startswith("#"):
-                continue
-            cells = next(csv.reader([line]))
-            where = f"{path}:{lineno}"
-            if header is None:
-                header = [c.strip() for c in cells]
-                missing = [c for c in REQUIRED_COLUMNS if c not in header]
-                if missing:
-                    raise TableError(f"{where}: header lacks column(s) {', '.join(missing)}")
-                if len(set(header)) != len(header):
-                    raise TableError(f"{where}: header repeats a column")
-                continue
-            if len(cells) != len(header):
-                raise TableError(f"{where}: expected {len(header)} cells, got {len(cells)}")
-            rows.append(_parse_row(dict(zip(header, (c.strip() for c in cells))), where))
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise TableError(f"{path}:{line}: not a text (UTF-8) CSV file ({exc.reason})") from None
+    for lineno, line in enumerate(io.StringIO(text, newline=""), start=1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        where = f"{path}:{lineno}"
+        if "\0" in line:
+            raise TableError(f"{where}: not a text CSV file (NUL byte)")
+        cells = next(csv.reader([line]))
+        if header is None:
+            header = _parse_header(cells, where)
+            continue
+        if len(cells) != len(header):
+            raise TableError(f"{where}: expected {len(header)} cells, got {len(cells)}")
+        rows.append(_parse_row(dict(zip(header, (c.strip() for c in cells))), where))
     if header is None:
         raise TableError(f"{path}:1: no header line")
     return rows
+
+
+def _parse_header(cells: list[str], where: str) -> list[str]:
+    header = [c.strip() for c in cells]
+    missing = [c for c in REQUIRED_COLUMNS if c not in header]
+    if missing:
+        raise TableError(f"{where}: header lacks column(s) {', '.join(missing)}")
+    if len(set(header)) != len(header):
+        raise TableError(f"{where}: header repeats a column")
+    known = known_columns()
+    unknown = [c for c in header if known is not None and c not in known]
+    if unknown:
+        raise TableError(f"{where}: unknown column(s) {', '.join(unknown)} (column {header.index(unknown[0]) + 1}); "
+                         f"known columns: {', '.join(known)}")
+    return header
 
 
 def _parse_row(cells: dict, where: str) -> Row:
@@ -194,6 +230,8 @@ def _parse_row(cells: dict, where: str) -> Row:
             us = float(cells["us"])
         except ValueError:
             raise TableError(f"{where}: column us must be a number, got {cells['us']!r}") from None
+        if not math.isfinite(us) or us < 0:  # it would win every de-duplication
+            raise TableError(f"{where}: column us must be a finite number >= 0, got {cells['us']!r}")
     knobs = {}
     for col, text in cells.items():
         if col in KEY_COLUMNS or col in META_COLUMNS:
@@ -203,11 +241,34 @@ def _parse_row(cells: dict, where: str) -> Row:
             knobs[col] = value
     from .arch import normalise_arch
 
-    return Row(
+    row = Row(
         arch=normalise_arch(cells["arch"]), preshuffle=pre in ("1", "true"), context=context,
         backend=cells["backend"], config=tuple(sorted(knobs.items())), us=us,
         provenance=cells["provenance"], source=where, **ints,
     )
+    error = _knob_error(row)
+    if error is not None:
+        raise TableError(f"{where}: {error}")
+    return row
+
+
+def _knob_error(row: Row) -> str | None:
+    """The row's backend's verdict on its knobs, for the row's own problem (``None``: fine, or
+    the backend cannot be imported here, so no call can reach it)."""
+    from . import backends
+    from .arch import NATIVE_FP8
+
+    if backends.get(row.backend) is None:
+        return None
+    native = NATIVE_FP8.get(row.arch, "fn")
+    problem = Problem(
+        arch=row.arch, cu_num=row.cu_num, batch=row.batch, next_n=row.next_n, heads=row.heads,
+        head_dim=row.head_dim, kv_block_size=row.kv_block_size, preshuffle=row.preshuffle, context=row.context,
+        lens_2d=True, fp8=native if isinstance(native, str) else native[0],
+        device_type="cpu" if row.arch == "cpu" else "cuda", max_model_len=max(row.context or 0, 131072),
+        hypothetical=True,
+    )
+    return backends.check_config(row.backend, row.knobs, problem)
 
 
 def merge(files: list[str]) -> dict[tuple, Row]:

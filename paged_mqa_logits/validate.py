@@ -17,27 +17,14 @@ import os
 import torch
 
 from . import arch as arch_mod
+from .errors import PagedMQAArgumentError, env_flag
 from .problem import HEAD_DIM, MAX_NEXT_N, SUPPORTED_KV_BLOCK_SIZES, LaunchArgs, Problem, fp8_flavour
 
 
 ENV_CHECK = "PAGED_MQA_LOGITS_CHECK"
 
-
-class PagedMQAArgumentError(ValueError):
-    """A call argument violates the contract; raised before ``out_logits`` is touched."""
-
-
-def _env_flag(name: str) -> bool:
-    value = os.environ.get(name, "0").strip().lower()
-    if value in ("", "0", "false", "off", "no"):
-        return False
-    if value in ("1", "true", "on", "yes"):
-        return True
-    raise PagedMQAArgumentError(f"paged_mqa_logits: environment variable {name}: expected 0 or 1, got {value!r}")
-
-
 #: check the block-table ids of device tensors too (one synchronisation per call)
-CHECK_DEVICE_IDS = _env_flag(ENV_CHECK)
+CHECK_DEVICE_IDS = env_flag(ENV_CHECK, os.environ.get(ENV_CHECK))
 
 
 def _fail(name: str, expected: str, got) -> None:

@@ -1,12 +1,18 @@
 """Block-table ids: every id a call walks is checked on CPU (and on devices with
 PAGED_MQA_LOGITS_CHECK=1); unchecked ids are clamped by the reference, like the kernels."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
 from op_cases import positional
 from paged_mqa_logits import PagedMQAArgumentError, paged_mqa_logits, validate
-from paged_mqa_logits.reference import logits_into, make_inputs, reference_logits
+from paged_mqa_logits.reference import make_inputs, reference_logits
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def base(lens=(40, 17), lens_2d=True, max_model_len=48):
@@ -69,13 +75,15 @@ def test_empty_cache_with_lengths_is_rejected_and_without_is_fine(backend):
     assert torch.isneginf(out[:4, :48]).all()  # nothing is walked, everything is cleaned
 
 
-def test_device_check_flag_is_parsed(monkeypatch):
-    for value, expected in (("1", True), ("0", False), ("", False), ("true", True)):
-        monkeypatch.setenv(validate.ENV_CHECK, value)
-        assert validate._env_flag(validate.ENV_CHECK) is expected
-    monkeypatch.setenv(validate.ENV_CHECK, "maybe")
-    with pytest.raises(PagedMQAArgumentError, match="PAGED_MQA_LOGITS_CHECK"):
-        validate._env_flag(validate.ENV_CHECK)
+def test_device_check_flag_is_parsed_at_import():
+    code = "import paged_mqa_logits.validate as v; print(v.CHECK_DEVICE_IDS)"
+    for value, expected in (("1", "True"), ("0", "False"), ("", "False")):
+        env = dict(os.environ, PAGED_MQA_LOGITS_CHECK=value, PYTHONPATH=ROOT)
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        assert done.stdout.strip() == expected
+    env = dict(os.environ, PAGED_MQA_LOGITS_CHECK="maybe", PYTHONPATH=ROOT)
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.returncode and "PagedMQAEnvironmentError" in done.stderr and "PAGED_MQA_LOGITS_CHECK" in done.stderr
 
 
 def test_check_block_ids_is_what_device_checking_runs():

@@ -18,11 +18,16 @@ from __future__ import annotations
 
 from ..problem import LaunchArgs, Problem
 from ..reference import logits_into
+from . import check_knob_space
 
 
 class TorchBackend:
     name = "torch"
     knobs: tuple[str, ...] = ()
+    KNOB_SPACE: dict = {}
+
+    def check_config(self, config: dict, problem: Problem | None = None) -> str | None:
+        return check_knob_space(self.name, config, self.KNOB_SPACE)
 
     def unsupported(self, problem: Problem) -> str | None:
         return None

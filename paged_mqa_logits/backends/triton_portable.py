@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from ..problem import LaunchArgs, Problem, derive_split_kv
+from . import MAX_SPLIT_KV, check_knob_space
 from ._interpret import interpreted
 
 
@@ -125,6 +126,12 @@ def _dot_dtype(problem: Problem):
 class TritonBackend:
     name = "triton"
     knobs = ("ChunkK", "SplitKV", "RowsPerProgram", "num_warps", "num_stages")
+    #: what the kernel compiles for: power-of-two tiles (tl.arange, tl.dot's M >= 16)
+    KNOB_SPACE = {"ChunkK": (16, 32, 64, 128, 256), "SplitKV": range(0, MAX_SPLIT_KV + 1),
+                  "RowsPerProgram": (1, 2, 4, 8), "num_warps": (1, 2, 4, 8, 16), "num_stages": range(1, 9)}
+
+    def check_config(self, config: dict, problem: Problem | None = None) -> str | None:
+        return check_knob_space(self.name, config, self.KNOB_SPACE)
 
     def unsupported(self, problem: Problem) -> str | None:
         if problem.heads & (problem.heads - 1):
