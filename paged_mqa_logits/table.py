@@ -50,6 +50,7 @@ import glob
 import io
 import math
 import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -297,32 +298,50 @@ class Match:
     rule: str  # human-readable: which rule chose it
 
 
-_TABLE: dict[tuple, Row] | None = None
-_TABLE_FILES: list[str] = []
-_BY_FAMILY: dict[tuple, list[Row]] = {}
+@dataclass(frozen=True)
+class _Loaded:
+    """One loaded table, published whole: rows, files and the lookup index together."""
+
+    rows: dict[tuple, Row]
+    files: list[str]
+    by_family: dict[tuple, list[Row]]
+
+
+_LOADED: _Loaded | None = None
+_LOAD_LOCK = threading.Lock()
+
+
+def _load() -> _Loaded:
+    """The loaded table; the first caller builds it completely (index included) under a lock,
+    then publishes it with one assignment, so no thread ever looks rows up in a partial index."""
+    global _LOADED
+    loaded = _LOADED
+    if loaded is not None:
+        return loaded
+    with _LOAD_LOCK:
+        if _LOADED is None:
+            files = configured_files()
+            rows = merge(files)
+            by_family: dict[tuple, list[Row]] = {}
+            for row in rows.values():
+                family = (row.arch, row.heads, row.head_dim, row.kv_block_size, row.preshuffle, row.next_n)
+                by_family.setdefault(family, []).append(row)
+            _LOADED = _Loaded(rows, files, by_family)
+        return _LOADED
 
 
 def table() -> dict[tuple, Row]:
-    global _TABLE, _TABLE_FILES
-    if _TABLE is None:
-        _TABLE_FILES = configured_files()
-        _TABLE = merge(_TABLE_FILES)
-        _BY_FAMILY.clear()
-        for row in _TABLE.values():
-            family = (row.arch, row.heads, row.head_dim, row.kv_block_size, row.preshuffle, row.next_n)
-            _BY_FAMILY.setdefault(family, []).append(row)
-    return _TABLE
+    return _load().rows
 
 
 def loaded_files() -> list[str]:
-    table()
-    return list(_TABLE_FILES)
+    return list(_load().files)
 
 
 def reset() -> None:
-    global _TABLE
-    _TABLE = None
-    _BY_FAMILY.clear()
+    global _LOADED
+    with _LOAD_LOCK:
+        _LOADED = None
 
 
 def _log_distance(a: int, b: int) -> float:
@@ -335,9 +354,8 @@ def _nearest(values, target: int) -> int:
 
 def lookup(problem: Problem) -> Match:
     """The table row for ``problem`` and the rule that chose it (``row=None``: no row)."""
-    table()
     family = (problem.arch, problem.heads, problem.head_dim, problem.kv_block_size, problem.preshuffle, problem.next_n)
-    rows = _BY_FAMILY.get(family, [])
+    rows = _load().by_family.get(family, [])
     if not rows:
         return Match(None, "no tuned row for this arch/heads/head_dim/kv_block_size/preshuffle/next_n")
     cu_note = ""

@@ -211,3 +211,23 @@ def check_block_ids(context_lens: torch.Tensor, kv_indices: torch.Tensor, next_n
     if num_blocks == 0:
         _fail("kv_indices", "ids in [0, num_blocks) but kv_cache has no blocks (num_blocks 0) for a non-zero length", where)
     _fail("kv_indices", f"block ids in [0, num_blocks={num_blocks}) for every block a sequence walks", where)
+
+
+# ----------------------------------------------------------------------------- host options
+def check_options(context_hint, clean_logits, backend, config) -> None:
+    """The keyword options, checked alike on the eager and the ``torch.ops`` paths (the public
+    entry point checks them before choosing a path). A ``SymInt`` hint is left to the real
+    implementation, which sees a plain int."""
+    from . import backends
+
+    if context_hint is not None and not isinstance(context_hint, torch.SymInt):
+        _host_int("context_hint", context_hint, 0)
+    if not isinstance(clean_logits, bool):
+        _fail("clean_logits", "a bool", repr(clean_logits))
+    if backend is not None and (not isinstance(backend, str) or backend not in backends.names()):
+        _fail("backend", "None or one of " + ", ".join(map(repr, backends.names())), repr(backend))
+    if config is not None:
+        if not isinstance(config, dict):
+            _fail("config", "a dict of knobs", type(config).__name__)
+        if backend is None:
+            _fail("config", "it only together with `backend`", "a config without a backend")
