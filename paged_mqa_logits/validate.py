@@ -101,6 +101,7 @@ def build_launch_args(
         _fail("kv_cache", f"a block stride (stride(0)) that is a multiple of 4 and >= {packed} bytes", kv.stride(0))
     if kv.storage_offset() % 4:
         _fail("kv_cache", "a storage offset that is a multiple of 4 bytes (fp32 scales)", kv.storage_offset())
+    kv = _canonical_size_one_strides(kv, block_size, head_dim)
 
     rows = batch * next_n
     w = _tensor("weights", weights, (torch.float32,), (2,))
@@ -153,6 +154,23 @@ def build_launch_args(
         fp8=flavour, device_type=device.type, max_model_len=max_model_len,
     )
     return LaunchArgs(q, kv, w, out, lens, table, max_model_len, block_size, Preshuffle, problem)
+
+
+def _canonical_size_one_strides(kv: torch.Tensor, block_size: int, head_dim: int) -> torch.Tensor:
+    """The same cache with the strides of its size-1 dimensions (dim 2; dim 1 at KVBlockSize 1;
+    dim 0 with a single block) set to the packed layout's. Those strides address nothing, so
+    validation accepts any value, but backends view the bytes as fp32 scales, which torch
+    refuses for strides that are not multiples of 4."""
+    row = head_dim + 4
+    strides = list(kv.stride())
+    if kv.shape[0] <= 1:
+        strides[0] = block_size * row
+    if block_size == 1:
+        strides[1] = row
+    strides[2] = row
+    if tuple(strides) == kv.stride():
+        return kv
+    return kv.as_strided(kv.shape, strides, kv.storage_offset())
 
 
 # ----------------------------------------------------------------------------- aliasing

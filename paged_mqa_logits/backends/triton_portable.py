@@ -138,6 +138,8 @@ class TritonBackend:
             return f"heads must be a power of two for tl.arange, got {problem.heads}"
         if problem.device_type not in ("cpu", "cuda"):
             return f"device type {problem.device_type} is not a Triton target"
+        if problem.device_type == "cpu" and problem.fp8 == "fnuz":
+            return "the Triton interpreter (CPU) cannot load e4m3fnuz (fp8e4b8) tensors"
         return None
 
     def candidates(self, problem: Problem) -> list[dict]:
