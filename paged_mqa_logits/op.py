@@ -56,7 +56,7 @@ def paged_mqa_logits(
         q_fp8, kv_cache, weights, out_logits, context_lens, kv_indices, max_model_len,
         Preshuffle, KVBlockSize, context_hint,
     )
-    launch(args, backend=backend, config=config, clean_logits=clean_logits)
+    _launch(args, backend, config, clean_logits)
     return out_logits
 
 
@@ -69,6 +69,10 @@ def launch(args: LaunchArgs, *, backend: str | None = None, config: dict | None 
     ``backend`` raises its errors as they are; its ``config`` must pass ``check_config``.
     """
     check_options(None, clean_logits, backend, config)
+    _launch(args, backend, config, clean_logits)
+
+
+def _launch(args: LaunchArgs, backend: str | None, config: dict | None, clean_logits: bool) -> None:
     if args.problem.rows == 0 or args.max_model_len == 0:
         return
     if backend is None:

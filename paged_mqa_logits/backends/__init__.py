@@ -141,7 +141,11 @@ _CHECKS: dict[tuple, str | None] = {}
 
 def check_config(name: str, config: dict, problem: Problem | None = None) -> str | None:
     """Backend ``name``'s verdict on ``config`` (memoised: tables and forced configs repeat)."""
-    key = (name, tuple(sorted((k, repr(v)) for k, v in config.items())), problem)
+    try:  # the common case: the same small dict of ints and strings on every call
+        key = (name, tuple(config.items()), problem)
+        hash(key)
+    except TypeError:
+        key = (name, tuple((k, repr(v)) for k, v in config.items()), problem)
     if key not in _CHECKS:
         backend = get(name)
         if backend is None:
