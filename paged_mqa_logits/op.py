@@ -29,9 +29,11 @@ def paged_mqa_logits(
 ) -> torch.Tensor:
     """FP8 paged MQA logits of the sparse-attention indexer, written into ``out_logits``.
 
-    ``logits[b*next_n + j, p] = sum_h weights[b*next_n + j, h] *
-    relu(dot(q_fp8[b, j, h, :], K[b, p, :]) * kv_scale[b, p])`` for every position ``p`` the row
-    sees (``p < row_len(b, j)``, ``p < max_model_len``); see ``problem.py`` for ``row_len``.
+    ``logits[b*next_n + j, p] = kv_scale[b, p] * sum_h weights[b*next_n + j, h] *
+    relu(dot(q_fp8[b, j, h, :], K[b, p, :]))`` in fp32 (``relu`` = IEEE maxNum with 0) for every
+    position ``p`` the row sees (``p < row_len(b, j)``, ``p < max_model_len``); see ``problem.py``
+    for ``row_len``. Block ids a sequence walks must lie in ``[0, num_blocks)`` (checked on CPU,
+    and on devices with ``PAGED_MQA_LOGITS_CHECK=1``; unchecked ones are clamped).
 
     Args:
         q_fp8: ``[B, next_n, H, D]`` fp8 e4m3 (fn; fnuz on gfx942), D = 128, next_n 1..8.

@@ -50,6 +50,7 @@ import glob
 import io
 import math
 import os
+import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -451,9 +452,11 @@ class TableWriter:
         previous file as it was and removes the temporary file."""
         directory = os.path.dirname(os.path.abspath(path))
         os.makedirs(directory, exist_ok=True)
-        tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+        # an unpredictable name (mkstemp, O_EXCL): nobody can plant or pre-link it in a shared dir
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
         try:
-            with open(tmp, "w", newline="") as f:
+            os.chmod(tmp, 0o644)
+            with os.fdopen(fd, "w", newline="") as f:
                 for line in comments:
                     f.write(f"# {line}\n")
                 writer = csv.writer(f, lineterminator="\n")
