@@ -140,8 +140,11 @@ def _overlay_class():
                 grp = self._verified(root, f"__grp__{filename}")
                 if grp is None:
                     continue
-                with open(grp) as f:
-                    children = json.load(f).get("child_paths") or {}
+                try:
+                    with open(grp) as f:
+                        children = dict(json.load(f).get("child_paths") or {})
+                except (OSError, ValueError, AttributeError, TypeError):  # never fail a call: JIT instead
+                    continue
                 resolved = {name: self._verified(root, os.path.basename(p)) for name, p in children.items()}
                 if all(p is not None for p in resolved.values()):
                     return resolved
