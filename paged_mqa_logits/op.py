@@ -100,20 +100,29 @@ def _capturing(args: LaunchArgs) -> bool:
     return args.problem.device_type == "cuda" and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
+#: errors that say nothing about the backend (bad input, a transient lack of memory): raised, never
+#: remembered as the backend's failure
+_NOT_A_BACKEND_FAILURE = (PagedMQAArgumentError, MemoryError, torch.OutOfMemoryError)
+
+
 def _launch_dispatched(args: LaunchArgs) -> None:
     """Launch the dispatched choice; on a compile or launch error fall back down the chain
     (each failed choice is remembered, so the loop ends when the chain is exhausted)."""
+    choice = dispatch.choose(args.problem)
     while True:
-        choice = dispatch.choose(args.problem)
         try:
             backends.get(choice.backend).launch(args, choice.config)
             return
-        except PagedMQAArgumentError:
+        except _NOT_A_BACKEND_FAILURE:
             raise
         except Exception as exc:
             if _capturing(args):
                 raise
             dispatch.record_failure(args.problem, choice, exc)
+            try:
+                choice = dispatch.choose(args.problem)
+            except RuntimeError as exhausted:  # every link of the chain has failed
+                raise exhausted from exc
 
 
 def clean(args: LaunchArgs) -> None:

@@ -106,8 +106,19 @@ def test_forced_backend_still_raises(raising):
 
 def test_every_choice_failing_raises_with_the_reasons(raising, monkeypatch):
     monkeypatch.setattr(dispatch, "fallback_chain", lambda arch: ("raising",))
-    with pytest.raises(RuntimeError, match=r"no backend can serve .*raising: launch failed \(RuntimeError"):
+    with pytest.raises(RuntimeError, match=r"no backend can serve .*raising: launch failed \(RuntimeError") as err:
         paged_mqa_logits(*positional(inputs()))
+    assert "PTX assembly aborted" in str(err.value.__cause__)
+
+
+def test_out_of_memory_is_raised_not_remembered(raising, monkeypatch):
+    def out_of_memory(args, config):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(raising, "launch", out_of_memory)
+    with pytest.raises(torch.OutOfMemoryError):
+        paged_mqa_logits(*positional(inputs()))
+    assert not dispatch.failures()
 
 
 def test_no_fallback_during_graph_capture(raising, monkeypatch):
