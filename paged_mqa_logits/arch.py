@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from dataclasses import dataclass
 
 import torch
+
+from .errors import PagedMQAEnvironmentError
 
 ENV_ARCH = "PAGED_MQA_LOGITS_ARCH"
 ENV_CU_NUM = "PAGED_MQA_LOGITS_CU_NUM"
@@ -73,22 +76,39 @@ def detect(device: torch.device | str | None = None) -> ArchInfo:
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     device = torch.device(device)
     if device.type == "cpu":
+        overrides()  # a bad value is reported wherever it is set, not only on GPU machines
         return ArchInfo("cpu", 0)
     info = _detect_gpu(device.index if device.index is not None else torch.cuda.current_device())
     return apply_override(info)
 
 
-def apply_override(info: ArchInfo) -> ArchInfo:
-    arch = os.environ.get(ENV_ARCH)
-    cu_num = os.environ.get(ENV_CU_NUM)
+_ARCH_NAME = re.compile(r"(sm_\d{2,3}[a-z]?|gfx[0-9a-f]{3,4})")
+
+
+def overrides() -> tuple[str | None, int | None]:
+    """``(arch, cu_num)`` from the env (``None`` where unset). A value that is not a GPU arch
+    name / a positive CU count raises :class:`PagedMQAEnvironmentError` naming the variable."""
+    arch, cu_num = os.environ.get(ENV_ARCH), os.environ.get(ENV_CU_NUM)
+    name = count = None
     if arch:
-        info = ArchInfo(normalise_arch(arch), info.cu_num)
+        name = normalise_arch(arch)
+        if not _ARCH_NAME.fullmatch(name):
+            raise PagedMQAEnvironmentError(
+                f"paged_mqa_logits: environment variable {ENV_ARCH}: expected a GPU arch such as sm_90, gfx942 "
+                f"or gfx950, got {arch!r}")
     if cu_num:
-        try:
-            info = ArchInfo(info.arch, int(cu_num))
-        except ValueError:
-            raise ValueError(f"{ENV_CU_NUM} must be an integer, got {cu_num!r}") from None
-    return info
+        text = cu_num.strip()
+        if not text.isdigit() or int(text) < 1:
+            raise PagedMQAEnvironmentError(
+                f"paged_mqa_logits: environment variable {ENV_CU_NUM}: expected a positive integer (CUs or SMs), "
+                f"got {cu_num!r}")
+        count = int(text)
+    return name, count
+
+
+def apply_override(info: ArchInfo) -> ArchInfo:
+    arch, cu_num = overrides()
+    return ArchInfo(arch or info.arch, info.cu_num if cu_num is None else cu_num)
 
 
 def gpu_name() -> str:

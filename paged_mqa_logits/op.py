@@ -6,7 +6,7 @@ import torch
 
 from . import backends, dispatch
 from .problem import LaunchArgs
-from .validate import PagedMQAArgumentError, build_launch_args
+from .validate import PagedMQAArgumentError, build_launch_args, check_options
 
 __all__ = ["paged_mqa_logits", "build_launch_args", "launch", "PagedMQAArgumentError"]
 
@@ -29,9 +29,11 @@ def paged_mqa_logits(
 ) -> torch.Tensor:
     """FP8 paged MQA logits of the sparse-attention indexer, written into ``out_logits``.
 
-    ``logits[b*next_n + j, p] = sum_h weights[b*next_n + j, h] *
-    relu(dot(q_fp8[b, j, h, :], K[b, p, :]) * kv_scale[b, p])`` for every position ``p`` the row
-    sees (``p < row_len(b, j)``, ``p < max_model_len``); see ``problem.py`` for ``row_len``.
+    ``logits[b*next_n + j, p] = kv_scale[b, p] * sum_h weights[b*next_n + j, h] *
+    relu(dot(q_fp8[b, j, h, :], K[b, p, :]))`` in fp32 (``relu`` = IEEE maxNum with 0) for every
+    position ``p`` the row sees (``p < row_len(b, j)``, ``p < max_model_len``); see ``problem.py``
+    for ``row_len``. Block ids a sequence walks must lie in ``[0, num_blocks)`` (checked on CPU,
+    and on devices with ``PAGED_MQA_LOGITS_CHECK=1``; unchecked ones are clamped).
 
     Args:
         q_fp8: ``[B, next_n, H, D]`` fp8 e4m3 (fn; fnuz on gfx942), D = 128, next_n 1..8.
@@ -51,32 +53,76 @@ def paged_mqa_logits(
     Returns:
         ``out_logits``. Positions a row does not see are left as passed (unless cleaning).
     """
+    check_options(context_hint, clean_logits, backend, config)
     args = build_launch_args(
         q_fp8, kv_cache, weights, out_logits, context_lens, kv_indices, max_model_len,
         Preshuffle, KVBlockSize, context_hint,
     )
-    launch(args, backend=backend, config=config, clean_logits=clean_logits)
+    _launch(args, backend, config, clean_logits)
     return out_logits
 
 
 def launch(args: LaunchArgs, *, backend: str | None = None, config: dict | None = None, clean_logits: bool = False) -> None:
-    """Dispatch validated arguments; the path shared by the op, the bench and the tuner."""
+    """Dispatch validated arguments; the path shared by the op, the bench and the tuner.
+
+    Dispatched calls fall back down the chain when the chosen backend's launch raises (see
+    :func:`dispatch.record_failure`), except during CUDA graph capture, where the error
+    propagates (a fallback would record a different graph than the one warmed up). A forced
+    ``backend`` raises its errors as they are; its ``config`` must pass ``check_config``.
+    """
+    check_options(None, clean_logits, backend, config)
+    _launch(args, backend, config, clean_logits)
+
+
+def _launch(args: LaunchArgs, backend: str | None, config: dict | None, clean_logits: bool) -> None:
     if args.problem.rows == 0 or args.max_model_len == 0:
         return
     if backend is None:
-        if config is not None:
-            raise PagedMQAArgumentError("paged_mqa_logits: argument `config`: expected it only together with `backend`, got a config without a backend")
-        choice = dispatch.choose(args.problem)
-        chosen, knobs = backends.get(choice.backend), choice.config
+        _launch_dispatched(args)
     else:
         reason = backends.why_not(backend, args.problem)
         if reason is not None:
             raise PagedMQAArgumentError(f"paged_mqa_logits: argument `backend`: {backend!r} cannot serve this call: {reason}")
         chosen = backends.get(backend)
-        knobs = chosen.default_config(args.problem) if config is None else config
-    chosen.launch(args, knobs)
+        if config is None:
+            knobs = chosen.default_config(args.problem)
+        else:
+            error = backends.check_config(backend, config, args.problem)
+            if error is not None:
+                raise PagedMQAArgumentError(f"paged_mqa_logits: argument `config`: {error}")
+            knobs = config
+        chosen.launch(args, knobs)
     if clean_logits:
         clean(args)
+
+
+def _capturing(args: LaunchArgs) -> bool:
+    return args.problem.device_type == "cuda" and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+#: errors that say nothing about the backend (bad input, a transient lack of memory): raised, never
+#: remembered as the backend's failure
+_NOT_A_BACKEND_FAILURE = (PagedMQAArgumentError, MemoryError, torch.OutOfMemoryError)
+
+
+def _launch_dispatched(args: LaunchArgs) -> None:
+    """Launch the dispatched choice; on a compile or launch error fall back down the chain
+    (each failed choice is remembered, so the loop ends when the chain is exhausted)."""
+    choice = dispatch.choose(args.problem)
+    while True:
+        try:
+            backends.get(choice.backend).launch(args, choice.config)
+            return
+        except _NOT_A_BACKEND_FAILURE:
+            raise
+        except Exception as exc:
+            if _capturing(args):
+                raise
+            dispatch.record_failure(args.problem, choice, exc)
+            try:
+                choice = dispatch.choose(args.problem)
+            except RuntimeError as exhausted:  # every link of the chain has failed
+                raise exhausted from exc
 
 
 def clean(args: LaunchArgs) -> None:

@@ -118,7 +118,10 @@ def _gather_keys(kv_cache, block_ids, kv_block_size, preshuffle, fp8_dtype):
     """Dequantised keys and scales of the blocks ``block_ids [B, n]``: ``[B, n*bs, D]``, ``[B, n*bs]``."""
     d = kv_cache.shape[-1] - 4
     keys, scale_bytes = _block_views(kv_cache, kv_block_size)
-    ids = block_ids.long().clamp(0, kv_cache.shape[0] - 1)  # rows past a sequence may hold junk ids
+    # The rule every backend follows for ids outside [0, num_blocks) that validation did not
+    # check (device tensors without PAGED_MQA_LOGITS_CHECK=1): clamped into [0, num_blocks - 1].
+    # Entries past a sequence's walked blocks may hold junk too; their positions are masked.
+    ids = block_ids.long().clamp(0, max(kv_cache.shape[0] - 1, 0))
     key_blocks = keys[ids].reshape(*ids.shape, kv_block_size, d)
     if preshuffle:
         key_blocks = unshuffle_block_keys(key_blocks)
@@ -150,6 +153,8 @@ def logits_into(
     batch, next_n, heads, d = q_fp8.shape
     rows = batch * next_n
     width = min(max_model_len, kv_indices.shape[1] * kv_block_size)
+    if kv_cache.shape[0] == 0:  # validation admits an empty cache only when nothing is visible
+        width = 0
     row_len = row_lengths(context_lens, next_n)  # [B, next_n]
     q = q_fp8.float()
     w = weights[:rows].float().reshape(batch, next_n, heads)
@@ -161,8 +166,12 @@ def logits_into(
         keys, scales = _gather_keys(kv_cache, kv_indices[:, b0:b1], kv_block_size, preshuffle, q_fp8.dtype)
         lo = c0 - b0 * kv_block_size
         keys, scales = keys[:, lo : lo + c1 - c0], scales[:, lo : lo + c1 - c0]
-        scores = torch.einsum("bjhd,bpd->bjhp", q, keys) * scales[:, None, None, :]
-        logits = (scores.relu() * w[..., None]).sum(dim=2)  # [B, next_n, P]
+        # The kernels' formula, operation for operation: scale * sum_h w * relu(dot) in fp32,
+        # the scale applied after the head sum, relu = IEEE maxNum(dot, 0) as the GPU max
+        # instructions compute it (a NaN dot gives 0; NaN weights or scales propagate).
+        scores = torch.einsum("bjhd,bpd->bjhp", q, keys)
+        relu = torch.fmax(scores, scores.new_zeros(()))
+        logits = (relu * w[..., None]).sum(dim=2) * scales[:, None, :]  # [B, next_n, P]
         cols = torch.arange(c0, c1, device=out.device)
         visible = (cols[None, None, :] < row_len[..., None]).reshape(rows, c1 - c0)
         target = out[:rows, c0:c1]

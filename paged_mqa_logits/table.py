@@ -47,11 +47,15 @@ from __future__ import annotations
 
 import csv
 import glob
+import io
 import math
 import os
+import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .errors import PagedMQAArgumentError
 from .problem import Problem
 
 ENV_CONFIGS = "PAGED_MQA_LOGITS_CONFIGS"
@@ -66,7 +70,7 @@ _INT_KEYS = ("cu_num", "heads", "head_dim", "kv_block_size", "batch", "next_n")
 KNOWN_BACKENDS = ("torch", "triton", "gluon", "flydsl")
 
 
-class TableError(ValueError):
+class TableError(PagedMQAArgumentError):
     """A malformed table file; the message starts with ``file:line``."""
 
 
@@ -143,30 +147,64 @@ def _parse_value(text: str):
         return text
 
 
+def known_columns() -> tuple[str, ...] | None:
+    """Every column a table may have: keys, meta, the common knobs and every backend's knobs;
+    ``None`` when a backend cannot be imported here (its knob names are then unknown)."""
+    from . import backends
+
+    columns = list(REQUIRED_COLUMNS)
+    for name in KNOWN_BACKENDS:
+        backend = backends.get(name)
+        if backend is None:
+            return None
+        columns += [k for k in backend.knobs if k not in columns]
+    return tuple(columns)
+
+
 def parse_file(path: str) -> list[Row]:
-    """Rows of one CSV file; raises :class:`TableError` with ``path:line`` on malformed input."""
+    """Rows of one CSV file; raises :class:`TableError` with ``path:line`` on malformed input:
+    a missing or unknown column, a malformed cell, a non-finite or negative ``us``, a knob
+    value outside its backend's space (``Backend.check_config``)."""
     rows: list[Row] = []
     header: list[str] | None = None
-    with open(path, newline="") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip() or line.lstrip().startswith("#"):
-                continue
-            cells = next(csv.reader([line]))
-            where = f"{path}:{lineno}"
-            if header is None:
-                header = [c.strip() for c in cells]
-                missing = [c for c in REQUIRED_COLUMNS if c not in header]
-                if missing:
-                    raise TableError(f"{where}: header lacks column(s) {', '.join(missing)}")
-                if len(set(header)) != len(header):
-                    raise TableError(f"{where}: header repeats a column")
-                continue
-            if len(cells) != len(header):
-                raise TableError(f"{where}: expected {len(header)} cells, got {len(cells)}")
-            rows.append(_parse_row(dict(zip(header, (c.strip() for c in cells))), where))
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise TableError(f"{path}:{line}: not a text (UTF-8) CSV file ({exc.reason})") from None
+    for lineno, line in enumerate(io.StringIO(text, newline=""), start=1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        where = f"{path}:{lineno}"
+        if "\0" in line:
+            raise TableError(f"{where}: not a text CSV file (NUL byte)")
+        cells = next(csv.reader([line]))
+        if header is None:
+            header = _parse_header(cells, where)
+            continue
+        if len(cells) != len(header):
+            raise TableError(f"{where}: expected {len(header)} cells, got {len(cells)}")
+        rows.append(_parse_row(dict(zip(header, (c.strip() for c in cells))), where))
     if header is None:
         raise TableError(f"{path}:1: no header line")
     return rows
+
+
+def _parse_header(cells: list[str], where: str) -> list[str]:
+    header = [c.strip() for c in cells]
+    missing = [c for c in REQUIRED_COLUMNS if c not in header]
+    if missing:
+        raise TableError(f"{where}: header lacks column(s) {', '.join(missing)}")
+    if len(set(header)) != len(header):
+        raise TableError(f"{where}: header repeats a column")
+    known = known_columns()
+    unknown = [c for c in header if known is not None and c not in known]
+    if unknown:
+        raise TableError(f"{where}: unknown column(s) {', '.join(unknown)} (column {header.index(unknown[0]) + 1}); "
+                         f"known columns: {', '.join(known)}")
+    return header
 
 
 def _parse_row(cells: dict, where: str) -> Row:
@@ -194,6 +232,8 @@ def _parse_row(cells: dict, where: str) -> Row:
             us = float(cells["us"])
         except ValueError:
             raise TableError(f"{where}: column us must be a number, got {cells['us']!r}") from None
+        if not math.isfinite(us) or us < 0:  # it would win every de-duplication
+            raise TableError(f"{where}: column us must be a finite number >= 0, got {cells['us']!r}")
     knobs = {}
     for col, text in cells.items():
         if col in KEY_COLUMNS or col in META_COLUMNS:
@@ -203,11 +243,34 @@ def _parse_row(cells: dict, where: str) -> Row:
             knobs[col] = value
     from .arch import normalise_arch
 
-    return Row(
+    row = Row(
         arch=normalise_arch(cells["arch"]), preshuffle=pre in ("1", "true"), context=context,
         backend=cells["backend"], config=tuple(sorted(knobs.items())), us=us,
         provenance=cells["provenance"], source=where, **ints,
     )
+    error = _knob_error(row)
+    if error is not None:
+        raise TableError(f"{where}: {error}")
+    return row
+
+
+def _knob_error(row: Row) -> str | None:
+    """The row's backend's verdict on its knobs, for the row's own problem (``None``: fine, or
+    the backend cannot be imported here, so no call can reach it)."""
+    from . import backends
+    from .arch import NATIVE_FP8
+
+    if backends.get(row.backend) is None:
+        return None
+    native = NATIVE_FP8.get(row.arch, "fn")
+    problem = Problem(
+        arch=row.arch, cu_num=row.cu_num, batch=row.batch, next_n=row.next_n, heads=row.heads,
+        head_dim=row.head_dim, kv_block_size=row.kv_block_size, preshuffle=row.preshuffle, context=row.context,
+        lens_2d=True, fp8=native if isinstance(native, str) else native[0],
+        device_type="cpu" if row.arch == "cpu" else "cuda", max_model_len=max(row.context or 0, 131072),
+        hypothetical=True,
+    )
+    return backends.check_config(row.backend, row.knobs, problem)
 
 
 def merge(files: list[str]) -> dict[tuple, Row]:
@@ -236,32 +299,50 @@ class Match:
     rule: str  # human-readable: which rule chose it
 
 
-_TABLE: dict[tuple, Row] | None = None
-_TABLE_FILES: list[str] = []
-_BY_FAMILY: dict[tuple, list[Row]] = {}
+@dataclass(frozen=True)
+class _Loaded:
+    """One loaded table, published whole: rows, files and the lookup index together."""
+
+    rows: dict[tuple, Row]
+    files: list[str]
+    by_family: dict[tuple, list[Row]]
+
+
+_LOADED: _Loaded | None = None
+_LOAD_LOCK = threading.Lock()
+
+
+def _load() -> _Loaded:
+    """The loaded table; the first caller builds it completely (index included) under a lock,
+    then publishes it with one assignment, so no thread ever looks rows up in a partial index."""
+    global _LOADED
+    loaded = _LOADED
+    if loaded is not None:
+        return loaded
+    with _LOAD_LOCK:
+        if _LOADED is None:
+            files = configured_files()
+            rows = merge(files)
+            by_family: dict[tuple, list[Row]] = {}
+            for row in rows.values():
+                family = (row.arch, row.heads, row.head_dim, row.kv_block_size, row.preshuffle, row.next_n)
+                by_family.setdefault(family, []).append(row)
+            _LOADED = _Loaded(rows, files, by_family)
+        return _LOADED
 
 
 def table() -> dict[tuple, Row]:
-    global _TABLE, _TABLE_FILES
-    if _TABLE is None:
-        _TABLE_FILES = configured_files()
-        _TABLE = merge(_TABLE_FILES)
-        _BY_FAMILY.clear()
-        for row in _TABLE.values():
-            family = (row.arch, row.heads, row.head_dim, row.kv_block_size, row.preshuffle, row.next_n)
-            _BY_FAMILY.setdefault(family, []).append(row)
-    return _TABLE
+    return _load().rows
 
 
 def loaded_files() -> list[str]:
-    table()
-    return list(_TABLE_FILES)
+    return list(_load().files)
 
 
 def reset() -> None:
-    global _TABLE
-    _TABLE = None
-    _BY_FAMILY.clear()
+    global _LOADED
+    with _LOAD_LOCK:
+        _LOADED = None
 
 
 def _log_distance(a: int, b: int) -> float:
@@ -274,9 +355,8 @@ def _nearest(values, target: int) -> int:
 
 def lookup(problem: Problem) -> Match:
     """The table row for ``problem`` and the rule that chose it (``row=None``: no row)."""
-    table()
     family = (problem.arch, problem.heads, problem.head_dim, problem.kv_block_size, problem.preshuffle, problem.next_n)
-    rows = _BY_FAMILY.get(family, [])
+    rows = _load().by_family.get(family, [])
     if not rows:
         return Match(None, "no tuned row for this arch/heads/head_dim/kv_block_size/preshuffle/next_n")
     cu_note = ""
@@ -372,9 +452,11 @@ class TableWriter:
         previous file as it was and removes the temporary file."""
         directory = os.path.dirname(os.path.abspath(path))
         os.makedirs(directory, exist_ok=True)
-        tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+        # an unpredictable name (mkstemp, O_EXCL): nobody can plant or pre-link it in a shared dir
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
         try:
-            with open(tmp, "w", newline="") as f:
+            os.chmod(tmp, 0o644)
+            with os.fdopen(fd, "w", newline="") as f:
                 for line in comments:
                     f.write(f"# {line}\n")
                 writer = csv.writer(f, lineterminator="\n")

@@ -102,6 +102,7 @@ def paged_mqa_logits(
     """FP8 paged MQA logits, written into ``out_logits`` (returned). Same contract and arguments
     as :func:`paged_mqa_logits.op.paged_mqa_logits`; works under ``torch.compile(fullgraph=True)``
     and inside CUDA/HIP graph capture."""
+    _op.check_options(context_hint, clean_logits, backend, config)
     if torch.compiler.is_compiling() or _must_use_op(out_logits):
         op(q_fp8, kv_cache, weights, out_logits, context_lens, kv_indices, max_model_len, Preshuffle, KVBlockSize,
            context_hint=NO_HINT if context_hint is None else context_hint, clean_logits=clean_logits,

@@ -1,19 +1,30 @@
-"""Host-side validation of one call: shapes, dtypes, devices, strides. Never reads device values.
+"""Host-side validation of one call: shapes, dtypes, devices, strides, aliasing, block ids.
 
 Every error names the argument, what was expected and what was given, and is raised before
 anything is written.
+
+Block-table ids are checked where that costs no device synchronisation: always on CPU tensors,
+and on device tensors only with ``PAGED_MQA_LOGITS_CHECK=1`` (read at import; or set
+:data:`CHECK_DEVICE_IDS`), which synchronises once per call. Unchecked ids outside
+``[0, num_blocks)`` are clamped into ``[0, num_blocks - 1]`` by every backend: they read a
+wrong block, never outside the cache.
 """
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from . import arch as arch_mod
+from .errors import PagedMQAArgumentError, env_flag
 from .problem import HEAD_DIM, MAX_NEXT_N, SUPPORTED_KV_BLOCK_SIZES, LaunchArgs, Problem, fp8_flavour
 
 
-class PagedMQAArgumentError(ValueError):
-    """A call argument violates the contract; raised before ``out_logits`` is touched."""
+ENV_CHECK = "PAGED_MQA_LOGITS_CHECK"
+
+#: check the block-table ids of device tensors too (one synchronisation per call)
+CHECK_DEVICE_IDS = env_flag(ENV_CHECK, os.environ.get(ENV_CHECK))
 
 
 def _fail(name: str, expected: str, got) -> None:
@@ -143,6 +154,7 @@ def build_launch_args(
         _fail("kv_cache", f"a block stride (stride(0)) that is a multiple of 4 and >= {packed} bytes", kv.stride(0))
     if kv.storage_offset() % 4:
         _fail("kv_cache", "a storage offset that is a multiple of 4 bytes (fp32 scales)", kv.storage_offset())
+    kv = _canonical_size_one_strides(kv, block_size, head_dim)
 
     rows = batch * next_n
     w = _tensor("weights", weights, (torch.float32,), (2,))
@@ -171,6 +183,17 @@ def build_launch_args(
         if t.device != device:
             _fail(name, f"a tensor on {device} (the device of q_fp8)", f"a tensor on {t.device}")
 
+    if device.type == "meta":
+        _fail("q_fp8", "tensors with data on a CPU or GPU device", "meta tensors")
+    if kv.shape[0] == 0 and device.type != "cpu" and rows and max_model_len and table.shape[1]:
+        # Without reading the lengths (a sync) any row may walk a block, and there is none to
+        # clamp to; on CPU the id check below decides from the actual lengths.
+        _fail("kv_cache", "at least one block (num_blocks >= 1)", "num_blocks 0")
+    _check_no_overlap(out, rows, max_model_len, (("q_fp8", q), ("kv_cache", kv), ("weights", w),
+                                                  ("context_lens", lens), ("kv_indices", table)))
+    if device.type == "cpu" or CHECK_DEVICE_IDS:
+        check_block_ids(lens, table, next_n, block_size, max_model_len, kv.shape[0])
+
     info = arch_mod.detect(device)
     flavour = fp8_flavour(q.dtype)
     if not info.supports_fp8(flavour):
@@ -184,3 +207,101 @@ def build_launch_args(
         fp8=flavour, device_type=device.type, max_model_len=max_model_len,
     )
     return LaunchArgs(q, kv, w, out, lens, table, max_model_len, block_size, Preshuffle, problem)
+
+
+def _canonical_size_one_strides(kv: torch.Tensor, block_size: int, head_dim: int) -> torch.Tensor:
+    """The same cache with the strides of its size-1 dimensions (dim 2; dim 1 at KVBlockSize 1;
+    dim 0 with a single block) set to the packed layout's. Those strides address nothing, so
+    validation accepts any value, but backends view the bytes as fp32 scales, which torch
+    refuses for strides that are not multiples of 4."""
+    row = head_dim + 4
+    strides = list(kv.stride())
+    if kv.shape[0] <= 1:
+        strides[0] = block_size * row
+    if block_size == 1:
+        strides[1] = row
+    strides[2] = row
+    if tuple(strides) == kv.stride():
+        return kv
+    return kv.as_strided(kv.shape, strides, kv.storage_offset())
+
+
+# ----------------------------------------------------------------------------- aliasing
+def _byte_span(t: torch.Tensor) -> tuple[int, int] | None:
+    """``[first, last + 1)`` byte addresses ``t`` can touch (``None`` for an empty tensor)."""
+    if t.numel() == 0:
+        return None
+    extent = sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride())) + 1
+    start = t.data_ptr()
+    return start, start + extent * t.element_size()
+
+
+def _check_no_overlap(out: torch.Tensor, rows: int, width: int, inputs) -> None:
+    """The written region ``out[:rows, :width]`` (last dim contiguous, validated) must not
+    overlap itself nor any byte of an input, as PyTorch's own ``out=`` rules require."""
+    if rows == 0 or width == 0:
+        return
+    row_stride = out.stride(0)
+    if rows > 1 and row_stride < width:
+        _fail("out_logits", f"rows that do not overlap (stride(0) >= max_model_len={width} over {rows} rows)",
+              f"stride(0) {row_stride}")
+    base, row_bytes, step = out.data_ptr(), width * 4, row_stride * 4
+    storage = out.untyped_storage().data_ptr()
+    for name, t in inputs:
+        if t.untyped_storage().data_ptr() != storage:  # separate allocations share no byte
+            continue
+        span = _byte_span(t)
+        if span is None:
+            continue
+        lo, hi = span[0] - base, span[1] - base
+        # the first written row whose end lies past ``lo``; the input overlaps if it starts before ``hi``
+        first = 0 if lo < row_bytes else (lo - row_bytes) // step + 1 if step else rows
+        if first < rows and first * step < hi:
+            _fail("out_logits", f"memory that no input shares (it overlaps `{name}`)", "an aliasing tensor")
+
+
+# ----------------------------------------------------------------------------- block ids
+def check_block_ids(context_lens: torch.Tensor, kv_indices: torch.Tensor, next_n: int, kv_block_size: int,
+                    max_model_len: int, num_blocks: int) -> None:
+    """Every block id a call walks lies in ``[0, num_blocks)``: for sequence ``b`` the entries
+    ``kv_indices[b, :ceil(valid_len_b / kv_block_size)]`` with ``valid_len_b = min(L_b,
+    max_model_len, max_blocks * kv_block_size)`` and ``L_b`` the sequence length of
+    ``problem.py``'s row rules. Reads the tensors (a synchronisation on a device)."""
+    batch, max_blocks = kv_indices.shape
+    if batch == 0 or max_blocks == 0 or max_model_len == 0:
+        return
+    lens = context_lens.long().clamp_min(0)
+    seq_len = lens.amax(dim=1) if lens.dim() == 2 else lens
+    valid_len = seq_len.clamp_max(min(max_model_len, max_blocks * kv_block_size))
+    walked = (valid_len + kv_block_size - 1) // kv_block_size  # [B]
+    columns = torch.arange(max_blocks, device=kv_indices.device)
+    ids = kv_indices.long()
+    bad = (columns[None, :] < walked[:, None]) & ((ids < 0) | (ids >= num_blocks))
+    if not bool(bad.any()):
+        return
+    b, column = (int(x) for x in bad.nonzero()[0])
+    value = int(ids[b, column])
+    where = f"{value} at (b={b}, column={column}), walked for {int(valid_len[b])} positions"
+    if num_blocks == 0:
+        _fail("kv_indices", "ids in [0, num_blocks) but kv_cache has no blocks (num_blocks 0) for a non-zero length", where)
+    _fail("kv_indices", f"block ids in [0, num_blocks={num_blocks}) for every block a sequence walks", where)
+
+
+# ----------------------------------------------------------------------------- host options
+def check_options(context_hint, clean_logits, backend, config) -> None:
+    """The keyword options, checked alike on the eager and the ``torch.ops`` paths (the public
+    entry point checks them before choosing a path). A ``SymInt`` hint is left to the real
+    implementation, which sees a plain int."""
+    from . import backends
+
+    if context_hint is not None and not isinstance(context_hint, torch.SymInt):
+        _host_int("context_hint", context_hint, 0)
+    if not isinstance(clean_logits, bool):
+        _fail("clean_logits", "a bool", repr(clean_logits))
+    if backend is not None and (not isinstance(backend, str) or backend not in backends.names()):
+        _fail("backend", "None or one of " + ", ".join(map(repr, backends.names())), repr(backend))
+    if config is not None:
+        if not isinstance(config, dict):
+            _fail("config", "a dict of knobs", type(config).__name__)
+        if backend is None:
+            _fail("config", "it only together with `backend`", "a config without a backend")

@@ -19,9 +19,21 @@ def test_override_applies_to_gpu_info(monkeypatch):
     monkeypatch.setenv("PAGED_MQA_LOGITS_ARCH", "gfx950")
     monkeypatch.setenv("PAGED_MQA_LOGITS_CU_NUM", "256")
     assert arch.apply_override(arch.ArchInfo("sm_90", 132)) == arch.ArchInfo("gfx950", 256)
-    monkeypatch.setenv("PAGED_MQA_LOGITS_CU_NUM", "many")
-    with pytest.raises(ValueError, match="PAGED_MQA_LOGITS_CU_NUM must be an integer, got 'many'"):
-        arch.apply_override(arch.ArchInfo("sm_90", 132))
+
+
+@pytest.mark.parametrize("variable,value", [("PAGED_MQA_LOGITS_CU_NUM", "many"), ("PAGED_MQA_LOGITS_CU_NUM", "-1"),
+                                            ("PAGED_MQA_LOGITS_CU_NUM", "0"), ("PAGED_MQA_LOGITS_ARCH", "abc"),
+                                            ("PAGED_MQA_LOGITS_ARCH", "-1")])
+def test_bad_override_values_name_the_variable(monkeypatch, variable, value):
+    """Rejected where they are read, CPU calls included, as the documented error subclass."""
+    from paged_mqa_logits import PagedMQAArgumentError
+    from paged_mqa_logits.errors import PagedMQAEnvironmentError
+
+    monkeypatch.setenv(variable, value)
+    for detect in (lambda: arch.apply_override(arch.ArchInfo("sm_90", 132)), lambda: arch.detect("cpu")):
+        with pytest.raises(PagedMQAEnvironmentError, match=f"environment variable {variable}: expected .*got '{value}'"):
+            detect()
+    assert issubclass(PagedMQAEnvironmentError, PagedMQAArgumentError)
 
 
 def test_fp8_support():

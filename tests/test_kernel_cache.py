@@ -42,6 +42,17 @@ def clean_activation():
     kc.deactivate()
 
 
+def valid_manifest(files: dict) -> dict:
+    """What precompile writes, minus the kernels: this process's Triton, Python and env."""
+    import sysconfig
+
+    import triton
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+
+    return {"triton_version": triton.__version__, "python_ext_suffix": sysconfig.get_config_var("EXT_SUFFIX"),
+            "cache_invalidating_env": dict(get_cache_invalidating_env_vars()), "kernels": [], "files": files}
+
+
 def _problem(arch, **kw):
     fields = dict(arch=arch, cu_num=132 if arch == "sm_90" else 256, batch=3, next_n=2, heads=64, head_dim=128,
                   kv_block_size=64, preshuffle=arch != "sm_90", context=None, lens_2d=True,
@@ -124,6 +135,8 @@ def test_precompile_then_the_jit_finds_every_kernel_and_launcher(tiny_table, tmp
     assert code == 0, log
     manifest = kc.read_manifest(out)
     assert manifest["targets"] == ["gfx950", "sm_90"]
+    assert manifest["files"] and all(kc.sha256_of(os.path.join(out, rel)) == sha for rel, sha in manifest["files"].items())
+    assert not any(name.endswith(".tmp") for name in os.listdir(out))
     assert {k["arch"] for k in manifest["kernels"]} == {"sm_90", "gfx950"}
     assert f"verify: {len(manifest['kernels'])}/{len(manifest['kernels'])} kernels found by the JIT" in log
 
@@ -162,7 +175,8 @@ def test_lookup_rule_env_defaults_and_off(tmp_path, monkeypatch, clean_activatio
 
 def test_a_cache_built_by_another_triton_or_python_is_skipped(tmp_path, monkeypatch, clean_activation, caplog):
     (tmp_path / "manifest.json").write_text(json.dumps(
-        {"triton_version": "0.0.0", "python_ext_suffix": ".cpython-39-x86_64-linux-gnu.so", "kernels": []}))
+        {"triton_version": "0.0.0", "python_ext_suffix": ".cpython-39-x86_64-linux-gnu.so", "kernels": [],
+         "files": {}}))
     monkeypatch.setenv(kc.ENV_CACHE, str(tmp_path))
     assert kc.activate() == []
     assert "not used" in caplog.text
@@ -173,6 +187,7 @@ def test_activate_overlays_without_touching_the_users_cache(tmp_path, monkeypatc
 
     monkeypatch.setenv(kc.ENV_CACHE, str(tmp_path))
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "user"))
+    kc.write_manifest_atomically(str(tmp_path), valid_manifest({}))
     assert kc.activate() == [str(tmp_path)]
     assert knobs.cache.manager_class.precompiled_dirs == [str(tmp_path)]
     assert knobs.cache.dir == str(tmp_path / "user")  # writes still go to the user's cache dir

@@ -36,13 +36,13 @@ def test_parse_rows_comments_and_knobs(tmp_path):
     path = write(tmp_path, "a_tuned.csv", [
         "# a comment line", "",
         "gfx950,256,32,128,64,1,64,1,any,gluon,128,4,0,,31.1,prior:test",
-        "gfx950,256,32,128,64,1,64,1,8192,flydsl,,2,,8,30.2,tuned:x",
+        "gfx950,256,32,128,64,1,64,1,8192,triton,64,,,8,30.2,tuned:x",
     ])
     rows = table.parse_file(path)
     assert [r.source for r in rows] == [f"{path}:4", f"{path}:5"]
     assert rows[0].context is None and rows[1].context == 8192
     assert rows[0].knobs == {"ChunkK": 128, "WavePerEU": 4, "SplitKV": 0}
-    assert rows[1].knobs == {"WavePerEU": 2, "num_warps": 8}
+    assert rows[1].knobs == {"ChunkK": 64, "num_warps": 8}
     assert rows[0].preshuffle is True and rows[0].us == pytest.approx(31.1)
 
 

@@ -33,7 +33,7 @@ from paged_mqa_logits import backends, bench, table
 from .candidates import Candidate, Target, candidates_for, load_extra_backends
 from .keys import TuneKey, order_keys, read_untuned
 from .worker import Pool, Task
-from .writer import geomean, merge, provenance, read_existing, rows_for, tuned_idents, write_table
+from .writer import geomean, provenance, read_existing, rows_for, tuned_idents, update_table
 
 
 @dataclass
@@ -368,9 +368,9 @@ def tune(opts: Options) -> Outcome:
         outcome.tuned.append(run.key)
         written.extend(rows)
         # rows of this key from an earlier run go, whatever contexts they had; the rest stays
-        write_table(opts.out, merge(read_existing(opts.out), rows, {(target.arch, target.cu_num) + run.key.ident}),
-                    comments=[f"paged_mqa_logits tuned table; rows written by python -m tuner ({prov})",
-                              "schema and lookup rules: paged_mqa_logits/table.py; how to regenerate: docs/TUNING.md"])
+        update_table(opts.out, rows, {(target.arch, target.cu_num) + run.key.ident},
+                     comments=[f"paged_mqa_logits tuned table; rows written by python -m tuner ({prov})",
+                               "schema and lookup rules: paged_mqa_logits/table.py; how to regenerate: docs/TUNING.md"])
         best = min(rows, key=lambda r: (r.context is not None, r.us or 0))
         bar.set_postfix_str(f"{run.key.describe()}: {best.backend} {best.us:.2f} us"[:80])
 

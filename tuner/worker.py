@@ -11,14 +11,22 @@ The common case pays one process start per worker, not per candidate.
 
 A task may carry two stages: ``screen`` (every implementation, a short timing schedule) and
 ``confirm`` (the ``confirm_top`` fastest of the screen, re-timed with the full schedule).
+
+Workers die with their coordinator, even in the middle of a hanging candidate: on Linux the
+kernel sends them ``SIGKILL`` when it exits (``prctl(PR_SET_PDEATHSIG)``; the pool must then
+start workers from a thread that lives as long as it does, as :func:`tuner.tune` does), and
+everywhere a watchdog thread exits the process once its parent is gone.
 """
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import multiprocessing.connection
 import os
 import signal
+import sys
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -109,7 +117,35 @@ class _Child:
             send(("result", tid, (idx, "confirm", m)))
 
 
-def _child_main(conn, device: str, env: dict) -> None:
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+WATCHDOG_PERIOD = 0.5  # seconds between the orphan checks
+
+
+def die_with_parent(coordinator_pid: int) -> None:
+    """Make this process exit when ``coordinator_pid`` (its parent) does, whatever it is doing.
+
+    ``PR_SET_PDEATHSIG`` covers a process stuck in native code; the watchdog thread covers
+    other platforms. If the coordinator is already gone (it died before this ran), exit now.
+    """
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != coordinator_pid:
+                os._exit(70)
+            time.sleep(WATCHDOG_PERIOD)
+
+    if os.getppid() != coordinator_pid:
+        os._exit(70)
+    threading.Thread(target=watch, name="orphan-watchdog", daemon=True).start()
+
+
+def _child_main(conn, device: str, env: dict, coordinator_pid: int) -> None:
+    die_with_parent(coordinator_pid)
     os.environ.update(env)
     import torch
 
@@ -159,7 +195,7 @@ class _Worker:
     def __init__(self, ctx, slot: int, device: str, env: dict):
         self.slot, self.device = slot, device
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_child_main, args=(child, device, env), name=f"tuner-worker-{slot}")
+        self.proc = ctx.Process(target=_child_main, args=(child, device, env, os.getpid()), name=f"tuner-worker-{slot}")
         self.proc.start()
         child.close()
         self.ready = False

@@ -3,7 +3,9 @@ merging into an existing table and knowing which keys a table already has."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import fcntl
 import math
 import os
 
@@ -109,3 +111,28 @@ def merge(existing: list[Row], new: list[Row], replaced_keys: set[tuple] = froze
 
 def write_table(path: str, rows: list[Row], comments=()) -> None:
     TableWriter.for_rows(rows).write(path, rows, comments)
+
+
+@contextlib.contextmanager
+def table_lock(path: str):
+    """An exclusive advisory lock (``flock``) on ``<path>.lock`` for a read-merge-write of the
+    table at ``path``: tuners sharing an output table (several GPUs, several hosts on one file
+    system that supports flock) then never lose each other's rows."""
+    lock_path = f"{path}.lock"
+    os.makedirs(os.path.dirname(os.path.abspath(lock_path)), exist_ok=True)
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def update_table(path: str, rows: list[Row], replaced_keys: set[tuple] = frozenset(), comments=()) -> list[Row]:
+    """Under :func:`table_lock`: the table at ``path`` (if any) merged with ``rows`` (see
+    :func:`merge`), written atomically. Returns what was written."""
+    with table_lock(path):
+        merged = merge(read_existing(path), rows, replaced_keys)
+        write_table(path, merged, comments)
+    return merged

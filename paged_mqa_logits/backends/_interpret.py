@@ -102,9 +102,55 @@ def _language_restored():
                 delattr(obj, name)
 
 
+_ORIGINAL_CONVERT_FLOAT = interpreter._convert_float
+#: fp8 bit patterns that are NaN (e4m3fn: S.1111.111; e4m3fnuz: the negative zero pattern)
+_FP8_NAN = {"fp8e4nv": (0x7F, 0xFF), "fp8e4b8": (0x80,)}
+
+
+def _convert_float(input, input_dtype, output_dtype, rounding_mode):
+    """The interpreter's float conversion, with fp8 NaNs kept NaN as the GPU conversions keep
+    them (the interpreter's bit arithmetic turns e4m3fn NaN into 480, e4m3fnuz NaN into 0)."""
+    out = _ORIGINAL_CONVERT_FLOAT(input, input_dtype, output_dtype, rounding_mode)
+    nans = _FP8_NAN.get(getattr(input_dtype, "name", ""))
+    if nans and output_dtype.is_floating() and output_dtype.primitive_bitwidth > 8:
+        import numpy as np
+
+        bits = np.frombuffer(input.tobytes(), dtype=np.uint8).reshape(input.shape)
+        float_type = {16: np.float16, 32: np.float32, 64: np.float64}[output_dtype.primitive_bitwidth]
+        values = out.view(float_type).copy()
+        values[np.isin(bits, nans)] = np.nan
+        out = values.view(out.dtype)
+    return out
+
+
+def _maxnum(self, lhs, rhs):
+    """``maxnum`` as the GPUs compute it (IEEE maxNum: a NaN operand yields the other one);
+    the interpreter's is ``np.maximum``, which propagates NaN."""
+    import numpy as np
+
+    return self.binary_op(lhs, rhs, np.fmax)
+
+
+def _minnum(self, lhs, rhs):
+    import numpy as np
+
+    return self.binary_op(lhs, rhs, np.fmin)
+
+
+@contextlib.contextmanager
+def _gpu_float_semantics():
+    builder = interpreter.InterpreterBuilder
+    saved = (interpreter._convert_float, builder.create_maxnumf, builder.create_minnumf)
+    interpreter._convert_float, builder.create_maxnumf, builder.create_minnumf = _convert_float, _maxnum, _minnum
+    try:
+        yield
+    finally:
+        interpreter._convert_float, builder.create_maxnumf, builder.create_minnumf = saved
+
+
 @contextlib.contextmanager
 def _interpreted_language():
-    with _LANGUAGE_LOCK, _language_restored():
+    with _LANGUAGE_LOCK, _language_restored(), _gpu_float_semantics():
         interpreter._patch_lang_core = _patch_lang_core
         saved = {}
         for module in (tl, tl.math):

@@ -25,6 +25,7 @@ import triton.language as tl
 
 from ..problem import LaunchArgs, Problem
 from ..schedule import BALANCED, SCHEDULES, SPLIT, derive_split_kv, persistent_programs
+from . import MAX_SPLIT_KV, check_knob_space
 from ._interpret import interpreted
 
 #: programs per SM the balanced schedule's persistent grid is sized for
@@ -219,12 +220,21 @@ def _dot_dtype(problem: Problem):
 class TritonBackend:
     name = "triton"
     knobs = ("ChunkK", "SplitKV", "RowsPerProgram", "num_warps", "num_stages", "Schedule")
+    #: what the kernel compiles for: power-of-two tiles (tl.arange, tl.dot's M >= 16)
+    KNOB_SPACE = {"ChunkK": (16, 32, 64, 128, 256), "SplitKV": range(0, MAX_SPLIT_KV + 1),
+                  "RowsPerProgram": (1, 2, 4, 8), "num_warps": (1, 2, 4, 8, 16), "num_stages": range(1, 9),
+                  "Schedule": SCHEDULES}
+
+    def check_config(self, config: dict, problem: Problem | None = None) -> str | None:
+        return check_knob_space(self.name, config, self.KNOB_SPACE)
 
     def unsupported(self, problem: Problem) -> str | None:
         if problem.heads & (problem.heads - 1):
             return f"heads must be a power of two for tl.arange, got {problem.heads}"
         if problem.device_type not in ("cpu", "cuda"):
             return f"device type {problem.device_type} is not a Triton target"
+        if problem.device_type == "cpu" and problem.fp8 == "fnuz":
+            return "the Triton interpreter (CPU) cannot load e4m3fnuz (fp8e4b8) tensors"
         return None
 
     def candidates(self, problem: Problem) -> list[dict]:

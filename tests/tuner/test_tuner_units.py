@@ -99,7 +99,7 @@ def test_pick_per_context_and_geomean_any_row():
 
 
 def test_written_table_parses_and_serves_lookups(tmp_path):
-    cands = [Candidate.of("triton", {"ChunkK": 32, "num_warps": 4, "persistent": False})]
+    cands = [Candidate.of("gluon", {"variant": "mma_v2", "ChunkK": 64, "num_warps": 4, "Prefetch": False})]
     results = {(64, 0, "screen"): meas(3.0), (256, 0, "screen"): meas(12.0)}
     prov = provenance("NVIDIA H200", 132, "3.6.0", "2.13.0", date="2026-01-02")
     assert prov == "tuned:NVIDIA H200|cu132|triton3.6.0|torch2.13.0|2026-01-02"
@@ -107,7 +107,7 @@ def test_written_table_parses_and_serves_lookups(tmp_path):
     write_table(path, rows_for(KEY, "sm_90", 132, cands, results, prov), comments=["a comment"])
     rows = table.parse_file(path)
     assert {r.context for r in rows} == {64, 256, None} and all(r.provenance == prov for r in rows)
-    assert rows[0].knobs == {"ChunkK": 32, "num_warps": 4, "persistent": 0}  # bools travel as 0/1
+    assert rows[0].knobs == {"variant": "mma_v2", "ChunkK": 64, "num_warps": 4, "Prefetch": 0}  # bools travel as 0/1
     os.environ[table.ENV_CONFIGS] = path
     try:
         table.reset()

@@ -22,6 +22,7 @@ import importlib.util
 import torch
 
 from ...problem import LaunchArgs, Problem, derive_split_kv
+from .. import MAX_SPLIT_KV, check_knob_space
 from .plan import ARCHS, CHUNK_KS, WAVE_PER_EUS, KernelPlan
 
 NOT_INSTALLED = "flydsl is not installed (pip install paged_mqa_logits[rocm])"
@@ -51,6 +52,31 @@ def rocm_runtime_problem(arch: str) -> str | None:
 class FlyDSLBackend:
     name = "flydsl"
     knobs = ("ChunkK", "WavePerEU", "SplitKV")
+    #: allowed values per knob (what fits a shape is judged by :meth:`KernelPlan.config_error`)
+    KNOB_SPACE = {"ChunkK": CHUNK_KS, "WavePerEU": WAVE_PER_EUS, "SplitKV": range(0, MAX_SPLIT_KV + 1)}
+
+    def check_config(self, config: dict, problem: Problem | None = None) -> str | None:
+        """The knob space, then the plan's own check on ``problem`` (or on the typical shape,
+        64 heads, next_n 1, 64-token blocks, of either arch: accepted if one accepts)."""
+        error = check_knob_space(self.name, config, self.KNOB_SPACE)
+        if error is not None:
+            return error
+        if problem is not None and problem.arch not in ARCHS:
+            return f"flydsl runs on {', '.join(ARCHS)}, not {problem.arch}"
+        problems = [problem] if problem is not None else [
+            Problem(arch=a, cu_num=0, batch=1, next_n=1, heads=64, head_dim=128, kv_block_size=64, preshuffle=False,
+                    context=None, lens_2d=True, fp8=NATIVE_FP8[a], device_type="cuda", max_model_len=131072,
+                    hypothetical=True) for a in ARCHS]
+        errors = []
+        for p in problems:
+            plan = self.plan(p, config)
+            if plan.problem_error() is not None:  # a shape it does not serve: dispatch skips the row
+                return None
+            error = plan.config_error()
+            if error is None:
+                return None
+            errors.append(f"{p.arch}: {error}")
+        return "flydsl config " + "; ".join(errors)
 
     # ------------------------------------------------------------------ what it serves
     def unsupported(self, problem: Problem) -> str | None:

@@ -10,6 +10,7 @@ module             VARIANT      archs / kernel
 
 A variant module exports ``VARIANT``, ``ARCHS``, ``unsupported(problem)``,
 ``candidates(problem)`` (dicts carrying ``"variant"``), ``default_config(problem)``,
+``check_config(config, problem=None)`` (its ``KNOB_SPACE`` and knob parser ``_knobs``),
 ``launch(args, config)`` and ``compile_specs(arch, configs=None)``. This package aggregates
 them: the backend serves a problem when any variant does, its candidates are the union, and
 ``launch`` dispatches on ``config["variant"]`` (the arch's default variant when absent).
@@ -28,7 +29,8 @@ from ...problem import LaunchArgs, Problem
 VARIANT_MODULES = ("hopper_wgmma", "hopper_mma", "cdna")
 
 #: what a variant module must define
-INTERFACE = ("VARIANT", "ARCHS", "unsupported", "candidates", "default_config", "launch", "compile_specs")
+INTERFACE = ("VARIANT", "ARCHS", "unsupported", "candidates", "default_config", "check_config", "launch",
+             "compile_specs")
 
 _MODULES = []
 _IMPORT_ERRORS: dict[str, str] = {}
@@ -84,6 +86,22 @@ class GluonBackend:
         if not serving:
             raise ValueError(f"gluon: {self.unsupported(problem)}")
         return serving[0].default_config(problem)
+
+    def check_config(self, config: dict, problem: Problem | None = None) -> str | None:
+        """The named variant's verdict (``variant`` absent: the variant that would run it for
+        ``problem``, or any variant when no problem is given)."""
+        name = config.get("variant")
+        if name is not None:
+            module = next((m for m in _MODULES if m.VARIANT == name), None)
+            if module is None:
+                return (f"gluon knob variant={name!r}: expected one of "
+                        f"{', '.join(m.VARIANT for m in _MODULES) or 'none (no variant imported)'}")
+            return module.check_config(config, problem)
+        modules = self._serving(problem)[:1] if problem is not None else list(_MODULES)
+        if not modules:
+            return None if problem is not None else "gluon: no variant imported"
+        errors = [m.check_config(config, problem) for m in modules]
+        return None if None in errors else "; ".join(errors)
 
     def variant(self, problem: Problem, config: dict):
         """The module that runs ``config`` (its ``variant``, else the arch's default variant)."""

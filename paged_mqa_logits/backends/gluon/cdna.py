@@ -30,17 +30,23 @@ next tile in flight while this one is scored, or one tile per wave). ``candidate
 
 from __future__ import annotations
 
+import sys
+
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from ...compile import LDS_LIMIT_BYTES, VGPRS_PER_SIMD, CompileSpec
 from ...problem import LaunchArgs, Problem
 from ...schedule import derive_split_kv
+from .. import MAX_SPLIT_KV
 from . import common
 
 VARIANT = "mfma"
 ARCHS = ("gfx942", "gfx950")
 KNOBS = ("ChunkK", "WavePerEU", "SplitKV", "ReuseKV", "Mfma", "QInLDS", "Prefetch", "Schedule")
+#: allowed values per knob (combinations, e.g. Mfma per arch, are judged by :func:`_knobs`)
+KNOB_SPACE = {"ChunkK": (64, 128, 256), "WavePerEU": (1, 2, 4), "SplitKV": range(0, MAX_SPLIT_KV + 1), "ReuseKV": (0, 1),
+              "Mfma": ("fp8", "f8f6f4"), "QInLDS": (0, 1), "Prefetch": (0, 1), "Schedule": common.SCHEDULES}
 FP8 = {"gfx942": "fnuz", "gfx950": "fn"}
 #: MFMA families per arch, default first
 MFMA_KINDS = {"gfx942": ("fp8",), "gfx950": ("f8f6f4", "fp8")}
@@ -177,6 +183,10 @@ def vgpr_estimate(heads: int, chunk: int, rows: int, q_lds: int, aligned: bool =
 
 
 # ----------------------------------------------------------------------------- interface
+def check_config(config: dict, problem: Problem | None = None) -> str | None:
+    return common.check_variant_config(sys.modules[__name__], config, problem)
+
+
 def unsupported(problem: Problem) -> str | None:
     return common.shape_reason(problem, ARCHS, FP8)
 

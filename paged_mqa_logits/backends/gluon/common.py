@@ -653,3 +653,29 @@ def candidate_matrix(arch: str, fp8: str, candidates) -> list[dict]:
         problem = problem_for(arch, fp8, fields)
         out += [dict(fields, **cand) for cand in candidates(problem)]
     return out
+
+
+def check_variant_config(module, config: dict, problem=None) -> str | None:
+    """A variant module's ``check_config``: every knob in its ``KNOB_SPACE`` with an allowed
+    value, then its own knob parser ``_knobs`` on ``problem`` (or on the typical problem of
+    each of its archs: accepted if one accepts), which judges the combinations."""
+    from .. import check_knob_space, describe_allowed
+
+    owner = f"gluon/{module.VARIANT}"
+    if config.get("variant") not in (None, module.VARIANT):
+        return f"{owner} cannot run variant {config['variant']!r}"
+    if problem is not None and problem.arch not in module.ARCHS:
+        return f"{owner} runs on {', '.join(module.ARCHS)}, not {problem.arch}"
+    error = check_knob_space(owner, config, module.KNOB_SPACE, extra=("variant",))
+    if error is not None:
+        return error
+    problems = [problem] if problem is not None else [problem_for(a, module.FP8[a], {}) for a in module.ARCHS]
+    errors = []
+    for p in problems:
+        try:
+            module._knobs(p, config)
+            return None
+        except ValueError as exc:
+            errors.append(str(exc))
+    allowed = "; ".join(f"{k} {describe_allowed(v)}" for k, v in module.KNOB_SPACE.items())
+    return f"{'; '.join(errors)} (allowed: {allowed})"

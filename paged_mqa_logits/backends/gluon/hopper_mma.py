@@ -32,6 +32,8 @@ flight while this one is scored; 0: one tile per warp, fewer registers).
 
 from __future__ import annotations
 
+import sys
+
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
@@ -39,11 +41,15 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from ...compile import CompileSpec
 from ...problem import LaunchArgs, Problem
 from ...schedule import derive_split_kv
+from .. import MAX_SPLIT_KV
 from . import common
 
 VARIANT = "mma_v2"
 ARCHS = ("sm_90",)
 KNOBS = ("ChunkK", "SplitKV", "ReuseKV", "num_warps", "QInLDS", "Prefetch", "Schedule")
+#: allowed values per knob (combinations are judged by :func:`_knobs`)
+KNOB_SPACE = {"ChunkK": (64, 128, 256), "SplitKV": range(0, MAX_SPLIT_KV + 1), "ReuseKV": (0, 1), "num_warps": (4, 8),
+              "QInLDS": (0, 1), "Prefetch": (0, 1), "Schedule": common.SCHEDULES}
 FP8 = {"sm_90": "fn"}
 NUM_WARPS = (4, 8)
 THREADS_PER_WARP = 32
@@ -119,6 +125,10 @@ def _fits(problem: Problem, chunk: int, warps: int, rows: int, prefetch: int, ba
 
 
 # ----------------------------------------------------------------------------- interface
+def check_config(config: dict, problem: Problem | None = None) -> str | None:
+    return common.check_variant_config(sys.modules[__name__], config, problem)
+
+
 def unsupported(problem: Problem) -> str | None:
     return common.shape_reason(problem, ARCHS, FP8)
 

@@ -62,6 +62,7 @@ balanced), ``num_warps`` (always 4).
 from __future__ import annotations
 
 import math
+import sys
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -75,11 +76,16 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from ...compile import LDS_LIMIT_BYTES, CompileSpec
 from ...problem import LaunchArgs, Problem
 from ...schedule import persistent_programs
+from .. import MAX_SPLIT_KV
 from . import common
 
 VARIANT = "wgmma"
 ARCHS = ("sm_90",)
 KNOBS = ("ChunkK", "RowsPerMMA", "num_stages", "SplitKV", "CtasPerSM", "num_warps", "Schedule")
+#: allowed values per knob (combinations are judged by :func:`_knobs`)
+KNOB_SPACE = {"ChunkK": (64, 128, 256), "RowsPerMMA": (1, 2, 4, 8), "num_stages": range(2, 9),
+              "SplitKV": range(0, MAX_SPLIT_KV + 1), "CtasPerSM": range(0, 9), "num_warps": (4,),
+              "Schedule": common.SCHEDULES}
 FP8 = {"sm_90": "fn"}
 CHUNK_SIZES = (64, 128, 256)
 NUM_WARPS = 4  # one warpgroup, wgmma's unit
@@ -628,6 +634,10 @@ def options(problem: Problem, config: dict) -> dict:
 
 
 # ----------------------------------------------------------------------------- interface
+def check_config(config: dict, problem: Problem | None = None) -> str | None:
+    return common.check_variant_config(sys.modules[__name__], config, problem)
+
+
 def unsupported(problem: Problem) -> str | None:
     reason = common.shape_reason(problem, ARCHS, FP8)
     if reason is not None:

@@ -1,0 +1,137 @@
+"""A dispatched backend whose launch raises falls back down the chain (one warning, the failed
+choice remembered); a forced backend raises; graph capture propagates the error."""
+
+import logging
+
+import pytest
+import torch
+
+from op_cases import positional
+from paged_mqa_logits import backends, dispatch, op, paged_mqa_logits, reload_tuned_table, table
+from paged_mqa_logits.reference import check_logits, make_inputs, reference_logits
+
+HEADER = ("arch,cu_num,heads,head_dim,kv_block_size,preshuffle,batch,next_n,context,backend,ChunkK,WavePerEU,"
+          "SplitKV,us,provenance\n")
+
+
+class RaisingBackend:
+    """Serves every problem; its launch fails like a compiler or driver error would."""
+
+    name = "raising"
+    knobs = ("ChunkK",)
+
+    def __init__(self):
+        self.launches = 0
+
+    def unsupported(self, problem):
+        return None
+
+    def candidates(self, problem):
+        return [{}]
+
+    def default_config(self, problem):
+        return {}
+
+    def check_config(self, config, problem=None):
+        return None
+
+    def launch(self, args, config):
+        self.launches += 1
+        raise RuntimeError("PTX assembly aborted\nsecond line of the log")
+
+
+@pytest.fixture
+def raising(monkeypatch):
+    backend = RaisingBackend()
+    backends.register("raising", backend)
+    monkeypatch.setattr(dispatch, "fallback_chain", lambda arch: ("raising", "torch"))
+    reload_tuned_table()
+    yield backend
+    backends._REGISTRY.pop("raising", None)
+    backends._LOADED.pop("raising", None)
+    reload_tuned_table()
+
+
+def inputs():
+    return make_inputs(2, 2, 32, [40, 17], kv_block_size=16, max_model_len=48)
+
+
+def test_failed_launch_falls_back_once_with_one_warning(raising, caplog):
+    inp = inputs()
+    ref = reference_logits(inp["q_fp8"], inp["kv_cache"], inp["weights"], inp["context_lens"], inp["kv_indices"], 48,
+                           kv_block_size=16)
+    with caplog.at_level(logging.WARNING, logger="paged_mqa_logits"):
+        for _ in range(3):
+            before = inp["out_logits"].clone()
+            paged_mqa_logits(*positional(inp))
+            assert check_logits(inp["out_logits"], before, ref).ok
+    assert raising.launches == 1  # remembered: not retried on every call
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "\n" not in warnings[0].getMessage()
+    assert "raising [defaults] failed for arch=cpu" in warnings[0].getMessage()
+    assert "RuntimeError: PTX assembly aborted; falling back" in warnings[0].getMessage()
+    problem = op.build_launch_args(*positional(inp)).problem
+    assert dispatch.choose(problem).backend == "torch"
+    assert any(key[:2] == (problem, "raising") for key in dispatch.failures())
+
+
+def test_a_table_row_whose_launch_fails_falls_back_too(tmp_path, monkeypatch):
+    triton_backend = backends.get("triton")
+
+    def failing_launch(args, config):
+        raise RuntimeError("PTX assembly aborted")
+
+    monkeypatch.setattr(triton_backend, "launch", failing_launch)
+    path = tmp_path / "r_tuned.csv"
+    path.write_text(HEADER + "cpu,0,32,128,16,0,2,2,any,triton,64,,,1,p\n")
+    monkeypatch.setenv(table.ENV_CONFIGS, str(path))
+    reload_tuned_table()
+    inp = inputs()
+    before = inp["out_logits"].clone()
+    paged_mqa_logits(*positional(inp))
+    ref = reference_logits(inp["q_fp8"], inp["kv_cache"], inp["weights"], inp["context_lens"], inp["kv_indices"], 48,
+                           kv_block_size=16)
+    assert check_logits(inp["out_logits"], before, ref).ok
+    problem = op.build_launch_args(*positional(inp)).problem
+    assert (problem, "triton", dispatch.knobs_key({"ChunkK": 64})) in dispatch.failures()
+    choice = dispatch.choose(problem)
+    assert choice.backend == "torch" and "launch failed (RuntimeError: PTX assembly aborted)" in choice.describe()
+
+
+def test_forced_backend_still_raises(raising):
+    with pytest.raises(RuntimeError, match="PTX assembly aborted"):
+        paged_mqa_logits(*positional(inputs()), backend="raising")
+    assert not dispatch.failures()
+
+
+def test_every_choice_failing_raises_with_the_reasons(raising, monkeypatch):
+    monkeypatch.setattr(dispatch, "fallback_chain", lambda arch: ("raising",))
+    with pytest.raises(RuntimeError, match=r"no backend can serve .*raising: launch failed \(RuntimeError") as err:
+        paged_mqa_logits(*positional(inputs()))
+    assert "PTX assembly aborted" in str(err.value.__cause__)
+
+
+def test_out_of_memory_is_raised_not_remembered(raising, monkeypatch):
+    def out_of_memory(args, config):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(raising, "launch", out_of_memory)
+    with pytest.raises(torch.OutOfMemoryError):
+        paged_mqa_logits(*positional(inputs()))
+    assert not dispatch.failures()
+
+
+def test_no_fallback_during_graph_capture(raising, monkeypatch):
+    monkeypatch.setattr(op, "_capturing", lambda args: True)
+    with pytest.raises(RuntimeError, match="PTX assembly aborted"):
+        paged_mqa_logits(*positional(inputs()))
+    assert not dispatch.failures()
+
+
+def test_capture_is_detected_only_on_cuda_devices(monkeypatch):
+    args = op.build_launch_args(*positional(inputs()))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert not op._capturing(args)  # CPU tensors are never captured
+    args.problem = args.problem.__class__(**{**args.problem.__dict__, "device_type": "cuda"})
+    assert op._capturing(args)

@@ -1,0 +1,118 @@
+"""The kernel cache only serves what precompile wrote: files listed with a matching sha256 in
+an atomically written manifest, in directories other users cannot write; anything else
+degrades to the JIT with one warning, decided once."""
+
+import json
+import logging
+import os
+import threading
+
+import pytest
+
+from paged_mqa_logits import kernel_cache as kc
+from test_kernel_cache import valid_manifest
+
+KEY = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567ABCDEFGHIJKLMNOPQRST"
+
+
+@pytest.fixture
+def clean_activation(monkeypatch, tmp_path):
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "user_cache"))
+    kc.deactivate()
+    yield
+    kc.deactivate()
+
+
+def make_cache(root, content=b"\x7fELF kernel bytes", listed=True):
+    os.makedirs(root / KEY, exist_ok=True)
+    (root / KEY / "kernel.cubin").write_bytes(content)
+    (root / KEY / "planted.so").write_bytes(b"not listed")
+    files = {f"{KEY}/kernel.cubin": kc.sha256_of(str(root / KEY / "kernel.cubin"))} if listed else {}
+    kc.write_manifest_atomically(str(root), valid_manifest(files))
+    return root
+
+
+def warnings_of(caplog):
+    return [r for r in caplog.records if r.levelno == logging.WARNING and r.name == "paged_mqa_logits"]
+
+
+@pytest.mark.parametrize("damage", ["torn", "garbage", "binary", "no files map", "missing"])
+def test_damaged_manifest_degrades_to_the_jit_with_one_warning(tmp_path, monkeypatch, clean_activation, caplog, damage):
+    root = make_cache(tmp_path / "cache")
+    manifest = root / kc.MANIFEST
+    text = manifest.read_text()
+    if damage == "torn":
+        manifest.write_text(text[: len(text) // 2])
+    elif damage == "garbage":
+        manifest.write_text("[1, 2")
+    elif damage == "binary":
+        manifest.write_bytes(b"\xff\xfe\x00garbage")
+    elif damage == "no files map":
+        manifest.write_text(json.dumps({k: v for k, v in json.loads(text).items() if k != "files"}))
+    else:
+        manifest.unlink()
+    monkeypatch.setenv(kc.ENV_CACHE, str(root))
+    with caplog.at_level(logging.WARNING, logger="paged_mqa_logits"):
+        assert kc.activate() == []
+        assert kc.activate() == []  # decided once: not re-parsed
+    assert len(warnings_of(caplog)) == 1 and "not used" in warnings_of(caplog)[0].getMessage()
+
+
+@pytest.mark.parametrize("mode,owned,refused", [(0o777, True, True), (0o1777, True, False), (0o775, False, True),
+                                                (0o755, False, False), (0o775, True, False)])
+def test_directories_others_can_write_are_refused(tmp_path, monkeypatch, clean_activation, caplog, mode, owned, refused):
+    root = make_cache(tmp_path / "cache")
+    os.chmod(root, mode)
+    if not owned:
+        monkeypatch.setattr(os, "getuid", lambda: os.stat(root).st_uid + 1)
+    monkeypatch.setenv(kc.ENV_CACHE, str(root))
+    with caplog.at_level(logging.WARNING, logger="paged_mqa_logits"):
+        assert kc.activate() == ([] if refused else [str(root)])
+    assert any("not used" in r.getMessage() for r in warnings_of(caplog)) == refused
+
+
+def test_a_manifest_others_can_write_is_refused(tmp_path, monkeypatch, clean_activation):
+    root = make_cache(tmp_path / "cache")
+    os.chmod(root / kc.MANIFEST, 0o666)
+    monkeypatch.setenv(kc.ENV_CACHE, str(root))
+    assert kc.activate() == []
+
+
+def test_only_listed_files_with_matching_hashes_are_served(tmp_path, monkeypatch, clean_activation, caplog):
+    root = make_cache(tmp_path / "cache")
+    monkeypatch.setenv(kc.ENV_CACHE, str(root))
+    assert kc.activate() == [str(root)]
+    from triton import knobs
+
+    manager = knobs.cache.manager_class(KEY)
+    assert manager.get_file("kernel.cubin") == str(root / KEY / "kernel.cubin")
+    assert manager.get_file("planted.so") is None  # not in the manifest
+    (root / KEY / "kernel.cubin").write_bytes(b"\x7fELF replaced by someone")
+    with caplog.at_level(logging.WARNING, logger="paged_mqa_logits"):
+        assert manager.get_file("kernel.cubin") is None
+        assert manager.get_file("kernel.cubin") is None
+    assert len([r for r in warnings_of(caplog) if "does not match" in r.getMessage()]) == 1
+
+
+def test_manifest_writes_are_atomic_for_concurrent_readers(tmp_path):
+    root = tmp_path / "cache"
+    root.mkdir()
+    big = valid_manifest({f"{KEY}/file{i}.bin": "0" * 64 for i in range(2000)})
+    kc.write_manifest_atomically(str(root), big)
+    errors, done = [], threading.Event()
+
+    def reader():
+        while not done.is_set():
+            try:
+                assert len(kc.read_manifest(str(root))["files"]) == 2000
+            except Exception as exc:  # a torn read
+                errors.append(exc)
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    for _ in range(100):
+        kc.write_manifest_atomically(str(root), big)
+    done.set()
+    thread.join()
+    assert not errors
+    assert sorted(os.listdir(root)) == [kc.MANIFEST]  # no temporary file left behind

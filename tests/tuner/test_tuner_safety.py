@@ -1,0 +1,110 @@
+"""Tuners sharing an output table never lose rows (an flock around read-merge-write), and
+workers never outlive their coordinator, even while a candidate hangs."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from paged_mqa_logits import table
+from paged_mqa_logits.table import Row
+from tuner.writer import update_table
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+ROWS_PER_WRITER = 60
+
+WRITER = """
+import sys
+from paged_mqa_logits.table import Row
+from tuner.writer import update_table
+path, context = sys.argv[1], int(sys.argv[2])
+for batch in range(1, {n} + 1):
+    row = Row("cpu", 0, 16, 128, 16, False, batch, 1, context, "torch", (), 1.0, "tuned:test", "")
+    update_table(path, [row])
+""".format(n=ROWS_PER_WRITER)
+
+
+def env():
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, HERE, os.environ.get("PYTHONPATH", "")]))
+
+
+def test_two_tuners_writing_one_table_keep_every_row(tmp_path):
+    path = str(tmp_path / "cpu_tuned.csv")
+    writers = [subprocess.Popen([sys.executable, "-c", WRITER, path, str(context)], env=env()) for context in (64, 128)]
+    assert [w.wait(300) for w in writers] == [0, 0]
+    rows = table.parse_file(path)
+    assert len(rows) == 2 * ROWS_PER_WRITER
+    assert {(r.batch, r.context) for r in rows} == {(b, c) for b in range(1, ROWS_PER_WRITER + 1) for c in (64, 128)}
+    assert sorted(os.listdir(tmp_path)) == ["cpu_tuned.csv", "cpu_tuned.csv.lock"]  # no temporary file left
+
+
+def test_update_table_merges_under_the_lock(tmp_path):
+    path = str(tmp_path / "t_tuned.csv")
+    old = Row("cpu", 0, 16, 128, 16, False, 1, 1, None, "torch", (), 2.0, "tuned:old", "")
+    update_table(path, [old])
+    new = Row("cpu", 0, 16, 128, 16, False, 2, 1, None, "triton", (("ChunkK", 32),), 1.0, "tuned:new", "")
+    written = update_table(path, [new])
+    assert {r.batch for r in written} == {1, 2} == {r.batch for r in table.parse_file(path)}
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] in ("Z", "X")  # a zombie has exited
+    except FileNotFoundError:
+        return True
+
+
+def _wait_gone(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if _gone(pid):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_worker_dies_with_its_coordinator_while_a_candidate_hangs():
+    coordinator = subprocess.Popen([sys.executable, os.path.join(HERE, "orphan_coordinator.py")], env=env(),
+                                   stdout=subprocess.PIPE, text=True)
+    try:
+        worker_pid = int(coordinator.stdout.readline())
+        assert not _gone(worker_pid)  # the hanging candidate is running
+        coordinator.send_signal(signal.SIGKILL)
+        coordinator.wait(30)
+        assert _wait_gone(worker_pid, 5), "the worker outlived its coordinator"
+    finally:
+        if coordinator.poll() is None:
+            coordinator.kill()
+
+
+ORPHAN = """
+import os, subprocess, sys, time
+if sys.argv[1] == "middle":
+    leaf = subprocess.Popen([sys.executable, "-c", sys.argv[2], "leaf", sys.argv[2]], stdout=subprocess.PIPE, text=True)
+    assert leaf.stdout.readline().strip() == "armed"
+    print(leaf.pid, flush=True)
+    time.sleep(600)
+else:
+    sys.platform = "elsewhere"  # no prctl: the watchdog alone
+    from tuner.worker import die_with_parent
+    die_with_parent(os.getppid())
+    print("armed", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_the_watchdog_alone_ends_an_orphan():
+    middle = subprocess.Popen([sys.executable, "-c", ORPHAN, "middle", ORPHAN], env=env(), stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        leaf_pid = int(middle.stdout.readline())  # printed once the leaf's watchdog is armed
+        assert not _gone(leaf_pid)
+        middle.send_signal(signal.SIGKILL)
+        middle.wait(30)
+        assert _wait_gone(leaf_pid, 5), "the orphan's watchdog did not end it"
+    finally:
+        if middle.poll() is None:
+            middle.kill()
