@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import math
 import os
+import tempfile
 
 from .deepgemm import deepgemm_flattens
 from .environment import Environment
@@ -77,16 +78,22 @@ def write_csv(path: str, env: Environment, measurements: list[Measurement], *, c
               anchor: dict | None = None) -> None:
     anchor = anchor or {}
     deepgemm = {m.shape: m.us for m in measurements if m.impl.kind == "deepgemm" and m.us}
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", newline="") as f:
-        for line in env.header_lines(command):
-            f.write(line + "\n")
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
-        writer.writeheader()
-        for m in measurements:
-            writer.writerow(csv_row(m, anchor, deepgemm))
-    os.replace(tmp, path)
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".bench-", suffix=".csv", dir=folder)  # no predictable name
+    try:
+        with os.fdopen(fd, "w", newline="") as f:
+            for line in env.header_lines(command):
+                f.write(line + "\n")
+            writer = csv.DictWriter(f, fieldnames=COLUMNS)
+            writer.writeheader()
+            for m in measurements:
+                writer.writerow(csv_row(m, anchor, deepgemm))
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)  # readers never see a half-written CSV
+    except BaseException:
+        os.unlink(tmp)
+        raise
 
 
 def geomean(values) -> float | None:
