@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from op_cases import build, random_case, run_and_check
-from paged_mqa_logits import paged_mqa_logits
+from paged_mqa_logits import PagedMQAArgumentError, paged_mqa_logits
 from paged_mqa_logits.backends import get
 from paged_mqa_logits.reference import make_inputs
 from op_cases import positional
@@ -82,5 +82,5 @@ def test_schedule_knob_is_checked_and_both_are_candidates():
     assert {c["Schedule"] for c in backend.candidates(p)} == {"balanced", "split"}
     assert backend.default_config(p)["Schedule"] == "split"
     inp = make_inputs(2, 1, 16, [40, 3], kv_block_size=16, seed=1)
-    with pytest.raises(ValueError, match="Schedule must be one of"):
+    with pytest.raises(PagedMQAArgumentError, match="Schedule='round-robin': expected one of balanced, split"):
         paged_mqa_logits(*positional(inp), backend="triton", config={"Schedule": "round-robin"})
