@@ -30,8 +30,10 @@ Data layouts, chosen once here:
   four k-steps at once, in that order (dims ``16g + (0..15)``, then ``64 + 16g + (0..15)``), with
   neutral e8m0 scales: one instruction per (16 heads, 16 tokens) instead of four.
 * **Rows**: wave ``w`` owns rows ``rg, rg + row_groups, ...`` (``rg = w % row_groups``). Where
-  ``next_n`` leaves some waves' last row slot empty (3, 5..7), those waves branch (once per
-  stage, wave-uniform) to a stage body without that slot: no MFMAs or epilogue on zeros.
+  ``next_n`` leaves some waves' last row slot empty (3, 5..7), those waves branch around that
+  slot's MFMAs (per tile) and its reduction and store (per tile group), wave-uniform: no work
+  on zeros, and one copy of the stage body (a second body without the slot spilled h64
+  next_n 7 at WavePerEU 2).
 * **MFMA result**: lane (c, g) holds ``S[head 16m + 4g + i, token 16t + c]``, i < 4; the head
   sum is 4 in-register terms per 16 heads, then across the 4 lane quarters.
 * **Head reduction across quarters**: a reduce-scatter of up to 4 tiles (``_reduce_tiles``), so
@@ -379,7 +381,8 @@ class KernelBody:
 
     # ------------------------------------------------------------------ compute
     def compute_stage(self, chunk, parity, scales, rows):
-        """Score the wave's tiles of the stage in LDS buffer ``parity`` for ``rows`` (its real rows).
+        """Score the wave's tiles of the stage in LDS buffer ``parity`` for ``rows``; a padding last
+        slot (``last_slot_real`` false) branches around its MFMAs and its reduction and store.
 
         Tile by tile with a scheduling fence after each: the next tile's keys are read from LDS
         while the current tile's MFMAs run, and only one tile's accumulators (rows x heads / 16
@@ -395,27 +398,43 @@ class KernelBody:
             addr = I.add(I.add(stage_base, I.mul(I.add(first_tile, k), PAGE_TILE_BYTES)), lane_part)
             return I.lds_read_pair(addr) + I.lds_read_pair(I.add(addr, 1024))
 
+        def only_if_real(slot, work, otherwise=None):
+            """``work()`` for a real row; in the last slot of a wave where it is padding, skipped
+            (a wave-uniform branch) and ``otherwise()`` instead."""
+            if slot < len(rows) - 1 or self.last_slot_real is None:
+                return work()
+            if otherwise is None:
+                return I.if_then(self.last_slot_real, work)
+            return I.if_value(self.last_slot_real, work, otherwise)
+
         keys = read_keys(0)
         partials = [[] for _ in rows]
         for k in range(p.tiles_per_wave):
             upcoming = read_keys(k + 1) if k + 1 < p.tiles_per_wave else None
-            for row, row_partials in zip(rows, partials):
-                row_partials.append(self._head_sum(row, keys))
+            for slot, (row, row_partials) in enumerate(zip(rows, partials)):
+                row_partials.append(only_if_real(slot, lambda: self._head_sum(row, keys), I.zero_f32))
             if (k + 1) % p.reduce_group == 0:  # a tile group is complete: reduce and store it
-                self._store_group(chunk, k // p.reduce_group, rows, partials, scales)
+                group = k // p.reduce_group
+                offset = self._group_offset(chunk, group)
+                for slot, (row, row_partials) in enumerate(zip(rows, partials)):
+                    only_if_real(slot, lambda: self._store_row(row, row_partials, offset, scales[group]))
                 partials = [[] for _ in rows]
             I.sched_fence()
             keys = upcoming
 
-    def _store_group(self, chunk, group, rows, partials, scales):
+    def _group_offset(self, chunk, group):
+        """Output byte offset of this lane's token after reducing tile group ``group`` (out of
+        range for the lanes holding duplicates)."""
         I = self.ops
         p = self.p
         token = I.add(I.mul(chunk, p.chunk_k), I.add(I.mul(self.final_tile(group), TILE), self.c))
         writer = {4: I.true(), 2: I.eq(I.bit_and(self.g, 1), 0), 1: I.eq(self.g, 0)}[p.reduce_group]
-        offset = I.select(writer, I.mul(token, 4), I.OUT_OF_RANGE)
-        for row, row_partials in zip(rows, partials):
-            # ReLU is positively homogeneous and scales are >= 0: scale after the head sum.
-            I.buffer_store_f32(I.fmul(self._reduce_tiles(row_partials), scales[group]), row["out"], offset)
+        return I.select(writer, I.mul(token, 4), I.OUT_OF_RANGE)
+
+    def _store_row(self, row, row_partials, offset, scale):
+        # ReLU is positively homogeneous and scales are >= 0: scale after the head sum.
+        I = self.ops
+        I.buffer_store_f32(I.fmul(self._reduce_tiles(row_partials), scale), row["out"], offset)
 
     def _head_sum(self, row, tile_keys):
         """``sum_h w[h] * relu(S[h, token])`` over this lane's heads, for one row and one tile."""
@@ -476,11 +495,7 @@ class KernelBody:
             I.wait_vm_and_barrier()  # stage `chunk` landed (every wave's part); its other buffer is free
             self.issue_stage(nxt, pages, I.sub(1, parity))
             upcoming = self.prefetch_scales(nxt, pages)
-            if self.last_slot_real is None:
-                self.compute_stage(chunk, parity, carried, self.rows)
-            else:  # waves whose last row slot is padding skip its MFMAs and epilogue
-                I.if_else(self.last_slot_real, lambda: self.compute_stage(chunk, parity, carried, self.rows),
-                          lambda: self.compute_stage(chunk, parity, carried, self.rows[:-1]))
+            self.compute_stage(chunk, parity, carried, self.rows)
             return upcoming
 
         I.for_range(c0, c1, scales, stage)

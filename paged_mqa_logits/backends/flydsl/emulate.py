@@ -8,7 +8,7 @@ confirms):
 * a workgroup is 4 waves x 64 lanes run in lockstep; every value is an array over (wave, lane)
   (i32 / i64 / f32 keep their width, so 32-bit wrap-around shows up as it would on the GPU);
   ``uniform`` (``v_readfirstlane``) takes lane 0;
-* branches (``if_then`` / ``if_else``) must be wave-uniform; where waves of a workgroup go
+* branches (``if_then`` / ``if_value``) must be wave-uniform; where waves of a workgroup go
   different ways, each side runs with only its waves active (their stores and LDS writes land,
   the others' are dropped); a barrier inside a branch not taken by every wave is a fault (a
   hang on the GPU), and so are loop bounds that differ between the active waves;
@@ -233,10 +233,15 @@ class EmulatedOps:
     def if_then(self, cond, body):
         self._run_masked(self.active & self._wave_condition(cond), body)
 
-    def if_else(self, cond, then_body, else_body):
+    def if_value(self, cond, then_body, else_body):
         taken = self._wave_condition(cond)
-        self._run_masked(self.active & taken, then_body)
-        self._run_masked(self.active & ~taken, else_body)
+        results = {}
+        for side, waves, body in (("then", self.active & taken, then_body), ("else", self.active & ~taken, else_body)):
+            self._run_masked(waves, lambda: results.__setitem__(side, body()))
+        if len(results) == 1:
+            return next(iter(results.values()))
+        return np.where(taken[:, None], np.broadcast_to(results["then"], (WAVES, WAVE_SIZE)),
+                        np.broadcast_to(results["else"], (WAVES, WAVE_SIZE))).astype(np.float32)
 
     def sched_fence(self):
         pass

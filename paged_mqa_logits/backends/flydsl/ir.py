@@ -167,14 +167,19 @@ def _if(cond, then_body, else_body):
             scf.YieldOp([])
 
 
+def if_value(cond, then_body, else_body):
+    """``then_body()`` or ``else_body()`` (one f32 each) by a wave-uniform ``cond``."""
+    op = scf.IfOp(_raw(cond), [f32_type()], has_else=True)
+    with ir.InsertionPoint(op.then_block):
+        scf.YieldOp([_raw(then_body())])
+    with ir.InsertionPoint(op.else_block):
+        scf.YieldOp([_raw(else_body())])
+    return op.results[0]
+
+
 def if_then(cond, body):
     """``if cond: body()`` (``cond`` wave-uniform: a scalar branch)."""
     _if(cond, body, None)
-
-
-def if_else(cond, then_body, else_body):
-    """``then_body()`` or ``else_body()`` by a wave-uniform ``cond``."""
-    _if(cond, then_body, else_body)
 
 
 def sched_fence():

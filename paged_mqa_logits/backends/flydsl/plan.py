@@ -163,12 +163,9 @@ class KernelPlan:
         """VGPRs the kernel needs without spilling, calibrated on compiles of the (heads, next_n,
         ChunkK) space with LLVM from flydsl 0.5.0: Q fragments (heads/2 per row slot) and
         weights (heads/4 per row slot) stay resident; the reduce group's keys, accumulators and
-        partials add 0 / 34 / 60 for 1 / 2 / 4 tiles; 30 for addresses, masks and scales; 16 where
-        some waves' last row slot is padding (their second stage body, without that slot, has
-        its own live ranges: h64 next_n 3 at WavePerEU 3 spills without this term). The compile
-        checks (``compile_candidates``) are what proves a candidate fits."""
-        padded = 16 if self.full_row_groups < self.row_groups else 0
-        return self.rows_per_wave * self.heads * 3 // 4 + {1: 0, 2: 34, 4: 60}[self.reduce_group] + 30 + padded
+        partials add 0 / 34 / 60 for 1 / 2 / 4 tiles; 30 for addresses, masks and scales. The
+        compile checks (``compile_candidates``) are what proves a candidate fits."""
+        return self.rows_per_wave * self.heads * 3 // 4 + {1: 0, 2: 34, 4: 60}[self.reduce_group] + 30
 
     @property
     def name(self) -> str:
