@@ -79,7 +79,7 @@ class KernelBody:
     def __init__(self, plan: KernelPlan, ops, args: dict):
         self.p = plan
         self.a = args
-        self.ops = I = ops
+        self.ops = ops
         self._thread_values(THREADS - 1)
 
     def _thread_values(self, thread_mask):
