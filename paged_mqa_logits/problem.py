@@ -65,6 +65,23 @@ class Problem:
     #: True for problems described rather than called (``explain``, ``compile --only-table``):
     #: backends then judge only arch and shapes, not whether this machine could run them.
     hypothetical: bool = False
+    #: cache layout, as far as kernels compile differently for it: the block stride in bytes
+    #: (``kv_cache.stride(0)``; 0 = packed, ``kv_block_size * (head_dim + 4)``), whether the
+    #: cache's first byte is 16-byte aligned, and whether every cache byte lies within 2^31 of
+    #: it (32-bit offsets; see :func:`kv_fits_32bit`). Described problems assume a packed,
+    #: aligned cache under 2 GiB.
+    kv_block_stride: int = 0
+    kv_base_aligned: bool = True
+    kv_32bit: bool = True
+
+    @property
+    def kv_stride_bytes(self) -> int:
+        return self.kv_block_stride or self.kv_block_size * (self.head_dim + 4)
+
+    @property
+    def kv_aligned16(self) -> bool:
+        """Every block starts 16-byte aligned: base and block stride are 16-byte multiples."""
+        return self.kv_base_aligned and self.kv_stride_bytes % 16 == 0
 
     @property
     def rows(self) -> int:
@@ -82,6 +99,14 @@ class Problem:
             f"heads={self.heads} head_dim={self.head_dim} kv_block_size={self.kv_block_size} "
             f"preshuffle={int(self.preshuffle)} context={ctx}"
         )
+
+
+def kv_fits_32bit(kv_cache) -> bool:
+    """Every byte a gather can touch lies within 2^31 of the cache view's base (AMD buffer
+    loads take 32-bit offsets): blocks ``[0, num_blocks)`` of ``stride(0)`` bytes each."""
+    n, stride0 = kv_cache.shape[0], kv_cache.stride(0)
+    block_bytes = kv_cache.shape[1] * kv_cache.shape[3]
+    return max(n - 1, 0) * stride0 + block_bytes < 2**31 - 1
 
 
 @dataclass

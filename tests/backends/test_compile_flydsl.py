@@ -1,11 +1,14 @@
 """Compile-only builds of the FlyDSL kernel for gfx942 and gfx950 on a machine without a GPU,
 checked like every cross-compiled kernel (``paged_mqa_logits.compile.check_records``: native fp8
 MFMA, no scratch/spills, LDS within the chip, VGPRs for the WavePerEU occupancy), plus what the
-ISA must show for this design (LDS DMA of the right width, ds_read_b128 of the keys, barriers).
+ISA must show for this design (LDS DMA of the right width, ds_read_b128 of the keys, barriers,
+exactly the MFMA the ``Mfma`` knob names: gfx942 only ``v_mfma_f32_16x16x32_fp8_fp8``, gfx950
+``f8f6f4`` only ``v_mfma_scale_f32_16x16x128_f8f6f4``).
 
-Covered here: every (ChunkK, WavePerEU) candidate of the two most register-hungry shapes and
-of next_n=1, and each cache/length layout. The whole knob space (~120 kernels per arch, about a
-minute each on 2 cores) is ``python -m paged_mqa_logits compile --backend flydsl --arch ARCH``.
+Covered here: every candidate (ChunkK x WavePerEU x Mfma) of the balanced schedule for the two
+most register-hungry shapes, next_n=1 and a padded-row shape (next_n 5), the split schedule's
+candidates for the hungriest shape, and each cache/length layout. The whole knob space (a
+second or two per kernel) is ``python -m paged_mqa_logits compile --backend flydsl --arch ARCH``.
 Needs ``pip install flydsl==0.5.0``; skipped (with the reason) without it.
 """
 
@@ -19,6 +22,7 @@ import pytest
 from paged_mqa_logits.backends.flydsl import build
 from paged_mqa_logits.backends.flydsl.backend import BACKEND, NOT_INSTALLED, flydsl_installed
 from paged_mqa_logits.compile import check_records
+from paged_mqa_logits.schedule import SCHEDULES
 
 ARCHS = ("gfx942", "gfx950")
 
@@ -29,19 +33,31 @@ def _require_flydsl():
 
 
 def _selection(arch):
-    """Every candidate of (h64, next_n 8), (h64, next_n 3), (h32, next_n 1) and one kernel per
-    cache/length layout the knob space covers."""
+    """The balanced candidates of (h64, next_n 8), (h64, next_n 3), (h64, next_n 5) and (h32,
+    next_n 1), the split candidates of (h64, next_n 8) and one kernel per cache/length layout."""
     plans = {}
-    for heads, next_n in ((64, 8), (64, 3), (32, 1)):
+    for heads, next_n, schedules in ((64, 8, ("balanced", "split")), (64, 3, ("balanced",)), (64, 5, ("balanced",)),
+                                     (32, 1, ("balanced",))):
         problem = build._problem(arch, heads, next_n, 64, True, True)
-        for plan in build._plans_for(problem, BACKEND.candidates(problem)):
+        configs = [c for c in BACKEND.candidates(problem) if c["Schedule"] in schedules]
+        for plan in build._plans_for(problem, configs):
             plans[plan.name] = plan
     for kv_block_size, preshuffle, lens_2d, next_n in ((16, False, False, 2), (32, True, False, 5), (128, False, True, 4),
                                                        (256, True, True, 1)):
         problem = build._problem(arch, 64, next_n, kv_block_size, preshuffle, lens_2d)
-        for plan in build._plans_for(problem, [{"ChunkK": 128, "WavePerEU": 2}]):
-            plans[plan.name] = plan
+        # balanced where the layout allows it at ChunkK 128 (<= 2 blocks per stage), else split
+        plan = next(plan for plan in build._plans_for(problem, [{"ChunkK": 128, "WavePerEU": 2, "Schedule": schedule}
+                                                                for schedule in SCHEDULES])
+                    if plan.config_error() is None)
+        plans[plan.name] = plan
+    assert all(plan.config_error() is None for plan in plans.values())
     return list(plans.values())
+
+
+#: the only MFMA each (arch, Mfma) may contain
+EXPECTED_MFMA = {("gfx942", "fp8"): ["v_mfma_f32_16x16x32_fp8_fp8"],
+                 ("gfx950", "fp8"): ["v_mfma_f32_16x16x32_fp8_fp8"],
+                 ("gfx950", "f8f6f4"): ["v_mfma_scale_f32_16x16x128_f8f6f4"]}
 
 
 @pytest.fixture(scope="module")
@@ -61,9 +77,11 @@ def test_kernels_compile_and_pass_the_checks(compiled, arch):
     assert len(records) == len(_selection(arch)) >= 12
     assert check_records(records) == []
     for record in records:
-        assert record.backend == "flydsl" and record.arch == arch and record.mma_instructions == [
-            "v_mfma_f32_16x16x32_fp8_fp8"]
+        assert record.backend == "flydsl" and record.arch == arch
+        assert record.mma_instructions == EXPECTED_MFMA[arch, record.knobs["Mfma"]], record.name
         assert record.options == {"waves_per_eu": record.knobs["WavePerEU"], "num_warps": 4}
+    assert {(r.knobs["Schedule"], r.knobs["Mfma"]) for r in records} == {
+        (schedule, mfma) for (a, mfma) in EXPECTED_MFMA if a == arch for schedule in ("balanced", "split")}
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -97,8 +115,8 @@ def test_only_table_compiles_what_the_table_names(monkeypatch, tmp_path):
              "gluon", {"ChunkK": 256, "WavePerEU": 4})]
     monkeypatch.setattr(table, "table_configs", lambda arch: rows)
     records = build.compile_candidates("gfx950", str(tmp_path), only_table=True)
-    assert sorted(r.name for r in records) == ["flydsl_gfx950_h32_n2_kb64_shuf_1d_ck128_w2",
-                                               "flydsl_gfx950_h32_n2_kb64_shuf_2d_ck128_w2"]
+    assert sorted(r.name for r in records) == ["flydsl_gfx950_h32_n2_kb64_shuf_1d_ck128_w2_balanced_f8f6f4",
+                                               "flydsl_gfx950_h32_n2_kb64_shuf_2d_ck128_w2_balanced_f8f6f4"]
     assert check_records(records) == []
 
 

@@ -4,16 +4,21 @@ On a CPU machine: the package imports with and without flydsl and never imports 
 the backend refuses with the right reason (missing package, no ROCm runtime, arch, fp8
 flavour, shapes), the launch path refuses before touching flydsl, the knob space is
 consistent, and -- through the instruction-level emulator (``emulate.py``), which runs the
-kernel's own code on NumPy lanes -- the kernel matches the reference over a random matrix.
+kernel's own code on NumPy lanes -- the kernel matches the reference over a random matrix and
+on widely ragged batches under both schedules; the balanced schedule's stores cover every logit
+exactly once in the segments ``paged_mqa_logits.schedule`` prescribes, it follows lengths
+changed in place, and no MFMA runs on a padding row.
 On a ROCm gfx942/gfx950 GPU: the real kernel against the reference (skipped elsewhere).
 """
 
 import dataclasses
 import os
+import random
 import subprocess
 import sys
 import types
 
+import numpy as np
 import pytest
 import torch
 
@@ -21,9 +26,10 @@ from op_cases import build, positional, random_case, reference_for
 from paged_mqa_logits.backends.flydsl import backend as flydsl_backend
 from paged_mqa_logits.backends.flydsl.backend import BACKEND, NOT_INSTALLED
 from paged_mqa_logits.backends.flydsl.emulate import EmulationFault, emulate
-from paged_mqa_logits.backends.flydsl.plan import CHUNK_KS, LDS_PER_CU, KernelPlan
+from paged_mqa_logits.backends.flydsl.plan import CHUNK_KS, LDS_PER_CU, MFMA_KINDS, KernelPlan
 from paged_mqa_logits.problem import Problem, derive_split_kv
-from paged_mqa_logits.reference import check_logits
+from paged_mqa_logits import schedule
+from paged_mqa_logits.reference import check_logits, row_lengths
 from paged_mqa_logits.validate import build_launch_args
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -139,30 +145,42 @@ def test_dispatch_never_picks_flydsl_where_it_cannot_run():
 # ============================================================================ knobs
 @pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
 def test_knob_space(arch):
-    assert BACKEND.knobs == ("ChunkK", "WavePerEU", "SplitKV")
+    assert BACKEND.knobs == ("ChunkK", "WavePerEU", "SplitKV", "Schedule", "Mfma")
     for heads in (32, 64):
         for next_n in range(1, 9):
             p = problem(arch, heads=heads, next_n=next_n, hypothetical=True)
             candidates = BACKEND.candidates(p)
-            assert candidates and BACKEND.default_config(p) in candidates
+            default = BACKEND.default_config(p)
+            assert candidates and default in candidates
+            assert default["Schedule"] == "balanced" and default["Mfma"] == MFMA_KINDS[arch][0]
             for config in candidates:
                 plan = BACKEND.plan(p, config)
                 assert plan.config_error() is None and config["SplitKV"] == 0
                 assert plan.lds_bytes * plan.wave_per_eu <= LDS_PER_CU[arch]
             assert {c["ChunkK"] for c in candidates} == set(CHUNK_KS)
+            # the tuner sees both schedules and, on gfx950, both MFMAs for every (ChunkK, WavePerEU)
+            shapes = {(c["ChunkK"], c["WavePerEU"]) for c in candidates}
+            assert len(candidates) == len(shapes) * len(schedule.SCHEDULES) * len(MFMA_KINDS[arch])
     # gfx942's 64 KiB of LDS: a 2 x 16 KiB double buffer allows two workgroups per CU, not three
     assert KernelPlan("gfx942", 32, 1, 64, True, True, 128, 3).config_error().startswith("ChunkK=128 needs 32768 B")
     assert KernelPlan("gfx950", 32, 1, 64, True, True, 128, 4).config_error() is None
     assert BACKEND.candidates(problem("sm_90", fp8="fn", hypothetical=True)) == []
+    assert "Mfma must be one of ('fp8',) on gfx942" in KernelPlan("gfx942", 32, 1, 64, True, True, 64, 1,
+                                                                  mfma="f8f6f4").config_error()
+    assert "Schedule must be one of" in KernelPlan("gfx950", 32, 1, 64, True, True, 64, 1, "greedy").config_error()
 
 
-def test_split_count_follows_the_knobs():
+def test_grid_follows_the_knobs():
     p = problem("gfx950", batch=4, context=32768)
-    plan = BACKEND.plan(p, {"ChunkK": 64, "WavePerEU": 3})
-    assert BACKEND.split_count(p, plan, {"SplitKV": 7}) == 7
-    assert BACKEND.split_count(p, plan, {"SplitKV": 0}) == derive_split_kv(256, 4, 32768, 64, ctas_per_cu=3)
+    split = BACKEND.plan(p, {"ChunkK": 64, "WavePerEU": 3, "Schedule": "split"})
+    assert BACKEND.grid_x(p, split, {"SplitKV": 7}) == 7
+    assert BACKEND.grid_x(p, split, {"SplitKV": 0}) == derive_split_kv(256, 4, 32768, 64, ctas_per_cu=3)
     short = dataclasses.replace(p, context=100)  # never more splits than chunks
-    assert BACKEND.split_count(short, plan, {}) == 2
+    assert BACKEND.grid_x(short, split, {}) == 2
+    # balanced: one resident wave of workgroups, whatever the batch and lengths
+    balanced = BACKEND.plan(p, {"ChunkK": 64, "WavePerEU": 3})
+    assert balanced.schedule == "balanced"
+    assert BACKEND.grid_x(p, balanced, {}) == BACKEND.grid_x(short, balanced, {"SplitKV": 7}) == 256 * 3
 
 
 def test_work_split_covers_every_row_and_tile():
@@ -177,24 +195,170 @@ def test_work_split_covers_every_row_and_tile():
 
 
 # ============================================================================ the kernel, emulated
-def _emulated(case, arch, config, splits=None):
-    inp = build(case, fp8_dtype=FP8[arch])
+def _launch_args(inp, arch, cu_num=8):
     args = build_launch_args(*positional(inp))
-    p = dataclasses.replace(args.problem, arch=arch, cu_num=8, device_type="cuda")
-    args = dataclasses.replace(args, problem=p)
-    plan = BACKEND.plan(p, config)
+    return dataclasses.replace(args, problem=dataclasses.replace(args.problem, arch=arch, cu_num=cu_num,
+                                                                 device_type="cuda"))
+
+
+def _emulated(case, arch, config, grid_x=None, cu_num=8, trace_stores=False):
+    inp = build(case, fp8_dtype=FP8[arch])
+    args = _launch_args(inp, arch, cu_num)
+    plan = BACKEND.plan(args.problem, config)
     before = inp["out_logits"].clone()
-    emulate(plan, args, splits or BACKEND.split_count(p, plan, config))
-    return inp, check_logits(inp["out_logits"], before, reference_for(inp))
+    stats = emulate(plan, args, grid_x or BACKEND.grid_x(args.problem, plan, config), trace_stores=trace_stores)
+    return inp, check_logits(inp["out_logits"], before, reference_for(inp)), plan, stats
 
 
 @pytest.mark.parametrize("seed", range(24))
 def test_emulated_kernel_matches_reference(seed):
     arch = ("gfx942", "gfx950")[seed % 2]
     case = random_case(700 + seed, heads=(32, 64), block_sizes=(16, 32, 64, 128, 256), max_context=400)
-    config = {"ChunkK": CHUNK_KS[seed // 2 % 2], "WavePerEU": 1}
-    inp, check = _emulated(case, arch, config, splits=(None, 1, 3)[seed % 3])
+    config = {"ChunkK": CHUNK_KS[seed // 2 % 2], "WavePerEU": 1, "Schedule": schedule.SCHEDULES[seed // 4 % 2],
+              "Mfma": MFMA_KINDS[arch][seed // 8 % len(MFMA_KINDS[arch])]}
+    # split: the derived split count, one split, three; balanced: 8 CUs x 1, a single program, 3 programs
+    inp, check, _, _ = _emulated(case, arch, config, grid_x=(None, 1, 3)[seed % 3])
     assert check.ok, f"{arch} {case} {config}: {check.describe()}"
+
+
+def _ragged_case(seed, batch, next_n, lens_2d, max_context, heads=32, kv_block_size=32, empty=0.3):
+    """Contexts spread over [1, max_context] with zero-length sequences (a fraction ``empty``)
+    between long ones."""
+    rng = random.Random(seed)
+    lens = [0 if rng.random() < empty else rng.randint(1, max_context) for _ in range(batch)]
+    lens[rng.randrange(batch)] = max_context  # at least one sequence at the maximum
+    return dict(batch=batch, next_n=next_n, heads=heads, context_lens=lens, kv_block_size=kv_block_size,
+                preshuffle=seed % 2 == 0, lens_2d=lens_2d, max_model_len=max_context + 7,
+                table_row_pad=seed % 3, out_row_pad=seed % 2, seed=seed)
+
+
+def _visible_ends(inp, plan):
+    """``visible_end`` of every sequence as the schedule model defines it."""
+    lens = inp["context_lens"]
+    seq_len = lens.clamp(min=0) if lens.dim() == 1 else lens.amax(dim=1).clamp(min=0)
+    width = inp["kv_indices"].shape[1] * plan.kv_block_size
+    return [min(int(n), inp["max_model_len"], width) for n in seq_len]
+
+
+def _visible_rows(inp, plan):
+    """Visible length of every row of the output (its padding rows: 0), reference semantics."""
+    visible = row_lengths(inp["context_lens"], plan.next_n).reshape(-1)
+    visible = visible.clamp(max=min(inp["max_model_len"], inp["kv_indices"].shape[1] * plan.kv_block_size))
+    padded = torch.zeros(inp["out_logits"].shape[0], dtype=torch.int64)
+    padded[:visible.numel()] = visible
+    return padded
+
+
+@pytest.mark.parametrize("arch, next_n, lens_2d, chunk_k", [
+    ("gfx950", 1, False, 64), ("gfx942", 2, True, 128), ("gfx950", 3, True, 64), ("gfx942", 5, False, 128),
+    ("gfx950", 8, False, 128),
+])
+def test_balanced_schedule_covers_every_logit_once_in_the_model_segments(arch, next_n, lens_2d, chunk_k):
+    """Instrumented stores: every (row, position) a row may see is written exactly once, nothing
+    else is, and the tiles each workgroup stores are exactly ``schedule.program_segments``."""
+    case = _ragged_case(11 * next_n + chunk_k, 64, next_n, lens_2d, max_context=400)
+    config = {"ChunkK": chunk_k, "WavePerEU": 1, "Mfma": MFMA_KINDS[arch][0]}
+    inp, check, plan, stats = _emulated(case, arch, config, cu_num=5, trace_stores=True)
+    assert check.ok, check.describe()
+    out = inp["out_logits"]
+    row_stride = out.stride(0)
+    counts = torch.zeros(out.shape[0], row_stride, dtype=torch.int32)
+    stages = schedule.tile_counts(_visible_ends(inp, plan), chunk_k)
+    num_programs = BACKEND.grid_x(_launch_args(inp, arch, 5).problem, plan, config)
+    assert len(stats.stores) == num_programs == 5
+    for (program, y), elements in stats.stores.items():
+        assert y == 0
+        rows, positions = np.divmod(elements, row_stride)
+        np.add.at(counts.numpy(), (rows, positions), 1)
+        walked = {}
+        for row, position in zip(rows // next_n, positions // chunk_k):
+            walked.setdefault(int(row), set()).add(int(position))
+        expected = schedule.program_segments(stages, program, num_programs)
+        assert [(s.seq, s.first_tile, s.stop_tile) for s in expected] == [
+            (seq, min(tiles), max(tiles) + 1) for seq, tiles in sorted(walked.items())]
+        assert all(len(tiles) == max(tiles) - min(tiles) + 1 for tiles in walked.values())
+    visible = _visible_rows(inp, plan)
+    expected_counts = (torch.arange(row_stride)[None, :] < visible[:, None]).int()
+    assert torch.equal(counts, expected_counts)
+
+
+def test_balanced_schedule_on_a_batch_of_1024():
+    """1024 sequences (16 per lane in the kernel's length scan, 4 rounds), 90% of them empty."""
+    case = _ragged_case(3, 1024, 2, True, max_context=200, heads=32, kv_block_size=32, empty=0.9)
+    inp, check, plan, _ = _emulated(case, "gfx950", {"ChunkK": 64, "WavePerEU": 2}, cu_num=3)
+    assert check.ok, check.describe()
+
+
+def test_split_schedule_walks_the_model_split_segments():
+    case = _ragged_case(5, 6, 4, False, max_context=500)
+    config = {"ChunkK": 64, "WavePerEU": 1, "Schedule": "split"}
+    inp, check, plan, stats = _emulated(case, "gfx942", config, grid_x=3, trace_stores=True)
+    assert check.ok, check.describe()
+    stages = schedule.tile_counts(_visible_ends(inp, plan), 64)
+    row_stride = inp["out_logits"].stride(0)
+    for (split, seq), elements in stats.stores.items():
+        tiles = sorted({int(t) for t in (elements % row_stride) // 64})
+        assert all(int(r) // 4 == seq for r in elements // row_stride)
+        expected = schedule.split_segments(stages, seq, split, 3)
+        assert [(s.first_tile, s.stop_tile) for s in expected] == ([(tiles[0], tiles[-1] + 1)] if tiles else [])
+
+
+def test_balanced_schedule_follows_lengths_changed_in_place():
+    """Graph replay: the same launch (grid, arguments) after the lengths tensor is rewritten."""
+    case = dict(_ragged_case(8, 12, 2, False, max_context=300), context_lens=[300] * 12)  # blocks for 300 each
+    inp = build(case, fp8_dtype=FP8["gfx950"])
+    args = _launch_args(inp, "gfx950")
+    plan = BACKEND.plan(args.problem, {"ChunkK": 64, "WavePerEU": 1})
+    grid_x = BACKEND.grid_x(args.problem, plan, {})
+    for lens in ([300, 0, 0, 17, 250, 1, 0, 300, 64, 65, 2, 9], [0] * 11 + [300], [5] * 12):
+        inp["context_lens"].copy_(torch.tensor(lens, dtype=torch.int32))
+        inp["out_logits"].fill_(float("nan"))
+        before = inp["out_logits"].clone()
+        emulate(plan, args, grid_x)
+        check = check_logits(inp["out_logits"], before, reference_for(inp))
+        assert check.ok, f"{lens}: {check.describe()}"
+
+
+@pytest.mark.parametrize("arch, next_n, mfma", [("gfx950", 3, "f8f6f4"), ("gfx942", 5, "fp8"), ("gfx950", 7, "fp8"),
+                                                ("gfx950", 8, "f8f6f4")])
+def test_no_mfma_runs_on_padding_rows(arch, next_n, mfma):
+    """MFMAs issued = stages x real rows x 16-token tiles x 16-head tiles x k-steps: next_n 3
+    and 5..7, which leave some waves' last row slot empty, issue none for those slots; the
+    scaled MFMA needs a quarter of the plain one's."""
+    case = _ragged_case(4, 5, next_n, True, max_context=200, heads=64)
+    inp, check, plan, stats = _emulated(case, arch, {"ChunkK": 64, "WavePerEU": 1, "Mfma": mfma})
+    assert check.ok, check.describe()
+    stages = sum(schedule.tile_counts(_visible_ends(inp, plan), 64))
+    per_stage = next_n * plan.tiles_per_stage * plan.m_tiles * plan.k_steps
+    assert plan.k_steps == {"fp8": 4, "f8f6f4": 1}[mfma]
+    mnemonic = {"fp8": "v_mfma_f32_16x16x32_fp8_fp8", "f8f6f4": "v_mfma_scale_f32_16x16x128_f8f6f4"}[mfma]
+    assert dict(stats.mfma) == {mnemonic: stages * per_stage}
+    # 3, 5, 7 have padding slots (some waves skip theirs); 8 has none (the count is the same rule)
+    assert (plan.rows_per_wave * plan.row_groups > next_n) == (next_n != 8)
+
+
+def test_emulated_scaled_mfma_applies_its_scales():
+    """The emulator's scaled MFMA is a real model of the instruction: scale bytes 127 +- k scale
+    the product by 2^(+-k), so a kernel passing wrong scales would fail the reference checks."""
+    from paged_mqa_logits.backends.flydsl.emulate import EmulatedOps, _Memory
+
+    ops = EmulatedOps(KernelPlan("gfx950", 32, 1, 64, True, True, 64, 1, mfma="f8f6f4"), _Memory(), 0, 0)
+    one = torch.ones(1, dtype=torch.float8_e4m3fn).view(torch.uint8).item()
+    parts = [np.full((4, 64, 8), one, np.uint8) for _ in range(4)]
+    neutral = ops.mfma_scaled(parts, parts, ops.zero_acc(), 127, 127)
+    assert np.all(neutral == 128)  # 128 dims of 1 x 1
+    assert np.all(ops.mfma_scaled(parts, parts, ops.zero_acc(), 128, 125) == 64)
+    assert dict(ops.stats.mfma) == {"v_mfma_scale_f32_16x16x128_f8f6f4": 8}
+
+
+def test_emulator_faults_on_a_barrier_in_wave_divergent_code():
+    from paged_mqa_logits.backends.flydsl.emulate import EmulatedOps, _Memory
+
+    ops = EmulatedOps(KernelPlan("gfx950", 32, 3, 64, True, True, 64, 1), _Memory(), 0, 0)
+    wave = ops.uniform(ops.shr(ops.thread_id(), 6))
+    with pytest.raises(EmulationFault, match="barrier"):
+        ops.if_then(ops.lt(wave, 2), ops.wait_vm_and_barrier)
+    ops.if_then(ops.lt(wave, 4), ops.wait_vm_and_barrier)  # taken by every wave: fine
 
 
 def test_emulated_1d_and_2d_lengths_are_bit_identical():
@@ -202,7 +366,7 @@ def test_emulated_1d_and_2d_lengths_are_bit_identical():
                 max_model_len=100, table_row_pad=2, seed=5)
     outs = []
     for lens_2d in (False, True):
-        inp, check = _emulated(dict(case, lens_2d=lens_2d), "gfx950", {"ChunkK": 64})
+        inp, check, _, _ = _emulated(dict(case, lens_2d=lens_2d), "gfx950", {"ChunkK": 64})
         assert check.ok, check.describe()
         outs.append(inp["out_logits"])
     assert torch.equal(outs[0].view(torch.int32), outs[1].view(torch.int32))

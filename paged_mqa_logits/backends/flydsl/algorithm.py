@@ -3,8 +3,18 @@
 Written once against a small ``ops`` interface: ``ir.py`` emits it as FlyDSL/MLIR (the real
 kernel), ``emulate.py`` runs the same code on NumPy lanes (CPU checks of its index math).
 
-Workgroup (split ``s``, sequence ``b``), 4 waves. Lane ``l`` of a wave: ``c = l % 16`` (MFMA row
-of A = head, column of B = token), ``g = l // 16`` (lane quarter).
+A workgroup (4 waves) walks *segments*: runs of ChunkK-token stages of one sequence. Which ones
+is the ``Schedule`` (``paged_mqa_logits/schedule.py`` is the model both follow):
+
+* ``balanced``: workgroup ``p`` of a persistent grid of ``P`` takes the (sequence, stage) items
+  ``[total * p // P, total * (p + 1) // P)``. Every wave computes that share itself from the
+  device lengths (``balanced_share``: lane-parallel tile counts, a wave prefix sum, three wave
+  reductions; no LDS, no barrier), then walks the sequences it touches, skipping empty ones;
+* ``split``: workgroup ``(s, b)`` takes stages ``[n * s // S, n * (s + 1) // S)`` of sequence
+  ``b``'s ``n`` stages (one segment).
+
+Lane ``l`` of a wave: ``c = l % 16`` (MFMA row of A = head, column of B = token), ``g = l // 16``
+(lane quarter).
 
 Data layouts, chosen once here:
 
@@ -15,7 +25,15 @@ Data layouts, chosen once here:
 * **MFMA operands** (``v_mfma_f32_16x16x32_fp8_fp8``): the dims a lane feeds for k-step
   ``ks = 2p + h`` are ``64p + 16g + 8h + (0..7)``. Any assignment works as long as A (Q) and B
   (K) use the same one; this one makes every lane's bytes for two k-steps one contiguous 16-byte
-  piece, so B is two ``ds_read_b128`` per tile and Q two 16-byte loads per 16 heads.
+  piece, so B is two ``ds_read_b128`` per tile and Q two 16-byte loads per 16 heads. The scaled
+  ``v_mfma_scale_f32_16x16x128_f8f6f4`` (``Mfma=f8f6f4``, gfx950) takes a lane's 32 bytes of all
+  four k-steps at once, in that order (dims ``16g + (0..15)``, then ``64 + 16g + (0..15)``), with
+  neutral e8m0 scales: one instruction per (16 heads, 16 tokens) instead of four.
+* **Rows**: wave ``w`` owns rows ``rg, rg + row_groups, ...`` (``rg = w % row_groups``). Where
+  ``next_n`` leaves some waves' last row slot empty (3, 5..7), those waves branch around that
+  slot's MFMAs (per tile) and its reduction and store (per tile group), wave-uniform: no work
+  on zeros, and one copy of the stage body (a second body without the slot spilled h64
+  next_n 7 at WavePerEU 2).
 * **MFMA result**: lane (c, g) holds ``S[head 16m + 4g + i, token 16t + c]``, i < 4; the head
   sum is 4 in-register terms per 16 heads, then across the 4 lane quarters.
 * **Head reduction across quarters**: a reduce-scatter of up to 4 tiles (``_reduce_tiles``), so
@@ -29,9 +47,15 @@ bounds them (out-of-range reads give 0, out-of-range stores are dropped). An out
 
 import torch
 
-from .plan import HEAD_DIM, TILE, WAVE_SIZE, KernelPlan
+from ...schedule import BALANCED
+from .plan import HEAD_DIM, TILE, WAVE_SIZE, WAVES, KernelPlan
 
 PAGE_TILE_BYTES = TILE * HEAD_DIM  # 2 KiB: one 16-token tile of keys
+THREADS = WAVES * WAVE_SIZE
+#: e8m0 exponent 127 = 2^0: the scaled MFMA's scales leave the fp8 products as they are
+NEUTRAL_SCALE = 127
+#: lengths each lane loads per round of the schedule's scan (independent loads in flight)
+SCAN_UNROLL = 4
 
 
 def _log2(n: int) -> int:
@@ -55,52 +79,177 @@ class KernelBody:
     def __init__(self, plan: KernelPlan, ops, args: dict):
         self.p = plan
         self.a = args
-        self.ops = I = ops
-        p = plan
-        tid = I.thread_id()
+        self.ops = ops
+        self._thread_values(THREADS - 1)
+
+    def _thread_values(self, thread_mask):
+        """Everything derived from the thread id (``thread_id & thread_mask``): lane, ``c``,
+        ``g``, wave, row group, token group, the DMA lane offset.
+
+        The balanced schedule recomputes them per segment from a mask the compiler cannot fold
+        (``min(b + 255, 255)`` = 255 for a sequence index ``b >= 0``): otherwise LICM hoists
+        every per-lane and per-wave offset of the segment body out of the segment loop, and
+        keeping them live across it spilled the widest shapes. Recomputed, they live exactly as
+        long as in a single-segment kernel."""
+        I = self.ops
+        p = self.p
+        tid = I.bit_and(I.thread_id(), thread_mask)
         self.lane = I.bit_and(tid, WAVE_SIZE - 1)
-        wave = I.uniform(I.shr(tid, 6))
-        self.wave = wave
         self.c = I.bit_and(self.lane, 15)
         self.g = I.shr(self.lane, 4)
-        self.split = I.block_id(0)
-        self.b = I.block_id(1)
+        self.wave = wave = I.uniform(I.shr(tid, 6))
         self.rg = I.bit_and(wave, p.row_groups - 1)  # row group: rows rg, rg + row_groups, ...
         self.tg = I.shr(wave, _log2(p.row_groups))  # token group: tiles [tg * nt, (tg + 1) * nt)
+        # wave-uniform: whether this wave's last row slot holds a real row (None: every wave's does)
+        self.last_slot_real = I.lt(self.rg, p.full_row_groups) if p.full_row_groups < p.row_groups else None
+        self.dma_lane_offset = self._dma_lane_part()
 
-    # ------------------------------------------------------------------ lengths and ranges
-    def lengths(self):
-        """``seq_len`` (the work size) and ``end`` = the last token + 1 any row may see."""
+    # ------------------------------------------------------------------ lengths
+    def lens_resource(self):
+        """One descriptor over the whole lengths tensor (``[B, 1]`` view of 1-D lengths, or 2-D)."""
+        I = self.ops
+        a = self.a
+        last = I.add(I.mul(I.sub(a["batch"], 1), a["stride_lens_b"]), I.mul(a["stride_lens_j"], self.p.next_n - 1))
+        self.lens_rsrc = I.buffer_resource(I.base_address(a["lens"]), I.mul(I.add(last, 1), 4))
+
+    def sequence_length(self, b, load):
+        """The work size of sequence ``b``: ``lens[b]`` (1-D) or ``max_j lens[b, j]`` (2-D, never
+        ``lens[b, 0]`` alone), at least 0. ``load(resource, byte offset)`` is a scalar load for a
+        uniform ``b``, a per-lane load for one ``b`` per lane."""
         I = self.ops
         p, a = self.p, self.a
-        lens_row = I.add(I.base_address(a["lens"]), I.mul(I.mul(I.to_i64(self.b), I.to_i64(a["stride_lens_b"])), 4))
-        extent = I.mul(I.add(I.mul(a["stride_lens_j"], p.next_n - 1), 1), 4) if p.lens_2d else I.const32(4)
-        self.lens_rsrc = I.buffer_resource(lens_row, extent)
-        if p.lens_2d:
-            seq_len = I.const32(0)
-            for j in range(p.next_n):  # the row reduction: max_j lens[b, j], never lens[b, 0] alone
-                seq_len = I.smax(seq_len, I.scalar_load(self.lens_rsrc, I.mul(a["stride_lens_j"], 4 * j)))
-        else:
-            seq_len = I.smax(I.scalar_load(self.lens_rsrc, 0), 0)
-        self.seq_len = seq_len
-        width = I.mul(a["max_blocks"], p.kv_block_size)
-        self.end = I.smin(I.smin(seq_len, a["max_model_len"]), width)
+        row = I.mul(b, a["stride_lens_b"])
+        if not p.lens_2d:
+            return I.smax(load(self.lens_rsrc, I.mul(row, 4)), 0)
+        seq_len = I.const32(0)
+        for j in range(p.next_n):
+            seq_len = I.smax(seq_len, load(self.lens_rsrc, I.mul(I.add(row, I.mul(a["stride_lens_j"], j)), 4)))
+        return seq_len
+
+    def visible_end(self, seq_len):
+        """The last token + 1 any row of the sequence may see: clipped to ``max_model_len`` and to
+        the block table's width (entries past it do not exist)."""
+        I = self.ops
+        width = I.mul(self.a["max_blocks"], self.p.kv_block_size)
+        return I.smin(I.smin(seq_len, self.a["max_model_len"]), width)
+
+    def stage_count(self, end):
+        """Work items (ChunkK-token stages) of a sequence whose visible end is ``end``."""
+        I = self.ops
+        return I.shr(I.add(end, self.p.chunk_k - 1), _log2(self.p.chunk_k))
 
     def row_length(self, j):
-        """Visible length of row ``j`` (uniform, ``j < next_n``) before the ``end`` clamp."""
+        """Visible length of row ``j`` (uniform, ``j < next_n``) of the current sequence before the
+        ``end`` clamp."""
         I = self.ops
         p, a = self.p, self.a
         if p.lens_2d:
-            return I.smax(I.scalar_load(self.lens_rsrc, I.mul(I.mul(a["stride_lens_j"], j), 4)), 0)
+            offset = I.mul(I.add(I.mul(self.b, a["stride_lens_b"]), I.mul(a["stride_lens_j"], j)), 4)
+            return I.smax(I.scalar_load(self.lens_rsrc, offset), 0)
         return I.smax(I.add(self.seq_len, I.sub(j, p.next_n - 1)), 0)
 
-    def split_range(self):
-        """Chunks ``[c0, c1)`` of ChunkK tokens this workgroup walks."""
+    # ------------------------------------------------------------------ schedules
+    def split_schedule(self):
+        """``Schedule=split``: workgroup ``(s, b)`` walks stages ``[n*s//S, n*(s+1)//S)`` of
+        sequence ``b`` (``schedule.split_segments``)."""
         I = self.ops
-        chunks = I.ceil_div(self.end, self.p.chunk_k)
-        per_split = I.ceil_div(chunks, self.a["num_splits"])
-        self.c0 = I.smin(I.mul(self.split, per_split), chunks)
-        self.c1 = I.smin(I.add(self.c0, per_split), chunks)
+        split, b, splits = I.block_id(0), I.block_id(1), self.a["grid_x"]
+        seq_len = self.sequence_length(b, I.scalar_load)
+        end = self.visible_end(seq_len)
+        stages = self.stage_count(end)
+        c0 = I.udiv(I.mul(stages, split), splits)
+        c1 = I.udiv(I.mul(stages, I.add(split, 1)), splits)
+        self.segment(b, seq_len, end, c0, c1)
+
+    def balanced_share(self):
+        """``Schedule=balanced``: this workgroup's items ``[start, stop)`` of the batch's ``total``
+        and where they begin: the first sequence ``seq_first`` holding one of them, the items
+        before it (``cum_first``) and ``seq_end`` (one past the last such sequence; ``seq_first``
+        when the share is empty). All wave-uniform, computed by every wave from the device
+        lengths, so a graph replay with new lengths gets a new schedule.
+
+        Lane ``l`` owns sequences ``[l*R, (l+1)*R)``, ``R`` = ``ceil(B / 64)`` rounded up to the
+        unroll: pass 1 sums their stage counts (a wave prefix sum gives each lane's offset and
+        the total); pass 2 walks them again from that offset counting the sequences whose
+        inclusive prefix is ``<= start`` (= the index of the sequence holding item ``start``) and
+        ``< stop`` (= the index of the one holding ``stop - 1``)."""
+        I = self.ops
+        a = self.a
+        per_lane = I.mul(I.ceil_div(I.ceil_div(a["batch"], WAVE_SIZE), SCAN_UNROLL), SCAN_UNROLL)
+        first_seq = I.mul(self.lane, per_lane)
+
+        def stages_of(b):  # per lane; 0 past the batch
+            valid = I.lt(b, a["batch"])
+
+            def load(rsrc, offset):
+                return I.buffer_load_i32(rsrc, I.select(valid, offset, I.OUT_OF_RANGE))
+
+            return self.stage_count(self.visible_end(self.sequence_length(b, load))), valid
+
+        def count(k, carried):
+            (own,) = carried
+            for u in range(SCAN_UNROLL):
+                own = I.add(own, stages_of(I.add(first_seq, I.add(I.mul(k, SCAN_UNROLL), u)))[0])
+            return [own]
+
+        rounds = I.shr(per_lane, _log2(SCAN_UNROLL))
+        (own,) = I.for_range(I.const32(0), rounds, [I.const32(0)], count)
+        inclusive = self._wave_inclusive_sum(own)
+        total = I.read_lane(inclusive, WAVE_SIZE - 1)
+        program, programs = I.block_id(0), a["grid_x"]
+        # total * p passes 2^31 for long batches on large chips: 64-bit product and quotient
+        start = I.to_i32(I.udiv(I.mul(I.to_i64(total), I.to_i64(program)), I.to_i64(programs)))
+        stop = I.to_i32(I.udiv(I.mul(I.to_i64(total), I.to_i64(I.add(program, 1))), I.to_i64(programs)))
+
+        def locate(k, carried):
+            cum, upto_start, cum_first, before_stop = carried
+            for u in range(SCAN_UNROLL):
+                n, valid = stages_of(I.add(first_seq, I.add(I.mul(k, SCAN_UNROLL), u)))
+                cum = I.add(cum, n)
+                at_or_before = I.both(valid, I.lt(cum, I.add(start, 1)))
+                upto_start = I.add(upto_start, I.select(at_or_before, 1, 0))
+                cum_first = I.select(at_or_before, cum, cum_first)
+                before_stop = I.add(before_stop, I.select(I.both(valid, I.lt(cum, stop)), 1, 0))
+            return [cum, upto_start, cum_first, before_stop]
+
+        zero = I.const32(0)
+        _, upto_start, cum_first, before_stop = I.for_range(
+            zero, rounds, [I.sub(inclusive, own), zero, zero, zero], locate)
+        seq_first = I.uniform(self._wave_reduce(upto_start, I.add))
+        cum_first = I.uniform(self._wave_reduce(cum_first, I.smax))
+        seq_end = I.select(I.lt(start, stop), I.add(I.uniform(self._wave_reduce(before_stop, I.add)), 1), seq_first)
+        return start, stop, seq_first, cum_first, seq_end
+
+    def balanced_schedule(self):
+        """Walk the sequences of this workgroup's share: one segment per non-empty one."""
+        I = self.ops
+        start, stop, seq_first, cum_first, seq_end = self.balanced_share()
+
+        def visit(seq, carried):
+            (cum,) = carried  # items of the sequences before ``seq``
+            seq_len = self.sequence_length(seq, I.scalar_load)
+            end = self.visible_end(seq_len)
+            stages = self.stage_count(end)
+            c0 = I.smax(I.sub(start, cum), 0)
+            c1 = I.smin(I.sub(stop, cum), stages)
+            I.if_then(I.lt(c0, c1), lambda: self.segment(seq, seq_len, end, c0, c1))
+            return [I.add(cum, stages)]
+
+        I.for_range(seq_first, seq_end, [cum_first], visit)
+
+    def _wave_inclusive_sum(self, x):
+        """Inclusive prefix sum over the wave's lanes (i32)."""
+        I = self.ops
+        for delta in (1, 2, 4, 8, 16, 32):
+            x = I.add(x, I.select(I.lt(self.lane, delta), 0, I.shuffle_up(x, delta)))
+        return x
+
+    def _wave_reduce(self, x, combine):
+        """``combine`` over the wave's 64 lanes, the result in every lane (butterfly)."""
+        I = self.ops
+        for mask in (32, 16, 8, 4, 2, 1):
+            x = combine(x, I.shuffle_xor(x, mask))
+        return x
 
     # ------------------------------------------------------------------ the wave's rows
     def load_rows(self):
@@ -124,13 +273,15 @@ class KernelBody:
                                        I.select(valid, 4 * p.heads, 0))
             q_frags, weights = [], []
             for m in range(p.m_tiles):
-                head = I.add(self.c, 16 * m)
+                # head 16m + c: the 16m part is uniform (soffset), so the per-lane offsets are the
+                # same few VGPRs for every m (and for every segment: nothing new stays live)
+                q_heads = I.uniform(I.mul(a["stride_q_h"], 16 * m))
                 frags = []
                 for half in range(2):  # dims 64*half + 16g + (0..15) -> k-steps 2*half, 2*half + 1
-                    off = I.add(I.mul(head, a["stride_q_h"]), I.add(I.mul(self.g, 16), 64 * half))
-                    frags += I.buffer_load_pair(q_rsrc, off)
+                    off = I.add(I.mul(self.c, a["stride_q_h"]), I.add(I.mul(self.g, 16), 64 * half))
+                    frags += I.buffer_load_pair(q_rsrc, off, q_heads)
                 q_frags.append(frags)
-                weights.append(I.buffer_load_f32x4(w_rsrc, I.mul(I.add(I.mul(self.g, 4), 16 * m), 4)))
+                weights.append(I.buffer_load_f32x4(w_rsrc, I.mul(self.g, 16), 64 * m))
             self.rows.append(dict(out=out_rsrc, q=q_frags, w=weights))
 
     # ------------------------------------------------------------------ a stage's pages
@@ -229,8 +380,9 @@ class KernelBody:
         return scales
 
     # ------------------------------------------------------------------ compute
-    def compute_stage(self, chunk, parity, scales):
-        """Score the wave's tiles of the stage in LDS buffer ``parity`` for all of its rows.
+    def compute_stage(self, chunk, parity, scales, rows):
+        """Score the wave's tiles of the stage in LDS buffer ``parity`` for ``rows``; a padding last
+        slot (``last_slot_real`` false) branches around its MFMAs and its reduction and store.
 
         Tile by tile with a scheduling fence after each: the next tile's keys are read from LDS
         while the current tile's MFMAs run, and only one tile's accumulators (rows x heads / 16
@@ -246,37 +398,55 @@ class KernelBody:
             addr = I.add(I.add(stage_base, I.mul(I.add(first_tile, k), PAGE_TILE_BYTES)), lane_part)
             return I.lds_read_pair(addr) + I.lds_read_pair(I.add(addr, 1024))
 
+        def only_if_real(slot, work, otherwise=None):
+            """``work()`` for a real row; in the last slot of a wave where it is padding, skipped
+            (a wave-uniform branch) and ``otherwise()`` instead."""
+            if slot < len(rows) - 1 or self.last_slot_real is None:
+                return work()
+            if otherwise is None:
+                return I.if_then(self.last_slot_real, work)
+            return I.if_value(self.last_slot_real, work, otherwise)
+
         keys = read_keys(0)
-        partials = [[] for _ in self.rows]
+        partials = [[] for _ in rows]
         for k in range(p.tiles_per_wave):
             upcoming = read_keys(k + 1) if k + 1 < p.tiles_per_wave else None
-            for row, row_partials in zip(self.rows, partials):
-                row_partials.append(self._head_sum(row, keys))
+            for slot, (row, row_partials) in enumerate(zip(rows, partials)):
+                row_partials.append(only_if_real(slot, lambda: self._head_sum(row, keys), I.zero_f32))
             if (k + 1) % p.reduce_group == 0:  # a tile group is complete: reduce and store it
-                self._store_group(chunk, k // p.reduce_group, partials, scales)
-                partials = [[] for _ in self.rows]
+                group = k // p.reduce_group
+                offset = self._group_offset(chunk, group)
+                for slot, (row, row_partials) in enumerate(zip(rows, partials)):
+                    only_if_real(slot, lambda: self._store_row(row, row_partials, offset, scales[group]))
+                partials = [[] for _ in rows]
             I.sched_fence()
             keys = upcoming
 
-    def _store_group(self, chunk, group, partials, scales):
+    def _group_offset(self, chunk, group):
+        """Output byte offset of this lane's token after reducing tile group ``group`` (out of
+        range for the lanes holding duplicates)."""
         I = self.ops
         p = self.p
         token = I.add(I.mul(chunk, p.chunk_k), I.add(I.mul(self.final_tile(group), TILE), self.c))
         writer = {4: I.true(), 2: I.eq(I.bit_and(self.g, 1), 0), 1: I.eq(self.g, 0)}[p.reduce_group]
-        offset = I.select(writer, I.mul(token, 4), I.OUT_OF_RANGE)
-        for row, row_partials in zip(self.rows, partials):
-            # ReLU is positively homogeneous and scales are >= 0: scale after the head sum.
-            I.buffer_store_f32(I.fmul(self._reduce_tiles(row_partials), scales[group]), row["out"], offset)
+        return I.select(writer, I.mul(token, 4), I.OUT_OF_RANGE)
+
+    def _store_row(self, row, row_partials, offset, scale):
+        # ReLU is positively homogeneous and scales are >= 0: scale after the head sum.
+        I = self.ops
+        I.buffer_store_f32(I.fmul(self._reduce_tiles(row_partials), scale), row["out"], offset)
 
     def _head_sum(self, row, tile_keys):
-        """``sum_h w[h] * relu(S[h, token])`` over this lane's heads, for one row and one tile.
-        Padding row slots (``j >= next_n``) compute on zeros; their stores are dropped."""
+        """``sum_h w[h] * relu(S[h, token])`` over this lane's heads, for one row and one tile."""
         I = self.ops
         total = I.zero_f32()
         for m in range(self.p.m_tiles):
-            acc = I.zero_acc()
-            for ks in range(self.p.k_steps):
-                acc = I.mfma(row["q"][m][ks], tile_keys[ks], acc)
+            if self.p.mfma == "f8f6f4":  # all four k-steps' operands in one 128-deep instruction
+                acc = I.mfma_scaled(row["q"][m], tile_keys, I.zero_acc(), NEUTRAL_SCALE, NEUTRAL_SCALE)
+            else:
+                acc = I.zero_acc()
+                for ks in range(self.p.k_steps):
+                    acc = I.mfma(row["q"][m][ks], tile_keys[ks], acc)
             for i in range(4):
                 total = I.fma(row["w"][m][i], I.relu(I.acc_element(acc, i)), total)
         return total
@@ -301,44 +471,66 @@ class KernelBody:
         keep, send = I.select(odd, kept[1], kept[0]), I.select(odd, kept[0], kept[1])
         return I.fadd(keep, I.shuffle_xor(send, 16))
 
-    # ------------------------------------------------------------------ the whole kernel
-    def run(self):
+    # ------------------------------------------------------------------ one segment
+    def segment(self, b, seq_len, end, c0, c1):
+        """Stages ``[c0, c1)`` of sequence ``b`` (uniform; ``c0 < c1`` or an empty loop): its
+        rows into registers, then the double-buffered stage loop."""
         I = self.ops
         p, a = self.p, self.a
-        self.lengths()
-        self.split_range()
-        self.kv_base = I.base_address(a["kv"])
-        table_row = I.add(I.base_address(a["table"]), I.mul(I.mul(I.to_i64(self.b), I.to_i64(a["stride_table"])), 4))
+        self.b, self.seq_len, self.end, self.c0, self.c1 = b, seq_len, end, c0, c1
+        if p.schedule == BALANCED:
+            self._thread_values(I.smin(I.add(b, THREADS - 1), THREADS - 1))
+        table_row = I.add(I.base_address(a["table"]), I.mul(I.mul(I.to_i64(b), I.to_i64(a["stride_table"])), 4))
         self.table_rsrc = I.buffer_resource(table_row, I.mul(a["max_blocks"], 4))
-        self.lds = I.lds_allocate(p.lds_bytes)
         self.load_rows()
-        self.dma_lane_offset = self._dma_lane_part()
 
-        pages = self.stage_pages(self.c0, I.lt(self.c0, self.c1))
-        self.issue_stage(self.c0, pages, I.const32(0))
-        scales = self.prefetch_scales(self.c0, pages)
+        pages = self.stage_pages(c0, I.lt(c0, c1))
+        self.issue_stage(c0, pages, I.const32(0))
+        scales = self.prefetch_scales(c0, pages)
 
-        def stage(chunk, current):
+        def stage(chunk, carried):
             nxt = I.add(chunk, 1)
-            pages = self.stage_pages(nxt, I.lt(nxt, self.c1))  # scalar loads overlap the wait
-            parity = I.bit_and(I.sub(chunk, self.c0), 1)
+            pages = self.stage_pages(nxt, I.lt(nxt, c1))  # scalar loads overlap the wait
+            parity = I.bit_and(I.sub(chunk, c0), 1)
             I.wait_vm_and_barrier()  # stage `chunk` landed (every wave's part); its other buffer is free
             self.issue_stage(nxt, pages, I.sub(1, parity))
             upcoming = self.prefetch_scales(nxt, pages)
-            self.compute_stage(chunk, parity, current)
+            self.compute_stage(chunk, parity, carried, self.rows)
             return upcoming
 
-        I.for_range(self.c0, self.c1, scales, stage)
-        I.wait_vm()  # no copy may land in LDS after the workgroup ends
+        I.for_range(c0, c1, scales, stage)
+        if p.schedule == BALANCED:
+            # the next segment's first copy goes to buffer 0, which slower waves may still read
+            I.wait_vm_and_barrier()
+        else:
+            I.wait_vm()  # no copy may land in LDS after the workgroup ends
+
+    # ------------------------------------------------------------------ the whole kernel
+    def run(self):
+        I = self.ops
+        self.lens_resource()
+        self.kv_base = I.base_address(self.a["kv"])
+        self.lds = I.lds_allocate(self.p.lds_bytes)
+        if self.p.schedule == BALANCED:
+            self.balanced_schedule()
+        else:
+            self.split_schedule()
 
 
 ARG_NAMES = ("q", "kv", "weights", "out", "lens", "table", "stride_q_b", "stride_q_j", "stride_q_h", "stride_block",
              "stride_w", "stride_out", "stride_lens_b", "stride_lens_j", "stride_table", "max_model_len",
-             "max_blocks", "num_splits", "batch")
+             "max_blocks", "grid_x", "batch")
 
 
-def launch_arguments(args, num_splits: int) -> tuple:
-    """The launcher's positional arguments for one call (no stream). Tensors are passed as views
+def grid(plan: KernelPlan, grid_x: int, batch: int) -> tuple[int, int]:
+    """Workgroups ``(x, y)``: ``grid_x`` persistent programs (balanced), or ``grid_x`` splits per
+    sequence (split)."""
+    return (grid_x, 1) if plan.schedule == BALANCED else (grid_x, batch)
+
+
+def launch_arguments(args, grid_x: int) -> tuple:
+    """The launcher's positional arguments for one call (no stream); ``grid_x`` is the number of
+    persistent programs (balanced) or of splits per sequence (split). Tensors are passed as views
     of the caller's storage (no copies): fp8 as uint8, 1-D lengths as a ``[B, 1]`` view so the
     kernel sees one tensor rank (and one compiled specialisation) for both length layouts."""
     lens = args.context_lens
@@ -351,6 +543,6 @@ def launch_arguments(args, num_splits: int) -> tuple:
     return (
         q, args.kv_cache, args.weights, args.out, lens_2d_view, args.block_table,
         q.stride(0), q.stride(1), q.stride(2), args.kv_cache.stride(0), args.weights.stride(0), args.out.stride(0),
-        stride_lens_b, stride_lens_j, args.block_table.stride(0), args.max_model_len, args.max_blocks, num_splits,
+        stride_lens_b, stride_lens_j, args.block_table.stride(0), args.max_model_len, args.max_blocks, grid_x,
         args.problem.batch,
     )

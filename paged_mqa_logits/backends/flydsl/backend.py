@@ -10,9 +10,13 @@ its ``gcnArchName`` -- never the ``PAGED_MQA_LOGITS_ARCH`` override), and :meth:
 re-checks before touching flydsl.
 
 Knobs (CSV columns): ``ChunkK`` (tokens per LDS stage: 64 or 128), ``WavePerEU`` (the occupancy
-target; the kernel runs one wave per SIMD, so this is also workgroups per CU) and ``SplitKV``
-(0 = :func:`derive_split_kv` with ``ctas_per_cu = WavePerEU``, from the CU count, batch and the
-context hint -- host-only, no sync).
+target; the kernel runs one wave per SIMD, so this is also workgroups per CU), ``Schedule``
+(``balanced``, the default: a persistent grid of ``CUs x WavePerEU`` workgroups sharing the
+batch's work evenly, computed in the kernel from the device lengths; ``split``: ``SplitKV``
+workgroups per sequence), ``SplitKV`` (``split`` only; 0 = :func:`derive_split_kv` with
+``ctas_per_cu = WavePerEU``, from the CU count, batch and the context hint -- host-only, no
+sync) and ``Mfma`` (gfx950: ``f8f6f4``, the default, the scaled 16x16x128 MFMA with neutral
+scales; ``fp8``, the plain 16x16x32 one -- gfx942 has only ``fp8``).
 """
 
 from __future__ import annotations
@@ -22,8 +26,9 @@ import importlib.util
 import torch
 
 from ...problem import LaunchArgs, Problem, derive_split_kv
+from ...schedule import BALANCED, SCHEDULES, persistent_programs
 from .. import MAX_SPLIT_KV, check_knob_space
-from .plan import ARCHS, CHUNK_KS, WAVE_PER_EUS, KernelPlan
+from .plan import ARCHS, CHUNK_KS, MFMA_KINDS, WAVE_PER_EUS, KernelPlan
 
 NOT_INSTALLED = "flydsl is not installed (pip install paged_mqa_logits[rocm])"
 NATIVE_FP8 = {"gfx942": "fnuz", "gfx950": "fn"}
@@ -51,9 +56,10 @@ def rocm_runtime_problem(arch: str) -> str | None:
 
 class FlyDSLBackend:
     name = "flydsl"
-    knobs = ("ChunkK", "WavePerEU", "SplitKV")
+    knobs = ("ChunkK", "WavePerEU", "SplitKV", "Schedule", "Mfma")
     #: allowed values per knob (what fits a shape is judged by :meth:`KernelPlan.config_error`)
-    KNOB_SPACE = {"ChunkK": CHUNK_KS, "WavePerEU": WAVE_PER_EUS, "SplitKV": range(0, MAX_SPLIT_KV + 1)}
+    KNOB_SPACE = {"ChunkK": CHUNK_KS, "WavePerEU": WAVE_PER_EUS, "SplitKV": range(0, MAX_SPLIT_KV + 1),
+                  "Schedule": SCHEDULES, "Mfma": tuple(dict.fromkeys(k for kinds in MFMA_KINDS.values() for k in kinds))}
 
     def check_config(self, config: dict, problem: Problem | None = None) -> str | None:
         """The knob space, then the plan's own check on ``problem`` (or on the typical shape,
@@ -100,38 +106,47 @@ class FlyDSLBackend:
 
     def plan(self, problem: Problem, config: dict) -> KernelPlan:
         knobs = {**self.default_config(problem), **{k: v for k, v in config.items() if v is not None}}
-        return KernelPlan(arch=problem.arch, heads=problem.heads, next_n=problem.next_n,
-                          kv_block_size=problem.kv_block_size, preshuffle=problem.preshuffle,
-                          lens_2d=problem.lens_2d, chunk_k=int(knobs["ChunkK"]),
-                          wave_per_eu=int(knobs["WavePerEU"]))
+        return self._bare_plan(problem, knobs)
 
     # ------------------------------------------------------------------ knobs
     def candidates(self, problem: Problem) -> list[dict]:
         if problem.arch not in ARCHS:
             return []
         out = []
-        for chunk_k in CHUNK_KS:
-            for wave_per_eu in WAVE_PER_EUS:
-                config = {"ChunkK": chunk_k, "WavePerEU": wave_per_eu, "SplitKV": 0}
-                if self.plan(problem, config).config_error() is None:
-                    out.append(config)
+        for schedule in SCHEDULES:
+            for mfma in MFMA_KINDS[problem.arch]:
+                for chunk_k in CHUNK_KS:
+                    for wave_per_eu in WAVE_PER_EUS:
+                        config = {"ChunkK": chunk_k, "WavePerEU": wave_per_eu, "SplitKV": 0, "Schedule": schedule,
+                                  "Mfma": mfma}
+                        if self.plan(problem, config).config_error() is None:
+                            out.append(config)
         return out
 
     def default_config(self, problem: Problem) -> dict:
-        """ChunkK 64 and the highest occupancy (up to 4 workgroups per CU) the shape fits."""
-        for wave_per_eu in sorted(WAVE_PER_EUS, reverse=True):
-            config = {"ChunkK": 64, "WavePerEU": wave_per_eu, "SplitKV": 0}
-            if problem.arch not in ARCHS or self._bare_plan(problem, config).config_error() is None:
-                return config
-        return {"ChunkK": 64, "WavePerEU": 1, "SplitKV": 0}
+        """ChunkK 64, the arch's first MFMA (gfx950: the scaled one), the balanced schedule where
+        the cache layout allows it (else split) and the highest occupancy (up to 4 workgroups
+        per CU) the shape fits."""
+        base = {"ChunkK": 64, "SplitKV": 0, "Mfma": MFMA_KINDS.get(problem.arch, ("fp8",))[0]}
+        for schedule in SCHEDULES:
+            for wave_per_eu in sorted(WAVE_PER_EUS, reverse=True):
+                config = {**base, "Schedule": schedule, "WavePerEU": wave_per_eu}
+                if problem.arch not in ARCHS or self._bare_plan(problem, config).config_error() is None:
+                    return config
+        return {**base, "Schedule": BALANCED, "WavePerEU": 1}
 
     def _bare_plan(self, problem: Problem, config: dict) -> KernelPlan:
         return KernelPlan(arch=problem.arch, heads=problem.heads, next_n=problem.next_n,
                           kv_block_size=problem.kv_block_size, preshuffle=problem.preshuffle,
-                          lens_2d=problem.lens_2d, chunk_k=config["ChunkK"], wave_per_eu=config["WavePerEU"])
+                          lens_2d=problem.lens_2d, chunk_k=int(config["ChunkK"]), wave_per_eu=int(config["WavePerEU"]),
+                          schedule=str(config["Schedule"]), mfma=str(config["Mfma"]))
 
-    def split_count(self, problem: Problem, plan: KernelPlan, config: dict) -> int:
-        """``SplitKV`` if set, else the host rule with ``WavePerEU`` workgroups per CU."""
+    def grid_x(self, problem: Problem, plan: KernelPlan, config: dict) -> int:
+        """Workgroups along x. Balanced: one resident wave of them, ``CUs x WavePerEU`` (the
+        kernel runs one wave per SIMD, so WavePerEU workgroups share a CU). Split: ``SplitKV``
+        per sequence if set, else the host rule with ``WavePerEU`` workgroups per CU."""
+        if plan.schedule == BALANCED:
+            return persistent_programs(problem.cu_num, plan.wave_per_eu)
         splits = int(config.get("SplitKV") or 0)
         if splits > 0:
             return splits
@@ -150,7 +165,7 @@ class FlyDSLBackend:
             raise ValueError(f"flydsl config {config}: {error}")
         from .kernel import launch_plan  # imports flydsl
 
-        launch_plan(plan, args, self.split_count(problem, plan, config))
+        launch_plan(plan, args, self.grid_x(problem, plan, config))
 
 
 BACKEND = FlyDSLBackend()

@@ -51,7 +51,7 @@ def _plans_for(problem, configs) -> list[KernelPlan]:
 
 
 def knob_space(arch: str) -> list[KernelPlan]:
-    """Every candidate (ChunkK x WavePerEU) of the canonical layout (KVBlockSize 64, Preshuffle,
+    """Every candidate (ChunkK x WavePerEU x Schedule x Mfma) of the canonical layout (KVBlockSize 64, Preshuffle,
     2-D lengths) for heads 32/64 and next_n 1..8, plus each cache/length layout (KVBlockSize
     16..256, plain and Preshuffle, 1-D and 2-D) with the default knobs for two shapes."""
     from .backend import BACKEND
@@ -242,7 +242,8 @@ def compile_candidates(arch: str, out_dir: str | None, only_table: bool = False)
 
 
 def _knobs(plan: KernelPlan) -> dict:
-    return {"ChunkK": plan.chunk_k, "WavePerEU": plan.wave_per_eu, "SplitKV": 0}
+    return {"ChunkK": plan.chunk_k, "WavePerEU": plan.wave_per_eu, "SplitKV": 0, "Schedule": plan.schedule,
+            "Mfma": plan.mfma}
 
 
 # ============================================================================ child side

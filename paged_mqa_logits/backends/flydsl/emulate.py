@@ -8,6 +8,12 @@ confirms):
 * a workgroup is 4 waves x 64 lanes run in lockstep; every value is an array over (wave, lane)
   (i32 / i64 / f32 keep their width, so 32-bit wrap-around shows up as it would on the GPU);
   ``uniform`` (``v_readfirstlane``) takes lane 0;
+* branches (``if_then`` / ``if_value``) must be wave-uniform; where waves of a workgroup go
+  different ways, each side runs with only its waves active (their stores and LDS writes land,
+  the others' are dropped); a barrier inside a branch not taken by every wave is a fault (a
+  hang on the GPU), and so are loop bounds that differ between the active waves;
+* ``shuffle_up`` gives lanes ``< delta`` a wrapped-around lane's value (the GPU leaves them
+  unspecified), so a kernel that forgets to mask them computes wrong sums here;
 * raw buffer resources: a lane's access is dropped (store) or reads 0 (load) when
   ``offset + size > num_records``; soffset is not part of that check; any access that lands
   outside the tensor it was derived from raises (a fault on the GPU);
@@ -16,18 +22,29 @@ confirms):
   buffer being read shows up as wrong results);
 * ``v_mfma_f32_16x16x32_fp8_fp8``: lane ``l`` holds ``A[l % 16][8 * (l // 16) + e]`` and
   ``B[8 * (l // 16) + e][l % 16]`` (byte ``e`` of its i64) and receives
-  ``D[4 * (l // 16) + i][l % 16]``; fp8 is e4m3fnuz on gfx942 and e4m3fn on gfx950.
+  ``D[4 * (l // 16) + i][l % 16]``; fp8 is e4m3fnuz on gfx942 and e4m3fn on gfx950;
+* ``v_mfma_scale_f32_16x16x128_f8f6f4`` (gfx950, fp8 e4m3 A and B): lane ``l`` holds 32 bytes
+  of each operand, byte ``e`` = K index ``16 * (l // 16) + e`` (``e < 16``) or
+  ``64 + 16 * (l // 16) + e - 16``; each lane's bytes are multiplied by ``2^(scale - 127)`` of
+  its e8m0 scale byte (opsel 0); the result is placed as for the 16x16x32 MFMA.
+
+Every MFMA a wave issues is counted (``EmulationStats.mfma``), and output stores can be traced
+per workgroup (``trace_stores``): the tests check the schedule covers every logit exactly once
+and that no MFMA runs on a padding row.
 
 Imports no flydsl: the emulator runs wherever torch and numpy do.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from dataclasses import dataclass, field
+
 import numpy as np
 import torch
 
 from ...problem import LaunchArgs
-from .algorithm import ARG_NAMES, KernelBody, launch_arguments
+from .algorithm import ARG_NAMES, KernelBody, grid, launch_arguments
 from .plan import WAVE_SIZE, WAVES, KernelPlan
 
 _REGION_BITS = 40  # tensor k lives at addresses [(k + 1) << 40, (k + 2) << 40)
@@ -82,15 +99,27 @@ def _lanes(value, dtype=np.int32) -> np.ndarray:
     return np.broadcast_to(np.asarray(value, dtype=dtype), (WAVES, WAVE_SIZE))
 
 
+@dataclass
+class EmulationStats:
+    #: MFMAs issued (one per wave and instruction), by mnemonic
+    mfma: Counter = field(default_factory=Counter)
+    #: per workgroup ``(x, y)``: byte addresses of its output stores that landed (``trace_stores``)
+    stores: dict = field(default_factory=dict)
+
+
 class EmulatedOps:
-    """The instruction set of ``ir.py`` for one workgroup (split ``split``, sequence ``b``)."""
+    """The instruction set of ``ir.py`` for workgroup ``(x, y)`` (block ids)."""
 
     OUT_OF_RANGE = 0x7FFFFFFF
 
-    def __init__(self, plan: KernelPlan, memory: _Memory, split: int, b: int):
-        self.plan, self.memory, self.ids = plan, memory, (split, b)
+    def __init__(self, plan: KernelPlan, memory: _Memory, x: int, y: int, stats: EmulationStats | None = None,
+                 trace_stores: bool = False):
+        self.plan, self.memory, self.ids = plan, memory, (x, y)
         self.lds = np.zeros(0, np.uint8)
         self.fp8 = _FP8[plan.arch]
+        self.active = np.ones(WAVES, bool)  # waves executing the current branch
+        self.stats = stats if stats is not None else EmulationStats()
+        self.store_trace = self.stats.stores.setdefault(self.ids, []) if trace_stores else None
 
     # ------------------------------------------------------------------ integers
     def const32(self, v):
@@ -135,6 +164,10 @@ class EmulatedOps:
         a, b = self._pair(a, b)
         return np.maximum(a, b)
 
+    def udiv(self, a, b):
+        a, b = self._pair(a, b)
+        return a // b
+
     def ceil_div(self, a, b):
         a, b = self._pair(a, b)
         return -(-a // b)
@@ -161,6 +194,9 @@ class EmulatedOps:
     def to_i64(self, v):
         return self._int(v).astype(np.int64)
 
+    def to_i32(self, v):
+        return self._int(v).astype(np.int32)
+
     def uniform(self, v):
         return np.broadcast_to(self._int(v)[:, :1], (WAVES, WAVE_SIZE))
 
@@ -172,18 +208,47 @@ class EmulatedOps:
 
     # ------------------------------------------------------------------ control
     def for_range(self, lower, upper, carried, body):
-        if np.unique(lower).size != 1 or np.unique(upper).size != 1:
-            raise EmulationFault("the stage loop's bounds must be the same for the whole workgroup")
-        lo, hi = int(np.unique(lower)[0]), int(np.unique(upper)[0])
-        for i in range(lo, hi):
+        bounds = [np.unique(self._int(v)[self.active]) for v in (lower, upper)]
+        if any(b.size != 1 for b in bounds):
+            raise EmulationFault("a loop's bounds must be the same for every active wave")
+        for i in range(int(bounds[0][0]), int(bounds[1][0])):
             carried = body(_lanes(i), carried)
         return carried
+
+    def _wave_condition(self, cond) -> np.ndarray:
+        cond = np.broadcast_to(np.asarray(cond, bool), (WAVES, WAVE_SIZE))
+        if (cond != cond[:, :1]).any():
+            raise EmulationFault("a branch condition must be wave-uniform")
+        return cond[:, 0]
+
+    def _run_masked(self, waves, body):
+        if not waves.any():
+            return
+        saved, self.active = self.active, waves
+        try:
+            body()
+        finally:
+            self.active = saved
+
+    def if_then(self, cond, body):
+        self._run_masked(self.active & self._wave_condition(cond), body)
+
+    def if_value(self, cond, then_body, else_body):
+        taken = self._wave_condition(cond)
+        results = {}
+        for side, waves, body in (("then", self.active & taken, then_body), ("else", self.active & ~taken, else_body)):
+            self._run_masked(waves, lambda: results.__setitem__(side, body()))
+        if len(results) == 1:
+            return next(iter(results.values()))
+        return np.where(taken[:, None], np.broadcast_to(results["then"], (WAVES, WAVE_SIZE)),
+                        np.broadcast_to(results["else"], (WAVES, WAVE_SIZE))).astype(np.float32)
 
     def sched_fence(self):
         pass
 
     def wait_vm_and_barrier(self):
-        pass
+        if not self.active.all():
+            raise EmulationFault("a barrier inside a branch that not every wave takes (a hang on the GPU)")
 
     def wait_vm(self):
         pass
@@ -214,19 +279,31 @@ class EmulatedOps:
             raise EmulationFault("a scalar load needs a wave-uniform offset")
         return self._buffer_read(rsrc, offset, 4).view(np.int32)[..., 0]
 
-    def buffer_load_pair(self, rsrc, offset):
-        data = self._buffer_read(rsrc, offset, 16)
+    def _with_soffset(self, rsrc, uniform_offset):
+        """The resource as seen with ``soffset``: added to the address, not range-checked."""
+        uniform_offset = self._int(uniform_offset)
+        if (uniform_offset != uniform_offset[:, :1]).any():
+            raise EmulationFault("soffset must be wave-uniform")
+        return _Resource(rsrc.address + uniform_offset.astype(np.int64), rsrc.num_records)
+
+    def buffer_load_pair(self, rsrc, offset, uniform_offset=0):
+        data = self._buffer_read(self._with_soffset(rsrc, uniform_offset), offset, 16)
         return [data[..., :8], data[..., 8:]]
 
-    def buffer_load_f32x4(self, rsrc, offset):
-        data = self._buffer_read(rsrc, offset, 16).view(np.float32)
+    def buffer_load_i32(self, rsrc, offset):
+        return self._buffer_read(rsrc, offset, 4).view(np.int32)[..., 0]
+
+    def buffer_load_f32x4(self, rsrc, offset, uniform_offset=0):
+        data = self._buffer_read(self._with_soffset(rsrc, uniform_offset), offset, 16).view(np.float32)
         return [data[..., i] for i in range(4)]
 
     def buffer_store_f32(self, value, rsrc, offset):
         offset = self._int(offset).astype(np.int64)
-        ok = offset + 4 <= rsrc.num_records
+        ok = (offset + 4 <= rsrc.num_records) & self.active[:, None]
         values = np.ascontiguousarray(np.broadcast_to(value, (WAVES, WAVE_SIZE)).astype(np.float32))
         self.memory.write(rsrc.address[ok] + offset[ok], values[ok][:, None].view(np.uint8))
+        if self.store_trace is not None:
+            self.store_trace.append(rsrc.address[ok] + offset[ok])
 
     def global_load_f32(self, address):
         return self.memory.read(np.asarray(address, np.int64), 4).view(np.float32)[..., 0]
@@ -243,7 +320,7 @@ class EmulatedOps:
         target = m0.astype(np.int64) + lane * nbytes
         if target.min() < 0 or target.max() + nbytes > self.lds.size:
             raise EmulationFault(f"LDS DMA past the allocation ({target.max()} + {nbytes} > {self.lds.size})")
-        self.lds[target[..., None] + np.arange(nbytes)] = data
+        self.lds[target[self.active][..., None] + np.arange(nbytes)] = data[self.active]
 
     def lds_read_pair(self, address):
         address = self._int(address).astype(np.int64)
@@ -266,6 +343,7 @@ class EmulatedOps:
         return torch.from_numpy(np.ascontiguousarray(bytes_)).view(self.fp8).float().numpy()
 
     def mfma(self, a, b, acc):
+        self.stats.mfma["v_mfma_f32_16x16x32_fp8_fp8"] += int(self.active.sum())
         lane = np.arange(WAVE_SIZE)
         row, group = lane % 16, lane // 16
         a_vals, b_vals = self._fp8(a), self._fp8(b)  # [wave, lane, 8]
@@ -275,6 +353,27 @@ class EmulatedOps:
             a_mat[:, row, 8 * group + e] = a_vals[:, :, e]
             b_mat[:, 8 * group + e, row] = b_vals[:, :, e]
         d = a_mat @ b_mat  # [wave, 16, 16]
+        out = acc.copy()
+        for i in range(4):
+            out[..., i] += d[:, 4 * group + i, row]
+        return out
+
+    def mfma_scaled(self, a_parts, b_parts, acc, scale_a, scale_b):
+        self.stats.mfma["v_mfma_scale_f32_16x16x128_f8f6f4"] += int(self.active.sum())
+        lane = np.arange(WAVE_SIZE)
+        row, group = lane % 16, lane // 16
+        operands = []
+        for parts, scale in ((a_parts, scale_a), (b_parts, scale_b)):
+            values = self._fp8(np.concatenate(parts, axis=-1))  # [wave, lane, 32]
+            exponent = (self._int(scale) & 0xFF).astype(np.int32) - 127
+            operands.append(values * np.exp2(exponent.astype(np.float32))[..., None])
+        a_mat = np.zeros((WAVES, 16, 128), np.float32)
+        b_mat = np.zeros((WAVES, 128, 16), np.float32)
+        for e in range(32):
+            k = 16 * group + e if e < 16 else 64 + 16 * group + e - 16
+            a_mat[:, row, k] = operands[0][:, :, e]
+            b_mat[:, k, row] = operands[1][:, :, e]
+        d = a_mat @ b_mat
         out = acc.copy()
         for i in range(4):
             out[..., i] += d[:, 4 * group + i, row]
@@ -292,17 +391,32 @@ class EmulatedOps:
     def fadd(self, a, b):
         return (a + b).astype(np.float32)
 
+    def shuffle_up(self, value, delta: int):
+        return np.broadcast_to(value, (WAVES, WAVE_SIZE))[:, (np.arange(WAVE_SIZE) - delta) % WAVE_SIZE]
+
+    def read_lane(self, value, lane: int):
+        return np.broadcast_to(np.broadcast_to(value, (WAVES, WAVE_SIZE))[:, lane:lane + 1], (WAVES, WAVE_SIZE))
+
     def shuffle_xor(self, value, mask: int):
         return np.broadcast_to(value, (WAVES, WAVE_SIZE))[:, np.arange(WAVE_SIZE) ^ mask]
 
 
-def emulate(plan: KernelPlan, args: LaunchArgs, num_splits: int) -> None:
-    """Run ``plan`` on ``args`` (CPU tensors) workgroup by workgroup, writing ``args.out``."""
+def emulate(plan: KernelPlan, args: LaunchArgs, grid_x: int, trace_stores: bool = False) -> EmulationStats:
+    """Run ``plan`` on ``args`` (CPU tensors) workgroup by workgroup over its whole grid
+    (``algorithm.grid``), writing ``args.out``. ``grid_x``: persistent programs (balanced) or
+    splits per sequence (split)."""
     memory = _Memory()
-    values = list(launch_arguments(args, num_splits))
+    values = list(launch_arguments(args, grid_x))
     for i in range(6):  # tensors -> addresses in the emulated address space
         values[i] = memory.tensor_address(values[i])
     named = dict(zip(ARG_NAMES, values))
-    for b in range(args.problem.batch):
-        for split in range(num_splits):
-            KernelBody(plan, EmulatedOps(plan, memory, split, b), named).run()
+    stats = EmulationStats()
+    size_x, size_y = grid(plan, grid_x, args.problem.batch)
+    for y in range(size_y):
+        for x in range(size_x):
+            KernelBody(plan, EmulatedOps(plan, memory, x, y, stats, trace_stores), named).run()
+    if trace_stores:  # byte addresses -> element indices of the output's storage
+        out_base = named["out"]
+        stats.stores = {ids: (np.concatenate(chunks) - out_base) // 4 if chunks else np.zeros(0, np.int64)
+                        for ids, chunks in stats.stores.items()}
+    return stats

@@ -13,7 +13,7 @@ Imports flydsl: only ``kernel.py`` and the compile path import this module.
 # No ``from __future__ import annotations``: FlyDSL reads real annotation objects.
 
 from flydsl._mlir import ir
-from flydsl._mlir.dialects import arith, gpu, llvm, math, rocdl, scf
+from flydsl._mlir.dialects import arith, gpu, llvm, math, rocdl, scf, vector
 from flydsl._mlir.dialects import fly as fly_dialect
 import flydsl.expr as fx
 from flydsl.expr import rocdl as fx_rocdl
@@ -101,6 +101,11 @@ def ceil_div(a, b):
     return arith.ceildivui(*_pair(a, b))
 
 
+def udiv(a, b):
+    """Unsigned quotient (i32 or i64; the operands here are never negative)."""
+    return arith.divui(*_pair(a, b))
+
+
 def lt(a, b):
     return arith.cmpi(arith.CmpIPredicate.slt, *_pair(a, b))
 
@@ -124,6 +129,11 @@ def to_i64(v):
     return v if v.type == i64_type() else arith.extsi(i64_type(), v)
 
 
+def to_i32(v):
+    """Truncate an i64 to i32."""
+    return arith.trunci(i32_type(), _raw(v))
+
+
 def uniform(v):
     """Force a wave-uniform i32 into an SGPR (``v_readfirstlane``)."""
     return rocdl.readfirstlane(i32_type(), _raw(v))
@@ -144,6 +154,32 @@ def for_range(lower, upper, carried, body):
     with ir.InsertionPoint(loop.body):
         scf.YieldOp(list(body(loop.induction_variable, list(loop.body.arguments[1:]))))
     return list(loop.results)
+
+
+def _if(cond, then_body, else_body):
+    op = scf.IfOp(_raw(cond), [], has_else=else_body is not None)
+    with ir.InsertionPoint(op.then_block):
+        then_body()
+        scf.YieldOp([])
+    if else_body is not None:
+        with ir.InsertionPoint(op.else_block):
+            else_body()
+            scf.YieldOp([])
+
+
+def if_value(cond, then_body, else_body):
+    """``then_body()`` or ``else_body()`` (one f32 each) by a wave-uniform ``cond``."""
+    op = scf.IfOp(_raw(cond), [f32_type()], has_else=True)
+    with ir.InsertionPoint(op.then_block):
+        scf.YieldOp([_raw(then_body())])
+    with ir.InsertionPoint(op.else_block):
+        scf.YieldOp([_raw(else_body())])
+    return op.results[0]
+
+
+def if_then(cond, body):
+    """``if cond: body()`` (``cond`` wave-uniform: a scalar branch)."""
+    _if(cond, body, None)
 
 
 def sched_fence():
@@ -184,20 +220,27 @@ def scalar_load(resource, byte_offset):
                                [], [])
 
 
-def _buffer_load(resource, byte_offset, result_type):
-    """Per-lane buffer load (``buffer_load_dword*``); out of range reads 0."""
-    return rocdl.RawPtrBufferLoadOp(result_type, resource, _raw(byte_offset), const32(0)).result
+def _buffer_load(resource, byte_offset, result_type, uniform_offset=0):
+    """Per-lane buffer load (``buffer_load_dword*``); out of range reads 0. ``uniform_offset``
+    rides in soffset: outside the range check, and one SGPR instead of a VGPR per load."""
+    return rocdl.RawPtrBufferLoadOp(result_type, resource, _raw(byte_offset), _raw(uniform_offset)).result
 
 
-def buffer_load_pair(resource, byte_offset):
+def buffer_load_pair(resource, byte_offset, uniform_offset=0):
     """16 bytes per lane as two i64 (two MFMA fp8 operands of 8 bytes)."""
-    pair = llvm.bitcast(vec_type(2, i64_type()), _buffer_load(resource, byte_offset, vec_type(4, i32_type())))
+    pair = llvm.bitcast(vec_type(2, i64_type()),
+                        _buffer_load(resource, byte_offset, vec_type(4, i32_type()), uniform_offset))
     return [_element(pair, 0), _element(pair, 1)]
 
 
-def buffer_load_f32x4(resource, byte_offset):
+def buffer_load_i32(resource, byte_offset):
+    """One i32 per lane (``buffer_load_dword``); out of range reads 0."""
+    return _buffer_load(resource, byte_offset, i32_type())
+
+
+def buffer_load_f32x4(resource, byte_offset, uniform_offset=0):
     """4 consecutive fp32 per lane."""
-    v = _buffer_load(resource, byte_offset, vec_type(4, f32_type()))
+    v = _buffer_load(resource, byte_offset, vec_type(4, f32_type()), uniform_offset)
     return [_element(v, i) for i in range(4)]
 
 
@@ -274,6 +317,22 @@ def mfma(a, b, acc):
     return fx_rocdl.mfma_f32_16x16x32_fp8_fp8(vec_type(4, f32_type()), [_raw(a), _raw(b), _raw(acc), 0, 0, 0])
 
 
+def _operand_32_bytes(parts):
+    """Four 8-byte MFMA operands (k-steps 0..3) as the scaled MFMA's ``vector<8xi32>``."""
+    v = vector.from_elements(vec_type(4, i64_type()), [_raw(x) for x in parts])
+    return llvm.bitcast(vec_type(8, i32_type()), v)
+
+
+def mfma_scaled(a_parts, b_parts, acc, scale_a, scale_b):
+    """``v_mfma_scale_f32_16x16x128_f8f6f4`` on fp8 e4m3 A and B (cbsz = blgp = 0): a lane's 32
+    bytes of each operand are the four k-steps of :func:`mfma` in order; ``scale_a``/``scale_b``
+    are the e8m0 scale bytes (opsel 0: byte 0 of the i32) applied to the lane's operand bytes."""
+    return fx_rocdl.mfma_scale_f32_16x16x128_f8f6f4(
+        vec_type(4, f32_type()),
+        [_operand_32_bytes(a_parts), _operand_32_bytes(b_parts), _raw(acc), 0, 0, 0, const32(scale_a), 0,
+         const32(scale_b)])
+
+
 def true():
     return _raw(True)
 
@@ -294,6 +353,16 @@ def fmul(a, b):
 
 def fadd(a, b):
     return arith.addf(_raw(a), _raw(b))
+
+
+def shuffle_up(value, delta):
+    """Lane ``l`` reads ``value`` of lane ``l - delta`` (lanes ``< delta``: unspecified)."""
+    return gpu.ShuffleOp(_raw(value), const32(delta), const32(64), mode="up").shuffleResult
+
+
+def read_lane(value, lane):
+    """``value`` of lane ``lane`` (a constant) as a wave-uniform i32 (``v_readlane_b32``)."""
+    return rocdl.readlane(i32_type(), _raw(value), const32(lane))
 
 
 def shuffle_xor(value, mask):

@@ -16,6 +16,7 @@ from flydsl._mlir import ir
 from flydsl._mlir.dialects import arith
 
 from . import ir as flydsl_ops
+from ...schedule import BALANCED
 from .algorithm import ARG_NAMES, KernelBody, launch_arguments
 from .plan import KernelPlan
 
@@ -25,7 +26,8 @@ def launcher(plan: KernelPlan):
     """The ``@flyc.jit`` launcher of ``plan`` (cached: one compiled kernel per plan).
 
     Arguments, in order: the six tensors (q and kv as uint8 views), then the int32 scalars of
-    :data:`ARG_NAMES`, then the stream. Grid = (num_splits, batch), 256 threads.
+    :data:`ARG_NAMES`, then the stream. Grid = ``algorithm.grid``: (grid_x, 1) persistent programs
+    (balanced) or (grid_x splits, batch) (split); 256 threads.
     """
 
     @flyc.kernel(name=plan.name, known_block_size=[256, 1, 1])
@@ -33,11 +35,11 @@ def launcher(plan: KernelPlan):
         q: fx.Tensor, kv: fx.Tensor, weights: fx.Tensor, out: fx.Tensor, lens: fx.Tensor, table: fx.Tensor,
         stride_q_b: fx.Int32, stride_q_j: fx.Int32, stride_q_h: fx.Int32, stride_block: fx.Int32,
         stride_w: fx.Int32, stride_out: fx.Int32, stride_lens_b: fx.Int32, stride_lens_j: fx.Int32,
-        stride_table: fx.Int32, max_model_len: fx.Int32, max_blocks: fx.Int32, num_splits: fx.Int32,
+        stride_table: fx.Int32, max_model_len: fx.Int32, max_blocks: fx.Int32, grid_x: fx.Int32,
         batch: fx.Int32,
     ):
         values = (q, kv, weights, out, lens, table, stride_q_b, stride_q_j, stride_q_h, stride_block, stride_w,
-                  stride_out, stride_lens_b, stride_lens_j, stride_table, max_model_len, max_blocks, num_splits,
+                  stride_out, stride_lens_b, stride_lens_j, stride_table, max_model_len, max_blocks, grid_x,
                   batch)
         KernelBody(plan, flydsl_ops, dict(zip(ARG_NAMES, values))).run()
 
@@ -46,15 +48,16 @@ def launcher(plan: KernelPlan):
         q: fx.Tensor, kv: fx.Tensor, weights: fx.Tensor, out: fx.Tensor, lens: fx.Tensor, table: fx.Tensor,
         stride_q_b: fx.Int32, stride_q_j: fx.Int32, stride_q_h: fx.Int32, stride_block: fx.Int32,
         stride_w: fx.Int32, stride_out: fx.Int32, stride_lens_b: fx.Int32, stride_lens_j: fx.Int32,
-        stride_table: fx.Int32, max_model_len: fx.Int32, max_blocks: fx.Int32, num_splits: fx.Int32,
+        stride_table: fx.Int32, max_model_len: fx.Int32, max_blocks: fx.Int32, grid_x: fx.Int32,
         batch: fx.Int32, stream: fx.Stream = fx.Stream(None),
     ):
-        grid_x = arith.index_cast(ir.IndexType.get(), fx.as_ir_value(num_splits))
-        grid_y = arith.index_cast(ir.IndexType.get(), fx.as_ir_value(batch))
+        workgroups_x = arith.index_cast(ir.IndexType.get(), fx.as_ir_value(grid_x))
+        workgroups_y = (arith.index_cast(ir.IndexType.get(), fx.as_ir_value(batch)) if plan.schedule != BALANCED
+                        else arith.constant(ir.IndexType.get(), 1))
         paged_mqa_logits_kernel(
             q, kv, weights, out, lens, table, stride_q_b, stride_q_j, stride_q_h, stride_block, stride_w,
-            stride_out, stride_lens_b, stride_lens_j, stride_table, max_model_len, max_blocks, num_splits, batch,
-        ).launch(grid=(grid_x, grid_y, 1), block=(256, 1, 1), stream=stream)
+            stride_out, stride_lens_b, stride_lens_j, stride_table, max_model_len, max_blocks, grid_x, batch,
+        ).launch(grid=(workgroups_x, workgroups_y, 1), block=(256, 1, 1), stream=stream)
 
     launch.compile_hints = {"waves_per_eu": plan.wave_per_eu}
     return launch
@@ -63,10 +66,10 @@ def launcher(plan: KernelPlan):
 _COMPILED: dict = {}
 
 
-def launch_plan(plan: KernelPlan, args, num_splits: int) -> None:
+def launch_plan(plan: KernelPlan, args, grid_x: int) -> None:
     """Launch ``plan`` on the current stream. The first call of a plan compiles (and launches);
     later calls reuse the compiled function without re-tracing."""
-    values = launch_arguments(args, num_splits) + (torch.cuda.current_stream(),)
+    values = launch_arguments(args, grid_x) + (torch.cuda.current_stream(),)
     compiled = _COMPILED.get(plan)
     if compiled is None:
         _COMPILED[plan] = flyc.compile(launcher(plan), *values)

@@ -2,13 +2,20 @@
 stage, how big the stages are, and what that costs in LDS. Pure Python (no flydsl import), so
 the backend can judge configurations and the tests can check the decomposition on any machine.
 
-The kernel (``kernel.py``) computes, per workgroup = (KV split ``s``, sequence ``b``)::
+The kernel (``kernel.py``) computes, per workgroup, for each *segment* (sequence ``b``, a run
+of its ChunkK-token stages) of its share of the work::
 
-    for each stage of ChunkK tokens in the split's range:      # double-buffered in LDS
+    load Q[b, j] and w[b, j] of the wave's rows into registers
+    for each stage of ChunkK tokens in the segment:             # double-buffered in LDS
         async-copy the stage's keys (ChunkK x 128 fp8) global -> LDS
         for each next_n row j and each 16-token tile of the stage:
-            S[h, t] = Q[b, j, h, :] . K[t, :]                  # v_mfma_f32_16x16x32_fp8_fp8
+            S[h, t] = Q[b, j, h, :] . K[t, :]                   # fp8 MFMA (see ``mfma``)
             logits[b*next_n + j, t] = scale[t] * sum_h w[j, h] * relu(S[h, t])
+
+Which segments a workgroup walks is the ``Schedule`` knob (``paged_mqa_logits/schedule.py``):
+``balanced`` -- a persistent grid of ``CUs x WavePerEU`` workgroups, each taking an equal share
+of the batch's (sequence, stage) items, computed in the kernel from the device lengths;
+``split`` -- workgroup ``(s, b)`` takes split ``s`` of sequence ``b``'s stages (one segment).
 
 Four waves (256 threads, one wave per SIMD) share each stage. They split the (rows x tiles) work
 of a stage into ``row_groups x token_groups = 4`` parts: rows are spread first (each wave keeps
@@ -24,11 +31,19 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ...schedule import BALANCED, SCHEDULES
+
 HEAD_DIM = 128
 WAVES = 4  # waves per workgroup, one per SIMD
 WAVE_SIZE = 64
 TILE = 16  # tokens per MFMA tile (N of the 16x16x32 MFMA); also the Preshuffle tile
-MFMA_K = 32  # fp8 bytes of head_dim per MFMA
+#: the ``Mfma`` knob (the values the gluon CDNA variant uses too): ``fp8`` =
+#: ``v_mfma_f32_16x16x32_fp8_fp8`` (32 dims of head_dim per instruction, both archs);
+#: ``f8f6f4`` = ``v_mfma_scale_f32_16x16x128_f8f6f4`` with neutral scales (all 128 dims in one
+#: instruction at twice the fp8 rate; gfx950 only)
+MFMA_K = {"fp8": 32, "f8f6f4": 128}
+#: Mfma values per arch, default first
+MFMA_KINDS = {"gfx942": ("fp8",), "gfx950": ("f8f6f4", "fp8")}
 LDS_PER_CU = {"gfx942": 64 * 1024, "gfx950": 160 * 1024}
 #: bytes one lane moves per global->LDS DMA instruction: gfx942 has only the dword form,
 #: gfx950 adds dwordx4 (buffer_load_dwordx4 ... lds).
@@ -38,6 +53,10 @@ HEADS = (32, 64)
 KV_BLOCK_SIZES = (16, 32, 64, 128, 256)
 CHUNK_KS = (64, 128)
 WAVE_PER_EUS = (1, 2, 3, 4)
+#: cache blocks per stage the balanced schedule supports: it keeps its share (start, stop, the
+#: sequence walk) in SGPRs next to two stages' page bases, and with 4+ pages per stage the
+#: compiles (h64, next_n 2/5/8 at KVBlockSize 16/32) spill SGPRs; ``split`` has no such limit
+BALANCED_MAX_PAGES = 2
 
 
 def row_groups(next_n: int) -> int:
@@ -55,6 +74,8 @@ class KernelPlan:
     lens_2d: bool
     chunk_k: int  # tokens per LDS stage
     wave_per_eu: int  # occupancy target = workgroups per CU
+    schedule: str = BALANCED  # which segments a workgroup walks (see the module docstring)
+    mfma: str = "fp8"  # which fp8 MFMA (see MFMA_K)
 
     # ------------------------------------------------------------------ work split
     @property
@@ -69,6 +90,12 @@ class KernelPlan:
     def rows_per_wave(self) -> int:
         """Row slots per wave: rows ``rg, rg + row_groups, ...``; slots ``>= next_n`` are idle."""
         return math.ceil(self.next_n / self.row_groups)
+
+    @property
+    def full_row_groups(self) -> int:
+        """Row groups whose last row slot is a real row (``next_n`` 3 and 5..7 leave the others'
+        last slot idle: those waves skip its MFMAs and epilogue)."""
+        return self.next_n - self.row_groups * (self.rows_per_wave - 1)
 
     @property
     def tiles_per_stage(self) -> int:
@@ -94,7 +121,8 @@ class KernelPlan:
 
     @property
     def k_steps(self) -> int:
-        return HEAD_DIM // MFMA_K
+        """MFMAs per (16 heads, 16 tokens) score tile."""
+        return HEAD_DIM // MFMA_K[self.mfma]
 
     # ------------------------------------------------------------------ memory
     @property
@@ -143,7 +171,7 @@ class KernelPlan:
     def name(self) -> str:
         return (f"flydsl_{self.arch}_h{self.heads}_n{self.next_n}_kb{self.kv_block_size}"
                 f"_{'shuf' if self.preshuffle else 'plain'}_{'2d' if self.lens_2d else '1d'}"
-                f"_ck{self.chunk_k}_w{self.wave_per_eu}")
+                f"_ck{self.chunk_k}_w{self.wave_per_eu}_{self.schedule}_{self.mfma}")
 
     def problem_error(self) -> str | None:
         """Why this plan's shape cannot be built (``None`` = it can)."""
@@ -164,6 +192,15 @@ class KernelPlan:
             return f"ChunkK must be one of {CHUNK_KS}, got {self.chunk_k}"
         if self.wave_per_eu not in WAVE_PER_EUS:
             return f"WavePerEU must be one of {WAVE_PER_EUS}, got {self.wave_per_eu}"
+        if self.schedule not in SCHEDULES:
+            return f"Schedule must be one of {SCHEDULES}, got {self.schedule!r}"
+        if self.schedule == BALANCED and self.pages_per_stage > BALANCED_MAX_PAGES:
+            return (f"Schedule=balanced supports up to {BALANCED_MAX_PAGES} cache blocks per stage; ChunkK="
+                    f"{self.chunk_k} spans {self.pages_per_stage} blocks of {self.kv_block_size} tokens "
+                    f"(Schedule=split or a smaller ChunkK)")
+        kinds = MFMA_KINDS.get(self.arch, ())
+        if self.mfma not in kinds:
+            return f"Mfma must be one of {kinds} on {self.arch}, got {self.mfma!r}"
         if self.lds_bytes * self.wave_per_eu > LDS_PER_CU[self.arch]:
             return (f"ChunkK={self.chunk_k} needs {self.lds_bytes} B of LDS per workgroup; "
                     f"{self.wave_per_eu} workgroups exceed the {LDS_PER_CU[self.arch]} B of a {self.arch} CU")

@@ -30,6 +30,7 @@ next tile in flight while this one is scored, or one tile per wave). ``candidate
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 from triton.experimental import gluon
@@ -143,12 +144,15 @@ def _fits(problem: Problem, chunk: int, waves: int, rows: int, q_lds: int, prefe
         return False
     if balanced and prefetch and waves >= 4:
         return False  # measured: at 128 VGPRs the segment loop and a prefetched tile do not fit together
-    aligned = problem.kv_block_size % 4 == 0  # block stride kv_block_size*132 is then 16-byte aligned
-    need = vgpr_estimate(problem.heads, chunk, rows, q_lds, aligned, prefetch) + (BALANCED_VGPRS if balanced else 0)
+    # the cache layout of the call: the JIT proves 16-byte key gathers only when the base and the
+    # real block stride are 16-byte multiples; caches past 2 GiB take 64-bit addresses
+    need = vgpr_estimate(problem.heads, chunk, rows, q_lds, problem.kv_aligned16, prefetch, problem.kv_32bit) \
+        + (BALANCED_VGPRS if balanced else 0)
     return need <= VGPRS_PER_SIMD[problem.arch] // waves
 
 
-def vgpr_estimate(heads: int, chunk: int, rows: int, q_lds: int, aligned: bool = True, prefetch: int = 1) -> int:
+def vgpr_estimate(heads: int, chunk: int, rows: int, q_lds: int, aligned: bool = True, prefetch: int = 1,
+                  kv_32bit: bool = True) -> int:
     """VGPRs per lane the kernel needs at least: what is live across one MFMA of a tile.
 
     With ``T = ChunkK / 4`` tokens per wave and ``HC`` heads per MFMA (all heads with Q in
@@ -161,13 +165,18 @@ def vgpr_estimate(heads: int, chunk: int, rows: int, q_lds: int, aligned: bool =
     * Q from LDS: one head chunk's operand ``HC/2`` (its weights come after the MFMA), plus the
       next row's operand and weights (``HC``) in flight when a program has several rows; with
       more heads than one chunk (128), every chunk's scores and operand plus the running sum;
-    * block strides that are not 16-byte multiples (``kv_block_size`` 1: 132-byte blocks)
-      gather keys 4 bytes at a time, one address per dword: ``3*T`` more.
+    * caches whose base or block stride is not a 16-byte multiple (``kv_block_size`` 1:
+      132-byte blocks; strides padded by 4 bytes; a base 4 bytes off) gather keys 4 bytes at a
+      time, one address per dword: ``3*T`` more;
+    * caches past 2 GiB (``kv_32bit`` false): 64-bit per-lane addresses for the gathers,
+      ``3T/8`` more (without it ChunkK 128 and 256 at WavePerEU 4 spilled).
 
     Calibrated on gfx942 and gfx950 (both MFMA kinds) over heads 32/64 (16/128 spot-checked), ChunkK 64/128/256,
     WavePerEU 1/2/4, per-row / shared-KV, Q in VGPRs / LDS, with and without Prefetch,
-    next_n 1-8, block sizes 1/16/64/256, plain and Preshuffle: every knob set it admits
-    compiles without scratch at its WavePerEU; it also rejects some that would just fit."""
+    next_n 1-8, block sizes 1/16/64/256, plain and Preshuffle, and (h64 next_n 1, h32 next_n 8)
+    block strides padded by 4 / 16 bytes, an unaligned base, the 64-bit path packed and padded:
+    every knob set it admits compiles without scratch at its WavePerEU; it also rejects some
+    that would just fit (the 64-bit path does not need 16-byte alignment to keep its VGPRs)."""
     t = chunk // NUM_WARPS
     hc = min(heads, HEAD_CHUNK) if q_lds else heads
     need = (t if prefetch else t // 2) + hc * t // 64
@@ -179,6 +188,8 @@ def vgpr_estimate(heads: int, chunk: int, rows: int, q_lds: int, aligned: bool =
         need += rows * heads
     if not aligned:
         need += 3 * t
+    if not kv_32bit:
+        need += 3 * t // 8
     return need
 
 
@@ -267,25 +278,64 @@ def launch(args: LaunchArgs, config: dict) -> None:
     common.register_mma_logits_kernel[grid](*common.kernel_arguments(args, splits), **kwargs)
 
 
+#: cache layouts a compile config may name (``layout``), as Problem fields: packed blocks;
+#: block strides padded by 4 and 16 bytes; a base 4 bytes past 16-byte alignment; past 2 GiB
+#: (64-bit addresses), packed and padded
+KV_LAYOUTS = {
+    "packed": {},
+    "pad4": {"kv_block_pad": 4},
+    "pad16": {"kv_block_pad": 16},
+    "unaligned": {"kv_base_aligned": False},
+    "kv64": {"kv_32bit": False},
+    "kv64_pad4": {"kv_32bit": False, "kv_block_pad": 4},
+}
+
+
+def layout_problem(problem: Problem, cfg: dict) -> Problem:
+    """``problem`` with the cache layout a compile config names (``layout`` of
+    :data:`KV_LAYOUTS`, or the older ``kv_32bit`` flag alone)."""
+    fields = dict(KV_LAYOUTS[cfg.get("layout", "packed")])
+    pad = fields.pop("kv_block_pad", 0)
+    if "kv_32bit" in cfg:
+        fields["kv_32bit"] = bool(cfg["kv_32bit"])
+    stride = problem.kv_stride_bytes + pad if pad else 0
+    return dataclasses.replace(problem, kv_block_stride=stride, **fields)
+
+
+def _layout_arguments(problem: Problem) -> tuple:
+    """:func:`common.typical_arguments` with the problem's cache layout: the cache pointers'
+    alignment and the block stride are what the JIT specialises on (16-byte divisibility)."""
+    names = [p.name for p in common.register_mma_logits_kernel.params if not p.is_constexpr]
+    values = list(common.typical_arguments(problem, kv_32bit=problem.kv_32bit))
+    for name in ("kv_ptr", "scale_ptr"):
+        stand_in = values[names.index(name)]
+        values[names.index(name)] = common.StandIn(stand_in.dtype, stand_in.ptr_range(), problem.kv_base_aligned)
+    values[names.index("stride_block")] = problem.kv_stride_bytes
+    return tuple(values)
+
+
 def compile_specs(arch: str, configs: list[dict] | None = None) -> list[CompileSpec]:
-    """One spec per config (problem fields + knobs, see ``compile_matrix``), specialised as the
-    JIT specialises a typical vLLM call (:func:`common.typical_arguments`)."""
+    """One spec per config (problem fields + knobs + cache ``layout``, see ``compile_matrix``),
+    specialised as the JIT specialises a typical vLLM call (:func:`common.typical_arguments`)
+    on that cache layout."""
     from triton.backends.amd.compiler import HIPBackend
 
     specs = []
     for cfg in configs if configs is not None else compile_matrix(arch):
-        problem = common.problem_for(arch, FP8[arch], cfg)
-        kv_32bit = bool(cfg.get("kv_32bit", True))
+        problem = layout_problem(common.problem_for(arch, FP8[arch], cfg), cfg)
+        kv_32bit = problem.kv_32bit
         consts = constexprs(problem, cfg, kv_32bit)
         signature, consts, attrs = common.specialise(common.register_mma_logits_kernel,
-                                                     common.typical_arguments(problem, kv_32bit=kv_32bit), consts,
-                                                     HIPBackend)
+                                                     _layout_arguments(problem), consts, HIPBackend)
         chunk, waves, split, reuse, kind, q_lds, prefetch = _knobs(problem, cfg)
         knobs = {"variant": VARIANT, "ChunkK": chunk, "WavePerEU": waves, "SplitKV": split, "ReuseKV": reuse,
                  "Mfma": kind, "QInLDS": q_lds, "Prefetch": prefetch, "Schedule": common.schedule_of(problem, cfg)}
+        layout = cfg.get("layout", "packed")
+        name = common.spec_name("gluon", VARIANT, arch, problem, knobs, kv_32bit)
         specs.append(CompileSpec(
-            name=common.spec_name("gluon", VARIANT, arch, problem, knobs, kv_32bit), backend="gluon", arch=arch,
-            knobs=dict(knobs, **common.problem_fields(problem), kv_32bit=kv_32bit),
+            name=name if layout in ("packed", "kv64") else f"{name}_{layout}", backend="gluon", arch=arch,
+            knobs=dict(knobs, **common.problem_fields(problem), kv_32bit=kv_32bit, layout=layout,
+                       kv_aligned16=problem.kv_aligned16),
             fn=common.register_mma_logits_kernel, signature=signature, constexprs=consts,
             options=options(problem, cfg), gluon=True, attrs=attrs,
         ))
@@ -293,11 +343,13 @@ def compile_specs(arch: str, configs: list[dict] | None = None) -> list[CompileS
 
 
 def compile_matrix(arch: str) -> list[dict]:
-    """Every candidate of a representative problem set; see ``common.representative_problems``."""
+    """Every candidate of a representative problem set (``common.representative_problems``),
+    plus every candidate of the DeepSeek decode shape on each other cache layout
+    (:data:`KV_LAYOUTS`; the index math is the same, the loads and registers are not)."""
     out = common.candidate_matrix(arch, FP8[arch], candidates)
-    # The 64-bit cache path once per MFMA family (the index math is the same; only the load).
-    for kind in MFMA_KINDS[arch]:
-        out.append({"heads": 64, "next_n": 2, "kv_block_size": 64, "preshuffle": True, "lens_2d": True,
-                    "variant": VARIANT, "ChunkK": 128, "WavePerEU": 2, "SplitKV": 0, "ReuseKV": 1, "Mfma": kind,
-                    "QInLDS": 1, "Prefetch": 1, "Schedule": common.BALANCED, "kv_32bit": False})
+    shape = {"heads": 64, "next_n": 1, "kv_block_size": 64, "preshuffle": True, "lens_2d": True}
+    for layout in KV_LAYOUTS:
+        if layout != "packed":
+            problem = layout_problem(common.problem_for(arch, FP8[arch], shape), {"layout": layout})
+            out += [dict(shape, **cand, layout=layout) for cand in candidates(problem)]
     return out

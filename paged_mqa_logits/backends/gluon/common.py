@@ -54,6 +54,7 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
+from ...problem import kv_fits_32bit  # noqa: F401  (the 32-bit cache rule; launchers use it from here)
 from ...schedule import BALANCED, SCHEDULES, SPLIT, persistent_programs
 
 #: kernel parameters that change from call to call without changing the code: never
@@ -505,14 +506,6 @@ def config_key(config: dict) -> tuple:
 def rows_per_program(next_n: int, reuse_kv) -> int:
     """``ReuseKV=0``: one row per program (keys re-read per row, from L2); ``1``: all rows."""
     return next_n if int(reuse_kv or 0) else 1
-
-
-def kv_fits_32bit(kv_cache) -> bool:
-    """Every byte a gather can touch lies within 2^31 of the cache view's base (AMD buffer
-    loads take 32-bit offsets): blocks ``[0, num_blocks)`` of ``stride(0)`` bytes each."""
-    n, stride0 = kv_cache.shape[0], kv_cache.stride(0)
-    block_bytes = kv_cache.shape[1] * kv_cache.shape[3]
-    return max(n - 1, 0) * stride0 + block_bytes < 2**31 - 1
 
 
 def kernel_arguments(args, num_splits: int) -> tuple:

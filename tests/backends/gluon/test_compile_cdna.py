@@ -3,8 +3,8 @@ a representative problem set is cross-compiled and must pass ``compile.check_rec
 parsing is checked on real compiler output; the real launch path (JIT binding, specialisation,
 grid) runs against a stand-in driver.
 
-Compile matrix (:func:`ci_matrix`; gfx942 97 kernels, gfx950 220; about 55 s of wall time on 2
-cores from a cold Triton cache): **every candidate** (ChunkK 64/128/256 x WavePerEU 1/2/4 x
+Compile matrix (:func:`ci_matrix`; gfx942 162 kernels, gfx950 350; a few minutes of wall time
+on 2 shared cores from a cold Triton cache): **every candidate** (ChunkK 64/128/256 x WavePerEU 1/2/4 x
 per-row with Q in VGPRs / per-row with Q in LDS / shared-KV, x both MFMA kinds on gfx950, each
 with Prefetch where it fits else without, as admitted by ``cdna.fits``) of five shapes chosen so
 that every code-generating constexpr takes each of its values at least once:
@@ -19,8 +19,12 @@ heads  next_n block      Preshuffle lengths  why
 64     8      256        no         1-D      blocks larger than every ChunkK, 8 staged rows
 =====  =====  =========  =========  =======  ===================================================
 
-plus the 64-bit (``global_load``) cache path once per MFMA kind. Batch, context and CU count
-change only host-side numbers (grid, SplitKV), never the kernel, so they are not varied.
+plus, for the DeepSeek decode shape (the first), every candidate of every other cache layout
+(``cdna.KV_LAYOUTS``: block strides padded by 4 and by 16 bytes, a base pointer 4 bytes off
+16-byte alignment, the 64-bit ``global_load`` path packed and padded), each offered by
+``cdna.candidates`` for that layout: the selection sees the real stride, alignment and 32/64-bit
+flag, so a knob set that would spill on a layout is not offered for it. Batch, context and CU
+count change only host-side numbers (grid, SplitKV), never the kernel, so they are not varied.
 """
 
 from __future__ import annotations
@@ -58,9 +62,18 @@ def ci_matrix(arch: str) -> list[dict]:
     for shape in SHAPES:
         problem = common.problem_for(arch, cdna.FP8[arch], shape)
         configs += [dict(shape, **cand) for cand in cdna.candidates(problem)]
-    for kind in cdna.MFMA_KINDS[arch]:
-        configs.append(dict(SHAPES[0], next_n=2, ChunkK=128, WavePerEU=2, ReuseKV=1, QInLDS=1, Mfma=kind,
-                            kv_32bit=False))
+    configs += layout_matrix(arch)
+    return configs
+
+
+def layout_matrix(arch: str) -> list[dict]:
+    """Every candidate of the first shape on every non-packed cache layout."""
+    configs = []
+    for layout in cdna.KV_LAYOUTS:
+        if layout == "packed":
+            continue
+        problem = cdna.layout_problem(common.problem_for(arch, cdna.FP8[arch], SHAPES[0]), {"layout": layout})
+        configs += [dict(SHAPES[0], **cand, layout=layout) for cand in cdna.candidates(problem)]
     return configs
 
 
@@ -85,7 +98,8 @@ def test_every_candidate_compiles_and_passes_the_checks(compiled):
 def test_matrix_covers_every_knob_value(compiled):
     arch, _, records = compiled
     seen = {k: {r.knobs[k] for r in records} for k in ("ChunkK", "WavePerEU", "ReuseKV", "QInLDS", "Prefetch", "Mfma",
-                                                         "kv_32bit", "heads", "preshuffle", "lens_2d")}
+                                                         "kv_32bit", "heads", "preshuffle", "lens_2d", "layout")}
+    assert seen["layout"] == set(cdna.KV_LAYOUTS)
     assert seen["ChunkK"] == {64, 128, 256} and seen["WavePerEU"] == {1, 2, 4} and seen["Prefetch"] == {0, 1}
     assert seen["ReuseKV"] == {0, 1} and seen["QInLDS"] == {0, 1} and seen["kv_32bit"] == {True, False}
     assert seen["Mfma"] == set(cdna.MFMA_KINDS[arch])
@@ -107,13 +121,16 @@ def test_mfma_instructions_match_the_knob(compiled):
 
 def test_loads_are_buffer_loads_and_16_bytes_wide(compiled):
     """Keys come in as buffer_load_dwordx4 (global_load for the 64-bit cache path) whenever the
-    block stride is a 16-byte multiple; only 132-byte blocks (kv_block_size 1) use dwords."""
+    base and the block stride are 16-byte multiples; 132-byte blocks (kv_block_size 1), strides
+    padded by 4 bytes and unaligned bases use dwords."""
     arch, _, records = compiled
     for r in records:
         isa = open(r.isa).read()
         ops = set(re.findall(r"^\t((?:buffer|global)_load_\w+)", isa, re.M))
         wide = "buffer_load_dwordx4" if r.knobs["kv_32bit"] else "global_load_dwordx4"
-        if r.knobs["kv_block_size"] % 4 == 0:
+        assert r.knobs["kv_aligned16"] == (r.knobs["kv_block_size"] % 4 == 0 and r.knobs["layout"] not in (
+            "pad4", "unaligned", "kv64_pad4")), r.name
+        if r.knobs["kv_aligned16"]:
             assert wide in ops, (r.name, ops)
         assert "buffer_load_dword" in ops, (r.name, ops)  # block table and scales
 
@@ -256,3 +273,60 @@ def test_balanced_launch_is_one_persistent_wave_per_row_group(arch):
     assert [launch.grid for launch in launches] == [(304 * 2 * 2, 1, 1)] * 2  # CUs x WavePerEU x row groups
     assert len(kernels) == 1
     assert amd_resources(kernels[0].asm["amdgcn"])["scratch_bytes"] == 0
+
+
+# ----------------------------------------------------------------------------- cache layouts
+def test_launch_args_record_the_cache_layout():
+    """What selection sees of the cache: the real block stride, the base alignment, 32/64 bits."""
+    def problem_of(**kwargs):
+        inputs = make_inputs(2, 1, 64, [70, 9], kv_block_size=64, seed=2, **kwargs)
+        return build_launch_args(inputs["q_fp8"], inputs["kv_cache"], inputs["weights"], inputs["out_logits"],
+                                 inputs["context_lens"], inputs["kv_indices"], inputs["max_model_len"], False,
+                                 64).problem
+
+    packed = problem_of()
+    assert (packed.kv_block_stride, packed.kv_aligned16, packed.kv_32bit) == (0, True, True)
+    pad4, pad16 = problem_of(block_stride_pad=4), problem_of(block_stride_pad=16)
+    assert pad4.kv_block_stride == 64 * 132 + 4 and not pad4.kv_aligned16
+    assert pad16.kv_block_stride == 64 * 132 + 16 and pad16.kv_aligned16
+    assert not dataclasses.replace(packed, kv_base_aligned=False).kv_aligned16
+
+
+def _layout(arch, layout, **shape):
+    return cdna.layout_problem(common.problem_for(arch, cdna.FP8[arch], dict(SHAPES[0], **shape)), {"layout": layout})
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_selection_uses_the_real_cache_layout(arch):
+    """Knob sets that fit a packed cache but spilled on the compiled layouts are not offered
+    there (ChunkK 256 / WavePerEU 2 with prefetch: 4-byte gathers on a stride padded by 4 or an
+    unaligned base; WavePerEU 4 with Q in VGPRs: 64-bit addresses past 2 GiB), and a row naming
+    only ChunkK / WavePerEU resolves to a setting that fits the layout."""
+    wide = {"ChunkK": 256, "WavePerEU": 2, "QInLDS": 0, "Prefetch": 1}
+    assert cdna.fits(_layout(arch, "packed"), wide) and cdna.fits(_layout(arch, "pad16"), wide)
+    for layout in ("pad4", "unaligned", "kv64_pad4"):
+        problem = _layout(arch, layout)
+        assert not cdna.fits(problem, wide), layout
+        assert wide not in [{k: c[k] for k in wide} for c in cdna.candidates(problem)]
+    w4 = {"ChunkK": 128, "WavePerEU": 4, "QInLDS": 0, "Prefetch": 1}
+    assert cdna.fits(_layout(arch, "packed"), w4) and not cdna.fits(_layout(arch, "kv64"), w4)
+    resolved = cdna._knobs(_layout(arch, "kv64"), {"ChunkK": 128, "WavePerEU": 4})
+    assert cdna.fits(_layout(arch, "kv64"), {"ChunkK": 128, "WavePerEU": 4, "QInLDS": resolved[5],
+                                             "Prefetch": resolved[6]})
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_layout_matrix_covers_every_chunk_and_occupancy_it_can(arch):
+    """Every (ChunkK, WavePerEU) of the packed candidates is compiled on every layout, unless no
+    Q/prefetch setting of it fits that layout (then it is not a candidate there)."""
+    packed = {(c["ChunkK"], c["WavePerEU"]) for c in cdna.candidates(_layout(arch, "packed"))}
+    matrix = layout_matrix(arch)
+    for layout in cdna.KV_LAYOUTS:
+        if layout == "packed":
+            continue
+        problem = _layout(arch, layout)
+        compiled = {(c["ChunkK"], c["WavePerEU"]) for c in matrix if c["layout"] == layout}
+        for chunk, waves in packed - compiled:
+            assert not any(cdna.fits(problem, {"ChunkK": chunk, "WavePerEU": waves, "QInLDS": q, "Prefetch": pf})
+                           for q in (0, 1) for pf in (0, 1)), (layout, chunk, waves)
+        assert {chunk for chunk, _ in compiled} == {64, 128, 256}, layout
