@@ -8,8 +8,8 @@ helper is interpreted, and swaps interpreted twins in for the jitted members of
 ``triton.language`` for the duration of a launch (under a lock), so CPU tensors run the very
 same source the GPU compiles while the module keeps serving GPUs. Loop bounds computed from
 loaded values are interpreter arrays of one element, which numpy 2 refuses to turn into ints,
-so ``range``/``tl.range`` are replaced by versions that unwrap them. This leans on interpreter
-internals of Triton 3.6 (the version CI pins).
+so ``range``/``tl.range`` are replaced by versions that unwrap them. The interpreter internals
+this leans on come from ``paged_mqa_logits._triton_compat``.
 """
 
 from __future__ import annotations
@@ -20,9 +20,8 @@ import threading
 import types
 
 import triton.language as tl
-import triton.runtime.interpreter as interpreter
-from triton.runtime.interpreter import InterpretedFunction
-from triton.runtime.jit import JITFunction
+
+from .._triton_compat import InterpretedFunction, JITFunction, interpreter_language_extras
 
 _CACHE: dict[int, "_InterpretedKernel"] = {}
 _ENVS: dict[int, dict] = {}  # id(module globals) -> the interpreted copy of those globals
@@ -74,14 +73,6 @@ def _scalar_tl_range(arg1, arg2=None, step=None, **kwargs):
     return _scalar_range(start, end, 1 if step is None else step)
 
 
-_ORIGINAL_PATCH_LANG_CORE = interpreter._patch_lang_core
-
-
-def _patch_lang_core(lang, scope):
-    _ORIGINAL_PATCH_LANG_CORE(lang, scope)
-    scope.set_attr(lang, "range", _scalar_tl_range)
-
-
 #: what Triton's interpreter patches: InterpretedFunction.__call__ (a jitted helper called from an
 #: interpreted kernel) patches these with interpreter builtins and never restores them, after which
 #: every GPU compile in the process fails (e.g. "'block_argument' object has no attribute 'dtype'")
@@ -104,8 +95,7 @@ def _language_restored():
 
 @contextlib.contextmanager
 def _interpreted_language():
-    with _LANGUAGE_LOCK, _language_restored():
-        interpreter._patch_lang_core = _patch_lang_core
+    with _LANGUAGE_LOCK, _language_restored(), interpreter_language_extras({"range": _scalar_tl_range}):
         saved = {}
         for module in (tl, tl.math):
             for name, value in list(vars(module).items()):
@@ -117,7 +107,6 @@ def _interpreted_language():
         finally:
             for (module, name), value in saved.items():
                 setattr(module, name, value)
-            interpreter._patch_lang_core = _ORIGINAL_PATCH_LANG_CORE
 
 
 class _InterpretedKernel:

@@ -33,6 +33,7 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
+from ..._triton_compat import AMD_VGPR_MARGIN
 from ...compile import LDS_LIMIT_BYTES, VGPRS_PER_SIMD, CompileSpec
 from ...problem import LaunchArgs, Problem, derive_split_kv
 from . import common
@@ -126,7 +127,7 @@ def _fits(problem: Problem, chunk: int, waves: int, rows: int, q_lds: int, prefe
     if lds_bytes(rows, problem.heads, q_lds) * waves > LDS_LIMIT_BYTES[problem.arch]:
         return False
     aligned = problem.kv_block_size % 4 == 0  # block stride kv_block_size*132 is then 16-byte aligned
-    need = vgpr_estimate(problem.heads, chunk, rows, q_lds, aligned, prefetch)
+    need = vgpr_estimate(problem.heads, chunk, rows, q_lds, aligned, prefetch) + AMD_VGPR_MARGIN
     return need <= VGPRS_PER_SIMD[problem.arch] // waves
 
 
@@ -244,7 +245,7 @@ def launch(args: LaunchArgs, config: dict) -> None:
 def compile_specs(arch: str, configs: list[dict] | None = None) -> list[CompileSpec]:
     """One spec per config (problem fields + knobs, see ``compile_matrix``), specialised as the
     JIT specialises a typical vLLM call (:func:`common.typical_arguments`)."""
-    from triton.backends.amd.compiler import HIPBackend
+    from ..._triton_compat import HIPBackend
 
     specs = []
     for cfg in configs if configs is not None else compile_matrix(arch):

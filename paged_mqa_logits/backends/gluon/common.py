@@ -414,7 +414,7 @@ def specialise(fn, runtime_args: tuple, constexprs: dict, backend_cls) -> tuple[
     with ``runtime_args`` (values or :class:`StandIn`) and ``constexprs``: ints equal to 1
     become constexprs, 16-divisible ints and 16-aligned pointers get ``tt.divisibility``,
     AMD pointers spanning < 2 GiB get ``tt.pointer_range``."""
-    from triton._C.libtriton import native_specialize_impl
+    from ..._triton_compat import specialize_impl
 
     names = [p.name for p in fn.params]
     runtime_names = [p.name for p in fn.params if not p.is_constexpr]
@@ -428,7 +428,7 @@ def specialise(fn, runtime_args: tuple, constexprs: dict, backend_cls) -> tuple[
             signature[param.name], consts[param.name] = "constexpr", value
             continue
         specialise_it = param.name not in DYNAMIC_PARAMS
-        kind, attr = native_specialize_impl(backend_cls, value, False, specialise_it, specialise_it)
+        kind, attr = specialize_impl(backend_cls, value, False, specialise_it, specialise_it)
         if kind == "constexpr":
             signature[param.name], consts[param.name] = "constexpr", attr
             continue

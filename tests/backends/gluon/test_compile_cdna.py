@@ -34,9 +34,8 @@ import torch
 
 pytest.importorskip("triton.experimental.gluon")
 
-from triton.backends.compiler import GPUTarget  # noqa: E402
-
 from fake_gpu import compiled_kernels, fake_gpu  # noqa: E402
+from paged_mqa_logits._triton_compat import GPUTarget  # noqa: E402
 from paged_mqa_logits.backends.gluon import BACKEND, cdna, common  # noqa: E402
 from paged_mqa_logits.compile import (  # noqa: E402
     amd_resources, check_records, compile_spec, compile_specs, max_waves_per_simd)
