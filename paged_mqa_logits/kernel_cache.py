@@ -7,8 +7,10 @@ signature, constexprs, divisibility/pointer-range attributes, options, cache-inv
 vars, target). We never recompute that hash ourselves: :func:`record_launches` runs the real
 backend ``launch`` on meta tensors while ``JITFunction.run`` is replaced by a recorder that calls
 Triton's own binder, ``_pack_args`` and ``triton.compile`` for the requested target -- the same
-calls the JIT makes on a device. The per-signature C launcher stub (and ``cuda_utils``) the
-driver would otherwise build with gcc on the first call is prebuilt too. :func:`verify` proves a
+calls the JIT makes on a device. The C modules the driver would otherwise build with gcc on the
+first call are prebuilt too: the per-signature launcher stubs of Triton 3.6 (later versions have
+one generic launcher) and ``cuda_utils`` (from Triton 3.8 on only where the real ``libcuda`` is
+installed: its cache key includes the libcuda directory). :func:`verify` proves a
 cache on a CPU machine: it launches every kernel of the manifest through the real JIT on a
 simulated device of its arch and reports what was loaded and what would have been compiled.
 
