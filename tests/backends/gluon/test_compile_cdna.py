@@ -3,8 +3,9 @@ a representative problem set is cross-compiled and must pass ``compile.check_rec
 parsing is checked on real compiler output; the real launch path (JIT binding, specialisation,
 grid) runs against a stand-in driver.
 
-Compile matrix (:func:`ci_matrix`; gfx942 97 kernels, gfx950 220; about 55 s of wall time on 2
-cores from a cold Triton cache): **every candidate** (ChunkK 64/128/256 x WavePerEU 1/2/4 x
+Compile matrix (:func:`ci_matrix`; under Triton 3.6 gfx942 97 kernels, gfx950 220, about 55 s of
+wall time on 2 cores from a cold Triton cache; later compilers need more VGPRs, so ``cdna.fits``
+admits fewer WavePerEU 4 knob sets: ``_triton_compat.AMD_VGPR_MARGIN``): **every candidate** (ChunkK 64/128/256 x WavePerEU 1/2/4 x
 per-row with Q in VGPRs / per-row with Q in LDS / shared-KV, x both MFMA kinds on gfx950, each
 with Prefetch where it fits else without, as admitted by ``cdna.fits``) of five shapes chosen so
 that every code-generating constexpr takes each of its values at least once:
