@@ -13,6 +13,7 @@ Public surface:
 docs/CONTRACT.md is the contract every backend implements.
 """
 
+from ._triton_compat import warn_if_untested
 from .dispatch import reload_tuned_table
 from .op import PagedMQAArgumentError
 from .torch_op import paged_mqa_logits
@@ -21,3 +22,5 @@ from .explain import explain
 
 __all__ = ["paged_mqa_logits", "warmup", "reload_tuned_table", "explain", "PagedMQAArgumentError"]
 __version__ = "0.1.0"
+
+warn_if_untested()  # once per process, for a Triton outside the tested range

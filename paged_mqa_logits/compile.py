@@ -79,7 +79,7 @@ VGPR_GRANULE = 8
 
 
 def target(arch: str):
-    from triton.backends.compiler import GPUTarget
+    from ._triton_compat import GPUTarget
 
     if arch.startswith("gfx"):
         return GPUTarget("hip", arch, 64)
@@ -126,18 +126,13 @@ def sass_mma_instructions(sass: str) -> list[str]:
     return sorted(set(re.findall(r"\b((?:HMMA|HGMMA|QGMMA|IMMA|QMMA)\.[\w.]+)", sass)))
 
 
-def _nvidia_tool(name: str) -> str | None:
-    import triton
-
-    path = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
-    return path if os.path.exists(path) else None
-
-
 def nvidia_resources(cubin_path: str) -> dict:
     """Registers, shared and stack/local bytes per thread from ``cuobjdump --dump-resource-usage``
     (the Triton wheel ships it), plus the SASS text (``cuobjdump -sass``) when it works."""
+    from ._triton_compat import nvidia_tool
+
     out: dict = {}
-    tool = _nvidia_tool("cuobjdump")
+    tool = nvidia_tool("cuobjdump")
     if tool is None:
         return out
     usage = subprocess.run([tool, "--dump-resource-usage", cubin_path], capture_output=True, text=True)
@@ -157,7 +152,8 @@ def compile_spec(spec: CompileSpec, out_dir: str | None) -> CompileRecord:
     import tempfile
 
     import triton
-    from triton.compiler.compiler import ASTSource
+
+    from ._triton_compat import ASTSource, GluonASTSource
 
     record = CompileRecord(name=spec.name, backend=spec.backend, arch=spec.arch, knobs=dict(spec.knobs), ok=False,
                            options=dict(spec.options))
@@ -165,12 +161,8 @@ def compile_spec(spec: CompileSpec, out_dir: str | None) -> CompileRecord:
         os.makedirs(out_dir, exist_ok=True)
     start = time.perf_counter()
     try:
-        if spec.gluon:
-            from triton.experimental.gluon._runtime import GluonASTSource
-
-            src = GluonASTSource(spec.fn, spec.signature, spec.constexprs, spec.attrs)
-        else:
-            src = ASTSource(spec.fn, spec.signature, spec.constexprs, spec.attrs)
+        source_cls = GluonASTSource if spec.gluon else ASTSource
+        src = source_cls(spec.fn, spec.signature, spec.constexprs, spec.attrs)
         kernel = triton.compile(src, target=target(spec.arch), options=dict(spec.options))
     except Exception as exc:
         record.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"

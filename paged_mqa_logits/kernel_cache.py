@@ -7,8 +7,10 @@ signature, constexprs, divisibility/pointer-range attributes, options, cache-inv
 vars, target). We never recompute that hash ourselves: :func:`record_launches` runs the real
 backend ``launch`` on meta tensors while ``JITFunction.run`` is replaced by a recorder that calls
 Triton's own binder, ``_pack_args`` and ``triton.compile`` for the requested target -- the same
-calls the JIT makes on a device. The per-signature C launcher stub (and ``cuda_utils``) the
-driver would otherwise build with gcc on the first call is prebuilt too. :func:`verify` proves a
+calls the JIT makes on a device. The C modules the driver would otherwise build with gcc on the
+first call are prebuilt too: the per-signature launcher stubs of Triton 3.6 (later versions have
+one generic launcher) and ``cuda_utils`` (from Triton 3.8 on only where the real ``libcuda`` is
+installed: its cache key includes the libcuda directory). :func:`verify` proves a
 cache on a CPU machine: it launches every kernel of the manifest through the real JIT on a
 simulated device of its arch and reports what was loaded and what would have been compiled.
 
@@ -93,7 +95,7 @@ def cache_dirs() -> list[str]:
 
 
 def _overlay_class():
-    from triton.runtime.cache import FileCacheManager
+    from ._triton_compat import FileCacheManager
 
     class PrecompiledOverlayCacheManager(FileCacheManager):
         """Triton's file cache, plus read-only lookups in the precompiled dirs.
@@ -198,8 +200,7 @@ def _usable(directory: str) -> dict[str, str] | None:
     entries could match). A differing cache-invalidating env var only warns (entries miss)."""
     import sysconfig
 
-    import triton
-    from triton._C.libtriton import get_cache_invalidating_env_vars
+    from ._triton_compat import cache_invalidating_env, installed_version
 
     log = logging.getLogger("paged_mqa_logits")
     manifest_path = os.path.join(directory, MANIFEST)
@@ -218,14 +219,14 @@ def _usable(directory: str) -> dict[str, str] | None:
                     directory, MANIFEST)
         return None
     built = (manifest.get("triton_version"), manifest.get("python_ext_suffix"))
-    here = (triton.__version__, sysconfig.get_config_var("EXT_SUFFIX"))
+    here = (installed_version(), sysconfig.get_config_var("EXT_SUFFIX"))
     if built != here:
         log.warning("kernel cache %s was built for triton %s / %s; this process runs triton %s / %s: not used",
                     directory, *built, *here)
         return None
-    if manifest.get("cache_invalidating_env", {}) != dict(get_cache_invalidating_env_vars()):
+    if manifest.get("cache_invalidating_env", {}) != cache_invalidating_env():
         log.warning("kernel cache %s was built with Triton env %s, this process has %s: its kernels will miss",
-                    directory, manifest.get("cache_invalidating_env"), dict(get_cache_invalidating_env_vars()))
+                    directory, manifest.get("cache_invalidating_env"), cache_invalidating_env())
     return manifest["files"]
 
 
@@ -351,8 +352,7 @@ def write_manifest_atomically(directory: str, manifest: dict) -> None:
 # ============================================================================ targets
 def gpu_target(arch: str):
     """Triton's ``GPUTarget`` for ``sm_90`` / ``gfx942`` / ``gfx950`` / ... (what the driver reports)."""
-    from triton.backends.compiler import GPUTarget
-
+    from ._triton_compat import GPUTarget
     from .arch import normalise_arch
 
     arch = normalise_arch(arch)
@@ -369,9 +369,9 @@ def arch_of_target(target) -> str:
 
 def current_target():
     """The target the JIT compiles for on this process's current GPU."""
-    from triton.runtime.driver import driver
+    from ._triton_compat import current_target as target
 
-    return driver.active.get_current_target()
+    return target()
 
 
 # ============================================================================ recording launches
@@ -392,24 +392,17 @@ class KernelLaunch:
         return self.kernel.fn.__qualname__
 
     def source(self):
-        from triton.compiler.compiler import ASTSource
+        from ._triton_compat import ASTSource, GluonASTSource
 
-        if self.kernel.is_gluon():
-            from triton.experimental.gluon._runtime import GluonASTSource
-
-            return GluonASTSource(self.kernel, self.signature, self.constexprs, self.attrs)
-        return ASTSource(self.kernel, self.signature, self.constexprs, self.attrs)
+        source_cls = GluonASTSource if self.kernel.is_gluon() else ASTSource
+        return source_cls(self.kernel, self.signature, self.constexprs, self.attrs)
 
     def disk_key(self) -> str:
         """The hash ``triton.compile`` files this kernel under (same env vars as now)."""
-        from triton._C.libtriton import get_cache_invalidating_env_vars
-        from triton.compiler.compiler import make_backend
-        from triton.runtime.cache import get_cache_key
+        from ._triton_compat import compile_cache_hash, make_backend
 
         backend = make_backend(self.target)
-        options = backend.parse_options(dict(self.options.__dict__))
-        key = get_cache_key(self.source(), backend, options, env_vars=get_cache_invalidating_env_vars())
-        return hashlib.sha256(key.encode("utf-8")).hexdigest()
+        return compile_cache_hash(self.source(), backend, backend.parse_options(dict(self.options.__dict__)))
 
 
 _RECORD_LOCK = threading.Lock()
@@ -420,23 +413,16 @@ def record_launches(target, sink: list):
     """While active, every ``JITFunction`` launch (any thread) appends a :class:`KernelLaunch`
     to ``sink`` instead of compiling or launching. The specialisation is computed by Triton's own
     binder for ``target``, so tensors may be meta tensors and no GPU is needed."""
-    from triton import knobs
-    from triton.compiler.compiler import make_backend
-    from triton.runtime.jit import JITFunction, compute_cache_key, create_function_from_signature
+    from ._triton_compat import JITFunction, jit_binder, jit_specialisation, make_backend
 
     backend = make_backend(target)
     binders: dict[int, object] = {}
 
     def recording_run(self, *args, grid, warmup, **kwargs):
-        # Mirrors JITFunction.run up to the compile call (triton 3.6 runtime/jit.py).
-        kwargs["debug"] = kwargs.get("debug", self.debug) or knobs.runtime.debug
-        kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
         binder = binders.get(id(self))
         if binder is None:
-            binder = binders[id(self)] = create_function_from_signature(self.signature, self.params, backend)
-        bound_args, specialization, options = binder(*args, **kwargs)
-        jit_key = compute_cache_key({}, specialization, options)
-        options, signature, constexprs, attrs = self._pack_args(backend, kwargs, bound_args, specialization, options)
+            binder = binders[id(self)] = jit_binder(self, backend)
+        jit_key, options, signature, constexprs, attrs = jit_specialisation(self, backend, binder, args, kwargs)
         sink.append(KernelLaunch(self, target, jit_key, signature, constexprs, attrs, options))
         return None
 
@@ -508,78 +494,46 @@ def _libcuda_dir() -> str:
     empty stub (the stub is only a link-time placeholder; the real driver resolves the symbols
     when the stub-linked launcher is loaded on a GPU machine)."""
     global _STUB_LIBCUDA
-    from triton.backends.nvidia import driver as nv
+    from ._triton_compat import build_shared_library, libcuda_dirs
 
     try:
-        return nv.libcuda_dirs()[0]
+        return libcuda_dirs()[0]
     except Exception:
         pass
     if _STUB_LIBCUDA is None:
-        from triton.runtime.build import _build
-
         stub = tempfile.mkdtemp(prefix="paged_mqa_libcuda_stub_")
         src = os.path.join(stub, "stub.c")
         Path(src).write_text("/* link-time placeholder for libcuda.so.1 */\n")
-        built = _build("libcuda_stub", src, stub, [], [], [], [])
+        built = build_shared_library("libcuda_stub", src, stub)
         os.replace(built, os.path.join(stub, "libcuda.so.1"))
         _STUB_LIBCUDA = stub
     return _STUB_LIBCUDA
 
 
-def _put_module(name: str, src: str, out_dir: str, *, library_dirs, include_dirs, libraries) -> bool:
-    """Build a driver C module the way ``compile_module_from_src`` would and file it under the
-    key it will look up (source + platform). Returns False if it was already there."""
-    import sysconfig
-
-    from triton.runtime.build import _build, platform_key
-    from triton.runtime.cache import FileCacheManager, _base32
-
-    key = hashlib.sha256((src + platform_key()).encode("utf-8")).hexdigest()
-    filename = f"{name}{sysconfig.get_config_var('EXT_SUFFIX')}"
-    with _writing_to(out_dir):
-        manager = FileCacheManager(_base32(key))
-        if manager.get_file(filename) is not None:
-            return False
-        with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, name + ".c")
-            Path(path).write_text(src)
-            so = _build(name, path, tmp, library_dirs, include_dirs, libraries, [])
-            manager.put(Path(so).read_bytes(), filename, binary=True)
-    return True
-
-
 def build_launcher(compiled, out_dir: str) -> bool:
-    """Prebuild the C launcher stub the driver builds on a kernel's first launch.
+    """Prebuild, into ``out_dir``, the C launcher stub the driver builds on a kernel's first
+    launch (Triton 3.6 builds one per kernel signature; later versions have none). Returns
+    whether a new one was built.
 
     The HIP stub embeds the path of the HIP runtime it will dlopen, so it can only be prebuilt
     where that runtime is installed (the AMD machine or image itself); elsewhere this raises.
     """
-    src, metadata = compiled.src, compiled.metadata
-    constants = {((src.fn.arg_names.index(k),) if isinstance(k, str) else k): v for k, v in src.constants.items()}
-    signature = dict(src.signature.items())
-    tensordesc_meta = getattr(metadata, "tensordesc_meta", None)
-    if metadata.target.backend == "cuda":
-        from triton.backends.nvidia import driver as nv
+    from ._triton_compat import prebuild_launcher
 
-        code = nv.make_launcher(constants, signature, tensordesc_meta)
-        return _put_module("__triton_launcher", code, out_dir, library_dirs=[nv.libdevice_dir, _libcuda_dir()],
-                           include_dirs=nv.include_dirs, libraries=nv.libraries)
-    from triton.backends.amd import driver as amd
-
-    code = amd.make_launcher(constants, signature, metadata.warp_size, tensordesc_meta)
-    return _put_module("__triton_launcher", code, out_dir, library_dirs=[], include_dirs=amd.include_dirs, libraries=[])
+    with _writing_to(out_dir):
+        return prebuild_launcher(compiled, _libcuda_dir() if compiled.metadata.target.backend == "cuda" else "")
 
 
 def build_driver_utils(target, out_dir: str) -> bool:
-    """Prebuild ``cuda_utils`` (built once per machine on the first Triton use). ROCm's
-    ``hip_utils`` embeds the path of the local HIP runtime, so it is left to the machine."""
+    """Prebuild ``cuda_utils`` (built once per machine on the first Triton use) into ``out_dir``.
+    ROCm's ``hip_utils`` embeds the path of the local HIP runtime, so it is left to the machine."""
+    from ._triton_compat import prebuild_driver_utils
+
     if target.backend != "cuda":
         return False
-    from triton.backends.nvidia import driver as nv
-
-    code = Path(os.path.join(nv.dirname, "driver.c")).read_text()
-    return _put_module("cuda_utils", code, out_dir, library_dirs=[nv.libdevice_dir, _libcuda_dir()],
-                       include_dirs=nv.include_dirs, libraries=nv.libraries)
+    libcuda = _libcuda_dir()
+    with _writing_to(out_dir):
+        return prebuild_driver_utils(target, libcuda, libcuda != _STUB_LIBCUDA)
 
 
 @dataclass
@@ -732,17 +686,15 @@ def _select(families, only: dict):
 def _write_manifest(out_dir: str, manifest: dict, summary: PrecompileSummary) -> None:
     import sysconfig
 
-    import triton
-    from triton._C.libtriton import get_cache_invalidating_env_vars
-
+    from ._triton_compat import cache_invalidating_env, installed_version
     from .table import loaded_files
 
     entries = {(k["arch"], k["disk_key"]): k for k in manifest.get("kernels", [])}
     entries.update({(k["arch"], k["disk_key"]): k for k in summary.kernels})
     manifest.update({
-        "triton_version": triton.__version__,
+        "triton_version": installed_version(),
         "python_ext_suffix": sysconfig.get_config_var("EXT_SUFFIX"),
-        "cache_invalidating_env": dict(get_cache_invalidating_env_vars()),
+        "cache_invalidating_env": cache_invalidating_env(),
         "tables": loaded_files(),
         "targets": sorted(set(manifest.get("targets", [])) | set(summary.targets)),
         "kernels": sorted(entries.values(), key=lambda k: (k["arch"], k["backend"], k["kernel"], k["disk_key"])),
@@ -784,7 +736,9 @@ class _SimulatedDriver:
         self.target = target
         self.launcher_cls = launcher_cls
         self.utils = type("Utils", (), {})()
-        self.utils.load_binary = lambda name, binary, shared, device: (1, 1, 0, 0, 1024)
+        # no module handle: a CompiledKernel collected after the real driver is back must not
+        # ask that driver (there may be none) to unload it
+        self.utils.load_binary = lambda name, binary, shared, device: (None, 1, 0, 0, 1024)
         self.utils.get_device_properties = lambda device: {"max_shared_mem": 1 << 30, "multiprocessor_count": 1}
         self.on_launch = on_launch
 
@@ -804,12 +758,9 @@ class _SimulatedDriver:
 @contextlib.contextmanager
 def simulated_device(target, result: VerifyResult):
     """Run Triton launches as on a ``target`` GPU: cache lookups are real, binaries are not
-    loaded and nothing executes. Launcher stubs are looked up for real (CUDA) and their builds
-    are refused and recorded instead."""
-    import triton.runtime.build as build
-    from triton import knobs
-    from triton.compiler import compiler as compiler_mod
-    from triton.runtime.driver import driver
+    loaded and nothing executes. Per-kernel CUDA launcher stubs (Triton 3.6) are looked up for
+    real and their builds are refused and recorded instead."""
+    from ._triton_compat import cuda_launcher_class, per_kernel_launchers, simulated_driver
 
     class _Stub:
         @staticmethod
@@ -824,32 +775,15 @@ def simulated_device(target, result: VerifyResult):
         result.launchers_built.append(name)
         raise _LauncherMiss(name)
 
-    if target.backend == "cuda":
-        from triton.backends.nvidia import driver as nv
-
-        launcher_cls = nv.CudaLauncher
-        libcuda = _libcuda_dir()
+    if target.backend == "cuda" and per_kernel_launchers():
+        launcher_cls, libcuda = cuda_launcher_class(), _libcuda_dir()
     else:
-        launcher_cls = _RecordingLauncher  # HIP stubs need the local HIP runtime (see build_launcher)
-        libcuda = None
-    saved_build = (build._load_module_from_path, build._build)
-    saved_active = driver._active
-    with knobs.nvidia.scope():
-        driver.set_active(_SimulatedDriver(target, launcher_cls, None))
-        if libcuda is not None:
-            knobs.nvidia.libcuda_path = libcuda
-        build._load_module_from_path, build._build = load_module, refuse_build
-        try:
-            yield
-        finally:
-            build._load_module_from_path, build._build = saved_build
-            driver._active = saved_active
-        compiler_mod.max_shared_mem.cache_clear()
-        if target.backend == "cuda":
-            from triton.backends.nvidia import driver as nv
-
-            nv.libcuda_dirs.cache_clear()
-            nv.library_dirs.cache_clear()
+        # HIP stubs need the local HIP runtime (see build_launcher); from Triton 3.7 on the
+        # generic launcher lives in the driver utils this stand-in replaces
+        launcher_cls, libcuda = _RecordingLauncher, None
+    with simulated_driver(_SimulatedDriver(target, launcher_cls, None), on_module_load=load_module,
+                          on_module_build=refuse_build, libcuda_dir=libcuda):
+        yield
 
 
 class _LauncherMiss(RuntimeError):

@@ -324,9 +324,9 @@ def _family_rows(arch, heads, kv_block_size, preshuffle):
 
 def _not_in_jit_cache(predicted: dict) -> list[str]:
     """Predicted (kernel, key) pairs absent from the JIT's in-memory cache of the current device."""
-    from triton.runtime.driver import driver
+    from ._triton_compat import current_device
 
-    device = driver.active.get_current_device()
+    device = current_device()
     missing = []
     for (_, key), kernel in predicted.items():
         caches = getattr(kernel, "device_caches", {})

@@ -3,7 +3,6 @@ meta tensors equal the ones Triton's real JIT computes for a launch on an sm_90 
 (simulated driver), the JIT finds the precompiled binaries (and CUDA launcher stubs) instead of
 compiling, and the run-time lookup rule (env var, defaults, overlay) behaves as documented."""
 
-import hashlib
 import json
 import os
 import shutil
@@ -15,6 +14,7 @@ import torch
 
 from paged_mqa_logits import kernel_cache as kc
 from paged_mqa_logits import reload_tuned_table
+from paged_mqa_logits._triton_compat import per_kernel_launchers
 from paged_mqa_logits.problem import Problem
 from paged_mqa_logits.warmup import warm_inputs
 
@@ -66,11 +66,9 @@ def _problem(arch, **kw):
 def test_recorded_keys_equal_the_keys_of_a_real_jit_launch(arch, lens_2d):
     """Meta-tensor recording vs Triton's own JIT.run on real tensors of a simulated device."""
     from triton import knobs
-    from triton._C.libtriton import get_cache_invalidating_env_vars
-    from triton.compiler.compiler import ASTSource, make_backend
-    from triton.runtime.cache import get_cache_key
 
     from paged_mqa_logits import backends
+    from paged_mqa_logits._triton_compat import ASTSource, compile_cache_hash, make_backend
 
     target = kc.gpu_target(arch)
     problem = _problem(arch, lens_2d=lens_2d, batch=1 if lens_2d else 3)
@@ -103,8 +101,7 @@ def test_recorded_keys_equal_the_keys_of_a_real_jit_launch(arch, lens_2d):
     jit_options = json.loads(compile_args["specialization_data"])["options"]
     jit_options = backend.parse_options({k: tuple(v) if isinstance(v, list) else v for k, v in jit_options.items()})
     src = ASTSource(kernel, compile_args["signature"], compile_args["constants"], compile_args["configs"][0])
-    key = get_cache_key(src, backend, jit_options, env_vars=get_cache_invalidating_env_vars())
-    assert recorded[0].disk_key() == hashlib.sha256(key.encode()).hexdigest()
+    assert recorded[0].disk_key() == compile_cache_hash(src, backend, jit_options)
 
 
 def test_meta_inputs_specialise_like_real_inputs():
@@ -143,7 +140,8 @@ def test_precompile_then_the_jit_finds_every_kernel_and_launcher(tiny_table, tmp
     result = kc.verify(out)  # in this process too: loading from the cache compiles nothing
     assert result.ok, result.describe()
     assert result.disk_hits == len(manifest["kernels"])
-    assert result.launchers_found >= 1  # CUDA launcher stubs (HIP stubs need the local HIP runtime)
+    if per_kernel_launchers():  # Triton 3.6's CUDA launcher stubs (HIP stubs need the local HIP runtime)
+        assert result.launchers_found >= 1
 
     # relocatable: the group files' absolute paths of the build dir are not needed
     moved = str(tmp_path / "installed" / "kernel_cache")

@@ -154,8 +154,8 @@ def compare(args, before: torch.Tensor) -> tuple[float, int, int]:
 def _compile_worker(job):
     signature, constexprs, attrs, options, target = job
     import triton
-    from triton.experimental.gluon._runtime import GluonASTSource
 
+    from paged_mqa_logits._triton_compat import GluonASTSource
     from paged_mqa_logits.backends.gluon.hopper_wgmma import wgmma_logits_kernel
 
     t0 = time.time()

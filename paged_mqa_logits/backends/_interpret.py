@@ -8,8 +8,8 @@ helper is interpreted, and swaps interpreted twins in for the jitted members of
 ``triton.language`` for the duration of a launch (under a lock), so CPU tensors run the very
 same source the GPU compiles while the module keeps serving GPUs. Loop bounds computed from
 loaded values are interpreter arrays of one element, which numpy 2 refuses to turn into ints,
-so ``range``/``tl.range`` are replaced by versions that unwrap them. This leans on interpreter
-internals of Triton 3.6 (the version CI pins).
+so ``range``/``tl.range`` are replaced by versions that unwrap them. The interpreter internals
+this leans on come from ``paged_mqa_logits._triton_compat``.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import threading
 import types
 
 import triton.language as tl
-import triton.runtime.interpreter as interpreter
-from triton.runtime.interpreter import InterpretedFunction
-from triton.runtime.jit import JITFunction
+
+from .._triton_compat import (InterpretedFunction, JITFunction, interpreter_gpu_float_semantics,
+                              interpreter_language_extras)
 
 _CACHE: dict[int, "_InterpretedKernel"] = {}
 _ENVS: dict[int, dict] = {}  # id(module globals) -> the interpreted copy of those globals
@@ -74,14 +74,6 @@ def _scalar_tl_range(arg1, arg2=None, step=None, **kwargs):
     return _scalar_range(start, end, 1 if step is None else step)
 
 
-_ORIGINAL_PATCH_LANG_CORE = interpreter._patch_lang_core
-
-
-def _patch_lang_core(lang, scope):
-    _ORIGINAL_PATCH_LANG_CORE(lang, scope)
-    scope.set_attr(lang, "range", _scalar_tl_range)
-
-
 #: what Triton's interpreter patches: InterpretedFunction.__call__ (a jitted helper called from an
 #: interpreted kernel) patches these with interpreter builtins and never restores them, after which
 #: every GPU compile in the process fails (e.g. "'block_argument' object has no attribute 'dtype'")
@@ -102,56 +94,10 @@ def _language_restored():
                 delattr(obj, name)
 
 
-_ORIGINAL_CONVERT_FLOAT = interpreter._convert_float
-#: fp8 bit patterns that are NaN (e4m3fn: S.1111.111; e4m3fnuz: the negative zero pattern)
-_FP8_NAN = {"fp8e4nv": (0x7F, 0xFF), "fp8e4b8": (0x80,)}
-
-
-def _convert_float(input, input_dtype, output_dtype, rounding_mode):
-    """The interpreter's float conversion, with fp8 NaNs kept NaN as the GPU conversions keep
-    them (the interpreter's bit arithmetic turns e4m3fn NaN into 480, e4m3fnuz NaN into 0)."""
-    out = _ORIGINAL_CONVERT_FLOAT(input, input_dtype, output_dtype, rounding_mode)
-    nans = _FP8_NAN.get(getattr(input_dtype, "name", ""))
-    if nans and output_dtype.is_floating() and output_dtype.primitive_bitwidth > 8:
-        import numpy as np
-
-        bits = np.frombuffer(input.tobytes(), dtype=np.uint8).reshape(input.shape)
-        float_type = {16: np.float16, 32: np.float32, 64: np.float64}[output_dtype.primitive_bitwidth]
-        values = out.view(float_type).copy()
-        values[np.isin(bits, nans)] = np.nan
-        out = values.view(out.dtype)
-    return out
-
-
-def _maxnum(self, lhs, rhs):
-    """``maxnum`` as the GPUs compute it (IEEE maxNum: a NaN operand yields the other one);
-    the interpreter's is ``np.maximum``, which propagates NaN."""
-    import numpy as np
-
-    return self.binary_op(lhs, rhs, np.fmax)
-
-
-def _minnum(self, lhs, rhs):
-    import numpy as np
-
-    return self.binary_op(lhs, rhs, np.fmin)
-
-
-@contextlib.contextmanager
-def _gpu_float_semantics():
-    builder = interpreter.InterpreterBuilder
-    saved = (interpreter._convert_float, builder.create_maxnumf, builder.create_minnumf)
-    interpreter._convert_float, builder.create_maxnumf, builder.create_minnumf = _convert_float, _maxnum, _minnum
-    try:
-        yield
-    finally:
-        interpreter._convert_float, builder.create_maxnumf, builder.create_minnumf = saved
-
-
 @contextlib.contextmanager
 def _interpreted_language():
-    with _LANGUAGE_LOCK, _language_restored(), _gpu_float_semantics():
-        interpreter._patch_lang_core = _patch_lang_core
+    with _LANGUAGE_LOCK, _language_restored(), interpreter_gpu_float_semantics(), \
+            interpreter_language_extras({"range": _scalar_tl_range}):
         saved = {}
         for module in (tl, tl.math):
             for name, value in list(vars(module).items()):
@@ -163,7 +109,6 @@ def _interpreted_language():
         finally:
             for (module, name), value in saved.items():
                 setattr(module, name, value)
-            interpreter._patch_lang_core = _ORIGINAL_PATCH_LANG_CORE
 
 
 class _InterpretedKernel:

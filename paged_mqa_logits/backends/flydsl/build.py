@@ -8,7 +8,7 @@ processes (``python -m paged_mqa_logits.backends.flydsl.build``) with its own en
 * ``ARCH`` and ``FLYDSL_GPU_ARCH``: the target (FlyDSL's own arch query would answer gfx942);
 * ``ROCM_PATH``: FlyDSL links the code object with ``$ROCM_PATH/llvm/bin/ld.lld``. Without a
   ROCm install we point it at a temporary directory holding a stand-in ``ld.lld`` that calls
-  Triton's in-process linker (``triton._C.libtriton.amd.link_hsaco``), for the compile only;
+  Triton's in-process linker (``_triton_compat.link_hsaco``), for the compile only;
 * ``FLYDSL_DEBUG_DUMP_ASM=1`` + ``FLYDSL_DUMP_DIR``: FlyDSL writes the final ISA.
 
 Per kernel the child writes ``<name>.hsaco`` (the code object, taken from the compiled module's
@@ -139,15 +139,22 @@ def _linker_stand_in(directory: str) -> str | None:
     os.makedirs(bin_dir, exist_ok=True)
     script = os.path.join(bin_dir, "ld.lld")
     with open(script, "w") as f:
-        f.write(f"#!{sys.executable}\n" + _STAND_IN_SOURCE)
+        f.write(f"#!{sys.executable}\nCOMPAT_PATH = {_COMPAT_PATH!r}\n" + _STAND_IN_SOURCE)
     os.chmod(script, 0o755)
     return directory
 
 
+#: the package's Triton compatibility module; the stand-in loads it by path, since importing
+#: the package would import torch for every link
+_COMPAT_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                            "_triton_compat.py")
 _STAND_IN_SOURCE = '''"""ld.lld stand-in for FlyDSL compile-only builds: ld.lld -shared IN.o -o OUT.hsaco."""
+import importlib.util
 import sys
 
-from triton._C.libtriton import amd
+spec = importlib.util.spec_from_file_location("paged_mqa_logits_triton_compat", COMPAT_PATH)
+compat = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(compat)
 
 args, inputs, output = sys.argv[1:], [], None
 i = 0
@@ -160,7 +167,7 @@ while i < len(args):
     i += 1
 if output is None or len(inputs) != 1:
     sys.exit(f"ld.lld stand-in: expected `-shared IN.o -o OUT`, got {args}")
-amd.link_hsaco(inputs[0], output)
+compat.link_hsaco(inputs[0], output)
 '''
 
 

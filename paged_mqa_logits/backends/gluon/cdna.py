@@ -36,6 +36,7 @@ import sys
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
+from ..._triton_compat import AMD_VGPR_MARGIN
 from ...compile import LDS_LIMIT_BYTES, VGPRS_PER_SIMD, CompileSpec
 from ...problem import LaunchArgs, Problem
 from ...schedule import derive_split_kv
@@ -147,7 +148,7 @@ def _fits(problem: Problem, chunk: int, waves: int, rows: int, q_lds: int, prefe
     # the cache layout of the call: the JIT proves 16-byte key gathers only when the base and the
     # real block stride are 16-byte multiples; caches past 2 GiB take 64-bit addresses
     need = vgpr_estimate(problem.heads, chunk, rows, q_lds, problem.kv_aligned16, prefetch, problem.kv_32bit) \
-        + (BALANCED_VGPRS if balanced else 0)
+        + AMD_VGPR_MARGIN + (BALANCED_VGPRS if balanced else 0)
     return need <= VGPRS_PER_SIMD[problem.arch] // waves
 
 
@@ -318,7 +319,7 @@ def compile_specs(arch: str, configs: list[dict] | None = None) -> list[CompileS
     """One spec per config (problem fields + knobs + cache ``layout``, see ``compile_matrix``),
     specialised as the JIT specialises a typical vLLM call (:func:`common.typical_arguments`)
     on that cache layout."""
-    from triton.backends.amd.compiler import HIPBackend
+    from ..._triton_compat import HIPBackend
 
     specs = []
     for cfg in configs if configs is not None else compile_matrix(arch):

@@ -54,6 +54,7 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
+from ..._triton_compat import thread_barrier
 from ...problem import kv_fits_32bit  # noqa: F401  (the 32-bit cache rule; launchers use it from here)
 from ...schedule import BALANCED, SCHEDULES, SPLIT, persistent_programs
 
@@ -379,7 +380,7 @@ def score_rows_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr,
                 keys = next_keys
                 scales = next_scales
         if Q_IN_LDS:
-            gl.thread_barrier()  # every warp is done with this segment's Q before the next one's
+            thread_barrier()  # every warp is done with this segment's Q before the next one's
 
 
 @gluon.jit(do_not_specialize=DYNAMIC_PARAMS)
@@ -563,7 +564,7 @@ def specialise(fn, runtime_args: tuple, constexprs: dict, backend_cls) -> tuple[
     with ``runtime_args`` (values or :class:`StandIn`) and ``constexprs``: ints equal to 1
     become constexprs, 16-divisible ints and 16-aligned pointers get ``tt.divisibility``,
     AMD pointers spanning < 2 GiB get ``tt.pointer_range``."""
-    from triton._C.libtriton import native_specialize_impl
+    from ..._triton_compat import specialize_impl
 
     names = [p.name for p in fn.params]
     runtime_names = [p.name for p in fn.params if not p.is_constexpr]
@@ -577,7 +578,7 @@ def specialise(fn, runtime_args: tuple, constexprs: dict, backend_cls) -> tuple[
             signature[param.name], consts[param.name] = "constexpr", value
             continue
         specialise_it = param.name not in DYNAMIC_PARAMS
-        kind, attr = native_specialize_impl(backend_cls, value, False, specialise_it, specialise_it)
+        kind, attr = specialize_impl(backend_cls, value, False, specialise_it, specialise_it)
         if kind == "constexpr":
             signature[param.name], consts[param.name] = "constexpr", attr
             continue

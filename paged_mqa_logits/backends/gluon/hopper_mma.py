@@ -36,8 +36,8 @@ import sys
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
+from ..._triton_compat import mma_v2
 from ...compile import CompileSpec
 from ...problem import LaunchArgs, Problem
 from ...schedule import derive_split_kv
@@ -197,7 +197,7 @@ def launch(args: LaunchArgs, config: dict) -> None:
 
 def compile_specs(arch: str, configs: list[dict] | None = None) -> list[CompileSpec]:
     """One spec per config (problem fields + knobs), specialised like a typical vLLM call."""
-    from triton.backends.nvidia.compiler import CUDABackend
+    from ..._triton_compat import CUDABackend
 
     specs = []
     for cfg in configs if configs is not None else compile_matrix(arch):

@@ -66,13 +66,8 @@ import sys
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (
-    async_copy,
-    fence_async_shared,
-    warpgroup_mma,
-    warpgroup_mma_wait,
-)
 
+from ..._triton_compat import async_copy, fence_async_shared, thread_barrier, warpgroup_mma, warpgroup_mma_wait
 from ...compile import LDS_LIMIT_BYTES, CompileSpec
 from ...problem import LaunchArgs, Problem
 from ...schedule import persistent_programs
@@ -393,7 +388,7 @@ def _score_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, tab
         if NUM_GROUPS == 1:
             # A single wgmma covers every row: its weights stay in registers.
             mma_layout: gl.constexpr = _mma_layout(NEXT_N * HEADS)
-            gl.thread_barrier()
+            thread_barrier()
             weight_regs = weight_smem.slice(0, NEXT_N * HEADS).load(gl.SliceLayout(0, mma_layout))
 
         # 4. Steady state: tile i lives in slot i % STAGES.
@@ -402,7 +397,7 @@ def _score_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, tab
             tile = first + i * step
             async_copy.wait_group(STAGES - 2)  # Q and tiles 0..i landed (this thread's copies)
             fence_async_shared()  # ... and are visible to wgmma's async proxy
-            gl.thread_barrier()  # ... for every thread; and tile i-1's slot is free
+            thread_barrier()  # ... for every thread; and tile i-1's slot is free
 
             ahead = i + STAGES - 1
             _issue_tile(key_ring.index(ahead % STAGES), scale_ring.index(ahead % STAGES), kv_ptr, scale_ptr, pages,
@@ -428,7 +423,7 @@ def _score_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, tab
                 _score_tile_groups(keys, q_smem, scale_ring.index(slot), weight_smem, limit_smem, out_ptr, b, tile,
                                    stride_out, NEXT_N, HEADS, CHUNK, ROWS_PER_MMA)
     async_copy.wait_group(0)  # no copy may outlive the segment (the tail groups are masked)
-    gl.thread_barrier()  # every thread is done with Q, the ring and the vectors before the next segment
+    thread_barrier()  # every thread is done with Q, the ring and the vectors before the next segment
 
 
 @gluon.jit
@@ -721,7 +716,7 @@ def launch(args: LaunchArgs, config: dict) -> None:
 # ----------------------------------------------------------------------------- compile specs
 def compile_specs(arch: str, configs: list[dict] | None = None) -> list[CompileSpec]:
     """One spec per config (problem fields + knobs), specialised like a typical vLLM call."""
-    from triton.backends.nvidia.compiler import CUDABackend
+    from ..._triton_compat import CUDABackend
 
     specs = []
     for cfg in configs if configs is not None else compile_matrix(arch):

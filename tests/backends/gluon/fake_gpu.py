@@ -13,7 +13,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 import torch
-from triton.runtime.driver import driver as runtime_driver
+
+from paged_mqa_logits._triton_compat import active_driver
 
 
 @dataclass
@@ -42,7 +43,9 @@ def fake_gpu(target, jit_functions):
 
     class Utils:
         def load_binary(self, name, kernel, shared, device):
-            return object(), object(), 0, 0, 1024  # module, function, n_regs, n_spills, max threads
+            # module, function, n_regs, n_spills, max threads; no module handle, so that a kernel
+            # collected after the real driver is back is not unloaded through it
+            return None, object(), 0, 0, 1024
 
         def get_device_properties(self, device):
             return {"max_shared_mem": 1 << 20, "multiprocessor_count": 1}
@@ -64,14 +67,12 @@ def fake_gpu(target, jit_functions):
             return torch.device("cpu")
 
     saved_caches = [(fn, fn.device_caches) for fn in jit_functions]
-    saved_driver = runtime_driver._active
     for fn in jit_functions:
         fn.device_caches = defaultdict(fn.create_binder)
-    runtime_driver.set_active(Driver())
     try:
-        yield launches
+        with active_driver(Driver()):
+            yield launches
     finally:
-        runtime_driver._active = saved_driver
         for fn, caches in saved_caches:
             fn.device_caches = caches
 

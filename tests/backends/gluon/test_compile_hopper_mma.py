@@ -19,12 +19,11 @@ import torch
 
 pytest.importorskip("triton.experimental.gluon")
 
-from triton.backends.compiler import GPUTarget  # noqa: E402
-
 from fake_gpu import compiled_kernels, fake_gpu  # noqa: E402
 from test_compile_cdna import SHAPES  # noqa: E402
+from paged_mqa_logits._triton_compat import GPUTarget, nvidia_tool, ptxas_for  # noqa: E402
 from paged_mqa_logits.backends.gluon import BACKEND, common, hopper_mma  # noqa: E402
-from paged_mqa_logits.compile import _nvidia_tool, check_records, compile_specs, nvidia_resources  # noqa: E402
+from paged_mqa_logits.compile import check_records, compile_specs, nvidia_resources  # noqa: E402
 from paged_mqa_logits.op import build_launch_args  # noqa: E402
 from paged_mqa_logits.reference import make_inputs  # noqa: E402
 
@@ -72,7 +71,7 @@ def test_fp8_mma_sync_in_ptx_and_its_sass(compiled):
     for r in records:
         ptx = [m for m in r.mma_instructions if m.startswith("mma")]
         assert ptx == ["mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32"], (r.name, r.mma_instructions)
-        if _nvidia_tool("cuobjdump"):
+        if nvidia_tool("cuobjdump"):
             assert "HMMA.16816.F32" in r.mma_instructions, (r.name, r.mma_instructions)
             sass = open(r.isa[:-len(".ptx")] + ".sass").read()
             assert "F2FP.F16.E4M3.UNPACK_B" in sass
@@ -86,9 +85,10 @@ def test_keys_are_gathered_16_bytes_at_a_time(compiled):
 
 
 def test_resources_agree_with_ptxas(compiled, tmp_path):
-    """cuobjdump's resource usage (what the records hold) against ptxas -v on the same PTX."""
-    ptxas = _nvidia_tool("ptxas")
-    if ptxas is None or _nvidia_tool("cuobjdump") is None:
+    """cuobjdump's resource usage (what the records hold) against ptxas -v on the same PTX (the
+    ptxas Triton itself assembles sm_90 with: its PTX version follows that ptxas)."""
+    ptxas = ptxas_for(90)
+    if ptxas is None or nvidia_tool("cuobjdump") is None:
         pytest.skip("the Triton wheel carries no ptxas/cuobjdump")
     _, records = compiled
     record = next(r for r in records if r.knobs["QInLDS"] == 1 and r.knobs["ReuseKV"] == 1)

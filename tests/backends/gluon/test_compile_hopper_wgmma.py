@@ -28,6 +28,7 @@ import pytest
 
 pytest.importorskip("triton.experimental.gluon")
 
+from paged_mqa_logits._triton_compat import GPUTarget, ptxas_for  # noqa: E402
 from paged_mqa_logits.backends.gluon import common  # noqa: E402
 from paged_mqa_logits.backends.gluon import hopper_wgmma as wg  # noqa: E402
 from paged_mqa_logits.compile import LDS_LIMIT_BYTES, check_records, compile_specs  # noqa: E402
@@ -79,7 +80,7 @@ def compiled(tmp_path_factory):
     configs = ci_matrix()
     specs = wg.compile_specs(ARCH, configs)
     records = compile_specs(specs, out_dir, jobs=min(2, os.cpu_count() or 1), progress=False)
-    ptxas = os.path.join(os.path.dirname(__import__("triton").__file__), "backends", "nvidia", "bin", "ptxas")
+    ptxas = ptxas_for(90)  # the one Triton assembles sm_90 with (its PTX version follows it)
 
     def ptxas_log(record):
         if not record.ok:
@@ -223,7 +224,6 @@ def test_launch_builds_the_kernels_arguments_on_meta_tensors():
     """The launch path on CPU: Triton's own binder specialises the kernel on meta copies of
     real-looking arguments (strided q, padded cache blocks, 1-D and 2-D lengths)."""
     import torch
-    from triton.backends.compiler import GPUTarget
 
     from paged_mqa_logits import kernel_cache
     from paged_mqa_logits.problem import LaunchArgs
