@@ -42,7 +42,11 @@ def test_every_row_says_where_its_pick_comes_from(arch):
 
 
 @pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
-def test_gluon_priors_keep_q_in_vgprs_with_prefetch(arch):
+def test_gluon_priors_keep_q_in_vgprs_with_prefetch(arch, monkeypatch):
+    # The provenance quotes the VGPR estimate against the budget of Triton 3.6's allocator;
+    # later compilers need a margin more (cdna.AMD_VGPR_MARGIN), and their selection then
+    # stages Q in LDS or drops the prefetch for some of these rows instead of spilling.
+    monkeypatch.setattr(cdna, "AMD_VGPR_MARGIN", 0)
     moved = 0
     for row in _rows(arch):
         if row.backend != "gluon":

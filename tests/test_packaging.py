@@ -50,6 +50,16 @@ def test_wheel_installs_only_the_package(wheel):
         assert f"paged_mqa_logits/tuner/{module}.py" in names
     assert "paged_mqa_logits/compat/deep_gemm.py" in names and "paged_mqa_logits/compat/aiter.py" in names
     assert any(n.startswith("paged_mqa_logits/configs/") and n.endswith("_tuned.csv") for n in names)
+    # every module of the package source is in the wheel (a subpackage missing from
+    # pyproject's list would install a package that fails on import)
+    package = os.path.join(ROOT, "paged_mqa_logits")
+    for folder, _, files in os.walk(package):
+        if "__pycache__" in folder:
+            continue
+        for name in files:
+            if name.endswith(".py"):
+                relative = os.path.relpath(os.path.join(folder, name), ROOT).replace(os.sep, "/")
+                assert relative in names, f"{relative} is not in the wheel"
     entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     assert "paged-mqa-logits-tune = paged_mqa_logits.tuner.__main__:main" in entry_points
 

@@ -143,9 +143,10 @@ def _fits(problem: Problem, chunk: int, waves: int, rows: int, q_lds: int, prefe
           balanced: bool = False) -> bool:
     if lds_bytes(rows, problem.heads, q_lds) * waves > LDS_LIMIT_BYTES[problem.arch]:
         return False
-    if balanced and prefetch and (waves >= 4 or not problem.kv_aligned16):
+    if balanced and prefetch and (waves >= 4 or not problem.kv_aligned16 or not problem.kv_32bit):
         # measured: the segment loop and a prefetched tile do not fit together at 128 VGPRs, nor
-        # beside the per-dword addresses of 4-byte key gathers (padded or unaligned caches)
+        # beside the per-dword addresses of 4-byte key gathers (padded or unaligned caches) or
+        # the 64-bit addresses of caches past 2 GiB
         return False
     # the cache layout of the call: the JIT proves 16-byte key gathers only when the base and the
     # real block stride are 16-byte multiples; caches past 2 GiB take 64-bit addresses

@@ -297,11 +297,13 @@ def _layout(arch, layout, **shape):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_selection_uses_the_real_cache_layout(arch):
+def test_selection_uses_the_real_cache_layout(arch, monkeypatch):
     """Knob sets that fit a packed cache but spilled on the compiled layouts are not offered
     there (ChunkK 256 / WavePerEU 2 with prefetch: 4-byte gathers on a stride padded by 4 or an
     unaligned base; WavePerEU 4 with Q in VGPRs: 64-bit addresses past 2 GiB), and a row naming
-    only ChunkK / WavePerEU resolves to a setting that fits the layout."""
+    only ChunkK / WavePerEU resolves to a setting that fits the layout. The figures are Triton
+    3.6's register allocation (later compilers' margin removes more knob sets on every layout)."""
+    monkeypatch.setattr(cdna, "AMD_VGPR_MARGIN", 0)
     wide = {"ChunkK": 256, "WavePerEU": 2, "QInLDS": 0, "Prefetch": 1}
     assert cdna.fits(_layout(arch, "packed"), wide) and cdna.fits(_layout(arch, "pad16"), wide)
     for layout in ("pad4", "unaligned", "kv64_pad4"):
