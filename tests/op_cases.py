@@ -1,7 +1,9 @@
-"""The randomised correctness matrix shared by the CPU op tests and the GPU backend tests."""
+"""The randomised correctness matrix shared by the CPU op tests and the GPU backend tests, and
+the device choice of tests parametrised over CPU and GPU."""
 
 import random
 
+import pytest
 import torch
 
 from paged_mqa_logits.reference import check_logits, make_inputs, reference_logits
@@ -50,3 +52,15 @@ def run_and_check(op, inp: dict, **kwargs):
     assert result is inp["out_logits"]
     ref = reference_for(inp)
     return check_logits(inp["out_logits"].cpu(), before.cpu(), ref.cpu(), clean_logits=kwargs.get("clean_logits", False))
+
+
+def device_and_fp8(device: str):
+    """``(device, the device's native fp8 dtype)`` for a test parametrised over ``cpu``/``cuda``;
+    skips (saying why) when ``cuda`` is asked for on a machine without a GPU."""
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            pytest.skip("needs a CUDA/ROCm GPU; none present (CPU-only machine)")
+        from paged_mqa_logits.arch import detect
+
+        return "cuda", torch.float8_e4m3fnuz if detect("cuda").arch == "gfx942" else torch.float8_e4m3fn
+    return "cpu", torch.float8_e4m3fn

@@ -7,6 +7,7 @@ import inspect
 import pytest
 import torch
 
+from op_cases import device_and_fp8
 from paged_mqa_logits import backends
 from paged_mqa_logits.compat import aiter
 from paged_mqa_logits.dispatch import Choice
@@ -15,15 +16,6 @@ from paged_mqa_logits.validate import PagedMQAArgumentError
 
 HEADS = 64
 
-
-def _device_and_fp8(device):
-    if device == "cuda":
-        if not torch.cuda.is_available():
-            pytest.skip("needs a CUDA/ROCm GPU; none present (CPU-only machine)")
-        from paged_mqa_logits.arch import detect
-
-        return "cuda", torch.float8_e4m3fnuz if detect("cuda").arch == "gfx942" else torch.float8_e4m3fn
-    return "cpu", torch.float8_e4m3fn
 
 
 def _inputs(device, fp8, *, next_n=2, kv_block_size=64, preshuffle=True, lens_2d=True, seed=0):
@@ -41,7 +33,7 @@ def _reference(inp):
 @pytest.mark.parametrize("preshuffle,kv_block_size,lens_2d", [(True, 64, True), (False, 64, True), (False, 1, False),
                                                               (True, 16, False)])
 def test_vllm_rocm_decode_call_matches_reference(device, preshuffle, kv_block_size, lens_2d):
-    device, fp8 = _device_and_fp8(device)
+    device, fp8 = device_and_fp8(device)
     inp = _inputs(device, fp8, kv_block_size=kv_block_size, preshuffle=preshuffle, lens_2d=lens_2d)
     before = inp["out_logits"].clone()
     rows, width = 3 * 2, inp["max_model_len"]

@@ -8,21 +8,13 @@ import inspect
 import pytest
 import torch
 
+from op_cases import device_and_fp8
 from paged_mqa_logits.compat import deep_gemm
 from paged_mqa_logits.reference import calc_diff, make_inputs, reference_logits, valid_mask
 from paged_mqa_logits.validate import PagedMQAArgumentError
 
 HEADS, BLOCK = 64, 64
 
-
-def _device_and_fp8(device):
-    if device == "cuda":
-        if not torch.cuda.is_available():
-            pytest.skip("needs a CUDA/ROCm GPU; none present (CPU-only machine)")
-        from paged_mqa_logits.arch import detect
-
-        return "cuda", torch.float8_e4m3fnuz if detect("cuda").arch == "gfx942" else torch.float8_e4m3fn
-    return "cpu", torch.float8_e4m3fn
 
 
 def _vllm_decode_step(inp, num_sms, clean_logits=False):
@@ -69,7 +61,7 @@ def _check(inp, logits, *, clean_logits):
 @pytest.mark.parametrize("next_n,lens_2d,clean_logits", [(1, True, False), (2, True, False), (4, True, True),
                                                          (2, False, True)])
 def test_vllm_decode_call_matches_reference(device, next_n, lens_2d, clean_logits):
-    device, fp8 = _device_and_fp8(device)
+    device, fp8 = device_and_fp8(device)
     inp = make_inputs(3, next_n, HEADS, [700, 5, 300], kv_block_size=BLOCK, lens_2d=lens_2d, max_model_len=1024,
                       fp8_dtype=fp8, device=device, seed=next_n)
     logits = _vllm_decode_step(inp, num_sms=132, clean_logits=clean_logits)
