@@ -380,7 +380,7 @@ def _score_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, tab
         # 3. Prologue: tiles 0..STAGES-2 in flight, one cp.async group each (masked past the end).
         for s in gl.static_range(STAGES - 1):
             _issue_tile(key_ring.index(s), scale_ring.index(s), kv_ptr, scale_ptr, first_pages[s],
-                        first + s * step, _issue_end(s, n, first, step, end, CHUNK), stride_block, CHUNK, KV_BLOCK,
+                        first + s * step, _issue_end(s, n, end), stride_block, CHUNK, KV_BLOCK,
                         PRESHUFFLE, KV_ALIGN)
             async_copy.commit_group()
         pages = _tile_pages(table_row, first + (STAGES - 1) * step, table_tokens, num_blocks, CHUNK, KV_BLOCK)
@@ -401,7 +401,7 @@ def _score_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, tab
 
             ahead = i + STAGES - 1
             _issue_tile(key_ring.index(ahead % STAGES), scale_ring.index(ahead % STAGES), kv_ptr, scale_ptr, pages,
-                        first + ahead * step, _issue_end(ahead, n, first, step, end, CHUNK), stride_block, CHUNK,
+                        first + ahead * step, _issue_end(ahead, n, end), stride_block, CHUNK,
                         KV_BLOCK, PRESHUFFLE, KV_ALIGN)
             async_copy.commit_group()
             pages = _tile_pages(table_row, first + (ahead + 1) * step, table_tokens, num_blocks, CHUNK, KV_BLOCK)
@@ -427,7 +427,7 @@ def _score_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, tab
 
 
 @gluon.jit
-def _issue_end(i, n, first, step, end, CHUNK: gl.constexpr):
+def _issue_end(i, n, end):
     """The ``end`` a copy of the segment's ``i``-th tile is masked with: the sequence's end for
     the segment's own tiles, 0 past them (so a balanced share never copies the next program's
     tiles, and a copy past the segment is one that moves nothing)."""
