@@ -180,7 +180,7 @@ __all__ = sorted(_LAZY) + [
     "cache_invalidating_env", "compile_cache_hash", "jit_binder", "jit_specialisation", "current_target",
     "current_device", "active_driver", "simulated_driver", "per_kernel_launchers", "cuda_launcher_class",
     "libcuda_dirs", "build_shared_library", "prebuild_launcher", "prebuild_driver_utils", "nvidia_tool",
-    "ptxas_for", "link_hsaco", "interpreter_language_extras",
+    "ptxas_for", "link_hsaco", "interpreter_language_extras", "amdgcn_from_llvm_ir",
 ]
 
 
@@ -432,6 +432,16 @@ def ptxas_for(capability: int) -> str | None:
 
     path = get_ptxas(capability).path
     return path if path and os.path.exists(path) else None
+
+
+def amdgcn_from_llvm_ir(llvm_ir: str, arch: str) -> str:
+    """AMDGCN assembly of an LLVM IR module for ``arch``, through the LLVM bundled with Triton
+    and the calls its AMD backend makes for the ``amdgcn`` stage (no GPU needed). For checking
+    what LLVM itself emits for an intrinsic."""
+    from triton._C.libtriton import amd, llvm
+
+    llvm.init_targets()
+    return llvm.translate_to_asm(llvm_ir, amd.TARGET_TRIPLE, arch, "", [], False, False)
 
 
 def link_hsaco(object_path: str, hsaco_path: str) -> None:
