@@ -437,11 +437,23 @@ def ptxas_for(capability: int) -> str | None:
 def amdgcn_from_llvm_ir(llvm_ir: str, arch: str) -> str:
     """AMDGCN assembly of an LLVM IR module for ``arch``, through the LLVM bundled with Triton
     and the calls its AMD backend makes for the ``amdgcn`` stage (no GPU needed). For checking
-    what LLVM itself emits for an intrinsic."""
-    from triton._C.libtriton import amd, llvm
+    what LLVM itself emits for an intrinsic. The module must define one ``amdgpu_kernel``.
 
-    llvm.init_targets()
-    return llvm.translate_to_asm(llvm_ir, amd.TARGET_TRIPLE, arch, "", [], False, False)
+    Triton 3.6-3.8: the bundled LLVM's ``translate_to_asm`` (their ``make_amdgcn`` stage also
+    dumps MIR and a scheduling DAG, which aborts on a hand-written module); 3.8 added one flag
+    to that call. Triton 3.9 moved AMD code generation into a separate library, reached through
+    the backend's own ``make_amdgcn`` stage."""
+    if version() < (3, 9):
+        from triton._C.libtriton import amd, llvm
+
+        llvm.init_targets()
+        flags = (False, False) if version() < (3, 8) else (False, False, False)
+        return llvm.translate_to_asm(llvm_ir, amd.TARGET_TRIPLE, arch, "", [], *flags)
+    from triton.backends.amd.compiler import HIPBackend
+    from triton.backends.compiler import GPUTarget
+
+    backend = HIPBackend(GPUTarget("hip", arch, 64))
+    return HIPBackend.make_amdgcn(llvm_ir, {}, backend.parse_options({}))
 
 
 def link_hsaco(object_path: str, hsaco_path: str) -> None:
