@@ -22,8 +22,6 @@ from dataclasses import dataclass
 
 import torch
 
-from .schedule import derive_split_kv  # noqa: F401  (re-exported: its home is schedule.py)
-
 HEAD_DIM = 128
 SUPPORTED_KV_BLOCK_SIZES = (1, 16, 32, 64, 128, 256)
 MAX_NEXT_N = 8

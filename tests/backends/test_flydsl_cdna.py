@@ -27,7 +27,8 @@ from paged_mqa_logits.backends.flydsl import backend as flydsl_backend
 from paged_mqa_logits.backends.flydsl.backend import BACKEND, NOT_INSTALLED
 from paged_mqa_logits.backends.flydsl.emulate import EmulationFault, emulate
 from paged_mqa_logits.backends.flydsl.plan import CHUNK_KS, LDS_PER_CU, MFMA_KINDS, KernelPlan
-from paged_mqa_logits.problem import Problem, derive_split_kv
+from paged_mqa_logits.problem import Problem
+from paged_mqa_logits.schedule import derive_split_kv
 from paged_mqa_logits import schedule
 from paged_mqa_logits.reference import check_logits, row_lengths
 from paged_mqa_logits.validate import build_launch_args

@@ -25,8 +25,8 @@ import importlib.util
 
 import torch
 
-from ...problem import LaunchArgs, Problem, derive_split_kv
-from ...schedule import BALANCED, SCHEDULES, persistent_programs
+from ...problem import LaunchArgs, Problem
+from ...schedule import BALANCED, SCHEDULES, derive_split_kv, persistent_programs
 from .. import MAX_SPLIT_KV, check_knob_space
 from .plan import ARCHS, CHUNK_KS, MFMA_KINDS, WAVE_PER_EUS, KernelPlan
 
