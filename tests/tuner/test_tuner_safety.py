@@ -66,18 +66,24 @@ def _wait_gone(pid: int, seconds: float) -> bool:
     return False
 
 
+def _kill_parent_expect_child_gone(parent, message: str) -> None:
+    """``parent`` prints the pid of a child that is running (a hanging candidate, an armed
+    watchdog); SIGKILL the parent, then the child must be gone within 5 s."""
+    try:
+        child_pid = int(parent.stdout.readline())
+        assert not _gone(child_pid)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(30)
+        assert _wait_gone(child_pid, 5), message
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+
+
 def test_worker_dies_with_its_coordinator_while_a_candidate_hangs():
     coordinator = subprocess.Popen([sys.executable, os.path.join(HERE, "orphan_coordinator.py")], env=env(),
                                    stdout=subprocess.PIPE, text=True)
-    try:
-        worker_pid = int(coordinator.stdout.readline())
-        assert not _gone(worker_pid)  # the hanging candidate is running
-        coordinator.send_signal(signal.SIGKILL)
-        coordinator.wait(30)
-        assert _wait_gone(worker_pid, 5), "the worker outlived its coordinator"
-    finally:
-        if coordinator.poll() is None:
-            coordinator.kill()
+    _kill_parent_expect_child_gone(coordinator, "the worker outlived its coordinator")
 
 
 ORPHAN = """
@@ -99,12 +105,4 @@ else:
 def test_the_watchdog_alone_ends_an_orphan():
     middle = subprocess.Popen([sys.executable, "-c", ORPHAN, "middle", ORPHAN], env=env(), stdout=subprocess.PIPE,
                               text=True)
-    try:
-        leaf_pid = int(middle.stdout.readline())  # printed once the leaf's watchdog is armed
-        assert not _gone(leaf_pid)
-        middle.send_signal(signal.SIGKILL)
-        middle.wait(30)
-        assert _wait_gone(leaf_pid, 5), "the orphan's watchdog did not end it"
-    finally:
-        if middle.poll() is None:
-            middle.kill()
+    _kill_parent_expect_child_gone(middle, "the orphan's watchdog did not end it")
