@@ -59,13 +59,15 @@ def _kernels(arch: str) -> list[tuple[str, dict]]:
     if arch == "sm_90":
         out += [("gluon", {"variant": "wgmma", "Schedule": "balanced"}),
                 ("gluon", {"variant": "wgmma", "Schedule": "balanced", "ChunkK": 128, "RowsPerMMA": 1}),
-                ("gluon", {"variant": "mma_v2", "Schedule": "balanced", "ChunkK": 64, "num_warps": 4, "Prefetch": 0})]
+                ("gluon", {"variant": "mma_v2", "Schedule": "balanced", "ChunkK": 64, "num_warps": 4, "Prefetch": 0}),
+                ("gluon", {"variant": "wgmma_ws"}),
+                ("gluon", {"variant": "wgmma_ws", "ChunkK": 128, "RowsPerMMA": 1, "num_stages": 3})]
     elif arch in ("gfx942", "gfx950"):
         out += [("gluon", {"variant": "mfma", "Schedule": "balanced"})]
     return out
 
 
-KERNEL_IDS = ["triton", "wgmma64", "wgmma128", "mma_v2"]
+KERNEL_IDS = ["triton", "wgmma64", "wgmma128", "mma_v2", "wgmma_ws64", "wgmma_ws128"]
 
 
 def _kernel(index: int):
@@ -94,6 +96,8 @@ def _run(inp: dict, backend: str, config: dict):
         from paged_mqa_logits.backends import get
 
         variant = get("gluon").variant(args.problem, knobs)
+        if variant.unsupported(args.problem) is not None:
+            _skip(f"{variant.VARIANT}: {variant.unsupported(args.problem)}")
         knobs = {**variant.default_config(args.problem), **knobs}
     before = inp["out_logits"].clone()
     launch(args, backend=backend, config=knobs)

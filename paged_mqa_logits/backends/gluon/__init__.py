@@ -6,6 +6,7 @@ module             VARIANT      archs / kernel
 ``cdna.py``        ``mfma``     gfx942, gfx950: register MFMA, buffer loads
 ``hopper_mma.py``  ``mma_v2``   sm_90: the same kernel body with ``mma_v2`` atoms
 ``hopper_wgmma``   ``wgmma``    sm_90: wgmma on cp.async-staged key tiles (peak speed)
+``hopper_wgmma_ws`` ``wgmma_ws`` sm_90: the same, copies in a producer warpgroup (mbarriers)
 =================  ===========  =============================================================
 
 A variant module exports ``VARIANT``, ``ARCHS``, ``unsupported(problem)``,
@@ -14,7 +15,8 @@ A variant module exports ``VARIANT``, ``ARCHS``, ``unsupported(problem)``,
 ``launch(args, config)`` and ``compile_specs(arch, configs=None)``. This package aggregates
 them: the backend serves a problem when any variant does, its candidates are the union, and
 ``launch`` dispatches on ``config["variant"]`` (the arch's default variant when absent).
-Variant modules are imported here once; one that fails to import (a Triton without some Gluon
+A variant may set ``TUNED = False`` to keep its candidates out of the tuner (and so out of
+the tables) while staying launchable. Variant modules are imported here once; one that fails to import (a Triton without some Gluon
 API, a module still being written) is simply absent and its import error is reported by
 ``unsupported``. Importing this package needs Triton, not a GPU.
 """
@@ -26,7 +28,7 @@ import importlib
 from ...problem import LaunchArgs, Problem
 
 #: variant modules, in preference order for an arch's default variant
-VARIANT_MODULES = ("hopper_wgmma", "hopper_mma", "cdna")
+VARIANT_MODULES = ("hopper_wgmma", "hopper_wgmma_ws", "hopper_mma", "cdna")
 
 #: what a variant module must define
 INTERFACE = ("VARIANT", "ARCHS", "unsupported", "candidates", "default_config", "check_config", "launch",
@@ -79,7 +81,9 @@ class GluonBackend:
         return "no gluon variant serves this problem (" + "; ".join(reasons) + ")"
 
     def candidates(self, problem: Problem) -> list[dict]:
-        return [c for m in self._serving(problem) for c in m.candidates(problem)]
+        """The serving variants' candidates, less those of a variant that declares itself
+        ``TUNED = False`` (it stays launchable by name and as a fallback)."""
+        return [c for m in self._serving(problem) if getattr(m, "TUNED", True) for c in m.candidates(problem)]
 
     def default_config(self, problem: Problem) -> dict:
         serving = self._serving(problem)

@@ -1,0 +1,143 @@
+"""CPU CI for the sm_90 warp-specialised ``wgmma_ws`` variant (backends/gluon/hopper_wgmma_ws.py):
+every candidate of the benchmark grid's shapes (H 32/64 x next_n 1-4, KVBlockSize 64) and the
+default of other code paths (KVBlockSize 1/16 Preshuffle, 1-D lengths, next_n 5 and 8 at H 32)
+is cross-compiled for sm_90 and inspected; the host side is checked without a GPU.
+
+Each kernel must compile; hold fp8 wgmmas of exactly its row groups' widths; fork into a
+consumer and a producer partition with the register split the host assumes (``setmaxnreg``);
+hand tiles over with per-thread ``cp.async.mbarrier.arrive.noinc``; not spill; and let
+``CtasPerSM`` programs share an SM (registers and shared memory).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+pytest.importorskip("triton.experimental.gluon")
+
+from paged_mqa_logits._triton_compat import ptxas_for  # noqa: E402
+from paged_mqa_logits.backends.gluon import common  # noqa: E402
+from paged_mqa_logits.backends.gluon import hopper_wgmma as wg  # noqa: E402
+from paged_mqa_logits.backends.gluon import hopper_wgmma_ws as ws  # noqa: E402
+from paged_mqa_logits.compile import check_records, compile_specs  # noqa: E402
+from paged_mqa_logits.problem import Problem  # noqa: E402
+
+ARCH = "sm_90"
+
+
+def problem(heads=64, next_n=1, kv_block_size=64, preshuffle=False, lens_2d=True, batch=64, **overrides) -> Problem:
+    fields = dict(arch=ARCH, cu_num=132, batch=batch, next_n=next_n, heads=heads, head_dim=128,
+                  kv_block_size=kv_block_size, preshuffle=preshuffle, context=8192, lens_2d=lens_2d, fp8="fn",
+                  device_type="cuda", max_model_len=8192)
+    fields.update(overrides)
+    return Problem(**fields)
+
+
+def fields_of(p: Problem) -> dict:
+    return dict(heads=p.heads, next_n=p.next_n, kv_block_size=p.kv_block_size, preshuffle=p.preshuffle,
+                lens_2d=p.lens_2d)
+
+
+def ci_matrix() -> list[dict]:
+    configs = [dict(fields_of(p), **c) for p in (problem(h, n) for h in (32, 64) for n in (1, 2, 3, 4))
+               for c in ws.candidates(p)]
+    others = [problem(64, 2, 1), problem(64, 2, 16, True), problem(32, 4, lens_2d=False), problem(32, 5),
+              problem(32, 8)]
+    configs += [dict(fields_of(p), **ws.default_config(p)) for p in others]
+    return configs
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    out_dir = str(tmp_path_factory.mktemp("wgmma_ws_sm90"))
+    configs = ci_matrix()
+    records = compile_specs(ws.compile_specs(ARCH, configs), out_dir, jobs=min(2, os.cpu_count() or 1),
+                            progress=False)
+    ptxas = ptxas_for(90)
+
+    def ptxas_log(record):
+        run = subprocess.run([ptxas, "-v", "--gpu-name=sm_90a", record.isa, "-o", os.devnull], capture_output=True,
+                             text=True) if record.ok else None
+        return (run.stdout + run.stderr) if run else ""
+
+    with ThreadPoolExecutor(2) as pool:
+        logs = list(pool.map(ptxas_log, records))
+    return list(zip(configs, records, logs))
+
+
+def test_matrix_covers_every_knob_value():
+    configs = ci_matrix()
+    assert {c["CtasPerSM"] for c in configs} == {1, 2, 3}
+    assert {c["ChunkK"] for c in configs} == {64, 128}
+    assert {c["RowsPerMMA"] for c in configs} >= {1, 2, 4, 8}
+
+
+def test_kernels_compile_without_spills(compiled):
+    problems = check_records([record for _, record, _ in compiled])
+    assert not problems, "\n".join(problems)
+    for _, record, log in compiled:
+        spills = [int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", log)]
+        assert spills and not any(spills), f"{record.name}: spills:\n{log}"
+        assert "serialized" not in log, f"{record.name}: ptxas serialised the wgmmas:\n{log}"
+
+
+def test_partitions_and_handover(compiled):
+    for cfg, record, _ in compiled:
+        ptx = open(record.isa).read()
+        p = common.problem_for(ARCH, "fn", cfg)
+        chunk, rows, _, ctas = ws._knobs(p, cfg)
+        found = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k32\.f32\.e4m3\.e4m3", ptx))
+        groups = wg.row_groups(cfg["next_n"], min(rows, wg._pow2_floor(cfg["next_n"])))
+        assert found == {str(n * cfg["heads"]) for _, n in groups}, record.name
+        assert f".maxnreg {ws.max_registers(ctas)}" in ptx, record.name
+        regs = {int(r) for r in re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)}
+        assert {ws.PRODUCER_REGS[chunk], ws.consumer_registers(chunk, ctas)} <= regs, (record.name, regs)
+        assert "cp.async.mbarrier.arrive.noinc.shared.b64" in ptx, record.name
+        assert re.search(r"mbarrier\.try_wait\.parity", ptx), record.name
+
+
+def test_programs_per_sm_fit(compiled):
+    """``CtasPerSM`` programs of 8 warps at ``maxnreg`` fill at most the register file, and
+    their shared memory (plus the driver's 1 KB each) fits an SM."""
+    for cfg, record, _ in compiled:
+        ctas = ws._knobs(common.problem_for(ARCH, "fn", cfg), cfg)[3]
+        threads = (ws.NUM_WARPS + ws.PRODUCER_WARPS) * 32
+        assert ctas * threads * ws.max_registers(ctas) <= ws.SM_REGISTERS, record.name
+        assert ctas * (record.lds_bytes + 1024) <= ws.SM_SHARED_BYTES, (record.name, record.lds_bytes)
+
+
+# ----------------------------------------------------------------------------- host side
+def test_balanced_only_and_knob_errors_say_why():
+    p = problem(64, 2)
+    assert ws.check_config(ws.default_config(p), p) is None
+    assert "expected one of balanced" in ws.check_config(dict(ws.default_config(p), Schedule="split"), p)
+    assert "CtasPerSM" in ws.check_config(dict(ws.default_config(p), CtasPerSM=4), p)
+
+
+@pytest.mark.parametrize("heads", (32, 64))
+@pytest.mark.parametrize("next_n", range(1, 9))
+def test_candidates_fit_and_grid_is_one_wave(heads, next_n):
+    p = problem(heads, next_n)
+    if ws.unsupported(p) is not None:  # the wgmma variant serves these (more than two row groups)
+        assert next_n >= 5
+        assert "no warp-specialised configuration fits" in ws.unsupported(p)
+        return
+    for cfg in ws.candidates(p) + [ws.default_config(p)]:
+        assert set(cfg) == {"variant", *ws.KNOBS}
+        chunk, rows, stages, ctas = ws._knobs(p, cfg)
+        assert ws.fits(p, chunk, rows, stages, ctas)
+        assert ws.grid(p, cfg) == (132 * ctas, 1)
+
+
+def test_not_the_default_variant_but_a_tuner_candidate():
+    from paged_mqa_logits.backends.gluon import BACKEND
+
+    p = problem(64, 4)
+    assert BACKEND.default_config(p)["variant"] == "wgmma"
+    assert any(c["variant"] == "wgmma_ws" for c in BACKEND.candidates(p))
+    assert not any(c["variant"] == "mma_v2" for c in BACKEND.candidates(p))
