@@ -56,7 +56,7 @@ from triton.experimental.gluon import language as gl
 
 from ..._triton_compat import thread_barrier
 from ...problem import kv_fits_32bit  # noqa: F401  (the 32-bit cache rule; launchers use it from here)
-from ...schedule import BALANCED, SCHEDULES, SPLIT, persistent_programs
+from ...schedule import BALANCED, BALANCED_MIN_BATCH, SCHEDULES, SPLIT, persistent_programs
 
 #: kernel parameters that change from call to call without changing the code: never
 #: specialised, so a warm-up compile serves every later call (and CI compiles what runs)
@@ -455,10 +455,10 @@ CHUNK_SIZES = (64, 128, 256)
 
 
 def default_schedule(problem) -> str:
-    """``split``, the schedule every shipped table row was measured with. ``balanced`` is a
-    tuner candidate for every shape; it becomes the default only once GPU runs have measured
-    it against ``split`` (docs/PERF_NOTES.md)."""
-    return SPLIT
+    """The schedule of a config that does not name one: ``balanced`` from
+    ``schedule.BALANCED_MIN_BATCH`` sequences on, ``split`` below (see there: measured on the
+    H200, docs/PERF_NOTES.md). Tuned rows name their schedule."""
+    return BALANCED if problem.batch >= BALANCED_MIN_BATCH else SPLIT
 
 
 def schedule_of(problem, config: dict) -> str:

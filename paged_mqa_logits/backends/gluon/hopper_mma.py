@@ -46,6 +46,9 @@ from . import common
 
 VARIANT = "mma_v2"
 ARCHS = ("sm_90",)
+#: not a tuner candidate: on the H200 it ran at 0.09-0.2x of the wgmma variants on widely ragged
+#: batches (benchmarks/h200/). It exists to run the AMD kernel body on the H200 and as a fallback.
+TUNED = False
 KNOBS = ("ChunkK", "SplitKV", "ReuseKV", "num_warps", "QInLDS", "Prefetch", "Schedule")
 #: allowed values per knob (combinations are judged by :func:`_knobs`)
 KNOB_SPACE = {"ChunkK": (64, 128, 256), "SplitKV": range(0, MAX_SPLIT_KV + 1), "ReuseKV": (0, 1), "num_warps": (4, 8),
