@@ -39,6 +39,9 @@ def _tune_parser() -> cli.ArgumentParser:
                    help="tuned table to write (merged into if it exists); required unless --dry-run")
     p.add_argument("--contexts", type=_contexts, default=None,
                    help="contexts to tune at, e.g. 8192,32768,131072 (default: the file's, else 8192,32768)")
+    p.add_argument("--lengths", choices=("uniform", "wide"), default="uniform",
+                   help="per-sequence lengths of the timed batches: every sequence at the context, or drawn "
+                        "uniformly from [1, context] as in serving decode batches (seeded; the hint is the context)")
     p.add_argument("--backends", default=None, help="only these backends, comma-separated (default: all)")
     p.add_argument("--all", dest="retune_all", action="store_true", help="re-tune keys already in --out")
     p.add_argument("--dry-run", action="store_true", help="list the candidates per key and exit (no GPU needed)")
@@ -117,7 +120,7 @@ def _tune(argv: list[str]) -> int:
         dry_run=a.dry_run, device=a.device, arch=a.arch, cu_num=a.cu_num, mp=a.mp, jobs=a.jobs, timeout=a.timeout,
         build_timeout=a.build_timeout, time_budget=a.time_budget, top=a.top, max_candidates=a.max_candidates,
         max_copies=a.max_copies, screen_replays=a.screen_replays, confirm_replays=a.confirm_replays, report=a.report,
-        quiet=a.quiet)
+        quiet=a.quiet, lengths="" if a.lengths == "uniform" else a.lengths)
     outcome = tune(opts)
     return 1 if outcome.failed else 0
 

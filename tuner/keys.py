@@ -40,9 +40,12 @@ class TuneKey:
         """Keys of one family share compiled kernels (they differ only in batch)."""
         return (self.heads, self.head_dim, self.kv_block_size, self.preshuffle, self.next_n)
 
-    def shape(self, context: int) -> Shape:
+    def shape(self, context: int, lengths: str = "") -> Shape:
+        """The benchmark shape at ``context``: every sequence at it (``lengths=""``), or drawn from
+        ``[1, context]`` (``"wide"``) or ``[context/2, context]`` (``"half"``), see :class:`Shape`."""
         return Shape(heads=self.heads, next_n=self.next_n, batch=self.batch, context=context,
-                     kv_block_size=self.kv_block_size, preshuffle=self.preshuffle, head_dim=self.head_dim)
+                     kv_block_size=self.kv_block_size, preshuffle=self.preshuffle, head_dim=self.head_dim,
+                     ragged=lengths)
 
     def describe(self) -> str:
         return (f"H={self.heads} D={self.head_dim} kv_block_size={self.kv_block_size} "

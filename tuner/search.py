@@ -59,6 +59,9 @@ class Options:
     confirm_replays: int | None = None
     report: str | None = None
     quiet: bool = False
+    #: per-sequence lengths of the timed batches: "" (every sequence at the context) or a
+    #: ``bench.shapes.LENGTH_MODES`` ragged mode ("wide": uniform in [1, context], as in serving)
+    lengths: str = ""
 
 
 @dataclass
@@ -217,7 +220,7 @@ class TimeStage:
         impls = [bench.Impl.of(c.backend, c.knobs) for c in run.candidates]
         for context in run.key.contexts:
             self.pending.append(Task(
-                id=self.next_id, shape=run.key.shape(context), impls=impls, screen=self.screen,
+                id=self.next_id, shape=run.key.shape(context, self.opts.lengths), impls=impls, screen=self.screen,
                 confirm=self.confirm, confirm_top=top, workload={"max_copies": self.opts.max_copies},
                 meta={"run": run, "context": context}))
             self.next_id += 1
