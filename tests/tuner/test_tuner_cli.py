@@ -96,3 +96,27 @@ def test_spent_budget_starts_nothing_not_even_a_started_keys_other_contexts(caps
     assert [k.batch for k in stage.left] == [1, 2]
     out = capsys.readouterr().out
     assert out.count("time budget spent") == 1 and "2 key(s) left untuned" in out
+
+
+@pytest.mark.parametrize("lengths, ragged", [(None, ""), ("uniform", ""), ("wide", "wide")])
+def test_lengths_option_reaches_the_timed_shapes(lengths, ragged):
+    """``--lengths wide`` times every (key, context) on a batch whose lengths are drawn from
+    [1, context] (the hint stays the context); the default times uniform batches."""
+    argv = ["keys.csv", "-o", "t.csv"] + (["--lengths", lengths] if lengths else [])
+    a = cli._tune_parser().parse_args(argv)
+    assert a.lengths == (lengths or "uniform")
+    opts = Options(untuned=[], out="", top=1, lengths="" if a.lengths == "uniform" else a.lengths)
+    cands = [Candidate.of("torch", {})]
+    stage = TimeStage([KeyRun(TuneKey(32, 128, 16, False, 4, 2, (64, 128)), cands)], opts, Target("cpu", 0, "cpu"),
+                      "p", 1, None, type("Bar", (), {"update": lambda self, n: None})(), lambda r: None)
+    first = stage.next_task()
+    shapes = [first.shape] + [t.shape for t in stage.pending]
+    assert [s.ragged for s in shapes] == [ragged, ragged]
+    assert [s.context for s in shapes] == [64, 128]
+    if ragged:
+        assert max(shapes[0].lens()) == 64 and min(shapes[0].lens()) >= 1
+
+
+def test_unknown_lengths_is_a_usage_error():
+    with pytest.raises(CliError, match="argument --lengths: invalid choice: 'half'"):
+        cli._tune_parser().parse_args(["keys.csv", "--lengths", "half"])
