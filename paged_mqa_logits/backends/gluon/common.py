@@ -455,10 +455,14 @@ CHUNK_SIZES = (64, 128, 256)
 
 
 def default_schedule(problem) -> str:
-    """The schedule of a config that does not name one: ``balanced`` from
-    ``schedule.BALANCED_MIN_BATCH`` sequences on, ``split`` below (see there: measured on the
-    H200, docs/PERF_NOTES.md). Tuned rows name their schedule."""
-    return BALANCED if problem.batch >= BALANCED_MIN_BATCH else SPLIT
+    """The schedule of a config that does not name one. sm_90: ``balanced`` from
+    ``schedule.BALANCED_MIN_BATCH`` sequences on, ``split`` below (measured on the H200, see
+    there). CDNA: ``split``, which the shipped priors were chosen for: the balanced body costs
+    the MFMA kernel 24 VGPRs and its key prefetch at WavePerEU 4 (static proxies, no MI300/MI355X
+    measurement yet); ``balanced`` is a tuner candidate there. Tuned rows name their schedule."""
+    if problem.arch == "sm_90" and problem.batch >= BALANCED_MIN_BATCH:
+        return BALANCED
+    return SPLIT
 
 
 def schedule_of(problem, config: dict) -> str:
