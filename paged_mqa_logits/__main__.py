@@ -90,9 +90,7 @@ def demo(argv: list[str]) -> int:
 
     fp8 = torch.float8_e4m3fn
     if device != "cpu" and getattr(torch.version, "hip", None):
-        from .arch import detect
-
-        fp8 = torch.float8_e4m3fnuz if detect(device).arch == "gfx942" else fp8
+        fp8 = native_fp8_dtype(detect(device).arch)
     gen = torch.Generator().manual_seed(a.seed)
     # ragged contexts up to --context, one of them exactly --context
     lens = torch.randint(1, a.context + 1, (a.batch,), generator=gen).tolist()

@@ -1,4 +1,5 @@
-"""Which chip a tensor lives on, and how many compute units it has.
+"""The chips the package knows (:data:`ARCH_SPECS`, the one home of every per-arch fact), and
+which chip a tensor lives on with how many compute units.
 
 * ROCm: ``gfx942`` / ``gfx950`` / ... (``gcnArchName`` without feature flags), CU count.
 * CUDA: ``sm_90`` style names (``sm_{major}{minor}``), SM count.
@@ -18,18 +19,69 @@ from dataclasses import dataclass
 
 import torch
 
+from . import _triton_compat as compat
 from .errors import PagedMQAEnvironmentError
 
 ENV_ARCH = "PAGED_MQA_LOGITS_ARCH"
 ENV_CU_NUM = "PAGED_MQA_LOGITS_CU_NUM"
 
-#: The archs the package knows, with the compute-unit count of their usual part: MI300X (304
-#: CUs), MI355X (256 CUs), H100/H200 SXM (132 SMs). Used where a count must be assumed
-#: (explain, precompile, the tuner's dry run) and never overrides a detected count.
-USUAL_CU_NUM = {"gfx942": 304, "gfx950": 256, "sm_90": 132, "cpu": 0}
+@dataclass(frozen=True)
+class ArchSpec:
+    """What the package needs to know about one chip. Everything per-arch reads it from here."""
 
-#: fp8 flavour each known arch computes in natively; archs not listed accept "fn"
-NATIVE_FP8 = {"gfx942": "fnuz", "gfx950": "fn", "cpu": ("fn", "fnuz")}
+    name: str
+    #: fp8 e4m3 flavour(s) the chip computes in natively, the preferred one first: "fnuz" (gfx942)
+    #: or "fn" (OCP: gfx950, Hopper); the CPU computes either
+    fp8: tuple[str, ...]
+    #: compute units (CUs / SMs) of the usual part: MI300X, MI355X, H100/H200 SXM. Used where a
+    #: count must be assumed (explain, precompile, the tuner's dry run); never overrides a
+    #: detected count
+    usual_cu_num: int
+    warp_size: int = 0  # lanes per wave / warp (0: no GPU)
+    #: LDS (AMD: per CU, shared by the workgroups resident on it) / shared memory (NVIDIA: the
+    #: most one CTA may use) in bytes; 0 where there is none
+    lds_bytes: int = 0
+    vgprs_per_simd: int = 0  # AMD: VGPRs per SIMD lane (arch VGPRs + AGPRs, one file); 0 elsewhere
+
+
+ARCH_SPECS: dict[str, ArchSpec] = {
+    spec.name: spec for spec in (
+        ArchSpec("gfx942", fp8=("fnuz",), usual_cu_num=304, warp_size=64, lds_bytes=64 * 1024, vgprs_per_simd=512),
+        ArchSpec("gfx950", fp8=("fn",), usual_cu_num=256, warp_size=64, lds_bytes=160 * 1024, vgprs_per_simd=512),
+        ArchSpec("sm_90", fp8=("fn",), usual_cu_num=132, warp_size=32, lds_bytes=227 * 1024),
+        ArchSpec("cpu", fp8=("fn", "fnuz"), usual_cu_num=0),
+    )
+}
+
+#: compute-unit count of each known arch's usual part (a view of :data:`ARCH_SPECS`)
+USUAL_CU_NUM = {name: spec.usual_cu_num for name, spec in ARCH_SPECS.items()}
+
+
+def native_fp8(arch: str) -> str:
+    """The fp8 flavour inputs for ``arch`` are built in: its preferred native one; archs the
+    table does not know compute in "fn" (OCP), as every chip after gfx942 does."""
+    spec = ARCH_SPECS.get(arch)
+    return spec.fp8[0] if spec is not None else "fn"
+
+
+def native_fp8_dtype(arch: str) -> torch.dtype:
+    return torch.float8_e4m3fnuz if native_fp8(arch) == "fnuz" else torch.float8_e4m3fn
+
+
+def lds_limit(arch: str) -> int | None:
+    """LDS / shared-memory bytes of ``arch`` (``None`` when unknown or absent)."""
+    spec = ARCH_SPECS.get(arch)
+    return spec.lds_bytes or None if spec is not None else None
+
+
+def triton_target(arch: str):
+    """Triton's ``GPUTarget`` for ``sm_90`` / ``gfx942`` / ``gfx950`` / ... (what the driver reports)."""
+    arch = normalise_arch(arch)
+    if arch.startswith("sm_"):
+        return compat.GPUTarget("cuda", int(arch[3:]), 32)
+    if arch.startswith("gfx"):
+        return compat.GPUTarget("hip", arch, 64)
+    raise ValueError(f"no Triton target for arch {arch!r} (expected sm_XX or gfxNNN)")
 
 
 @dataclass(frozen=True)
@@ -46,8 +98,8 @@ class ArchInfo:
         return self.arch.startswith("sm_")
 
     def supports_fp8(self, flavour: str) -> bool:
-        native = NATIVE_FP8.get(self.arch, "fn")
-        return flavour in native if isinstance(native, tuple) else flavour == native
+        spec = ARCH_SPECS.get(self.arch)
+        return flavour in spec.fp8 if spec is not None else flavour == "fn"
 
 
 def normalise_arch(name: str) -> str:

@@ -4,88 +4,51 @@
 compiles every candidate of a backend's knob space (or only the configs the tuned table can
 pick) and writes, per kernel, the binary, the ISA/PTX text and a resources record.
 
-Shared data shapes (every backend that can be cross-compiled produces these):
-
-* :class:`CompileSpec` is one kernel to build: the jitted function, its signature and
-  constexprs, compile options (num_warps, waves_per_eu, ...) and the knobs it realises.
-  Kernel modules produce specs; this driver compiles them.
-* :class:`CompileRecord` is one compiled kernel: where its files are, the resources the
-  compiler reported, and the matrix instructions found in its ISA.
+The driver asks the backend, through the registry, for what to build (``backends/base.py``):
+a :class:`~paged_mqa_logits.backends.base.SpecCompiled` backend (Gluon) returns
+``CompileSpec`` s that are compiled here with Triton; a
+:class:`~paged_mqa_logits.backends.base.SelfCompiled` backend (FlyDSL) builds its own kernels
+and returns ``CompileRecord`` s. Either way every kernel ends as a ``CompileRecord`` that
+:func:`check_records` judges.
 """
 
 from __future__ import annotations
 
-import json
+import multiprocessing
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from concurrent.futures import ProcessPoolExecutor, as_completed
 
-# Per-arch limits used by the CI checks.
-LDS_LIMIT_BYTES = {"gfx942": 64 * 1024, "gfx950": 160 * 1024, "sm_90": 227 * 1024}
-VGPRS_PER_SIMD = {"gfx942": 512, "gfx950": 512}
+import triton
 
+from . import _triton_compat as compat
+from .arch import ARCH_SPECS, normalise_arch, triton_target
+from .backends import registry
+from .backends.base import CompileRecord, CompileSpec, SelfCompiled, SpecCompiled
+from .cli import ArgumentParser
+from .table import table_configs
 
-@dataclass
-class CompileSpec:
-    name: str  # unique, filesystem-safe: backend_variant_arch_shape_knobs
-    backend: str
-    arch: str  # "gfx942" | "gfx950" | "sm_90"
-    knobs: dict  # the CSV knobs this kernel realises (ChunkK, WavePerEU, num_warps, variant, ...)
-    fn: object  # the @gluon.jit / @triton.jit function
-    signature: dict  # argument name -> Triton type string ("*u8", "*fp32", "i32", "i64", "constexpr")
-    constexprs: dict  # constexpr argument name -> value
-    options: dict = field(default_factory=dict)  # num_warps, num_stages, waves_per_eu, ...
-    gluon: bool = True  # compile through GluonASTSource instead of ASTSource
-    #: argument attributes as the JIT passes them ({(index,): [["tt.divisibility", 16]], ...})
-    attrs: dict = field(default_factory=dict)
-
-
-@dataclass
-class CompileRecord:
-    name: str  # unique, filesystem-safe: backend_variant_arch_knobs
-    backend: str  # "gluon" | "flydsl" | ...
-    arch: str  # "gfx942" | "gfx950" | "sm_90"
-    knobs: dict
-    ok: bool
-    error: str | None = None
-    binary: str | None = None  # path of the .hsaco / .cubin
-    isa: str | None = None  # path of the .amdgcn / .ptx (+ .sass when available) text
-    vgprs: int | None = None  # AMD: VGPRs (arch VGPRs + AGPRs); NVIDIA: registers per thread
-    sgprs: int | None = None
-    lds_bytes: int | None = None  # LDS (AMD) / shared memory (NVIDIA) bytes per workgroup
-    scratch_bytes: int | None = None  # private segment / local memory bytes per lane
-    spill_count: int | None = None  # AMD: VGPR+SGPR spills; NVIDIA: 1 if the kernel has stack/local memory
-    occupancy: int | None = None  # waves per SIMD (AMD) or CTAs per SM (NVIDIA) if reported
-    mma_instructions: list[str] = field(default_factory=list)  # distinct MFMA / MMA mnemonics
-    agprs: int | None = None  # AMD: AGPRs (already included in ``vgprs``)
-    options: dict = field(default_factory=dict)  # compile options (num_warps, waves_per_eu, ...)
-    seconds: float | None = None  # wall-clock compile time
-
-    def write(self, out_dir: str) -> str:
-        path = os.path.join(out_dir, f"{self.name}.json")
-        with open(path, "w") as f:
-            json.dump(asdict(self), f, indent=1, sort_keys=True)
-        return path
-
-
-# ============================================================================= the driver
 ARCHS = ("gfx942", "gfx950", "sm_90")
+#: LDS / shared-memory limit of each cross-compilation arch, as CI checks it (a view of
+#: ``arch.ARCH_SPECS``; kernel modules read it from here or from the spec)
+LDS_LIMIT_BYTES = {arch: ARCH_SPECS[arch].lds_bytes for arch in ARCHS}
 #: VGPRs are allocated in blocks of 8 per lane on gfx90a/gfx942/gfx950 (arch VGPRs and AGPRs
 #: come from one 512-entry file per SIMD lane)
 VGPR_GRANULE = 8
 
+__all__ = ["ARCHS", "CompileRecord", "CompileSpec", "LDS_LIMIT_BYTES", "backend_specs", "check_records",
+           "compile_all", "compile_spec", "compile_specs", "main", "summary_line", "summary_table"]
+
 
 def target(arch: str):
-    from ._triton_compat import GPUTarget
-
-    if arch.startswith("gfx"):
-        return GPUTarget("hip", arch, 64)
-    if arch == "sm_90":
-        return GPUTarget("cuda", 90, 32)
-    raise ValueError(f"no cross-compilation target for arch {arch!r}; known: {', '.join(ARCHS)}")
+    if arch not in ARCHS:
+        raise ValueError(f"no cross-compilation target for arch {arch!r}; known: {', '.join(ARCHS)}")
+    return triton_target(arch)
 
 
 # ----------------------------------------------------------------------------- ISA parsing
@@ -129,10 +92,8 @@ def sass_mma_instructions(sass: str) -> list[str]:
 def nvidia_resources(cubin_path: str) -> dict:
     """Registers, shared and stack/local bytes per thread from ``cuobjdump --dump-resource-usage``
     (the Triton wheel ships it), plus the SASS text (``cuobjdump -sass``) when it works."""
-    from ._triton_compat import nvidia_tool
-
     out: dict = {}
-    tool = nvidia_tool("cuobjdump")
+    tool = compat.nvidia_tool("cuobjdump")
     if tool is None:
         return out
     usage = subprocess.run([tool, "--dump-resource-usage", cubin_path], capture_output=True, text=True)
@@ -149,19 +110,13 @@ def nvidia_resources(cubin_path: str) -> dict:
 # ----------------------------------------------------------------------------- compiling
 def compile_spec(spec: CompileSpec, out_dir: str | None) -> CompileRecord:
     """Compile one spec for its arch; write binary, ISA and record under ``out_dir`` (if any)."""
-    import tempfile
-
-    import triton
-
-    from ._triton_compat import ASTSource, GluonASTSource
-
     record = CompileRecord(name=spec.name, backend=spec.backend, arch=spec.arch, knobs=dict(spec.knobs), ok=False,
                            options=dict(spec.options))
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
     start = time.perf_counter()
     try:
-        source_cls = GluonASTSource if spec.gluon else ASTSource
+        source_cls = compat.GluonASTSource if spec.gluon else compat.ASTSource
         src = source_cls(spec.fn, spec.signature, spec.constexprs, spec.attrs)
         kernel = triton.compile(src, target=target(spec.arch), options=dict(spec.options))
     except Exception as exc:
@@ -203,8 +158,6 @@ def compile_spec(spec: CompileSpec, out_dir: str | None) -> CompileRecord:
         record.write(out_dir)
     else:
         record.isa = record.binary = None
-        import shutil
-
         shutil.rmtree(work_dir, ignore_errors=True)
     return record
 
@@ -240,9 +193,6 @@ def compile_specs(specs: list[CompileSpec], out_dir: str | None, *, jobs: int = 
         for i, spec in enumerate(specs):
             report(i, compile_spec(spec, out_dir))
         return records
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
     _POOL_SPECS = specs  # inherited by the forked workers; jitted functions do not pickle
     try:
         with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork")) as pool:
@@ -254,68 +204,41 @@ def compile_specs(specs: list[CompileSpec], out_dir: str | None, *, jobs: int = 
     return records
 
 
+def table_kernel_configs(backend: str, arch: str) -> list[dict]:
+    """The tuned table's configs for ``backend`` on ``arch``: each row's problem fields (those
+    set) merged with its knobs, what a backend's compile capability builds from."""
+    return [dict({k: v for k, v in fields.items() if v is not None}, **knobs)
+            for fields, name, knobs in table_configs(arch) if name == backend]
+
+
+def _compiler(backend: str):
+    chosen = registry.get(backend)
+    if chosen is None:
+        raise ValueError(f"the {backend} backend is not importable: {registry.load_error(backend)}")
+    if not isinstance(chosen, (SpecCompiled, SelfCompiled)):
+        raise ValueError(f"backend {backend!r} cannot be cross-compiled (it offers neither compile_specs "
+                         f"nor compile_records)")
+    return chosen
+
+
 def backend_specs(backend: str, arch: str, only_table: bool = False) -> list[CompileSpec]:
-    """Specs of every variant of ``backend`` that targets ``arch``: its whole compile matrix, or
-    with ``only_table`` the configs the tuned table can pick on ``arch``."""
-    if backend != "gluon":
-        raise ValueError(f"backend {backend!r} has no compile specs (flydsl compiles itself)")
-    from .backends.gluon import import_errors, variant_modules
-
-    modules = [m for m in variant_modules() if arch in m.ARCHS]
-    if not modules:
-        raise ValueError(f"no gluon variant targets {arch} (import errors: {import_errors()})")
-    specs: list[CompileSpec] = []
-    if not only_table:
-        for module in modules:
-            specs += module.compile_specs(arch)
-        return specs
-    from .table import table_configs
-
-    by_variant: dict[str, list[dict]] = {}
-    for fields, name, knobs in table_configs(arch):
-        if name != backend:
-            continue
-        variant = knobs.get("variant") or modules[0].VARIANT
-        config = {k: v for k, v in fields.items() if v is not None}
-        by_variant.setdefault(variant, []).append(dict(config, **knobs))
-    for module in modules:
-        configs = by_variant.pop(module.VARIANT, [])
-        if configs:
-            specs += module.compile_specs(arch, _unique(configs))
-    if by_variant:
-        raise ValueError(f"the table names gluon variants with no module for {arch}: {', '.join(by_variant)}")
-    return specs
-
-
-def _unique(configs: list[dict]) -> list[dict]:
-    """Table rows that differ only in batch / context / cu_num compile to the same kernel."""
-    seen, out = set(), []
-    for cfg in configs:
-        key = tuple(sorted((k, v) for k, v in cfg.items() if k not in ("batch", "context", "cu_num", "arch")))
-        if key not in seen:
-            seen.add(key)
-            out.append(cfg)
-    return out
+    """Specs of ``backend`` for ``arch``: its whole compile matrix, or with ``only_table`` the
+    configs the tuned table can pick on ``arch``."""
+    chosen = _compiler(backend)
+    if not isinstance(chosen, SpecCompiled):
+        raise ValueError(f"backend {backend!r} has no compile specs ({backend} compiles itself)")
+    return chosen.compile_specs(arch, table_kernel_configs(backend, arch) if only_table else None)
 
 
 def compile_all(backend: str, arch: str, out_dir: str | None, only_table: bool = False, progress: bool = True,
                 jobs: int = 1) -> list[CompileRecord]:
     """Compile every candidate (or every table config) of ``backend`` for ``arch``."""
-    from .arch import normalise_arch
-
     arch = normalise_arch(arch)
-    if backend == "flydsl":
-        import importlib
-
-        # the optional package first: without it every build worker would fail on its own
-        importlib.import_module("flydsl")  # ImportError names it (the CLI says: the rocm extra)
-        try:
-            flydsl = importlib.import_module("paged_mqa_logits.backends.flydsl_cdna")
-        except ImportError as exc:
-            raise ValueError(f"the flydsl backend is not importable: {exc}") from exc
-        return flydsl.compile_candidates(arch, out_dir, only_table)
-    specs = backend_specs(backend, arch, only_table)
-    return compile_specs(specs, out_dir, jobs=jobs, progress=progress)
+    chosen = _compiler(backend)
+    configs = table_kernel_configs(backend, arch) if only_table else None
+    if isinstance(chosen, SpecCompiled):
+        return compile_specs(chosen.compile_specs(arch, configs), out_dir, jobs=jobs, progress=progress)
+    return chosen.compile_records(arch, out_dir, configs)
 
 
 # ----------------------------------------------------------------------------- checks
@@ -401,8 +324,6 @@ def summary_table(records: list[CompileRecord]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    from .cli import ArgumentParser
-
     p = ArgumentParser(prog="python -m paged_mqa_logits compile",
                        description="Cross-compile a backend's candidates for an arch (no GPU needed); ends with one "
                                    "summary line, exit status 1 if any kernel fails to compile or a check fails.")

@@ -21,7 +21,8 @@ import sys
 import threading
 from dataclasses import dataclass, field
 
-from . import backends, table
+from . import table
+from .backends import registry
 from .problem import Problem
 
 LOG_ENV = ("AITER_LOG_TUNED_CONFIG", "PAGED_MQA_LOGITS_LOG_TUNED_CONFIG")
@@ -75,7 +76,7 @@ def choose(problem: Problem) -> Choice:
     choice = _CACHE.get(problem)
     if choice is None:
         generation = _GENERATION
-        choice = _decide(problem)  # loads the table (under its lock) before looking anything up
+        choice = decide(problem)  # loads the table (under its lock) before looking anything up
         with _LOCK:
             if generation != _GENERATION:
                 return choice
@@ -100,7 +101,10 @@ def _failed(problem: Problem, name: str, config: dict) -> str | None:
     return _FAILED.get((problem, name, knobs_key(config)))
 
 
-def _decide(problem: Problem) -> Choice:
+def decide(problem: Problem, backends: registry.Registry = registry.DEFAULT) -> Choice:
+    """The decision for ``problem``, made now and not cached (:func:`choose` caches it):
+    the table's row if its backend (from ``backends``, the registry) can serve, else the first
+    link of the arch's fallback chain that can."""
     match = table.lookup(problem)
     skipped: list[tuple[str, str]] = []
     if match.row is not None:

@@ -44,7 +44,7 @@ def describe_problem(
     return Problem(
         arch=arch, cu_num=cu_num, batch=batch, next_n=next_n, heads=heads, head_dim=head_dim,
         kv_block_size=kv_block_size, preshuffle=preshuffle, context=context, lens_2d=lens_2d,
-        fp8="fnuz" if arch == "gfx942" else "fn", device_type="cpu" if arch == "cpu" else "cuda",
+        fp8=arch_mod.native_fp8(arch), device_type="cpu" if arch == "cpu" else "cuda",
         max_model_len=max_model_len or context or 32768, hypothetical=True,
     )
 
@@ -65,7 +65,7 @@ def explain(
 ) -> dispatch.Choice:
     """The :class:`~paged_mqa_logits.dispatch.Choice` a call with these properties gets (the
     arguments and their rules are :func:`describe_problem`'s)."""
-    return dispatch._decide(describe_problem(
+    return dispatch.decide(describe_problem(
         arch=arch, cu_num=cu_num, batch=batch, next_n=next_n, heads=heads, head_dim=head_dim,
         kv_block_size=kv_block_size, preshuffle=preshuffle, context=context, lens_2d=lens_2d,
         max_model_len=max_model_len))

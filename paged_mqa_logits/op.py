@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from . import backends, dispatch
-from .problem import LaunchArgs
+from .problem import LaunchArgs, row_lengths
 from .validate import PagedMQAArgumentError, build_launch_args, check_options
 
 __all__ = ["paged_mqa_logits", "build_launch_args", "launch", "PagedMQAArgumentError"]
@@ -127,8 +127,6 @@ def _launch_dispatched(args: LaunchArgs) -> None:
 
 def clean(args: LaunchArgs) -> None:
     """Set ``[valid_end, max_model_len)`` of every row to ``-inf``; no host sync."""
-    from .reference import row_lengths
-
     rows, width = args.problem.rows, args.max_model_len
     valid_end = row_lengths(args.context_lens, args.problem.next_n).reshape(-1).clamp_max(args.visible_width)
     target = args.out[:rows, :width]

@@ -27,6 +27,15 @@ SUPPORTED_KV_BLOCK_SIZES = (1, 16, 32, 64, 128, 256)
 MAX_NEXT_N = 8
 
 
+def row_lengths(context_lens: torch.Tensor, next_n: int) -> torch.Tensor:
+    """``[B, next_n]`` int64 visible length of every query row (the row rule above)."""
+    lens = context_lens.long()
+    if lens.dim() == 1:
+        offsets = torch.arange(next_n, device=lens.device) - (next_n - 1)
+        return (lens[:, None] + offsets[None, :]).clamp_min(0)
+    return lens.clamp_min(0)
+
+
 def fp8_flavour(dtype: torch.dtype) -> str:
     """``"fn"`` for e4m3fn (OCP: gfx950, Hopper, Blackwell), ``"fnuz"`` for e4m3fnuz (gfx942)."""
     if dtype == torch.float8_e4m3fn:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .problem import HEAD_DIM, fp8_flavour
+from .problem import HEAD_DIM, fp8_flavour, row_lengths
 
 FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e4m3fnuz: 240.0}
 SHUFFLE_TILE = 16  # Preshuffle: 16 tokens x 16 bytes tiles
@@ -105,15 +105,6 @@ def unpack_kv_cache(
 
 
 # ----------------------------------------------------------------------------- semantics
-def row_lengths(context_lens: torch.Tensor, next_n: int) -> torch.Tensor:
-    """``[B, next_n]`` int64 visible length of every query row (see problem.py)."""
-    lens = context_lens.long()
-    if lens.dim() == 1:
-        offsets = torch.arange(next_n, device=lens.device) - (next_n - 1)
-        return (lens[:, None] + offsets[None, :]).clamp_min(0)
-    return lens.clamp_min(0)
-
-
 def _gather_keys(kv_cache, block_ids, kv_block_size, preshuffle, fp8_dtype):
     """Dequantised keys and scales of the blocks ``block_ids [B, n]``: ``[B, n*bs, D]``, ``[B, n*bs]``."""
     d = kv_cache.shape[-1] - 4

@@ -55,6 +55,8 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import backends
+from .arch import native_fp8, normalise_arch
 from .errors import PagedMQAArgumentError
 from .problem import Problem
 
@@ -150,8 +152,6 @@ def _parse_value(text: str):
 def known_columns() -> tuple[str, ...] | None:
     """Every column a table may have: keys, meta, the common knobs and every backend's knobs;
     ``None`` when a backend cannot be imported here (its knob names are then unknown)."""
-    from . import backends
-
     columns = list(REQUIRED_COLUMNS)
     for name in KNOWN_BACKENDS:
         backend = backends.get(name)
@@ -241,8 +241,6 @@ def _parse_row(cells: dict, where: str) -> Row:
         value = _parse_value(text)
         if value is not None:
             knobs[col] = value
-    from .arch import normalise_arch
-
     row = Row(
         arch=normalise_arch(cells["arch"]), preshuffle=pre in ("1", "true"), context=context,
         backend=cells["backend"], config=tuple(sorted(knobs.items())), us=us,
@@ -257,16 +255,12 @@ def _parse_row(cells: dict, where: str) -> Row:
 def _knob_error(row: Row) -> str | None:
     """The row's backend's verdict on its knobs, for the row's own problem (``None``: fine, or
     the backend cannot be imported here, so no call can reach it)."""
-    from . import backends
-    from .arch import NATIVE_FP8
-
     if backends.get(row.backend) is None:
         return None
-    native = NATIVE_FP8.get(row.arch, "fn")
     problem = Problem(
         arch=row.arch, cu_num=row.cu_num, batch=row.batch, next_n=row.next_n, heads=row.heads,
         head_dim=row.head_dim, kv_block_size=row.kv_block_size, preshuffle=row.preshuffle, context=row.context,
-        lens_2d=True, fp8=native if isinstance(native, str) else native[0],
+        lens_2d=True, fp8=native_fp8(row.arch),
         device_type="cpu" if row.arch == "cpu" else "cuda", max_model_len=max(row.context or 0, 131072),
         hypothetical=True,
     )
@@ -387,8 +381,6 @@ def lookup(problem: Problem) -> Match:
 
 def table_configs(arch: str) -> list[tuple[dict, str, dict]]:
     """Every ``(problem fields, backend, knobs)`` the table can pick for ``arch``."""
-    from .arch import normalise_arch
-
     arch = normalise_arch(arch)
     out = []
     for row in table().values():

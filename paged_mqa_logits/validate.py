@@ -17,6 +17,7 @@ import os
 import torch
 
 from . import arch as arch_mod
+from .backends import registry
 from .errors import PagedMQAArgumentError, env_flag
 from .problem import HEAD_DIM, MAX_NEXT_N, SUPPORTED_KV_BLOCK_SIZES, LaunchArgs, Problem, fp8_flavour, kv_fits_32bit
 
@@ -198,7 +199,7 @@ def build_launch_args(
     flavour = fp8_flavour(q.dtype)
     if not info.supports_fp8(flavour):
         _fail("q_fp8", f"the fp8 flavour native to {info.arch} "
-              f"({'e4m3fnuz' if arch_mod.NATIVE_FP8.get(info.arch) == 'fnuz' else 'e4m3fn'})",
+              f"({'e4m3' + arch_mod.native_fp8(info.arch)})",
               str(q.dtype).replace("torch.", ""))
 
     problem = Problem(
@@ -295,14 +296,12 @@ def check_options(context_hint, clean_logits, backend, config) -> None:
     """The keyword options, checked alike on the eager and the ``torch.ops`` paths (the public
     entry point checks them before choosing a path). A ``SymInt`` hint is left to the real
     implementation, which sees a plain int."""
-    from . import backends
-
     if context_hint is not None and not isinstance(context_hint, torch.SymInt):
         _host_int("context_hint", context_hint, 0)
     if not isinstance(clean_logits, bool):
         _fail("clean_logits", "a bool", repr(clean_logits))
-    if backend is not None and (not isinstance(backend, str) or backend not in backends.names()):
-        _fail("backend", "None or one of " + ", ".join(map(repr, backends.names())), repr(backend))
+    if backend is not None and (not isinstance(backend, str) or backend not in registry.names()):
+        _fail("backend", "None or one of " + ", ".join(map(repr, registry.names())), repr(backend))
     if config is not None:
         if not isinstance(config, dict):
             _fail("config", "a dict of knobs", type(config).__name__)

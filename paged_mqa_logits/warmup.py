@@ -10,7 +10,7 @@ key; dispatch gives its backend and knobs (table row, nearest row or defaults), 
 Triton compiles one binary per *specialisation* (constexprs, plus int arguments equal to 1 or
 divisible by 16, pointer alignment, ...), not per knob set. So for the Triton-based backends
 the specialisations of every problem are first computed on meta tensors
-(:func:`paged_mqa_logits.kernel_cache.launches_of`, no device work), and one real call on small
+(:func:`paged_mqa_logits.launches.launches_of`, no device work), and one real call on small
 synthetic inputs is made only for problems that bring a specialisation not yet warmed. The
 inputs are shaped like an engine's: the table is ``ceil(max_model_len / kv_block_size)`` wide
 and ``out_logits`` is a row slice of one ``[rows, max_model_len]`` workspace (pass the engine's
@@ -27,7 +27,17 @@ from dataclasses import dataclass, field
 
 import torch
 
+from tqdm import tqdm
+
+from . import backends, dispatch
+from ._triton_compat import current_device
+from .aot import launches, overlay
+from .arch import detect, native_fp8
+from .op import launch
 from .problem import HEAD_DIM, LaunchArgs, Problem, fp8_dtype
+from .reference import make_inputs
+from .table import table_configs
+from .validate import build_launch_args
 
 #: max_model_len used when none is given (DeepSeek-V3.2's 163840-token context)
 WARMUP_DEFAULT_MAX_MODEL_LEN = 163840
@@ -56,15 +66,9 @@ class Call:
     kind: str = "dispatch"  # "dispatch" (what the op runs) | "fallback" (a later backend's defaults)
 
 
-def native_fp8(arch: str) -> str:
-    return "fnuz" if arch == "gfx942" else "fn"
-
-
 def enumerate_calls(family: Family, *, arch: str, cu_num: int, fp8: str | None = None, device_type: str = "cuda",
                     hypothetical: bool = False, include_fallbacks: bool = True) -> list[Call]:
     """Every (problem, backend, knobs) the family can run, sorted so calls sharing inputs are adjacent."""
-    from . import backends, dispatch
-
     fp8 = fp8 or native_fp8(arch)
     calls = []
     for next_n in sorted(set(family.next_n)):
@@ -92,8 +96,6 @@ def table_families(arch: str, *, max_model_len: int = WARMUP_DEFAULT_MAX_MODEL_L
     """One family per (heads, kv_block_size, preshuffle, cu_num) of the arch's table rows:
     its tuned next_n values, batches ``1..largest tuned batch``, and the tuned contexts (plus
     ``None``) as hints."""
-    from .table import table_configs
-
     groups: dict[tuple, dict] = {}
     for fields, _backend, _knobs in table_configs(arch):
         key = (fields["heads"], fields["kv_block_size"], fields["preshuffle"], fields["cu_num"])
@@ -142,9 +144,6 @@ def warm_inputs(problem: Problem, *, device, workspace: torch.Tensor, kv_cache: 
         lens = torch.empty((p.batch, p.next_n) if p.lens_2d else (p.batch,), dtype=torch.int32, device=device)
         table = torch.empty((p.batch, width), dtype=torch.int32, device=device)
         return LaunchArgs(q, kv, weights, out, lens, table, p.max_model_len, bs, p.preshuffle, p)
-
-    from .reference import make_inputs
-    from .validate import build_launch_args
 
     inp = make_inputs(p.batch, p.next_n, p.heads, ctx, kv_block_size=bs, preshuffle=p.preshuffle, fp8_dtype=dtype,
                       lens_2d=p.lens_2d, max_model_len=ctx, device=device, seed=seed)
@@ -231,14 +230,8 @@ def warmup(
     Returns a :class:`WarmupSummary`; ``summary.missing`` is empty when every predicted kernel
     specialisation is in the JIT's cache.
     """
-    from tqdm import tqdm
-
-    from . import kernel_cache
-    from .arch import detect
-    from .op import launch
-
     started = time.perf_counter()
-    precompiled = kernel_cache.activate()
+    precompiled = overlay.activate()
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     device = torch.device(device)
@@ -260,9 +253,9 @@ def warmup(
         workspace = torch.empty((rows, max_model_len), dtype=torch.float32, device=device)
     if workspace.shape[0] < rows or workspace.shape[1] < max_model_len:
         raise ValueError(f"workspace must be at least [{rows}, {max_model_len}], got {tuple(workspace.shape)}")
-    meta_workspace = kernel_cache.meta_mirror(workspace)
-    meta_kv = None if kv_cache is None else kernel_cache.meta_mirror(kv_cache)
-    target = kernel_cache.current_target() if device.type == "cuda" else None
+    meta_workspace = launches.meta_mirror(workspace)
+    meta_kv = None if kv_cache is None else launches.meta_mirror(kv_cache)
+    target = launches.current_target() if device.type == "cuda" else None
 
     warmed: set[tuple] = set()  # (kernel id, jit key) predicted and run
     predicted: dict[tuple, object] = {}  # same keys -> kernel
@@ -275,10 +268,10 @@ def warmup(
         entry = per_config.setdefault(config_key, {"backend": call.backend, "config": dict(call.config),
                                                    "kind": call.kind, "keys": set(), "calls": 0})
         keys = None
-        if target is not None and call.backend in kernel_cache.TRITON_BACKENDS:
+        if target is not None and call.backend in launches.TRITON_BACKENDS:
             meta_args = warm_inputs(p, device="meta", workspace=meta_workspace, kv_cache=meta_kv)
             try:
-                recorded = kernel_cache.launches_of(call.backend, meta_args, call.config, target)
+                recorded = launches.launches_of(call.backend, meta_args, call.config, target)
                 keys = {(id(r.kernel), r.jit_key): r.kernel for r in recorded}
             except Exception as exc:  # cannot specialise on meta tensors: run it once per group instead
                 note = f"{call.backend}: specialisations not predicted ({type(exc).__name__}: {exc})"
@@ -316,16 +309,12 @@ def warmup(
 
 
 def _family_rows(arch, heads, kv_block_size, preshuffle):
-    from .table import table_configs
-
     return [r for r in table_configs(arch)
             if (r[0]["heads"], r[0]["kv_block_size"], r[0]["preshuffle"]) == (heads, kv_block_size, preshuffle)]
 
 
 def _not_in_jit_cache(predicted: dict) -> list[str]:
     """Predicted (kernel, key) pairs absent from the JIT's in-memory cache of the current device."""
-    from ._triton_compat import current_device
-
     device = current_device()
     missing = []
     for (_, key), kernel in predicted.items():

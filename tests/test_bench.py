@@ -11,6 +11,7 @@ import sys
 import pytest
 import torch
 
+from paged_mqa_logits.backends import registry
 from paged_mqa_logits import backends, bench
 from paged_mqa_logits.bench import Impl, Schedule, Shape
 
@@ -27,8 +28,8 @@ ANCHOR_FILE = os.path.join(ROOT, "benchmarks", "h200", "deepgemm_anchor.csv")
 @pytest.fixture
 def fake_backend(monkeypatch):
     """Registers the misbehaving test backend for one test only."""
-    monkeypatch.setattr(backends, "_REGISTRY", dict(backends._REGISTRY, fake="fake_backends:IN_PROCESS"))
-    monkeypatch.setattr(backends, "_LOADED", dict(backends._LOADED, fake=fake_backends.IN_PROCESS))
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY, fake="fake_backends:IN_PROCESS"))
+    monkeypatch.setattr(registry, "_LOADED", dict(registry._LOADED, fake=fake_backends.IN_PROCESS))
 
 
 def test_accounting_counts_visible_pairs_and_walked_tokens():
@@ -242,8 +243,8 @@ def test_cli_all_candidates_from_a_shapes_file(tmp_path, fake_backend):
 
 
 def test_host_overhead_benchmark_runs(monkeypatch, capsys):
-    monkeypatch.setattr(backends, "_REGISTRY", dict(backends._REGISTRY))
-    monkeypatch.setattr(backends, "_LOADED", dict(backends._LOADED))
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    monkeypatch.setattr(registry, "_LOADED", dict(registry._LOADED))
     spec = importlib.util.spec_from_file_location("host_overhead", os.path.join(ROOT, "benchmarks", "host_overhead.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from op_cases import positional
+from paged_mqa_logits.backends import registry
 from paged_mqa_logits import backends, dispatch, op, paged_mqa_logits, reload_tuned_table, table
 from paged_mqa_logits.reference import check_logits, make_inputs, reference_logits
 
@@ -47,8 +48,8 @@ def raising(monkeypatch):
     monkeypatch.setattr(dispatch, "fallback_chain", lambda arch: ("raising", "torch"))
     reload_tuned_table()
     yield backend
-    backends._REGISTRY.pop("raising", None)
-    backends._LOADED.pop("raising", None)
+    registry._REGISTRY.pop("raising", None)
+    registry._LOADED.pop("raising", None)
     reload_tuned_table()
 
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from paged_mqa_logits import kernel_cache as kc
+from paged_mqa_logits.aot import overlay
 from paged_mqa_logits import reload_tuned_table
 from paged_mqa_logits._triton_compat import per_kernel_launchers
 from paged_mqa_logits.problem import Problem
@@ -167,7 +168,7 @@ def test_lookup_rule_env_defaults_and_off(tmp_path, monkeypatch, clean_activatio
     monkeypatch.setenv(kc.ENV_CACHE, "off")
     assert kc.cache_dirs() == []
     monkeypatch.delenv(kc.ENV_CACHE)
-    monkeypatch.setattr(kc, "default_dirs", lambda: [str(tmp_path / "nope"), str(b)])
+    monkeypatch.setattr(overlay, "default_dirs", lambda: [str(tmp_path / "nope"), str(b)])
     assert kc.cache_dirs() == [str(b)]
 
 

@@ -65,6 +65,7 @@ import torch
 import triton
 import paged_mqa_logits as pml
 from paged_mqa_logits import kernel_cache
+from paged_mqa_logits.aot import overlay
 from paged_mqa_logits.reference import make_inputs
 
 mode = sys.argv[1]
@@ -76,7 +77,7 @@ torch.empty(1, device="cuda"); torch.cuda.synchronize()
 t_ready = time.perf_counter()
 # Does the package turn the precompiled cache on by itself? (backends.get calls activate())
 import inspect, paged_mqa_logits.backends as be
-self_activating = "kernel_cache" in inspect.getsource(be.get)
+self_activating = "overlay.activate" in inspect.getsource(be.get)
 if not self_activating:
     kernel_cache.activate()
 if mode == "call":
@@ -95,7 +96,7 @@ else:
     torch.cuda.synchronize(); t1 = time.perf_counter()
     result = {"warmup_s": t1 - t0, "warmup_calls": s.calls_run, "kernels": s.kernels, "missing": len(s.missing)}
     print(s.describe(), file=sys.stderr)
-result.update(counts, mode=mode, self_activating=self_activating, cache_dirs=kernel_cache._ACTIVE or [],
+result.update(counts, mode=mode, self_activating=self_activating, cache_dirs=overlay._ACTIVE or [],
               startup_s=t_ready - t_proc, process_s=time.perf_counter() - t_proc)
 print("RESULT " + json.dumps(result))
 EOF

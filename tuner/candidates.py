@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass
 
 from paged_mqa_logits import backends
+from paged_mqa_logits.arch import native_fp8
 from paged_mqa_logits.problem import Problem
 
 from .keys import TuneKey
@@ -52,7 +53,7 @@ class Target:
         return Problem(
             arch=self.arch, cu_num=self.cu_num, batch=key.batch, next_n=key.next_n, heads=key.heads,
             head_dim=key.head_dim, kv_block_size=key.kv_block_size, preshuffle=key.preshuffle, context=context,
-            lens_2d=True, fp8="fnuz" if self.arch == "gfx942" else "fn", device_type=self.device_type,
+            lens_2d=True, fp8=native_fp8(self.arch), device_type=self.device_type,
             max_model_len=context or max(key.contexts), hypothetical=self.hypothetical,
         )
 

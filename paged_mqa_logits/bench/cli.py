@@ -10,6 +10,7 @@ import torch
 from tqdm import tqdm
 
 from .. import backends
+from ..arch import native_fp8
 from ..problem import HEAD_DIM, Problem
 from .deepgemm import deepgemm_available
 from .environment import Environment, environment
@@ -46,7 +47,7 @@ def _problem_for(shape: Shape, env: Environment, device):
 
     return Problem(arch=env.arch, cu_num=env.cu_num, batch=shape.batch, next_n=shape.next_n, heads=shape.heads,
                    head_dim=shape.head_dim, kv_block_size=shape.kv_block_size, preshuffle=shape.preshuffle,
-                   context=shape.context, lens_2d=shape.lens_2d, fp8="fnuz" if env.arch == "gfx942" else "fn",
+                   context=shape.context, lens_2d=shape.lens_2d, fp8=native_fp8(env.arch),
                    device_type=torch.device(device).type, max_model_len=shape.context)
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..arch import detect
+from ..arch import detect, native_fp8_dtype
 from ..problem import LaunchArgs
 from ..reference import logits_into, make_inputs
 from ..validate import build_launch_args
@@ -44,10 +44,6 @@ def accounting(shape: Shape, lens: list[int], max_model_len: int, max_blocks: in
         visible += sum(rows)
         walked += max(rows)
     return Accounting(visible, walked * (shape.head_dim + 4), visible * 4)
-
-
-def _fp8_dtype(arch: str) -> torch.dtype:
-    return torch.float8_e4m3fnuz if arch == "gfx942" else torch.float8_e4m3fn
 
 
 def _copy_footprint(shape: Shape, lens: list[int]) -> tuple[int, int]:
@@ -141,7 +137,7 @@ def build_workload(shape: Shape, device: str | torch.device = "cpu", *, copies: 
     inputs, args = [], []
     for i in range(copies):
         inp = make_inputs(shape.batch, shape.next_n, shape.heads, lens, kv_block_size=shape.kv_block_size,
-                          preshuffle=shape.preshuffle, fp8_dtype=_fp8_dtype(arch), lens_2d=shape.lens_2d,
+                          preshuffle=shape.preshuffle, fp8_dtype=native_fp8_dtype(arch), lens_2d=shape.lens_2d,
                           max_model_len=max(lens), device=dev, seed=seed + i, head_dim=shape.head_dim)
         inputs.append(inp)
         args.append(build_launch_args(inp["q_fp8"], inp["kv_cache"], inp["weights"], inp["out_logits"],

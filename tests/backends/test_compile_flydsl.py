@@ -21,8 +21,12 @@ import pytest
 
 from paged_mqa_logits.backends.flydsl import build
 from paged_mqa_logits.backends.flydsl.backend import BACKEND, NOT_INSTALLED, flydsl_installed
-from paged_mqa_logits.compile import check_records
+from paged_mqa_logits.compile import check_records, compile_all
 from paged_mqa_logits.schedule import SCHEDULES
+
+
+def _plans(problem, configs):
+    return [BACKEND.plan(problem, config) for config in configs]
 
 ARCHS = ("gfx942", "gfx950")
 
@@ -40,13 +44,13 @@ def _selection(arch):
                                      (32, 1, ("balanced",))):
         problem = build._problem(arch, heads, next_n, 64, True, True)
         configs = [c for c in BACKEND.candidates(problem) if c["Schedule"] in schedules]
-        for plan in build._plans_for(problem, configs):
+        for plan in _plans(problem, configs):
             plans[plan.name] = plan
     for kv_block_size, preshuffle, lens_2d, next_n in ((16, False, False, 2), (32, True, False, 5), (128, False, True, 4),
                                                        (256, True, True, 1)):
         problem = build._problem(arch, 64, next_n, kv_block_size, preshuffle, lens_2d)
         # balanced where the layout allows it at ChunkK 128 (<= 2 blocks per stage), else split
-        plan = next(plan for plan in build._plans_for(problem, [{"ChunkK": 128, "WavePerEU": 2, "Schedule": schedule}
+        plan = next(plan for plan in _plans(problem, [{"ChunkK": 128, "WavePerEU": 2, "Schedule": schedule}
                                                                 for schedule in SCHEDULES])
                     if plan.config_error() is None)
         plans[plan.name] = plan
@@ -114,7 +118,7 @@ def test_only_table_compiles_what_the_table_names(monkeypatch, tmp_path):
             ({"heads": 64, "next_n": 1, "kv_block_size": 64, "preshuffle": True, "batch": 1, "context": None},
              "gluon", {"ChunkK": 256, "WavePerEU": 4})]
     monkeypatch.setattr(table, "table_configs", lambda arch: rows)
-    records = build.compile_candidates("gfx950", str(tmp_path), only_table=True)
+    records = compile_all("flydsl", "gfx950", str(tmp_path), only_table=True)
     assert sorted(r.name for r in records) == ["flydsl_gfx950_h32_n2_kb64_shuf_1d_ck128_w2_balanced_f8f6f4",
                                                "flydsl_gfx950_h32_n2_kb64_shuf_2d_ck128_w2_balanced_f8f6f4"]
     assert check_records(records) == []
@@ -122,7 +126,7 @@ def test_only_table_compiles_what_the_table_names(monkeypatch, tmp_path):
 
 def test_knob_space_covers_every_candidate():
     for arch in ARCHS:
-        names = {plan.name for plan in build.knob_space(arch)}
+        names = {plan.name for plan in build.knob_space(BACKEND, arch)}
         for heads in (32, 64):
             for next_n in range(1, 9):
                 problem = build._problem(arch, heads, next_n, 64, True, True)

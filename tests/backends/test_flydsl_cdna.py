@@ -53,7 +53,7 @@ def _python(code: str) -> str:
 
 # ============================================================================ import safety
 def test_importing_the_package_never_imports_flydsl():
-    out = _python("import sys, paged_mqa_logits, paged_mqa_logits.backends.flydsl_cdna as m\n"
+    out = _python("import sys, paged_mqa_logits, paged_mqa_logits.backends.flydsl as m\n"
                   "from paged_mqa_logits.backends import get\n"
                   "assert get('flydsl') is m.BACKEND\n"
                   "print(sorted(n for n in sys.modules if n == 'flydsl' or n.startswith('flydsl.')))")

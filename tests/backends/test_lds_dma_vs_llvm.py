@@ -21,7 +21,7 @@ import re
 import pytest
 
 from paged_mqa_logits.backends.flydsl import build
-from paged_mqa_logits.backends.flydsl.backend import NOT_INSTALLED, flydsl_installed
+from paged_mqa_logits.backends.flydsl.backend import BACKEND, NOT_INSTALLED, flydsl_installed
 
 #: (arch, bytes per lane) of the copies FlyDSL issues: gfx942 only has the 4-byte form
 COPIES = (("gfx942", 4), ("gfx950", 4), ("gfx950", 16))
@@ -163,7 +163,7 @@ def flydsl_isa(tmp_path_factory):
     out = {}
     for arch in FLYDSL_COPY_BYTES:
         problem = build._problem(arch, 32, 1, 64, True, True)
-        plan = next(p for p in build._plans_for(problem, [{"ChunkK": 64, "WavePerEU": 2, "Schedule": "balanced"}])
+        plan = next(p for p in (BACKEND.plan(problem, c) for c in [{"ChunkK": 64, "WavePerEU": 2, "Schedule": "balanced"}])
                     if p.config_error() is None)
         (record,) = build.compile_plans(arch, [plan], str(tmp_path_factory.mktemp(arch)), progress=False)
         with open(record.isa) as f:

@@ -21,26 +21,17 @@ scales; ``fp8``, the plain 16x16x32 one -- gfx942 has only ``fp8``).
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 
 import torch
 
+from ...arch import native_fp8
 from ...problem import LaunchArgs, Problem
 from ...schedule import BALANCED, SCHEDULES, derive_split_kv, persistent_programs
-from .. import MAX_SPLIT_KV, check_knob_space
+from ..base import MAX_SPLIT_KV, check_knob_space
+from . import build
 from .plan import ARCHS, CHUNK_KS, MFMA_KINDS, WAVE_PER_EUS, KernelPlan
-
-NOT_INSTALLED = "flydsl is not installed (pip install paged_mqa_logits[rocm])"
-NATIVE_FP8 = {"gfx942": "fnuz", "gfx950": "fn"}
-
-
-def flydsl_installed() -> bool:
-    """Whether ``import flydsl`` would find the package (without importing it)."""
-    try:
-        return importlib.util.find_spec("flydsl") is not None
-    except (ImportError, ValueError):
-        return False
-
+from .toolchain import NOT_INSTALLED, flydsl_installed
 
 def rocm_runtime_problem(arch: str) -> str | None:
     """Why this process cannot run a ROCm kernel for ``arch`` (``None`` = it can)."""
@@ -71,7 +62,7 @@ class FlyDSLBackend:
             return f"flydsl runs on {', '.join(ARCHS)}, not {problem.arch}"
         problems = [problem] if problem is not None else [
             Problem(arch=a, cu_num=0, batch=1, next_n=1, heads=64, head_dim=128, kv_block_size=64, preshuffle=False,
-                    context=None, lens_2d=True, fp8=NATIVE_FP8[a], device_type="cuda", max_model_len=131072,
+                    context=None, lens_2d=True, fp8=native_fp8(a), device_type="cuda", max_model_len=131072,
                     hypothetical=True) for a in ARCHS]
         errors = []
         for p in problems:
@@ -88,8 +79,8 @@ class FlyDSLBackend:
     def unsupported(self, problem: Problem) -> str | None:
         if problem.arch not in ARCHS:
             return f"flydsl kernels are built for gfx942/gfx950, not {problem.arch}"
-        if problem.fp8 != NATIVE_FP8[problem.arch]:
-            return (f"{problem.arch} computes fp8 e4m3{NATIVE_FP8[problem.arch]} natively; the inputs are "
+        if problem.fp8 != native_fp8(problem.arch):
+            return (f"{problem.arch} computes fp8 e4m3{native_fp8(problem.arch)} natively; the inputs are "
                     f"e4m3{problem.fp8}")
         if problem.head_dim != 128:
             return f"head_dim must be 128, got {problem.head_dim}"
@@ -166,6 +157,14 @@ class FlyDSLBackend:
         from .kernel import launch_plan  # imports flydsl
 
         launch_plan(plan, args, self.grid_x(problem, plan, config))
+
+    def compile_records(self, arch: str, out_dir: str | None, configs: list[dict] | None = None) -> list:
+        """Build this backend's kernels for ``arch`` without a GPU, in child processes (see
+        ``build.py``): the whole knob space, or the given table configs."""
+        # the optional package first: without it every build worker would fail on its own (the
+        # ImportError names it, and the CLI names the extra that installs it)
+        importlib.import_module("flydsl")
+        return build.compile_records(self, arch, out_dir, configs)
 
 
 BACKEND = FlyDSLBackend()

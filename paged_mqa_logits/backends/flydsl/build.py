@@ -29,65 +29,54 @@ import threading
 import time
 from dataclasses import asdict
 
-from ...compile import CompileRecord
+from ... import _triton_compat
+from ...arch import native_fp8, normalise_arch
+from ...problem import Problem
+from ..base import CompileRecord
 from .plan import ARCHS, HEADS, KV_BLOCK_SIZES, LDS_PER_CU, KernelPlan
+from .toolchain import NOT_INSTALLED, flydsl_installed
 
 BACKEND_NAME = "flydsl"
 MAX_WORKERS = 4
 
 # ============================================================================ what to compile
 def _problem(arch: str, heads: int, next_n: int, kv_block_size: int, preshuffle: bool, lens_2d: bool):
-    from ...problem import Problem
-
-    fp8 = {"gfx942": "fnuz", "gfx950": "fn"}[arch]
-    return Problem(arch, 0, 1, next_n, heads, 128, kv_block_size, preshuffle, None, lens_2d, fp8, "cuda", 8192,
+    return Problem(arch, 0, 1, next_n, heads, 128, kv_block_size, preshuffle, None, lens_2d, native_fp8(arch), "cuda", 8192,
                    hypothetical=True)
 
 
-def _plans_for(problem, configs) -> list[KernelPlan]:
-    from .backend import BACKEND
-
-    return [BACKEND.plan(problem, config) for config in configs]
-
-
-def knob_space(arch: str) -> list[KernelPlan]:
+def knob_space(backend, arch: str) -> list[KernelPlan]:
     """Every candidate (ChunkK x WavePerEU x Schedule x Mfma) of the canonical layout (KVBlockSize 64, Preshuffle,
     2-D lengths) for heads 32/64 and next_n 1..8, plus each cache/length layout (KVBlockSize
-    16..256, plain and Preshuffle, 1-D and 2-D) with the default knobs for two shapes."""
-    from .backend import BACKEND
-
+    16..256, plain and Preshuffle, 1-D and 2-D) with the default knobs for two shapes. ``backend``
+    is the flydsl backend object, whose ``plan`` realises a config."""
     plans: dict[str, KernelPlan] = {}
     for heads in HEADS:
         for next_n in range(1, 9):
             problem = _problem(arch, heads, next_n, 64, True, True)
-            for plan in _plans_for(problem, BACKEND.candidates(problem)):
+            for plan in (backend.plan(problem, config) for config in backend.candidates(problem)):
                 plans[plan.name] = plan
     for heads, next_n in ((64, 1), (32, 3)):
         for kv_block_size in KV_BLOCK_SIZES:
             for preshuffle in (True, False):
                 for lens_2d in (True, False):
                     problem = _problem(arch, heads, next_n, kv_block_size, preshuffle, lens_2d)
-                    for plan in _plans_for(problem, [BACKEND.default_config(problem)]):
-                        plans[plan.name] = plan
+                    plan = backend.plan(problem, backend.default_config(problem))
+                    plans[plan.name] = plan
     return list(plans.values())
 
 
-def table_plans(arch: str) -> list[KernelPlan]:
-    """The configs the tuned table can pick for ``arch`` (both length layouts: the table does
-    not key on them)."""
-    from ... import table
-
+def config_plans(backend, arch: str, configs: list[dict]) -> list[KernelPlan]:
+    """The plans of table configs (row fields merged with the row's knobs) for ``arch``, in both
+    length layouts (the table does not key on them)."""
     plans: dict[str, KernelPlan] = {}
-    for fields, backend, knobs in table.table_configs(arch):
-        if backend != BACKEND_NAME:
-            continue
+    for config in configs:
+        knobs = {k: v for k, v in config.items() if k in backend.knobs}
         for lens_2d in (True, False):
-            problem = _problem(arch, fields["heads"], fields["next_n"], fields["kv_block_size"],
-                               bool(fields["preshuffle"]), lens_2d)
-            from .backend import BACKEND
-
-            if BACKEND.unsupported(problem) is None:
-                plan = BACKEND.plan(problem, knobs)
+            problem = _problem(arch, config["heads"], config["next_n"], config["kv_block_size"],
+                               bool(config["preshuffle"]), lens_2d)
+            if backend.unsupported(problem) is None:
+                plan = backend.plan(problem, knobs)
                 plans[plan.name] = plan
     return list(plans.values())
 
@@ -146,8 +135,7 @@ def _linker_stand_in(directory: str) -> str | None:
 
 #: the package's Triton compatibility module; the stand-in loads it by path, since importing
 #: the package would import torch for every link
-_COMPAT_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                            "_triton_compat.py")
+_COMPAT_PATH = os.path.abspath(_triton_compat.__file__)
 _STAND_IN_SOURCE = '''"""ld.lld stand-in for FlyDSL compile-only builds: ld.lld -shared IN.o -o OUT.hsaco."""
 import importlib.util
 import sys
@@ -176,8 +164,6 @@ def compile_plans(arch: str, plans: list[KernelPlan], out_dir: str | None, worke
     """Compile ``plans`` for ``arch`` in child processes (up to ``workers`` in parallel)."""
     if arch not in ARCHS:
         raise ValueError(f"flydsl compiles for {'/'.join(ARCHS)}, not {arch}")
-    from .backend import NOT_INSTALLED, flydsl_installed
-
     if not flydsl_installed():
         raise RuntimeError(NOT_INSTALLED)
     if not plans:
@@ -239,13 +225,12 @@ def compile_plans(arch: str, plans: list[KernelPlan], out_dir: str | None, worke
         return out
 
 
-def compile_candidates(arch: str, out_dir: str | None, only_table: bool = False) -> list[CompileRecord]:
-    """Compile every candidate of the knob space (or only the tuned table's configs) for
-    ``arch`` without a GPU. See :func:`knob_space` / :func:`table_plans`."""
-    from ...arch import normalise_arch
-
+def compile_records(backend, arch: str, out_dir: str | None, configs: list[dict] | None = None) -> list[CompileRecord]:
+    """Compile every candidate of the knob space (``configs`` ``None``) or the given table
+    configs for ``arch`` without a GPU. See :func:`knob_space` / :func:`config_plans`."""
     arch = normalise_arch(arch)
-    return compile_plans(arch, table_plans(arch) if only_table else knob_space(arch), out_dir)
+    plans = knob_space(backend, arch) if configs is None else config_plans(backend, arch, configs)
+    return compile_plans(arch, plans, out_dir)
 
 
 def _knobs(plan: KernelPlan) -> dict:

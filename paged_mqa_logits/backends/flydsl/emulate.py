@@ -43,12 +43,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ...arch import native_fp8_dtype
 from ...problem import LaunchArgs
 from .algorithm import ARG_NAMES, KernelBody, grid, launch_arguments
 from .plan import WAVE_SIZE, WAVES, KernelPlan
 
 _REGION_BITS = 40  # tensor k lives at addresses [(k + 1) << 40, (k + 2) << 40)
-_FP8 = {"gfx942": torch.float8_e4m3fnuz, "gfx950": torch.float8_e4m3fn}
 
 
 class EmulationFault(RuntimeError):
@@ -116,7 +116,7 @@ class EmulatedOps:
                  trace_stores: bool = False):
         self.plan, self.memory, self.ids = plan, memory, (x, y)
         self.lds = np.zeros(0, np.uint8)
-        self.fp8 = _FP8[plan.arch]
+        self.fp8 = native_fp8_dtype(plan.arch)
         self.active = np.ones(WAVES, bool)  # waves executing the current branch
         self.stats = stats if stats is not None else EmulationStats()
         self.store_trace = self.stats.stores.setdefault(self.ids, []) if trace_stores else None

@@ -164,7 +164,7 @@ class KernelPlan:
         ChunkK) space with LLVM from flydsl 0.5.0: Q fragments (heads/2 per row slot) and
         weights (heads/4 per row slot) stay resident; the reduce group's keys, accumulators and
         partials add 0 / 34 / 60 for 1 / 2 / 4 tiles; 30 for addresses, masks and scales. The
-        compile checks (``compile_candidates``) are what proves a candidate fits."""
+        compile checks (``build.compile_records``) are what proves a candidate fits."""
         return self.rows_per_wave * self.heads * 3 // 4 + {1: 0, 2: 34, 4: 60}[self.reduce_group] + 30
 
     @property

@@ -26,6 +26,7 @@ from __future__ import annotations
 import importlib
 
 from ...problem import LaunchArgs, Problem
+from ..base import CompileSpec
 
 #: variant modules, in preference order for an arch's default variant
 VARIANT_MODULES = ("hopper_wgmma", "hopper_wgmma_ws", "hopper_mma", "cdna")
@@ -123,6 +124,38 @@ class GluonBackend:
 
     def launch(self, args: LaunchArgs, config: dict) -> None:
         self.variant(args.problem, config).launch(args, config)
+
+    def compile_specs(self, arch: str, configs: list[dict] | None = None) -> list[CompileSpec]:
+        """Specs of every variant that targets ``arch``: its whole compile matrix (``configs``
+        ``None``), or the given table configs (row fields merged with knobs), each built by the
+        variant it names (default: the arch's first variant)."""
+        modules = [m for m in _MODULES if arch in m.ARCHS]
+        if not modules:
+            raise ValueError(f"no gluon variant targets {arch} (import errors: {import_errors()})")
+        if configs is None:
+            return [spec for module in modules for spec in module.compile_specs(arch)]
+        by_variant: dict[str, list[dict]] = {}
+        for config in configs:
+            by_variant.setdefault(config.get("variant") or modules[0].VARIANT, []).append(config)
+        specs: list[CompileSpec] = []
+        for module in modules:
+            chosen = by_variant.pop(module.VARIANT, [])
+            if chosen:
+                specs += module.compile_specs(arch, _distinct_kernels(chosen))
+        if by_variant:
+            raise ValueError(f"the table names gluon variants with no module for {arch}: {', '.join(by_variant)}")
+        return specs
+
+
+def _distinct_kernels(configs: list[dict]) -> list[dict]:
+    """Table rows that differ only in batch / context / cu_num compile to the same kernel."""
+    seen, out = set(), []
+    for cfg in configs:
+        key = tuple(sorted((k, v) for k, v in cfg.items() if k not in ("batch", "context", "cu_num", "arch")))
+        if key not in seen:
+            seen.add(key)
+            out.append(cfg)
+    return out
 
 
 BACKEND = GluonBackend()

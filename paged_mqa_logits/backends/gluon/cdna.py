@@ -36,11 +36,12 @@ import sys
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
+from ... import _triton_compat as compat
 from ..._triton_compat import AMD_VGPR_MARGIN
-from ...compile import LDS_LIMIT_BYTES, VGPRS_PER_SIMD, CompileSpec
+from ...arch import ARCH_SPECS, native_fp8
 from ...problem import LaunchArgs, Problem
 from ...schedule import derive_split_kv
-from .. import MAX_SPLIT_KV
+from ..base import MAX_SPLIT_KV, CompileSpec
 from . import common
 
 VARIANT = "mfma"
@@ -49,7 +50,7 @@ KNOBS = ("ChunkK", "WavePerEU", "SplitKV", "ReuseKV", "Mfma", "QInLDS", "Prefetc
 #: allowed values per knob (combinations, e.g. Mfma per arch, are judged by :func:`_knobs`)
 KNOB_SPACE = {"ChunkK": (64, 128, 256), "WavePerEU": (1, 2, 4), "SplitKV": range(0, MAX_SPLIT_KV + 1), "ReuseKV": (0, 1),
               "Mfma": ("fp8", "f8f6f4"), "QInLDS": (0, 1), "Prefetch": (0, 1), "Schedule": common.SCHEDULES}
-FP8 = {"gfx942": "fnuz", "gfx950": "fn"}
+FP8 = {arch: native_fp8(arch) for arch in ARCHS}
 #: MFMA families per arch, default first
 MFMA_KINDS = {"gfx942": ("fp8",), "gfx950": ("f8f6f4", "fp8")}
 WAVES_PER_EU = (1, 2, 4)
@@ -141,7 +142,7 @@ BALANCED_VGPRS = 24
 
 def _fits(problem: Problem, chunk: int, waves: int, rows: int, q_lds: int, prefetch: int,
           balanced: bool = False) -> bool:
-    if lds_bytes(rows, problem.heads, q_lds) * waves > LDS_LIMIT_BYTES[problem.arch]:
+    if lds_bytes(rows, problem.heads, q_lds) * waves > ARCH_SPECS[problem.arch].lds_bytes:
         return False
     if balanced and prefetch and (waves >= 4 or not problem.kv_aligned16 or not problem.kv_32bit):
         # measured: the segment loop and a prefetched tile do not fit together at 128 VGPRs, nor
@@ -152,7 +153,7 @@ def _fits(problem: Problem, chunk: int, waves: int, rows: int, q_lds: int, prefe
     # real block stride are 16-byte multiples; caches past 2 GiB take 64-bit addresses
     need = vgpr_estimate(problem.heads, chunk, rows, q_lds, problem.kv_aligned16, prefetch, problem.kv_32bit) \
         + AMD_VGPR_MARGIN + (BALANCED_VGPRS if balanced else 0)
-    return need <= VGPRS_PER_SIMD[problem.arch] // waves
+    return need <= ARCH_SPECS[problem.arch].vgprs_per_simd // waves
 
 
 def vgpr_estimate(heads: int, chunk: int, rows: int, q_lds: int, aligned: bool = True, prefetch: int = 1,
@@ -322,15 +323,13 @@ def compile_specs(arch: str, configs: list[dict] | None = None) -> list[CompileS
     """One spec per config (problem fields + knobs + cache ``layout``, see ``compile_matrix``),
     specialised as the JIT specialises a typical vLLM call (:func:`common.typical_arguments`)
     on that cache layout."""
-    from ..._triton_compat import HIPBackend
-
     specs = []
     for cfg in configs if configs is not None else compile_matrix(arch):
         problem = layout_problem(common.problem_for(arch, FP8[arch], cfg), cfg)
         kv_32bit = problem.kv_32bit
         consts = constexprs(problem, cfg, kv_32bit)
         signature, consts, attrs = common.specialise(common.register_mma_logits_kernel,
-                                                     _layout_arguments(problem), consts, HIPBackend)
+                                                     _layout_arguments(problem), consts, compat.HIPBackend)
         chunk, waves, split, reuse, kind, q_lds, prefetch = _knobs(problem, cfg)
         knobs = {"variant": VARIANT, "ChunkK": chunk, "WavePerEU": waves, "SplitKV": split, "ReuseKV": reuse,
                  "Mfma": kind, "QInLDS": q_lds, "Prefetch": prefetch, "Schedule": common.schedule_of(problem, cfg)}

@@ -55,8 +55,10 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from ..._triton_compat import thread_barrier
-from ...problem import kv_fits_32bit  # noqa: F401  (the 32-bit cache rule; launchers use it from here)
+from ... import _triton_compat as compat
+from ...problem import Problem, kv_fits_32bit  # noqa: F401  (the 32-bit cache rule; launchers use it from here)
 from ...schedule import BALANCED, BALANCED_MIN_BATCH, SCHEDULES, SPLIT, persistent_programs
+from ..base import check_knob_space, describe_allowed
 
 #: kernel parameters that change from call to call without changing the code: never
 #: specialised, so a warm-up compile serves every later call (and CI compiles what runs)
@@ -568,8 +570,6 @@ def specialise(fn, runtime_args: tuple, constexprs: dict, backend_cls) -> tuple[
     with ``runtime_args`` (values or :class:`StandIn`) and ``constexprs``: ints equal to 1
     become constexprs, 16-divisible ints and 16-aligned pointers get ``tt.divisibility``,
     AMD pointers spanning < 2 GiB get ``tt.pointer_range``."""
-    from ..._triton_compat import specialize_impl
-
     names = [p.name for p in fn.params]
     runtime_names = [p.name for p in fn.params if not p.is_constexpr]
     if len(runtime_names) != len(runtime_args):
@@ -582,7 +582,7 @@ def specialise(fn, runtime_args: tuple, constexprs: dict, backend_cls) -> tuple[
             signature[param.name], consts[param.name] = "constexpr", value
             continue
         specialise_it = param.name not in DYNAMIC_PARAMS
-        kind, attr = specialize_impl(backend_cls, value, False, specialise_it, specialise_it)
+        kind, attr = compat.specialize_impl(backend_cls, value, False, specialise_it, specialise_it)
         if kind == "constexpr":
             signature[param.name], consts[param.name] = "constexpr", attr
             continue
@@ -601,8 +601,6 @@ PROBLEM_FIELDS = ("heads", "next_n", "kv_block_size", "preshuffle", "lens_2d")
 def problem_for(arch: str, fp8: str, fields: dict):
     """A hypothetical :class:`Problem` for compiling: ``fields`` (see :data:`PROBLEM_FIELDS`) over
     typical values (64 heads, next_n 1, 64-token blocks, 2-D lengths, 128k positions)."""
-    from ...problem import Problem
-
     return Problem(
         arch=arch, cu_num=int(fields.get("cu_num") or 0), batch=int(fields.get("batch") or 64),
         next_n=int(fields.get("next_n", 1)), heads=int(fields.get("heads", 64)), head_dim=128,
@@ -657,8 +655,6 @@ def check_variant_config(module, config: dict, problem=None) -> str | None:
     """A variant module's ``check_config``: every knob in its ``KNOB_SPACE`` with an allowed
     value, then its own knob parser ``_knobs`` on ``problem`` (or on the typical problem of
     each of its archs: accepted if one accepts), which judges the combinations."""
-    from .. import check_knob_space, describe_allowed
-
     owner = f"gluon/{module.VARIANT}"
     if config.get("variant") not in (None, module.VARIANT):
         return f"{owner} cannot run variant {config['variant']!r}"

@@ -37,11 +37,12 @@ import sys
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
+from ... import _triton_compat as compat
 from ..._triton_compat import mma_v2
-from ...compile import CompileSpec
+from ...arch import native_fp8
 from ...problem import LaunchArgs, Problem
 from ...schedule import derive_split_kv
-from .. import MAX_SPLIT_KV
+from ..base import MAX_SPLIT_KV, CompileSpec
 from . import common
 
 VARIANT = "mma_v2"
@@ -53,7 +54,7 @@ KNOBS = ("ChunkK", "SplitKV", "ReuseKV", "num_warps", "QInLDS", "Prefetch", "Sch
 #: allowed values per knob (combinations are judged by :func:`_knobs`)
 KNOB_SPACE = {"ChunkK": (64, 128, 256), "SplitKV": range(0, MAX_SPLIT_KV + 1), "ReuseKV": (0, 1), "num_warps": (4, 8),
               "QInLDS": (0, 1), "Prefetch": (0, 1), "Schedule": common.SCHEDULES}
-FP8 = {"sm_90": "fn"}
+FP8 = {arch: native_fp8(arch) for arch in ARCHS}
 NUM_WARPS = (4, 8)
 THREADS_PER_WARP = 32
 HEAD_CHUNK = 32
@@ -200,14 +201,12 @@ def launch(args: LaunchArgs, config: dict) -> None:
 
 def compile_specs(arch: str, configs: list[dict] | None = None) -> list[CompileSpec]:
     """One spec per config (problem fields + knobs), specialised like a typical vLLM call."""
-    from ..._triton_compat import CUDABackend
-
     specs = []
     for cfg in configs if configs is not None else compile_matrix(arch):
         problem = common.problem_for(arch, FP8[arch], cfg)
         signature, consts, attrs = common.specialise(common.register_mma_logits_kernel,
                                                      common.typical_arguments(problem), constexprs(problem, cfg),
-                                                     CUDABackend)
+                                                     compat.CUDABackend)
         chunk, warps, split, reuse, q_lds, prefetch = _knobs(problem, cfg)
         knobs = {"variant": VARIANT, "ChunkK": chunk, "SplitKV": split, "ReuseKV": reuse, "num_warps": warps,
                  "QInLDS": q_lds, "Prefetch": prefetch, "Schedule": common.schedule_of(problem, cfg)}

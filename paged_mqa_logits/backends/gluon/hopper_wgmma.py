@@ -67,11 +67,13 @@ import sys
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from ..._triton_compat import async_copy, fence_async_shared, thread_barrier, warpgroup_mma, warpgroup_mma_wait
-from ...compile import LDS_LIMIT_BYTES, CompileSpec
+from ..._triton_compat import (CUDABackend, async_copy, fence_async_shared, thread_barrier, warpgroup_mma,
+                               warpgroup_mma_wait)
+from ...arch import lds_limit
 from ...problem import LaunchArgs, Problem
 from ...schedule import persistent_programs
 from .. import MAX_SPLIT_KV
+from ..base import CompileSpec
 from . import common
 
 VARIANT = "wgmma"
@@ -89,7 +91,7 @@ MAX_MMA_N = 256  # wgmma's largest N
 #: fp32 registers per thread the live accumulators may take (of the 255 ptxas allows)
 ACC_REG_BUDGET = 128
 SM_REGISTERS = 65536
-SM_SHARED_BYTES = 228 * 1024  # per SM; one program may use LDS_LIMIT_BYTES["sm_90"]
+SM_SHARED_BYTES = 228 * 1024  # per SM; one program may use lds_limit("sm_90")
 SM_COUNT_H100 = 132  # used only when a problem carries no SM count (hypothetical problems)
 # Device-side copies of constants (jitted code may only read constexpr globals).
 _D = gl.constexpr(HEAD_DIM)
@@ -549,7 +551,7 @@ def triton_next_pow2(x: int) -> int:
 
 def fits(problem: Problem, chunk: int, rows: int, stages: int) -> bool:
     r = resources(problem, chunk, rows, stages)
-    return r["acc_regs"] <= r["acc_budget"] and r["smem"] <= LDS_LIMIT_BYTES["sm_90"]
+    return r["acc_regs"] <= r["acc_budget"] and r["smem"] <= lds_limit("sm_90")
 
 
 def derive_splits(cu_num: int, batch: int, context: int, chunk: int, ctas_per_sm: int) -> int:
@@ -716,8 +718,6 @@ def launch(args: LaunchArgs, config: dict) -> None:
 # ----------------------------------------------------------------------------- compile specs
 def compile_specs(arch: str, configs: list[dict] | None = None) -> list[CompileSpec]:
     """One spec per config (problem fields + knobs), specialised like a typical vLLM call."""
-    from ..._triton_compat import CUDABackend
-
     specs = []
     for cfg in configs if configs is not None else compile_matrix(arch):
         problem = common.problem_for(arch, FP8[arch], cfg)

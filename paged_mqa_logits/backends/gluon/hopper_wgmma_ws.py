@@ -34,15 +34,16 @@ import sys
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
-from ..._triton_compat import async_copy, fence_async_shared, thread_barrier, warpgroup_mma, warpgroup_mma_wait
-from ...compile import LDS_LIMIT_BYTES, CompileSpec
+from ..._triton_compat import (CUDABackend, async_copy, fence_async_shared, thread_barrier, warpgroup_mma,
+                               warpgroup_mma_wait)
+from ...arch import lds_limit
 from ...problem import LaunchArgs, Problem
 from ...schedule import persistent_programs
+from ..base import CompileSpec
 from . import common
 from . import hopper_wgmma as base
-
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 VARIANT = "wgmma_ws"
 ARCHS = ("sm_90",)
@@ -263,7 +264,7 @@ def fits(problem: Problem, chunk: int, rows: int, stages: int, ctas: int) -> boo
         return False  # 104 consumer registers hold 64-token tiles of at most 64 columns (ptxas)
     return (len(groups) <= 2 and r["acc_regs"] <= r["acc_budget"]
             and (ctas == 3 or r["regs_estimate"] <= consumer_registers(chunk, ctas))
-            and smem <= LDS_LIMIT_BYTES["sm_90"] and ctas * (smem + 1024) <= SM_SHARED_BYTES)
+            and smem <= lds_limit("sm_90") and ctas * (smem + 1024) <= SM_SHARED_BYTES)
 
 
 def constexprs(problem: Problem, config: dict) -> dict:
@@ -348,8 +349,6 @@ def launch(args: LaunchArgs, config: dict) -> None:
 # ----------------------------------------------------------------------------- compile specs
 def compile_specs(arch: str, configs: list[dict] | None = None) -> list[CompileSpec]:
     """One spec per config (problem fields + knobs), specialised like a typical vLLM call."""
-    from ..._triton_compat import CUDABackend
-
     specs = []
     for cfg in configs if configs is not None else compile_matrix(arch):
         problem = common.problem_for(arch, FP8[arch], cfg)

@@ -1,0 +1,178 @@
+"""Verifying a precompiled cache on a CPU machine: launch every kernel of its manifest through
+the real Triton JIT on a simulated device of its arch and report what was loaded from the cache
+and what would have been compiled or built."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from dataclasses import dataclass, field
+
+import torch
+from triton import knobs
+
+from .._triton_compat import cuda_launcher_class, per_kernel_launchers, simulated_driver
+from ..backends import registry
+from ..problem import Problem
+from ..warmup import warm_inputs
+from .launches import gpu_target, launches_of, meta_launch_args
+from .overlay import ENV_CACHE, ManifestError, activate, cache_dirs, deactivate, read_manifest
+from .precompile import _libcuda_dir
+
+# ============================================================================ verifying
+@dataclass
+class VerifyResult:
+    """What the real JIT did when launching each manifest kernel on a simulated device."""
+
+    kernels: int = 0
+    disk_hits: int = 0  # kernels the JIT loaded from the cache
+    compiled: list[str] = field(default_factory=list)  # kernels the JIT had to compile (misses)
+    launchers_found: int = 0
+    launchers_built: list[str] = field(default_factory=list)  # launcher stubs it would have built
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.compiled and not self.errors and self.disk_hits == self.kernels
+
+    def describe(self) -> str:
+        text = (f"verify: {self.disk_hits}/{self.kernels} kernels found by the JIT in the cache, "
+                f"{len(self.compiled)} compiled, {self.launchers_found} launcher stub(s) found, "
+                f"{len(self.launchers_built)} would be built -> {'OK' if self.ok else 'FAIL'}")
+        return "\n".join([text] + [f"  compiled: {c}" for c in self.compiled]
+                         + [f"  launcher built: {c}" for c in self.launchers_built] + [f"  ERROR: {e}" for e in self.errors])
+
+
+class _SimulatedDriver:
+    """Just enough of a Triton GPU driver for ``JITFunction.run`` to go through its whole path
+    (specialise, look up the caches, load, build the launcher, launch) without a GPU."""
+
+    def __init__(self, target, launcher_cls, on_launch):
+        self.target = target
+        self.launcher_cls = launcher_cls
+        self.utils = type("Utils", (), {})()
+        # no module handle: a CompiledKernel collected after the real driver is back must not
+        # ask that driver (there may be none) to unload it
+        self.utils.load_binary = lambda name, binary, shared, device: (None, 1, 0, 0, 1024)
+        self.utils.get_device_properties = lambda device: {"max_shared_mem": 1 << 30, "multiprocessor_count": 1}
+        self.on_launch = on_launch
+
+    def get_current_target(self):
+        return self.target
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_active_torch_device(self):
+        return torch.device("cpu")
+
+
+@contextlib.contextmanager
+def simulated_device(target, result: VerifyResult):
+    """Run Triton launches as on a ``target`` GPU: cache lookups are real, binaries are not
+    loaded and nothing executes. Per-kernel CUDA launcher stubs (Triton 3.6) are looked up for
+    real and their builds are refused and recorded instead."""
+    class _Stub:
+        @staticmethod
+        def launch(*args, **kwargs):
+            return None
+
+    def load_module(name, path):
+        result.launchers_found += 1
+        return _Stub
+
+    def refuse_build(name, src, srcdir, *a, **k):
+        result.launchers_built.append(name)
+        raise _LauncherMiss(name)
+
+    if target.backend == "cuda" and per_kernel_launchers():
+        launcher_cls, libcuda = cuda_launcher_class(), _libcuda_dir()
+    else:
+        # HIP stubs need the local HIP runtime (see build_launcher); from Triton 3.7 on the
+        # generic launcher lives in the driver utils this stand-in replaces
+        launcher_cls, libcuda = _RecordingLauncher, None
+    with simulated_driver(_SimulatedDriver(target, launcher_cls, None), on_module_load=load_module,
+                          on_module_build=refuse_build, libcuda_dir=libcuda):
+        yield
+
+
+class _LauncherMiss(RuntimeError):
+    pass
+
+
+class _RecordingLauncher:
+    def __init__(self, src, metadata):
+        pass
+
+    def __call__(self, *args, **kwargs):
+        return None
+
+
+def verify(directory: str | None = None, *, archs=None) -> VerifyResult:
+    """Launch every kernel listed in a cache's manifest through the real Triton JIT on a
+    simulated device of its arch, with Triton's own cache dir empty and the precompiled cache as
+    the only overlay, and report what was found and what would have been compiled or built."""
+    result = VerifyResult()
+    dirs = [os.path.realpath(directory)] if directory else cache_dirs()
+    try:
+        manifest = read_manifest(dirs[0]) if dirs else None
+    except ManifestError as exc:
+        result.errors.append(str(exc))
+        return result
+    if not manifest:
+        result.errors.append(f"no manifest in {dirs or 'any kernel cache dir'}")
+        return result
+    entries = [k for k in manifest["kernels"] if archs is None or k["arch"] in archs]
+
+    def listener(src, metadata, metadata_group, times, cache_hit):
+        if cache_hit:
+            result.disk_hits += 1
+        else:
+            result.compiled.append(f"{metadata['name']} for {metadata['target']}")
+
+    saved_caches = {}
+    with tempfile.TemporaryDirectory() as empty, knobs.cache.scope(), knobs.compilation.scope():
+        deactivate()
+        saved_env = os.environ.get(ENV_CACHE)
+        os.environ[ENV_CACHE] = os.pathsep.join(dirs)
+        knobs.cache.dir = empty
+        knobs.compilation.listener = listener
+        try:
+            activate()
+            for entry in entries:
+                problem = Problem(**entry["problem"])
+                target = gpu_target(entry["arch"])
+                rows = entry.get("workspace_rows", problem.rows)  # untouched memory: only its size matters
+                workspace = torch.empty((rows, problem.max_model_len), dtype=torch.float32)
+                args = warm_inputs(problem, device="cpu", workspace=workspace, validate=False)
+                backend = registry.get(entry["backend"])
+                result.kernels += 1
+                # the JIT functions this launch uses start with an empty in-memory cache
+                for launch in launches_of(entry["backend"], meta_launch_args(args), entry["config"], target):
+                    kernel = launch.kernel
+                    saved_caches.setdefault(id(kernel), (kernel, dict(kernel.device_caches)))
+                    kernel.device_caches.clear()
+                with simulated_device(target, result):
+                    try:
+                        backend.launch(args, entry["config"])
+                    except _LauncherMiss:
+                        pass
+                    except Exception as exc:
+                        result.errors.append(f"{entry['arch']} {entry['backend']} {entry['kernel']}: {type(exc).__name__}: {exc}")
+        finally:
+            for kernel, caches in saved_caches.values():
+                kernel.device_caches.clear()
+                kernel.device_caches.update(caches)
+            if saved_env is None:
+                os.environ.pop(ENV_CACHE, None)
+            else:
+                os.environ[ENV_CACHE] = saved_env
+            deactivate()
+    # A kernel entry may launch more than one JIT function; count hits per entry at most once.
+    result.disk_hits = min(result.disk_hits, result.kernels)
+    return result
+
