@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from paged_mqa_logits.backends import registry
+from paged_mqa_logits.backends import registry as backend_registry
 from paged_mqa_logits import backends, dispatch, paged_mqa_logits, reload_tuned_table, table
 from paged_mqa_logits.reference import make_inputs
 from paged_mqa_logits.table import Row
@@ -22,8 +22,8 @@ FAST = dict(device="cpu", timeout=120, top=1, screen_replays=1, confirm_replays=
 @pytest.fixture
 def registry(monkeypatch):
     """Backends registered by a test (the tuner's extra backends) do not outlive it."""
-    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
-    monkeypatch.setattr(registry, "_LOADED", dict(registry._LOADED))
+    monkeypatch.setattr(backend_registry, "_REGISTRY", dict(backend_registry._REGISTRY))
+    monkeypatch.setattr(backend_registry, "_LOADED", dict(backend_registry._LOADED))
 
 
 def old_row(arch, batch, context, backend="torch", us=1.0):
