@@ -31,7 +31,7 @@ from .arch import ARCH_SPECS, normalise_arch, triton_target
 from .backends import registry
 from .backends.base import CompileRecord, CompileSpec, SelfCompiled, SpecCompiled
 from .cli import ArgumentParser
-from .table import table_configs
+from . import table
 
 ARCHS = ("gfx942", "gfx950", "sm_90")
 #: LDS / shared-memory limit of each cross-compilation arch, as CI checks it (a view of
@@ -208,7 +208,7 @@ def table_kernel_configs(backend: str, arch: str) -> list[dict]:
     """The tuned table's configs for ``backend`` on ``arch``: each row's problem fields (those
     set) merged with its knobs, what a backend's compile capability builds from."""
     return [dict({k: v for k, v in fields.items() if v is not None}, **knobs)
-            for fields, name, knobs in table_configs(arch) if name == backend]
+            for fields, name, knobs in table.table_configs(arch) if name == backend]
 
 
 def _compiler(backend: str):
