@@ -43,7 +43,7 @@ from typing import Sequence
 BALANCED = "balanced"
 SPLIT = "split"
 SCHEDULES = (BALANCED, SPLIT)
-#: the Gluon kernels' default schedule is ``balanced`` from this batch on. Measured on the H200
+#: on sm_90 the Gluon kernels' default schedule is ``balanced`` from this batch on. Measured on the H200
 #: (sm_90 wgmma, same run, benchmarks/h200/): on batches whose contexts are uniform in [1, C],
 #: balanced is 1.0-1.9x faster than split from batch 32 on; at batch 1-8 the length scan and
 #: the dependent loads before the first key copy cost it 1-2.5 us, and split wins.

@@ -1,9 +1,10 @@
 """``triton`` backend: one plain-Triton kernel for any Triton GPU, and CPU via the interpreter.
 
-Work is scheduled as ``schedule.py`` describes: with ``Schedule=balanced`` a persistent grid of ``SMs * PROGRAMS_PER_SM`` programs per row group, each
-taking an equal share of the batch's chunks from an in-kernel prefix sum over the lengths;
-with ``Schedule=split`` (the default until GPU runs have measured the two) one program per
-(row group, KV split, sequence). A program walks its
+Work is scheduled as ``schedule.py`` describes: with ``Schedule=balanced`` a persistent grid of
+``SMs * PROGRAMS_PER_SM`` programs per row group, each taking an equal share of the batch's
+chunks from an in-kernel prefix sum over the lengths; with ``Schedule=split`` (the default: this
+portable kernel is the CPU path and never the sm_90 pick, see docs/VERIFICATION.md) one program
+per (row group, KV split, sequence). A program walks its
 chunks of a sequence, gathers each chunk of ``ChunkK`` keys through the block table once, and
 scores it against all rows of its group at once: a single ``[ChunkK, D] x [D, rows * H]`` dot,
 so with ``RowsPerProgram >= next_n`` a KV page is read once. Smaller groups bound the

@@ -53,7 +53,8 @@ non-negative scales of fp8 quantisation).
 
 Knobs: ``ChunkK`` (64/128 tokens per tile in the candidates; 256 accepted), ``RowsPerMMA``
 (1/2/4/8 next_n rows per wgmma),
-``num_stages`` (ring depth, >= 2), ``Schedule`` (``split``, the default, or ``balanced``),
+``num_stages`` (ring depth, >= 2), ``Schedule`` (``split`` or ``balanced``; unset:
+``common.default_schedule``),
 ``SplitKV`` (split: 0 = derived on the host), ``CtasPerSM`` (programs per SM the grid is
 sized for; 0 = the kernel's resources: estimated for split, read from the compiled kernel for
 balanced), ``num_warps`` (always 4).
