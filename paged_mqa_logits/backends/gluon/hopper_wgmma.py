@@ -186,6 +186,33 @@ def _row_limits(lens_ptr, b, seq_len, end, stride_lens_b, stride_lens_j, j, NEXT
 
 
 @gluon.jit
+def _copy_query(q_ptr, q_smem, b, stride_q_b, stride_q_j, stride_q_h, NEXT_N: gl.constexpr,
+                NEXT_N_POW2: gl.constexpr, HEADS: gl.constexpr, Q_ASYNC: gl.constexpr):
+    """Sequence ``b``'s query rows into ``q_smem`` (row ``j * H + h``; rows past ``NEXT_N * H``
+    zero): a cp.async the caller commits and waits for, or, when q rows are not 16-byte aligned
+    (cp.async needs >= 4), a plain load stored to shared memory."""
+    copy_layout: gl.constexpr = _copy_layout()
+    m = gl.arange(0, NEXT_N_POW2 * HEADS, gl.SliceLayout(1, copy_layout))
+    d = gl.arange(0, _D, gl.SliceLayout(0, copy_layout))
+    q_rows = b.to(gl.int64) * stride_q_b + (m // HEADS) * stride_q_j + (m % HEADS) * stride_q_h
+    q_ptrs = q_ptr + q_rows[:, None] + d[None, :]
+    q_mask = (m < NEXT_N * HEADS)[:, None]
+    if Q_ASYNC:
+        async_copy.async_copy_global_to_shared(q_smem, q_ptrs, mask=q_mask)
+    else:
+        q_smem.store(gl.load(q_ptrs, mask=q_mask, other=0.0))
+
+
+@gluon.jit
+def _load_weights(weights_ptr, b, stride_w, NEXT_N: gl.constexpr, NEXT_N_POW2: gl.constexpr, HEADS: gl.constexpr,
+                  LAYOUT: gl.constexpr):
+    """Sequence ``b``'s weights in Q's row order (``j * H + h``; 0 past ``NEXT_N * H``)."""
+    mw = gl.arange(0, NEXT_N_POW2 * HEADS, LAYOUT)
+    return gl.load(weights_ptr + (b.to(gl.int64) * NEXT_N + mw // HEADS) * stride_w + mw % HEADS,
+                   mask=mw < NEXT_N * HEADS, other=0.0)
+
+
+@gluon.jit
 def _key_offsets(pages, tokens, d, stride_block, KV_BLOCK: gl.constexpr, PRESHUFFLE: gl.constexpr):
     """int64 byte offsets ``[T, D]`` (token-major, the orientation of a wgmma A tile) of the key
     bytes of ``tokens`` (with cache blocks ``pages``) and dims ``d``."""
@@ -324,6 +351,44 @@ def _score_tile_groups(keys, q_smem, scale_slot, weight_smem, limit_smem, out_pt
                   NEXT_N, HEADS, CHUNK, ROWS_PER_MMA)
 
 
+@gluon.jit
+def _single_group_weights(weight_smem, NEXT_N: gl.constexpr, HEADS: gl.constexpr, ROWS_PER_MMA: gl.constexpr):
+    """When one wgmma covers every row, its weights in the accumulator's column layout, kept in
+    registers for a whole segment; 0 with several row groups, whose epilogues read their
+    slices of ``weight_smem`` per tile. ``weight_smem`` must be visible to every thread."""
+    if _num_groups(NEXT_N, ROWS_PER_MMA) == 1:
+        weight_regs = weight_smem.slice(0, NEXT_N * HEADS).load(gl.SliceLayout(0, _mma_layout(NEXT_N * HEADS)))
+    else:
+        weight_regs = 0
+    return weight_regs
+
+
+@gluon.jit
+def _score_tile(keys, q_smem, scale_slot, weight_regs, weight_smem, limit_smem, out_ptr, b, tile, stride_out,
+                NEXT_N: gl.constexpr, HEADS: gl.constexpr, CHUNK: gl.constexpr, ROWS_PER_MMA: gl.constexpr):
+    """Scores, epilogue and store of one tile (its keys and scales landed in a ring slot)
+    against all next_n rows of sequence ``b``: a single row group as two 64-token halves
+    (128-token tiles) or whole, else every row group (:func:`_score_tile_groups`).
+    ``weight_regs`` from :func:`_single_group_weights`."""
+    NUM_GROUPS: gl.constexpr = _num_groups(NEXT_N, ROWS_PER_MMA)
+    if NUM_GROUPS == 1 and CHUNK == 128:
+        _score_tile_halves(keys, q_smem, scale_slot, weight_regs, limit_smem, out_ptr, b, tile, stride_out,
+                           NEXT_N, HEADS, CHUNK)
+    elif NUM_GROUPS == 1:
+        mma_layout: gl.constexpr = _mma_layout(NEXT_N * HEADS)
+        scores = warpgroup_mma(keys, q_smem.slice(0, NEXT_N * HEADS).permute((1, 0)),
+                               gl.zeros([CHUNK, NEXT_N * HEADS], gl.float32, mma_layout), use_acc=False,
+                               is_async=True)
+        scale = scale_slot.load(gl.SliceLayout(1, mma_layout))
+        scores = warpgroup_mma_wait(0, deps=(scores,))
+        logits = _group_logits(scores, scale, weight_regs, CHUNK, NEXT_N, HEADS)
+        limits = limit_smem.load(gl.SliceLayout(0, logits.type.layout))
+        _store_logits(out_ptr, logits, b, tile, limits, stride_out, NEXT_N, 0, NEXT_N, CHUNK)
+    else:
+        _score_tile_groups(keys, q_smem, scale_slot, weight_smem, limit_smem, out_ptr, b, tile, stride_out,
+                           NEXT_N, HEADS, CHUNK, ROWS_PER_MMA)
+
+
 # ----------------------------------------------------------------------------- the kernel
 @gluon.jit
 def _score_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, table_ptr,
@@ -339,26 +404,14 @@ def _score_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, tab
     ``n_given`` tiles (balanced schedule), or as many as the sequence has from ``first`` on
     (``Schedule=split``, where the lengths are read here). The shared memory is the caller's,
     reused from segment to segment; everything in flight has landed when this returns."""
-    copy_layout: gl.constexpr = _copy_layout()
     vec_layout: gl.constexpr = gl.BlockedLayout([1], [32], [_WARPS], [0])
     NUM_GROUPS: gl.constexpr = _num_groups(NEXT_N, ROWS_PER_MMA)
-    Q_ROWS: gl.constexpr = NEXT_N_POW2 * HEADS  # rows j*H + h; rows past NEXT_N*H unused
 
     # 1. What does not depend on the lengths, so that it loads in parallel with them: Q (the
     #    first cp.async group), the weights, the block-table entries of the first tiles.
-    m = gl.arange(0, Q_ROWS, gl.SliceLayout(1, copy_layout))
-    d = gl.arange(0, _D, gl.SliceLayout(0, copy_layout))
-    q_rows = b.to(gl.int64) * stride_q_b + (m // HEADS) * stride_q_j + (m % HEADS) * stride_q_h
-    q_ptrs = q_ptr + q_rows[:, None] + d[None, :]
-    q_mask = (m < NEXT_N * HEADS)[:, None]
-    if Q_ASYNC:
-        async_copy.async_copy_global_to_shared(q_smem, q_ptrs, mask=q_mask)
-    else:  # q rows not 16-byte aligned (cp.async needs >= 4): a plain load, stored to shared
-        q_smem.store(gl.load(q_ptrs, mask=q_mask, other=0.0))
-    async_copy.commit_group()  # (an empty group in the fallback: the counting stays the same)
-    mw = gl.arange(0, Q_ROWS, vec_layout)
-    weights = gl.load(weights_ptr + (b.to(gl.int64) * NEXT_N + mw // HEADS) * stride_w + mw % HEADS,
-                      mask=mw < NEXT_N * HEADS, other=0.0)
+    _copy_query(q_ptr, q_smem, b, stride_q_b, stride_q_j, stride_q_h, NEXT_N, NEXT_N_POW2, HEADS, Q_ASYNC)
+    async_copy.commit_group()  # (an empty group without cp.async: the counting stays the same)
+    weights = _load_weights(weights_ptr, b, stride_w, NEXT_N, NEXT_N_POW2, HEADS, vec_layout)
     table_row = table_ptr + b.to(gl.int64) * stride_table
     table_tokens = max_blocks * KV_BLOCK
     first_pages = ()
@@ -389,10 +442,8 @@ def _score_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, tab
         pages = _tile_pages(table_row, first + (STAGES - 1) * step, table_tokens, num_blocks, CHUNK, KV_BLOCK)
 
         if NUM_GROUPS == 1:
-            # A single wgmma covers every row: its weights stay in registers.
-            mma_layout: gl.constexpr = _mma_layout(NEXT_N * HEADS)
-            thread_barrier()
-            weight_regs = weight_smem.slice(0, NEXT_N * HEADS).load(gl.SliceLayout(0, mma_layout))
+            thread_barrier()  # the weights stored above, seen by every thread
+        weight_regs = _single_group_weights(weight_smem, NEXT_N, HEADS, ROWS_PER_MMA)
 
         # 4. Steady state: tile i lives in slot i % STAGES.
         for i in range(n):
@@ -409,22 +460,8 @@ def _score_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, tab
             async_copy.commit_group()
             pages = _tile_pages(table_row, first + (ahead + 1) * step, table_tokens, num_blocks, CHUNK, KV_BLOCK)
 
-            keys = key_ring.index(slot)
-            if NUM_GROUPS == 1 and CHUNK == 128:
-                _score_tile_halves(keys, q_smem, scale_ring.index(slot), weight_regs, limit_smem, out_ptr, b, tile,
-                                   stride_out, NEXT_N, HEADS, CHUNK)
-            elif NUM_GROUPS == 1:
-                scores = warpgroup_mma(keys, q_smem.slice(0, NEXT_N * HEADS).permute((1, 0)),
-                                       gl.zeros([CHUNK, NEXT_N * HEADS], gl.float32, mma_layout), use_acc=False,
-                                       is_async=True)
-                scale = scale_ring.index(slot).load(gl.SliceLayout(1, mma_layout))
-                scores = warpgroup_mma_wait(0, deps=(scores,))
-                logits = _group_logits(scores, scale, weight_regs, CHUNK, NEXT_N, HEADS)
-                limits = limit_smem.load(gl.SliceLayout(0, logits.type.layout))
-                _store_logits(out_ptr, logits, b, tile, limits, stride_out, NEXT_N, 0, NEXT_N, CHUNK)
-            else:
-                _score_tile_groups(keys, q_smem, scale_ring.index(slot), weight_smem, limit_smem, out_ptr, b, tile,
-                                   stride_out, NEXT_N, HEADS, CHUNK, ROWS_PER_MMA)
+            _score_tile(key_ring.index(slot), q_smem, scale_ring.index(slot), weight_regs, weight_smem, limit_smem,
+                        out_ptr, b, tile, stride_out, NEXT_N, HEADS, CHUNK, ROWS_PER_MMA)
     async_copy.wait_group(0)  # no copy may outlive the segment (the tail groups are masked)
     thread_barrier()  # every thread is done with Q, the ring and the vectors before the next segment
 

@@ -102,23 +102,12 @@ def _load_sequence_operands(q_ptr, weights_ptr, lens_ptr, q_smem, weight_smem, l
                             LENS_2D: gl.constexpr, Q_ASYNC: gl.constexpr):
     """Q (wgmma's B operand), the weights and the row limits of sequence ``b`` into shared
     memory, visible to the whole consumer warpgroup and to wgmma's async proxy on return."""
-    copy_layout: gl.constexpr = base._copy_layout()
     vec_layout: gl.constexpr = gl.BlockedLayout([1], [32], [_CONSUMER_WARPS], [0])
-    Q_ROWS: gl.constexpr = NEXT_N_POW2 * HEADS
     thread_barrier()  # the previous sequence's wgmmas and epilogues are done with these buffers
-    m = gl.arange(0, Q_ROWS, gl.SliceLayout(1, copy_layout))
-    d = gl.arange(0, _D, gl.SliceLayout(0, copy_layout))
-    q_rows = b.to(gl.int64) * stride_q_b + (m // HEADS) * stride_q_j + (m % HEADS) * stride_q_h
-    q_ptrs = q_ptr + q_rows[:, None] + d[None, :]
-    q_mask = (m < NEXT_N * HEADS)[:, None]
+    base._copy_query(q_ptr, q_smem, b, stride_q_b, stride_q_j, stride_q_h, NEXT_N, NEXT_N_POW2, HEADS, Q_ASYNC)
     if Q_ASYNC:
-        async_copy.async_copy_global_to_shared(q_smem, q_ptrs, mask=q_mask)
         async_copy.commit_group()
-    else:  # q rows not 16-byte aligned: a plain load, stored to shared
-        q_smem.store(gl.load(q_ptrs, mask=q_mask, other=0.0))
-    mw = gl.arange(0, Q_ROWS, vec_layout)
-    weight_smem.store(gl.load(weights_ptr + (b.to(gl.int64) * NEXT_N + mw // HEADS) * stride_w + mw % HEADS,
-                              mask=mw < NEXT_N * HEADS, other=0.0))
+    weight_smem.store(base._load_weights(weights_ptr, b, stride_w, NEXT_N, NEXT_N_POW2, HEADS, vec_layout))
     limit_smem.store(base._row_limits(lens_ptr, b, seq_len, end, stride_lens_b, stride_lens_j,
                                       gl.arange(0, NEXT_N_POW2, vec_layout), NEXT_N, LENS_2D))
     if Q_ASYNC:
@@ -136,7 +125,6 @@ def _consumer(q_ptr, weights_ptr, out_ptr, lens_ptr, key_ring, scale_ring, q_sme
               CHUNK: gl.constexpr, ROWS_PER_MMA: gl.constexpr, STAGES: gl.constexpr, LENS_2D: gl.constexpr,
               Q_ASYNC: gl.constexpr):
     """Score ring slot ``k % STAGES`` (the program's ``k``-th tile) against its sequence's rows."""
-    NUM_GROUPS: gl.constexpr = base._num_groups(NEXT_N, ROWS_PER_MMA)
     k = 0
     while item < stop:
         seq_len = common.sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
@@ -146,29 +134,13 @@ def _consumer(q_ptr, weights_ptr, out_ptr, lens_ptr, key_ring, scale_ring, q_sme
             _load_sequence_operands(q_ptr, weights_ptr, lens_ptr, q_smem, weight_smem, limit_smem, b, seq_len, end,
                                     stride_q_b, stride_q_j, stride_q_h, stride_w, stride_lens_b, stride_lens_j,
                                     NEXT_N, NEXT_N_POW2, HEADS, LENS_2D, Q_ASYNC)
-            if NUM_GROUPS == 1:  # one wgmma covers every row: its weights stay in registers
-                mma_layout: gl.constexpr = base._mma_layout(NEXT_N * HEADS)
-                weight_regs = weight_smem.slice(0, NEXT_N * HEADS).load(gl.SliceLayout(0, mma_layout))
+            weight_regs = base._single_group_weights(weight_smem, NEXT_N, HEADS, ROWS_PER_MMA)
             for i in range(count):
                 slot = k % STAGES
                 mbarrier.wait(full_bars.index(slot), (k // STAGES) & 1)
                 fence_async_shared()  # the producer's cp.async bytes, seen by wgmma's async proxy
-                keys = key_ring.index(slot)
-                if NUM_GROUPS == 1 and CHUNK == 128:
-                    base._score_tile_halves(keys, q_smem, scale_ring.index(slot), weight_regs, limit_smem, out_ptr,
-                                            b, tile + i, stride_out, NEXT_N, HEADS, CHUNK)
-                elif NUM_GROUPS == 1:
-                    scores = warpgroup_mma(keys, q_smem.slice(0, NEXT_N * HEADS).permute((1, 0)),
-                                           gl.zeros([CHUNK, NEXT_N * HEADS], gl.float32, mma_layout), use_acc=False,
-                                           is_async=True)
-                    scale = scale_ring.index(slot).load(gl.SliceLayout(1, mma_layout))
-                    scores = warpgroup_mma_wait(0, deps=(scores,))
-                    logits = base._group_logits(scores, scale, weight_regs, CHUNK, NEXT_N, HEADS)
-                    limits = limit_smem.load(gl.SliceLayout(0, logits.type.layout))
-                    base._store_logits(out_ptr, logits, b, tile + i, limits, stride_out, NEXT_N, 0, NEXT_N, CHUNK)
-                else:
-                    base._score_tile_groups(keys, q_smem, scale_ring.index(slot), weight_smem, limit_smem, out_ptr,
-                                            b, tile + i, stride_out, NEXT_N, HEADS, CHUNK, ROWS_PER_MMA)
+                base._score_tile(key_ring.index(slot), q_smem, scale_ring.index(slot), weight_regs, weight_smem,
+                                 limit_smem, out_ptr, b, tile + i, stride_out, NEXT_N, HEADS, CHUNK, ROWS_PER_MMA)
                 thread_barrier()  # every warp's wgmma and scale reads of the slot are done ...
                 mbarrier.arrive(empty_bars.index(slot), count=1)  # ... before one thread frees it
                 k += 1
