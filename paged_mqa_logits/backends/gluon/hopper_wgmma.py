@@ -657,10 +657,15 @@ def constexprs(problem: Problem, config: dict) -> dict:
 
 def alignment(q, kv) -> dict:
     """Per-call constexprs from the tensors' addresses and strides (what the JIT specialises on
-    anyway, so they add no kernel variants): ``KV_ALIGN`` 16 or 4 (see :func:`_issue_tile`),
-    ``Q_ASYNC`` when every q row starts 16-byte aligned."""
-    kv_aligned = kv.data_ptr() % 16 == 0 and kv.stride(0) % 16 == 0
-    q_async = q.data_ptr() % 16 == 0 and all(s % 16 == 0 for s in q.stride()[:3])
+    anyway, so they add no kernel variants): see :func:`alignment_of`."""
+    return alignment_of(q.data_ptr(), q.stride()[:3], kv.data_ptr(), kv.stride(0))
+
+
+def alignment_of(q_address: int, q_strides, kv_address: int, kv_block_stride: int) -> dict:
+    """``KV_ALIGN`` 16 or 4 (see :func:`_issue_tile`), ``Q_ASYNC`` when every q row starts
+    16-byte aligned."""
+    kv_aligned = kv_address % 16 == 0 and kv_block_stride % 16 == 0
+    q_async = q_address % 16 == 0 and all(s % 16 == 0 for s in q_strides)
     return {"KV_ALIGN": 16 if kv_aligned else 4, "Q_ASYNC": q_async}
 
 
@@ -759,28 +764,33 @@ def compile_specs(arch: str, configs: list[dict] | None = None) -> list[CompileS
     specs = []
     for cfg in configs if configs is not None else compile_matrix(arch):
         problem = common.problem_for(arch, FP8[arch], cfg)
-        runtime = list(common.typical_arguments(problem))
-        if cfg.get("block_stride_pad"):  # a padded cache block stride (e.g. 4: not 16-byte aligned)
-            runtime[10] += int(cfg["block_stride_pad"])
-        q, kv = runtime[0], runtime[1]
-        if cfg.get("q_misaligned"):  # q rows at an odd address: the plain-load fallback
-            q = runtime[0] = common.StandIn(q.dtype, q.ptr_range(), aligned=False)
-        q_strides, kv_stride = runtime[7:10], runtime[10]
-        aligned = {"KV_ALIGN": 16 if kv.data_ptr() % 16 == 0 and kv_stride % 16 == 0 else 4,
-                   "Q_ASYNC": q.data_ptr() % 16 == 0 and all(st % 16 == 0 for st in q_strides)}
-        signature, consts, attrs = common.specialise(wgmma_logits_kernel, tuple(runtime),
-                                                     {**constexprs(problem, cfg), **aligned}, CUDABackend)
         chunk, rows, stages, split, ctas = _knobs(problem, cfg)
         knobs = {"variant": VARIANT, "ChunkK": chunk, "RowsPerMMA": rows, "num_stages": stages, "SplitKV": split,
-                 "CtasPerSM": ctas, "num_warps": NUM_WARPS, "Schedule": common.schedule_of(problem, cfg),
-                 "kvalign": aligned["KV_ALIGN"],
-                 "qasync": int(aligned["Q_ASYNC"])}
-        specs.append(CompileSpec(
-            name=common.spec_name("gluon", VARIANT, arch, problem, knobs, True), backend="gluon", arch=arch,
-            knobs=dict(knobs, **common.problem_fields(problem)), fn=wgmma_logits_kernel, signature=signature,
-            constexprs=consts, options=options(problem, cfg), gluon=True, attrs=attrs,
-        ))
+                 "CtasPerSM": ctas, "num_warps": NUM_WARPS, "Schedule": common.schedule_of(problem, cfg)}
+        specs.append(typical_spec(wgmma_logits_kernel, problem, cfg, knobs, constexprs(problem, cfg),
+                                  options(problem, cfg)))
     return specs
+
+
+def typical_spec(kernel, problem: Problem, cfg: dict, knobs: dict, consts: dict, opts: dict) -> CompileSpec:
+    """The compile spec of a wgmma-family ``kernel`` (the arguments of
+    ``common.kernel_arguments``) on a typical vLLM call of ``problem``: ``cfg``'s
+    ``block_stride_pad`` pads the cache block stride (4: not 16-byte aligned), ``q_misaligned``
+    puts q rows at an odd address (the plain-load Q path). The alignment constexprs join the
+    knobs (``kvalign``, ``qasync``), so each path has its own spec name."""
+    runtime = list(common.typical_arguments(problem))
+    if cfg.get("block_stride_pad"):
+        runtime[10] += int(cfg["block_stride_pad"])
+    if cfg.get("q_misaligned"):
+        runtime[0] = common.StandIn(runtime[0].dtype, runtime[0].ptr_range(), aligned=False)
+    aligned = alignment_of(runtime[0].data_ptr(), runtime[7:10], runtime[1].data_ptr(), runtime[10])
+    signature, consts, attrs = common.specialise(kernel, tuple(runtime), {**consts, **aligned}, CUDABackend)
+    knobs = dict(knobs, kvalign=aligned["KV_ALIGN"], qasync=int(aligned["Q_ASYNC"]))
+    return CompileSpec(
+        name=common.spec_name("gluon", knobs["variant"], problem.arch, problem, knobs, True), backend="gluon",
+        arch=problem.arch, knobs=dict(knobs, **common.problem_fields(problem)), fn=kernel, signature=signature,
+        constexprs=consts, options=opts, gluon=True, attrs=attrs,
+    )
 
 
 def compile_matrix(arch: str) -> list[dict]:

@@ -36,8 +36,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
-from ..._triton_compat import (CUDABackend, async_copy, fence_async_shared, thread_barrier, warpgroup_mma,
-                               warpgroup_mma_wait)
+from ..._triton_compat import async_copy, fence_async_shared, thread_barrier
 from ...arch import lds_limit
 from ...problem import LaunchArgs, Problem
 from ...schedule import persistent_programs
@@ -324,20 +323,11 @@ def compile_specs(arch: str, configs: list[dict] | None = None) -> list[CompileS
     specs = []
     for cfg in configs if configs is not None else compile_matrix(arch):
         problem = common.problem_for(arch, FP8[arch], cfg)
-        runtime = list(common.typical_arguments(problem, num_splits=1))
-        kv, kv_stride, q, q_strides = runtime[1], runtime[10], runtime[0], runtime[7:10]
-        aligned = {"KV_ALIGN": 16 if kv.data_ptr() % 16 == 0 and kv_stride % 16 == 0 else 4,
-                   "Q_ASYNC": q.data_ptr() % 16 == 0 and all(st % 16 == 0 for st in q_strides)}
-        signature, consts, attrs = common.specialise(wgmma_ws_logits_kernel, tuple(runtime),
-                                                     {**constexprs(problem, cfg), **aligned}, CUDABackend)
         chunk, rows, stages, ctas = _knobs(problem, cfg)
         knobs = {"variant": VARIANT, "ChunkK": chunk, "RowsPerMMA": rows, "num_stages": stages, "CtasPerSM": ctas,
                  "num_warps": NUM_WARPS, "Schedule": common.BALANCED}
-        specs.append(CompileSpec(
-            name=common.spec_name("gluon", VARIANT, arch, problem, knobs, True), backend="gluon", arch=arch,
-            knobs=dict(knobs, **common.problem_fields(problem)), fn=wgmma_ws_logits_kernel, signature=signature,
-            constexprs=consts, options=options(problem, cfg), gluon=True, attrs=attrs,
-        ))
+        specs.append(base.typical_spec(wgmma_ws_logits_kernel, problem, cfg, knobs, constexprs(problem, cfg),
+                                       options(problem, cfg)))
     return specs
 
 

@@ -1,6 +1,7 @@
 """CPU CI for the sm_90 warp-specialised ``wgmma_ws`` variant (backends/gluon/hopper_wgmma_ws.py):
 every candidate of the benchmark grid's shapes (H 32/64 x next_n 1-4, KVBlockSize 64) and the
 default of other code paths (KVBlockSize 1/16 Preshuffle, 1-D lengths, next_n 5 and 8 at H 32)
+and a cache block stride / q rows that are not 16-byte aligned (4-byte copies, plain-load Q)
 is cross-compiled for sm_90 and inspected; the host side is checked without a GPU.
 
 Each kernel must compile; hold fp8 wgmmas of exactly its row groups' widths; fork into a
@@ -49,6 +50,9 @@ def ci_matrix() -> list[dict]:
     others = [problem(64, 2, 1), problem(64, 2, 16, True), problem(32, 4, lens_2d=False), problem(32, 5),
               problem(32, 8)]
     configs += [dict(fields_of(p), **ws.default_config(p)) for p in others]
+    # the 4-byte key copies and the plain-load Q path
+    configs.append(dict(fields_of(problem(64, 2)), **ws.default_config(problem(64, 2)), block_stride_pad=4,
+                        q_misaligned=1))
     return configs
 
 
