@@ -89,7 +89,7 @@ def _producer(kv_ptr, scale_ptr, lens_ptr, table_ptr, key_ring, scale_ring, full
             async_copy.mbarrier_arrive(full_bars.index(slot), increment_count=False)
             pages = upcoming
             k += 1
-        item += gl.maximum(count, 0)
+        item += count  # >= 0: a share starts inside its first sequence's tiles
         b += 1
         tile = tile * 0
 
@@ -206,8 +206,9 @@ def _knobs(problem: Problem, config: dict) -> tuple[int, int, int, int]:
     if (chunk not in KNOB_SPACE["ChunkK"] or rows < 1 or rows & (rows - 1) or rows * problem.heads > base.MAX_MMA_N
             or not 2 <= stages <= 8 or ctas not in KNOB_SPACE["CtasPerSM"] or warps != NUM_WARPS
             or schedule != common.BALANCED):
-        raise ValueError(f"gluon/{VARIANT}: unsupported knobs {config} for heads={problem.heads} "
-                         f"(the warp-specialised kernel runs the balanced schedule only)")
+        raise ValueError(f"gluon/{VARIANT}: unsupported knobs {config} for heads={problem.heads}"
+                         + (" (the warp-specialised kernel runs the balanced schedule only)"
+                            if schedule != common.BALANCED else ""))
     return chunk, rows, stages, ctas
 
 
@@ -229,7 +230,7 @@ def fits(problem: Problem, chunk: int, rows: int, stages: int, ctas: int) -> boo
     per SM leave the consumer 104 registers, enough for 64-column row groups of 64-token tiles
     only) and ``ctas`` programs' shared memory fits an SM."""
     r = base.resources(problem, chunk, rows, stages)
-    smem = r["smem"] + 16 * stages
+    smem = r["smem"] + 2 * 8 * stages  # a full and an empty mbarrier (8 bytes each) per ring slot
     groups = base.row_groups(problem.next_n, min(rows, base._pow2_floor(problem.next_n)))
     if ctas == 3 and (chunk != 64 or max(n for _, n in groups) * problem.heads > 64):
         return False  # 104 consumer registers hold 64-token tiles of at most 64 columns (ptxas)
