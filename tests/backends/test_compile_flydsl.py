@@ -2,6 +2,7 @@
 checked like every cross-compiled kernel (``paged_mqa_logits.compile.check_records``: native fp8
 MFMA, no scratch/spills, LDS within the chip, VGPRs for the WavePerEU occupancy), plus what the
 ISA must show for this design (LDS DMA of the right width, ds_read_b128 of the keys, barriers,
+no readfirstlane waterfall loop around any buffer load,
 exactly the MFMA the ``Mfma`` knob names: gfx942 only ``v_mfma_f32_16x16x32_fp8_fp8``, gfx950
 ``f8f6f4`` only ``v_mfma_scale_f32_16x16x128_f8f6f4``).
 
@@ -101,6 +102,10 @@ def test_files_and_isa(compiled, arch):
         assert re.search(dma, isa), "the keys must reach LDS by DMA of this arch's width"
         assert "ds_read_b128" in isa and "s_barrier" in isa
         assert "scratch_" not in isa
+        # every buffer descriptor is uniform (SGPRs): a VGPR one makes LLVM wrap each load in a
+        # v_readfirstlane waterfall loop, which ends in s_cbranch_execnz (the balanced
+        # schedule's lengths scan had one around every lengths load)
+        assert "s_cbranch_execnz" not in isa, f"{record.name}: a waterfall loop"
         plan = next(p for p in _selection(arch) if p.name == record.name)
         assert record.lds_bytes == plan.lds_bytes
 

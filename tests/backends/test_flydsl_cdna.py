@@ -320,6 +320,26 @@ def test_balanced_schedule_follows_lengths_changed_in_place():
         assert check.ok, f"{lens}: {check.describe()}"
 
 
+@pytest.mark.parametrize("schedule_name", schedule.SCHEDULES)
+@pytest.mark.parametrize("width", [0, 1, 3])
+def test_table_loads_stay_inside_the_row(schedule_name, width):
+    """A block table narrower than the lengths (positions past ``width`` blocks are invisible)
+    and a zero-width one: the emulator faults on any ``s_buffer_load`` past its descriptor, so
+    passing means the kernel issues no table (or lengths) load outside the row, including for
+    the stages past the end it prepares but never copies."""
+    case = dict(_ragged_case(6, 5, 3, True, max_context=300, heads=32, kv_block_size=32, empty=0.2),
+                table_row_pad=0)
+    inp = build(case, fp8_dtype=FP8["gfx942"])
+    inp["kv_indices"] = inp["kv_indices"][:, :width]
+    args = _launch_args(inp, "gfx942")
+    config = {"ChunkK": 64, "WavePerEU": 1, "Schedule": schedule_name}
+    plan = BACKEND.plan(args.problem, config)
+    before = inp["out_logits"].clone()
+    emulate(plan, args, BACKEND.grid_x(args.problem, plan, config))
+    check = check_logits(inp["out_logits"], before, reference_for(inp))
+    assert check.ok, check.describe()
+
+
 @pytest.mark.parametrize("arch, next_n, mfma", [("gfx950", 3, "f8f6f4"), ("gfx942", 5, "fp8"), ("gfx950", 7, "fp8"),
                                                 ("gfx950", 8, "f8f6f4")])
 def test_no_mfma_runs_on_padding_rows(arch, next_n, mfma):

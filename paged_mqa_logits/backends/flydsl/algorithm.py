@@ -159,7 +159,9 @@ class KernelBody:
         stages = self.stage_count(end)
         c0 = I.udiv(I.mul(stages, split), splits)
         c1 = I.udiv(I.mul(stages, I.add(split, 1)), splits)
-        self.segment(b, seq_len, end, c0, c1)
+        # no segment for an empty split: its prologue would read the table of a row with no
+        # visible token (possibly a zero-width table)
+        I.if_then(I.lt(c0, c1), lambda: self.segment(b, seq_len, end, c0, c1))
 
     def balanced_share(self):
         """``Schedule=balanced``: this workgroup's items ``[start, stop)`` of the batch's ``total``
@@ -175,7 +177,11 @@ class KernelBody:
         ``< stop`` (= the index of the one holding ``stop - 1``)."""
         I = self.ops
         a = self.a
-        per_lane = I.mul(I.ceil_div(I.ceil_div(a["batch"], WAVE_SIZE), SCAN_UNROLL), SCAN_UNROLL)
+        # shifts of the scalar argument, not arith.ceildivui: LLVM lowers that with a VALU
+        # carry-out, which put the lengths descriptor in VGPRs (a readfirstlane waterfall loop
+        # around every lengths load); batch < 2^31 - 64, so the adds cannot wrap
+        per_lane = I.mul(I.shr(I.add(I.shr(I.add(a["batch"], WAVE_SIZE - 1), _log2(WAVE_SIZE)), SCAN_UNROLL - 1),
+                               _log2(SCAN_UNROLL)), SCAN_UNROLL)
         first_seq = I.mul(self.lane, per_lane)
 
         def stages_of(b):  # per lane; 0 past the batch
@@ -287,8 +293,11 @@ class KernelBody:
     # ------------------------------------------------------------------ a stage's pages
     def stage_pages(self, chunk, live):
         """Cache blocks of stage ``chunk``: ``(base address, in range)`` per page. Pages at or past
-        ``end`` (whose table entries may be junk) and stages not ``live`` use block 0 and an
-        empty descriptor, so they never touch memory."""
+        ``end`` and stages not ``live`` get an empty descriptor, so their keys are never read;
+        they read table entry 0 instead of theirs (the select is on the offset, not the result,
+        so this costs nothing over masking the block id): every table load stays inside the row
+        the table's width admits, and entry 0 names a real block (a segment exists only for a
+        sequence with visible tokens), whose scales the prefetch may read harmlessly."""
         I = self.ops
         p, a = self.p, self.a
         first_token = I.mul(chunk, p.chunk_k)
@@ -297,7 +306,7 @@ class KernelBody:
             start = I.add(first_token, k * p.kv_block_size) if p.kv_block_size < p.chunk_k else first_token
             page = I.shr(start, _log2(p.kv_block_size))
             ok = I.both(live, I.lt(start, self.end))
-            block = I.select(ok, I.scalar_load(self.table_rsrc, I.mul(page, 4)), 0)
+            block = I.scalar_load(self.table_rsrc, I.select(ok, I.mul(page, 4), 0))
             pages.append((I.add(self.kv_base, I.mul(I.to_i64(block), I.to_i64(a["stride_block"]))), ok))
         return pages
 

@@ -168,10 +168,6 @@ class EmulatedOps:
         a, b = self._pair(a, b)
         return a // b
 
-    def ceil_div(self, a, b):
-        a, b = self._pair(a, b)
-        return -(-a // b)
-
     def lt(self, a, b):
         a, b = self._pair(a, b)
         return a < b
@@ -274,9 +270,16 @@ class EmulatedOps:
         return out
 
     def scalar_load(self, rsrc, offset):
+        """``s_buffer_load_dword``. Stricter than the hardware: a load past ``num_records`` (or
+        before the descriptor's base) is a fault here, because the kernel is meant never to
+        issue one (its table and lengths loads stay inside the row their descriptor covers)."""
         offset = self._int(offset)
         if (offset != offset[:, :1]).any():
             raise EmulationFault("a scalar load needs a wave-uniform offset")
+        live = self.active[:, None] & np.ones_like(offset, bool)
+        if ((offset < 0) | (offset.astype(np.int64) + 4 > rsrc.num_records))[live].any():
+            raise EmulationFault(f"a scalar load past its descriptor (offset {offset[live].max()}, "
+                                 f"num_records {rsrc.num_records[live].min()})")
         return self._buffer_read(rsrc, offset, 4).view(np.int32)[..., 0]
 
     def _with_soffset(self, rsrc, uniform_offset):
