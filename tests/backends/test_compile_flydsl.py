@@ -35,12 +35,15 @@ def _require_flydsl():
 
 def _selection(arch):
     """The balanced candidates of (h64, next_n 8), (h64, next_n 3), (h64, next_n 5) and (h32,
-    next_n 1), the split candidates of (h64, next_n 8) and one kernel per cache/length layout."""
+    next_n 1), the split candidates of (h64, next_n 8) and one kernel per cache/length layout;
+    the split wave roles for (h64, next_n 8) and (h32, next_n 1) only (their stage body is the
+    uniform one's, branched by role)."""
     plans = {}
     for heads, next_n, schedules in ((64, 8, ("balanced", "split")), (64, 3, ("balanced",)), (64, 5, ("balanced",)),
                                      (32, 1, ("balanced",))):
         problem = build._problem(arch, heads, next_n, 64, True, True)
-        configs = [c for c in BACKEND.candidates(problem) if c["Schedule"] in schedules]
+        configs = [c for c in BACKEND.candidates(problem) if c["Schedule"] in schedules
+                   and (c["WaveRoles"] == "uniform" or next_n in (1, 8))]
         for plan in build._plans_for(problem, configs):
             plans[plan.name] = plan
     for kv_block_size, preshuffle, lens_2d, next_n in ((16, False, False, 2), (32, True, False, 5), (128, False, True, 4),
@@ -80,9 +83,12 @@ def test_kernels_compile_and_pass_the_checks(compiled, arch):
     for record in records:
         assert record.backend == "flydsl" and record.arch == arch
         assert record.mma_instructions == EXPECTED_MFMA[arch, record.knobs["Mfma"]], record.name
-        assert record.options == {"waves_per_eu": record.knobs["WavePerEU"], "num_warps": 4}
-    assert {(r.knobs["Schedule"], r.knobs["Mfma"]) for r in records} == {
-        (schedule, mfma) for (a, mfma) in EXPECTED_MFMA if a == arch for schedule in ("balanced", "split")}
+        assert record.options["waves_per_eu"] == record.knobs["WavePerEU"]
+    assert {(r.knobs["Schedule"], r.knobs["Mfma"], r.knobs["WaveRoles"]) for r in records} == {
+        (schedule, mfma, roles) for (a, mfma) in EXPECTED_MFMA if a == arch for schedule in ("balanced", "split")
+        for roles in ("uniform", "split")}
+    for record in records:
+        assert record.options["num_warps"] == {"uniform": 4, "split": 8}[record.knobs["WaveRoles"]]
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -108,6 +114,29 @@ def test_files_and_isa(compiled, arch):
         assert "s_cbranch_execnz" not in isa, f"{record.name}: a waterfall loop"
         plan = next(p for p in _selection(arch) if p.name == record.name)
         assert record.lds_bytes == plan.lds_bytes
+        # the instruction mix: one stage's copies in the prologue and one in the loop, and one
+        # stage's MFMAs of the wave (no copy of the stage body, no MFMA on a padding slot)
+        copies = re.findall(r"^\s*buffer_load_dword\S* .* lds$", isa, re.M)
+        assert len(copies) == 2 * plan.dma_tiles_per_wave * plan.dma_per_tile, record.name
+        mfmas = re.findall(r"^\s*v_mfma", isa, re.M)
+        assert len(mfmas) == plan.rows_per_wave * plan.tiles_per_wave * plan.m_tiles * plan.k_steps, record.name
+        if plan.wave_roles == "split":  # copies and MFMAs on different sides of the role branch
+            assert not [block for block in basic_blocks(isa) if any(" lds" in l and l.startswith("buffer_load")
+                                                                    for l in block)
+                        and any(l.startswith("v_mfma") for l in block)], record.name
+
+
+def basic_blocks(isa: str) -> list[list[str]]:
+    """The ISA's instructions split at labels and branches."""
+    blocks, current = [], []
+    for line in isa.splitlines():
+        line = line.strip()
+        if re.match(r"\.LBB\d+_\d+:", line) or line.startswith(("s_cbranch", "s_branch")):
+            blocks.append(current)
+            current = []
+        elif line and not line.startswith((".", ";")):
+            current.append(line)
+    return blocks + [current]
 
 
 def test_only_table_compiles_what_the_table_names(monkeypatch, tmp_path):
