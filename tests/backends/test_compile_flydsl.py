@@ -2,6 +2,7 @@
 checked like every cross-compiled kernel (``paged_mqa_logits.compile.check_records``: native fp8
 MFMA, no scratch/spills, LDS within the chip, VGPRs for the WavePerEU occupancy), plus what the
 ISA must show for this design (LDS DMA of the right width, ds_read_b128 of the keys, barriers,
+no readfirstlane waterfall loop around any buffer load,
 exactly the MFMA the ``Mfma`` knob names: gfx942 only ``v_mfma_f32_16x16x32_fp8_fp8``, gfx950
 ``f8f6f4`` only ``v_mfma_scale_f32_16x16x128_f8f6f4``).
 
@@ -38,12 +39,15 @@ def _require_flydsl():
 
 def _selection(arch):
     """The balanced candidates of (h64, next_n 8), (h64, next_n 3), (h64, next_n 5) and (h32,
-    next_n 1), the split candidates of (h64, next_n 8) and one kernel per cache/length layout."""
+    next_n 1), the split candidates of (h64, next_n 8) and one kernel per cache/length layout;
+    the split wave roles for (h64, next_n 8) and (h32, next_n 1) only (their stage body is the
+    uniform one's, branched by role)."""
     plans = {}
     for heads, next_n, schedules in ((64, 8, ("balanced", "split")), (64, 3, ("balanced",)), (64, 5, ("balanced",)),
                                      (32, 1, ("balanced",))):
         problem = build._problem(arch, heads, next_n, 64, True, True)
-        configs = [c for c in BACKEND.candidates(problem) if c["Schedule"] in schedules]
+        configs = [c for c in BACKEND.candidates(problem) if c["Schedule"] in schedules
+                   and (c["WaveRoles"] == "uniform" or next_n in (1, 8))]
         for plan in _plans(problem, configs):
             plans[plan.name] = plan
     for kv_block_size, preshuffle, lens_2d, next_n in ((16, False, False, 2), (32, True, False, 5), (128, False, True, 4),
@@ -83,9 +87,12 @@ def test_kernels_compile_and_pass_the_checks(compiled, arch):
     for record in records:
         assert record.backend == "flydsl" and record.arch == arch
         assert record.mma_instructions == EXPECTED_MFMA[arch, record.knobs["Mfma"]], record.name
-        assert record.options == {"waves_per_eu": record.knobs["WavePerEU"], "num_warps": 4}
-    assert {(r.knobs["Schedule"], r.knobs["Mfma"]) for r in records} == {
-        (schedule, mfma) for (a, mfma) in EXPECTED_MFMA if a == arch for schedule in ("balanced", "split")}
+        assert record.options["waves_per_eu"] == record.knobs["WavePerEU"]
+    assert {(r.knobs["Schedule"], r.knobs["Mfma"], r.knobs["WaveRoles"]) for r in records} == {
+        (schedule, mfma, roles) for (a, mfma) in EXPECTED_MFMA if a == arch for schedule in ("balanced", "split")
+        for roles in ("uniform", "split")}
+    for record in records:
+        assert record.options["num_warps"] == {"uniform": 4, "split": 8}[record.knobs["WaveRoles"]]
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -105,8 +112,35 @@ def test_files_and_isa(compiled, arch):
         assert re.search(dma, isa), "the keys must reach LDS by DMA of this arch's width"
         assert "ds_read_b128" in isa and "s_barrier" in isa
         assert "scratch_" not in isa
+        # every buffer descriptor is uniform (SGPRs): a VGPR one makes LLVM wrap each load in a
+        # v_readfirstlane waterfall loop, which ends in s_cbranch_execnz (the balanced
+        # schedule's lengths scan had one around every lengths load)
+        assert "s_cbranch_execnz" not in isa, f"{record.name}: a waterfall loop"
         plan = next(p for p in _selection(arch) if p.name == record.name)
         assert record.lds_bytes == plan.lds_bytes
+        # the instruction mix: one stage's copies in the prologue and one in the loop, and one
+        # stage's MFMAs of the wave (no copy of the stage body, no MFMA on a padding slot)
+        copies = re.findall(r"^\s*buffer_load_dword\S* .* lds$", isa, re.M)
+        assert len(copies) == 2 * plan.dma_tiles_per_wave * plan.dma_per_tile, record.name
+        mfmas = re.findall(r"^\s*v_mfma", isa, re.M)
+        assert len(mfmas) == plan.rows_per_wave * plan.tiles_per_wave * plan.m_tiles * plan.k_steps, record.name
+        if plan.wave_roles == "split":  # copies and MFMAs on different sides of the role branch
+            assert not [block for block in basic_blocks(isa) if any(" lds" in l and l.startswith("buffer_load")
+                                                                    for l in block)
+                        and any(l.startswith("v_mfma") for l in block)], record.name
+
+
+def basic_blocks(isa: str) -> list[list[str]]:
+    """The ISA's instructions split at labels and branches."""
+    blocks, current = [], []
+    for line in isa.splitlines():
+        line = line.strip()
+        if re.match(r"\.LBB\d+_\d+:", line) or line.startswith(("s_cbranch", "s_branch")):
+            blocks.append(current)
+            current = []
+        elif line and not line.startswith((".", ";")):
+            current.append(line)
+    return blocks + [current]
 
 
 def test_only_table_compiles_what_the_table_names(monkeypatch, tmp_path):

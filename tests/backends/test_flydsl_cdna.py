@@ -26,7 +26,7 @@ from op_cases import build, positional, random_case, reference_for
 from paged_mqa_logits.backends.flydsl import backend as flydsl_backend
 from paged_mqa_logits.backends.flydsl.backend import BACKEND, NOT_INSTALLED
 from paged_mqa_logits.backends.flydsl.emulate import EmulationFault, emulate
-from paged_mqa_logits.backends.flydsl.plan import CHUNK_KS, LDS_PER_CU, MFMA_KINDS, KernelPlan
+from paged_mqa_logits.backends.flydsl.plan import CHUNK_KS, LDS_PER_CU, MFMA_KINDS, WAVE_ROLES, KernelPlan
 from paged_mqa_logits.problem import Problem
 from paged_mqa_logits.schedule import derive_split_kv
 from paged_mqa_logits import schedule
@@ -146,7 +146,7 @@ def test_dispatch_never_picks_flydsl_where_it_cannot_run():
 # ============================================================================ knobs
 @pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
 def test_knob_space(arch):
-    assert BACKEND.knobs == ("ChunkK", "WavePerEU", "SplitKV", "Schedule", "Mfma")
+    assert BACKEND.knobs == ("ChunkK", "WavePerEU", "SplitKV", "Schedule", "Mfma", "WaveRoles")
     for heads in (32, 64):
         for next_n in range(1, 9):
             p = problem(arch, heads=heads, next_n=next_n, hypothetical=True)
@@ -154,14 +154,27 @@ def test_knob_space(arch):
             default = BACKEND.default_config(p)
             assert candidates and default in candidates
             assert default["Schedule"] == "balanced" and default["Mfma"] == MFMA_KINDS[arch][0]
+            assert default["WaveRoles"] == "uniform"
             for config in candidates:
                 plan = BACKEND.plan(p, config)
                 assert plan.config_error() is None and config["SplitKV"] == 0
-                assert plan.lds_bytes * plan.wave_per_eu <= LDS_PER_CU[arch]
-            assert {c["ChunkK"] for c in candidates} == set(CHUNK_KS)
+                assert plan.lds_bytes * plan.workgroups_per_cu <= LDS_PER_CU[arch]
+            uniform = [c for c in candidates if c["WaveRoles"] == "uniform"]
+            assert {c["ChunkK"] for c in uniform} == set(CHUNK_KS)
             # the tuner sees both schedules and, on gfx950, both MFMAs for every (ChunkK, WavePerEU)
-            shapes = {(c["ChunkK"], c["WavePerEU"]) for c in candidates}
-            assert len(candidates) == len(shapes) * len(schedule.SCHEDULES) * len(MFMA_KINDS[arch])
+            shapes = {(c["ChunkK"], c["WavePerEU"]) for c in uniform}
+            assert len(uniform) == len(shapes) * len(schedule.SCHEDULES) * len(MFMA_KINDS[arch])
+            # and the split roles wherever two waves per SIMD fit (even WavePerEU; half the
+            # workgroups per CU, so never less LDS room than the uniform kernel's)
+            split = {tuple(sorted({**c, "WaveRoles": "uniform"}.items())) for c in candidates if c["WaveRoles"] == "split"}
+            assert split and all(dict(c)["WavePerEU"] % 2 == 0 for c in split)
+            def roles_spill(c):  # two 64-head row slots and two tile groups per stage
+                plan = BACKEND.plan(p, c)
+                return plan.rows_per_wave * heads >= 128 and plan.reduce_groups > 1
+
+            assert {tuple(sorted(c.items())) for c in uniform if c["WavePerEU"] % 2 == 0
+                    and not roles_spill(c)} <= split
+            assert not any(roles_spill(dict(c)) for c in split)
     # gfx942's 64 KiB of LDS: a 2 x 16 KiB double buffer allows two workgroups per CU, not three
     assert KernelPlan("gfx942", 32, 1, 64, True, True, 128, 3).config_error().startswith("ChunkK=128 needs 32768 B")
     assert KernelPlan("gfx950", 32, 1, 64, True, True, 128, 4).config_error() is None
@@ -169,6 +182,12 @@ def test_knob_space(arch):
     assert "Mfma must be one of ('fp8',) on gfx942" in KernelPlan("gfx942", 32, 1, 64, True, True, 64, 1,
                                                                   mfma="f8f6f4").config_error()
     assert "Schedule must be one of" in KernelPlan("gfx950", 32, 1, 64, True, True, 64, 1, "greedy").config_error()
+    assert "WavePerEU=3 is not a multiple" in KernelPlan("gfx950", 32, 1, 64, True, True, 64, 3,
+                                                         wave_roles="split").config_error()
+    assert "WaveRoles must be one of" in KernelPlan("gfx950", 32, 1, 64, True, True, 64, 2,
+                                                    wave_roles="half").config_error()
+    # gfx942 ChunkK 128 at 4 waves per SIMD: two 32 KiB workgroups with split roles, four without
+    assert KernelPlan("gfx942", 32, 1, 64, True, True, 128, 4, wave_roles="split").config_error() is None
 
 
 def test_grid_follows_the_knobs():
@@ -182,6 +201,11 @@ def test_grid_follows_the_knobs():
     balanced = BACKEND.plan(p, {"ChunkK": 64, "WavePerEU": 3})
     assert balanced.schedule == "balanced"
     assert BACKEND.grid_x(p, balanced, {}) == BACKEND.grid_x(short, balanced, {"SplitKV": 7}) == 256 * 3
+    # split wave roles: two waves of a workgroup per SIMD, so half the workgroups per CU
+    roles = BACKEND.plan(p, {"ChunkK": 64, "WavePerEU": 4, "WaveRoles": "split"})
+    assert (roles.threads, roles.workgroups_per_cu, BACKEND.grid_x(p, roles, {})) == (512, 2, 256 * 2)
+    split_roles = BACKEND.plan(p, {"ChunkK": 64, "WavePerEU": 2, "Schedule": "split", "WaveRoles": "split"})
+    assert BACKEND.grid_x(p, split_roles, {}) == derive_split_kv(256, 4, 32768, 64, ctas_per_cu=1)
 
 
 def test_work_split_covers_every_row_and_tile():
@@ -215,8 +239,10 @@ def _emulated(case, arch, config, grid_x=None, cu_num=8, trace_stores=False):
 def test_emulated_kernel_matches_reference(seed):
     arch = ("gfx942", "gfx950")[seed % 2]
     case = random_case(700 + seed, heads=(32, 64), block_sizes=(16, 32, 64, 128, 256), max_context=400)
-    config = {"ChunkK": CHUNK_KS[seed // 2 % 2], "WavePerEU": 1, "Schedule": schedule.SCHEDULES[seed // 4 % 2],
-              "Mfma": MFMA_KINDS[arch][seed // 8 % len(MFMA_KINDS[arch])]}
+    roles = WAVE_ROLES[seed // 3 % 2]
+    config = {"ChunkK": CHUNK_KS[seed // 2 % 2], "WavePerEU": 2 if roles == "split" else 1,
+              "Schedule": schedule.SCHEDULES[seed // 4 % 2], "Mfma": MFMA_KINDS[arch][seed // 8 % len(MFMA_KINDS[arch])],
+              "WaveRoles": roles}
     # split: the derived split count, one split, three; balanced: 8 CUs x 1, a single program, 3 programs
     inp, check, _, _ = _emulated(case, arch, config, grid_x=(None, 1, 3)[seed % 3])
     assert check.ok, f"{arch} {case} {config}: {check.describe()}"
@@ -320,14 +346,36 @@ def test_balanced_schedule_follows_lengths_changed_in_place():
         assert check.ok, f"{lens}: {check.describe()}"
 
 
-@pytest.mark.parametrize("arch, next_n, mfma", [("gfx950", 3, "f8f6f4"), ("gfx942", 5, "fp8"), ("gfx950", 7, "fp8"),
-                                                ("gfx950", 8, "f8f6f4")])
-def test_no_mfma_runs_on_padding_rows(arch, next_n, mfma):
+@pytest.mark.parametrize("schedule_name", schedule.SCHEDULES)
+@pytest.mark.parametrize("width", [0, 1, 3])
+def test_table_loads_stay_inside_the_row(schedule_name, width):
+    """A block table narrower than the lengths (positions past ``width`` blocks are invisible)
+    and a zero-width one: the emulator faults on any ``s_buffer_load`` past its descriptor, so
+    passing means the kernel issues no table (or lengths) load outside the row, including for
+    the stages past the end it prepares but never copies."""
+    case = dict(_ragged_case(6, 5, 3, True, max_context=300, heads=32, kv_block_size=32, empty=0.2),
+                table_row_pad=0)
+    inp = build(case, fp8_dtype=FP8["gfx942"])
+    inp["kv_indices"] = inp["kv_indices"][:, :width]
+    args = _launch_args(inp, "gfx942")
+    config = {"ChunkK": 64, "WavePerEU": 1, "Schedule": schedule_name}
+    plan = BACKEND.plan(args.problem, config)
+    before = inp["out_logits"].clone()
+    emulate(plan, args, BACKEND.grid_x(args.problem, plan, config))
+    check = check_logits(inp["out_logits"], before, reference_for(inp))
+    assert check.ok, check.describe()
+
+
+@pytest.mark.parametrize("arch, next_n, mfma, roles", [("gfx950", 3, "f8f6f4", "uniform"), ("gfx942", 5, "fp8", "uniform"),
+                                                       ("gfx950", 7, "fp8", "uniform"), ("gfx950", 8, "f8f6f4", "uniform"),
+                                                       ("gfx942", 3, "fp8", "split"), ("gfx950", 6, "f8f6f4", "split")])
+def test_no_mfma_runs_on_padding_rows(arch, next_n, mfma, roles):
     """MFMAs issued = stages x real rows x 16-token tiles x 16-head tiles x k-steps: next_n 3
     and 5..7, which leave some waves' last row slot empty, issue none for those slots; the
-    scaled MFMA needs a quarter of the plain one's."""
+    scaled MFMA needs a quarter of the plain one's; split wave roles issue the same MFMAs."""
     case = _ragged_case(4, 5, next_n, True, max_context=200, heads=64)
-    inp, check, plan, stats = _emulated(case, arch, {"ChunkK": 64, "WavePerEU": 1, "Mfma": mfma})
+    config = {"ChunkK": 64, "WavePerEU": 2 if roles == "split" else 1, "Mfma": mfma, "WaveRoles": roles}
+    inp, check, plan, stats = _emulated(case, arch, config)
     assert check.ok, check.describe()
     stages = sum(schedule.tile_counts(_visible_ends(inp, plan), 64))
     per_stage = next_n * plan.tiles_per_stage * plan.m_tiles * plan.k_steps
@@ -336,6 +384,34 @@ def test_no_mfma_runs_on_padding_rows(arch, next_n, mfma):
     assert dict(stats.mfma) == {mnemonic: stages * per_stage}
     # 3, 5, 7 have padding slots (some waves skip theirs); 8 has none (the count is the same rule)
     assert (plan.rows_per_wave * plan.row_groups > next_n) == (next_n != 8)
+
+
+@pytest.mark.parametrize("arch, schedule_name, chunk_k", [("gfx942", "balanced", 64), ("gfx950", "split", 128),
+                                                          ("gfx950", "balanced", 128)])
+def test_split_wave_roles(arch, schedule_name, chunk_k):
+    """``WaveRoles=split``: 8 waves; waves 4..7 issue every LDS copy and no MFMA, waves 0..3 every
+    MFMA and no copy; the copies are those of the uniform kernel (same count per stage, split
+    the same way among the 4 waves of the role), the MFMAs too, and the logits match the
+    reference (for balanced: each written once, in the model's segments)."""
+    case = _ragged_case(9, 7, 4, True, max_context=400, heads=64, kv_block_size=64)
+    counts = {}
+    for roles in WAVE_ROLES:
+        config = {"ChunkK": chunk_k, "WavePerEU": 2, "Schedule": schedule_name, "WaveRoles": roles}
+        # the same grid for both (split roles would derive half the workgroups per CU)
+        inp, check, plan, stats = _emulated(case, arch, config, grid_x=5, trace_stores=True)
+        assert check.ok, f"{roles}: {check.describe()}"
+        counts[roles] = stats
+        assert plan.waves == (8 if roles == "split" else 4)
+    split, uniform = counts["split"], counts["uniform"]
+    for kind in ("mfma", "lds_dma"):
+        mine = range(4) if kind == "mfma" else range(4, 8)
+        assert all(split.by_wave[kind, w] == 0 for w in range(8) if w not in mine), kind
+        assert [split.by_wave[kind, w] for w in mine] == [uniform.by_wave[kind, w] for w in range(4)], kind
+        assert sum(split.by_wave[kind, w] for w in mine) > 0
+    assert split.mfma == uniform.mfma
+    assert split.stores.keys() == uniform.stores.keys()
+    for ids in split.stores:
+        assert np.array_equal(np.sort(split.stores[ids]), np.sort(uniform.stores[ids]))
 
 
 def test_emulated_scaled_mfma_applies_its_scales():

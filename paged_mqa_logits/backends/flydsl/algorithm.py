@@ -51,7 +51,6 @@ from ...schedule import BALANCED
 from .plan import HEAD_DIM, TILE, WAVE_SIZE, WAVES, KernelPlan
 
 PAGE_TILE_BYTES = TILE * HEAD_DIM  # 2 KiB: one 16-token tile of keys
-THREADS = WAVES * WAVE_SIZE
 #: e8m0 exponent 127 = 2^0: the scaled MFMA's scales leave the fp8 products as they are
 NEUTRAL_SCALE = 127
 #: lengths each lane loads per round of the schedule's scan (independent loads in flight)
@@ -80,11 +79,12 @@ class KernelBody:
         self.p = plan
         self.a = args
         self.ops = ops
-        self._thread_values(THREADS - 1)
+        self._thread_values(plan.threads - 1)
 
     def _thread_values(self, thread_mask):
         """Everything derived from the thread id (``thread_id & thread_mask``): lane, ``c``,
-        ``g``, wave, row group, token group, the DMA lane offset.
+        ``g``, wave (its index among the waves of its role), role, row group, token group, the
+        DMA lane offset.
 
         The balanced schedule recomputes them per segment from a mask the compiler cannot fold
         (``min(b + 255, 255)`` = 255 for a sequence index ``b >= 0``): otherwise LICM hoists
@@ -97,7 +97,14 @@ class KernelBody:
         self.lane = I.bit_and(tid, WAVE_SIZE - 1)
         self.c = I.bit_and(self.lane, 15)
         self.g = I.shr(self.lane, 4)
-        self.wave = wave = I.uniform(I.shr(tid, 6))
+        wave = I.uniform(I.shr(tid, 6))
+        # WaveRoles=split: waves 0..3 score (consumers), waves 4..7 copy (producers), and both
+        # halves index their part of a stage by wave & 3; None: every wave does both
+        self.producer = self.consumer = None
+        if p.wave_roles == "split":
+            self.producer, self.consumer = I.lt(WAVES - 1, wave), I.lt(wave, WAVES)
+            wave = I.bit_and(wave, WAVES - 1)
+        self.wave = wave
         self.rg = I.bit_and(wave, p.row_groups - 1)  # row group: rows rg, rg + row_groups, ...
         self.tg = I.shr(wave, _log2(p.row_groups))  # token group: tiles [tg * nt, (tg + 1) * nt)
         # wave-uniform: whether this wave's last row slot holds a real row (None: every wave's does)
@@ -159,7 +166,9 @@ class KernelBody:
         stages = self.stage_count(end)
         c0 = I.udiv(I.mul(stages, split), splits)
         c1 = I.udiv(I.mul(stages, I.add(split, 1)), splits)
-        self.segment(b, seq_len, end, c0, c1)
+        # no segment for an empty split: its prologue would read the table of a row with no
+        # visible token (possibly a zero-width table)
+        I.if_then(I.lt(c0, c1), lambda: self.segment(b, seq_len, end, c0, c1))
 
     def balanced_share(self):
         """``Schedule=balanced``: this workgroup's items ``[start, stop)`` of the batch's ``total``
@@ -175,7 +184,11 @@ class KernelBody:
         ``< stop`` (= the index of the one holding ``stop - 1``)."""
         I = self.ops
         a = self.a
-        per_lane = I.mul(I.ceil_div(I.ceil_div(a["batch"], WAVE_SIZE), SCAN_UNROLL), SCAN_UNROLL)
+        # shifts of the scalar argument, not arith.ceildivui: LLVM lowers that with a VALU
+        # carry-out, which put the lengths descriptor in VGPRs (a readfirstlane waterfall loop
+        # around every lengths load); batch < 2^31 - 64, so the adds cannot wrap
+        per_lane = I.mul(I.shr(I.add(I.shr(I.add(a["batch"], WAVE_SIZE - 1), _log2(WAVE_SIZE)), SCAN_UNROLL - 1),
+                               _log2(SCAN_UNROLL)), SCAN_UNROLL)
         first_seq = I.mul(self.lane, per_lane)
 
         def stages_of(b):  # per lane; 0 past the batch
@@ -287,8 +300,11 @@ class KernelBody:
     # ------------------------------------------------------------------ a stage's pages
     def stage_pages(self, chunk, live):
         """Cache blocks of stage ``chunk``: ``(base address, in range)`` per page. Pages at or past
-        ``end`` (whose table entries may be junk) and stages not ``live`` use block 0 and an
-        empty descriptor, so they never touch memory."""
+        ``end`` and stages not ``live`` get an empty descriptor, so their keys are never read;
+        they read table entry 0 instead of theirs (the select is on the offset, not the result,
+        so this costs nothing over masking the block id): every table load stays inside the row
+        the table's width admits, and entry 0 names a real block (a segment exists only for a
+        sequence with visible tokens), whose scales the prefetch may read harmlessly."""
         I = self.ops
         p, a = self.p, self.a
         first_token = I.mul(chunk, p.chunk_k)
@@ -297,7 +313,7 @@ class KernelBody:
             start = I.add(first_token, k * p.kv_block_size) if p.kv_block_size < p.chunk_k else first_token
             page = I.shr(start, _log2(p.kv_block_size))
             ok = I.both(live, I.lt(start, self.end))
-            block = I.select(ok, I.scalar_load(self.table_rsrc, I.mul(page, 4)), 0)
+            block = I.scalar_load(self.table_rsrc, I.select(ok, I.mul(page, 4), 0))
             pages.append((I.add(self.kv_base, I.mul(I.to_i64(block), I.to_i64(a["stride_block"]))), ok))
         return pages
 
@@ -479,13 +495,13 @@ class KernelBody:
         p, a = self.p, self.a
         self.b, self.seq_len, self.end, self.c0, self.c1 = b, seq_len, end, c0, c1
         if p.schedule == BALANCED:
-            self._thread_values(I.smin(I.add(b, THREADS - 1), THREADS - 1))
+            self._thread_values(I.smin(I.add(b, p.threads - 1), p.threads - 1))
         table_row = I.add(I.base_address(a["table"]), I.mul(I.mul(I.to_i64(b), I.to_i64(a["stride_table"])), 4))
         self.table_rsrc = I.buffer_resource(table_row, I.mul(a["max_blocks"], 4))
         self.load_rows()
 
         pages = self.stage_pages(c0, I.lt(c0, c1))
-        self.issue_stage(c0, pages, I.const32(0))
+        self._role(self.producer, lambda: self.issue_stage(c0, pages, I.const32(0)))
         scales = self.prefetch_scales(c0, pages)
 
         def stage(chunk, carried):
@@ -493,9 +509,9 @@ class KernelBody:
             pages = self.stage_pages(nxt, I.lt(nxt, c1))  # scalar loads overlap the wait
             parity = I.bit_and(I.sub(chunk, c0), 1)
             I.wait_vm_and_barrier()  # stage `chunk` landed (every wave's part); its other buffer is free
-            self.issue_stage(nxt, pages, I.sub(1, parity))
+            self._role(self.producer, lambda: self.issue_stage(nxt, pages, I.sub(1, parity)))
             upcoming = self.prefetch_scales(nxt, pages)
-            self.compute_stage(chunk, parity, carried, self.rows)
+            self._role(self.consumer, lambda: self.compute_stage(chunk, parity, carried, self.rows))
             return upcoming
 
         I.for_range(c0, c1, scales, stage)
@@ -504,6 +520,17 @@ class KernelBody:
             I.wait_vm_and_barrier()
         else:
             I.wait_vm()  # no copy may land in LDS after the workgroup ends
+
+    def _role(self, mine, work):
+        """``work()`` on the waves of one role (``mine``: wave-uniform; ``None``: every wave).
+        The copies and the scoring are the role-specific work; the rest (the schedule, the
+        page walk, the rows' registers, the scale prefetch, the barriers) every wave runs, so
+        the barriers stay outside any branch and the loop-carried scales need no branch
+        results (a producer's own scales and Q loads go unused)."""
+        if mine is None:
+            work()
+        else:
+            self.ops.if_then(mine, work)
 
     # ------------------------------------------------------------------ the whole kernel
     def run(self):

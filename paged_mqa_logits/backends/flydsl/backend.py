@@ -15,8 +15,10 @@ target; the kernel runs one wave per SIMD, so this is also workgroups per CU), `
 batch's work evenly, computed in the kernel from the device lengths; ``split``: ``SplitKV``
 workgroups per sequence), ``SplitKV`` (``split`` only; 0 = :func:`derive_split_kv` with
 ``ctas_per_cu = WavePerEU``, from the CU count, batch and the context hint -- host-only, no
-sync) and ``Mfma`` (gfx950: ``f8f6f4``, the default, the scaled 16x16x128 MFMA with neutral
-scales; ``fp8``, the plain 16x16x32 one -- gfx942 has only ``fp8``).
+sync), ``Mfma`` (gfx950: ``f8f6f4``, the default, the scaled 16x16x128 MFMA with neutral
+scales; ``fp8``, the plain 16x16x32 one -- gfx942 has only ``fp8``) and ``WaveRoles``
+(``uniform``, the default: 4 waves that each copy and score; ``split``: 8 waves, 4 that only
+copy the next stage into LDS and 4 that only score; ``WavePerEU`` even, see ``plan.WAVE_ROLES``).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from ...problem import LaunchArgs, Problem
 from ...schedule import BALANCED, SCHEDULES, derive_split_kv, persistent_programs
 from ..base import MAX_SPLIT_KV, check_knob_space
 from . import build
-from .plan import ARCHS, CHUNK_KS, MFMA_KINDS, WAVE_PER_EUS, KernelPlan
+from .plan import ARCHS, CHUNK_KS, MFMA_KINDS, WAVE_PER_EUS, WAVE_ROLES, KernelPlan
 from .toolchain import NOT_INSTALLED, flydsl_installed
 
 def rocm_runtime_problem(arch: str) -> str | None:
@@ -47,10 +49,11 @@ def rocm_runtime_problem(arch: str) -> str | None:
 
 class FlyDSLBackend:
     name = "flydsl"
-    knobs = ("ChunkK", "WavePerEU", "SplitKV", "Schedule", "Mfma")
+    knobs = ("ChunkK", "WavePerEU", "SplitKV", "Schedule", "Mfma", "WaveRoles")
     #: allowed values per knob (what fits a shape is judged by :meth:`KernelPlan.config_error`)
     KNOB_SPACE = {"ChunkK": CHUNK_KS, "WavePerEU": WAVE_PER_EUS, "SplitKV": range(0, MAX_SPLIT_KV + 1),
-                  "Schedule": SCHEDULES, "Mfma": tuple(dict.fromkeys(k for kinds in MFMA_KINDS.values() for k in kinds))}
+                  "Schedule": SCHEDULES, "Mfma": tuple(dict.fromkeys(k for kinds in MFMA_KINDS.values() for k in kinds)),
+                  "WaveRoles": WAVE_ROLES}
 
     def check_config(self, config: dict, problem: Problem | None = None) -> str | None:
         """The knob space, then the plan's own check on ``problem`` (or on the typical shape,
@@ -104,21 +107,24 @@ class FlyDSLBackend:
         if problem.arch not in ARCHS:
             return []
         out = []
-        for schedule in SCHEDULES:
-            for mfma in MFMA_KINDS[problem.arch]:
-                for chunk_k in CHUNK_KS:
-                    for wave_per_eu in WAVE_PER_EUS:
-                        config = {"ChunkK": chunk_k, "WavePerEU": wave_per_eu, "SplitKV": 0, "Schedule": schedule,
-                                  "Mfma": mfma}
-                        if self.plan(problem, config).config_error() is None:
-                            out.append(config)
+        for roles in WAVE_ROLES:
+            for schedule in SCHEDULES:
+                for mfma in MFMA_KINDS[problem.arch]:
+                    for chunk_k in CHUNK_KS:
+                        for wave_per_eu in WAVE_PER_EUS:
+                            config = {"ChunkK": chunk_k, "WavePerEU": wave_per_eu, "SplitKV": 0,
+                                      "Schedule": schedule, "Mfma": mfma, "WaveRoles": roles}
+                            if self.plan(problem, config).config_error() is None:
+                                out.append(config)
         return out
 
     def default_config(self, problem: Problem) -> dict:
-        """ChunkK 64, the arch's first MFMA (gfx950: the scaled one), the balanced schedule where
+        """ChunkK 64, the arch's first MFMA (gfx950: the scaled one), uniform wave roles (no
+        GPU has run the split roles: they are a tuner candidate), the balanced schedule where
         the cache layout allows it (else split) and the highest occupancy (up to 4 workgroups
         per CU) the shape fits."""
-        base = {"ChunkK": 64, "SplitKV": 0, "Mfma": MFMA_KINDS.get(problem.arch, ("fp8",))[0]}
+        base = {"ChunkK": 64, "SplitKV": 0, "Mfma": MFMA_KINDS.get(problem.arch, ("fp8",))[0],
+                "WaveRoles": WAVE_ROLES[0]}
         for schedule in SCHEDULES:
             for wave_per_eu in sorted(WAVE_PER_EUS, reverse=True):
                 config = {**base, "Schedule": schedule, "WavePerEU": wave_per_eu}
@@ -130,19 +136,21 @@ class FlyDSLBackend:
         return KernelPlan(arch=problem.arch, heads=problem.heads, next_n=problem.next_n,
                           kv_block_size=problem.kv_block_size, preshuffle=problem.preshuffle,
                           lens_2d=problem.lens_2d, chunk_k=int(config["ChunkK"]), wave_per_eu=int(config["WavePerEU"]),
-                          schedule=str(config["Schedule"]), mfma=str(config["Mfma"]))
+                          schedule=str(config["Schedule"]), mfma=str(config["Mfma"]),
+                          wave_roles=str(config.get("WaveRoles", WAVE_ROLES[0])))
 
     def grid_x(self, problem: Problem, plan: KernelPlan, config: dict) -> int:
-        """Workgroups along x. Balanced: one resident wave of them, ``CUs x WavePerEU`` (the
-        kernel runs one wave per SIMD, so WavePerEU workgroups share a CU). Split: ``SplitKV``
-        per sequence if set, else the host rule with ``WavePerEU`` workgroups per CU."""
+        """Workgroups along x. Balanced: one resident wave of them, ``CUs x`` workgroups per CU
+        (``WavePerEU``: the kernel runs one wave per SIMD, or two with ``WaveRoles=split``).
+        Split: ``SplitKV`` per sequence if set, else the host rule with that many workgroups
+        per CU."""
         if plan.schedule == BALANCED:
-            return persistent_programs(problem.cu_num, plan.wave_per_eu)
+            return persistent_programs(problem.cu_num, plan.workgroups_per_cu)
         splits = int(config.get("SplitKV") or 0)
         if splits > 0:
             return splits
         return derive_split_kv(max(problem.cu_num, 1), problem.batch, problem.work_context, plan.chunk_k,
-                               ctas_per_cu=plan.wave_per_eu)
+                               ctas_per_cu=plan.workgroups_per_cu)
 
     # ------------------------------------------------------------------ launch
     def launch(self, args: LaunchArgs, config: dict) -> None:

@@ -82,16 +82,17 @@ def config_plans(backend, arch: str, configs: list[dict]) -> list[KernelPlan]:
 
 
 # ============================================================================ checks
-def occupancy(arch: str, vgprs: int, lds_bytes: int) -> int:
+def occupancy(arch: str, vgprs: int, lds_bytes: int, waves_per_simd: int = 1) -> int:
     """Waves per SIMD this kernel can reach: VGPRs (512 per lane, granules of 8) and LDS
-    (one wave per SIMD per workgroup, so workgroups per CU = waves per SIMD)."""
+    (``waves_per_simd`` waves per SIMD per workgroup: workgroups per CU x that)."""
     by_vgprs = 512 // max(8, (vgprs + 7) // 8 * 8)
-    by_lds = LDS_PER_CU[arch] // lds_bytes if lds_bytes else 8
+    by_lds = LDS_PER_CU[arch] // lds_bytes * waves_per_simd if lds_bytes else 8
     return max(0, min(8, by_vgprs, by_lds))
 
 
-def parse_isa(arch: str, text: str) -> dict:
-    """Resources from the ISA text's kernel metadata (``.vgpr_count`` & co.)."""
+def parse_isa(arch: str, text: str, waves_per_simd: int = 1) -> dict:
+    """Resources from the ISA text's kernel metadata (``.vgpr_count`` & co.); ``waves_per_simd``:
+    waves of one workgroup on each SIMD (for the LDS limit on occupancy)."""
 
     def first_int(pattern):
         match = re.search(pattern, text, re.M)
@@ -112,7 +113,7 @@ def parse_isa(arch: str, text: str) -> dict:
         "lds_bytes": lds,
         "scratch_bytes": first_int(r"^\s*\.private_segment_fixed_size:\s*(\d+)"),
         "spill_count": spills,
-        "occupancy": occupancy(arch, vgprs, lds or 0),
+        "occupancy": occupancy(arch, vgprs, lds or 0, waves_per_simd),
         "mma_instructions": sorted(set(re.findall(r"\bv_mfma_\w+", text))),
     }
 
@@ -235,7 +236,7 @@ def compile_records(backend, arch: str, out_dir: str | None, configs: list[dict]
 
 def _knobs(plan: KernelPlan) -> dict:
     return {"ChunkK": plan.chunk_k, "WavePerEU": plan.wave_per_eu, "SplitKV": 0, "Schedule": plan.schedule,
-            "Mfma": plan.mfma}
+            "Mfma": plan.mfma, "WaveRoles": plan.wave_roles}
 
 
 # ============================================================================ child side
@@ -268,7 +269,7 @@ def _compile_one(plan: KernelPlan, out_dir: str, dump_dir: str) -> CompileRecord
     from .kernel import launcher
 
     record = CompileRecord(plan.name, BACKEND_NAME, plan.arch, _knobs(plan), False,
-                           options={"waves_per_eu": plan.wave_per_eu, "num_warps": 4})
+                           options={"waves_per_eu": plan.wave_per_eu, "num_warps": plan.waves})
     os.environ["FLYDSL_DUMP_DIR"] = dump = os.path.join(dump_dir, plan.name)
     start = time.perf_counter()
     try:
@@ -291,7 +292,7 @@ def _compile_one(plan: KernelPlan, out_dir: str, dump_dir: str) -> CompileRecord
         f.write(binary)
     with open(record.isa, "w") as f:
         f.write(isa)
-    for key, value in parse_isa(plan.arch, isa).items():
+    for key, value in parse_isa(plan.arch, isa, plan.waves_per_simd).items():
         setattr(record, key, value)
     record.ok = True
     record.write(out_dir)

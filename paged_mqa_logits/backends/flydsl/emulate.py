@@ -5,8 +5,9 @@ reduction and masking can be checked against the reference on a CPU.
 What is modelled (from the CDNA3/CDNA4 ISA documents; the assumptions a real MI300/MI355X run
 confirms):
 
-* a workgroup is 4 waves x 64 lanes run in lockstep; every value is an array over (wave, lane)
-  (i32 / i64 / f32 keep their width, so 32-bit wrap-around shows up as it would on the GPU);
+* a workgroup is 4 waves (8 with ``WaveRoles=split``) x 64 lanes run in lockstep; every value
+  is an array over (wave, lane) (i32 / i64 / f32 keep their width, so 32-bit wrap-around shows
+  up as it would on the GPU);
   ``uniform`` (``v_readfirstlane``) takes lane 0;
 * branches (``if_then`` / ``if_value``) must be wave-uniform; where waves of a workgroup go
   different ways, each side runs with only its waves active (their stores and LDS writes land,
@@ -28,9 +29,10 @@ confirms):
   ``64 + 16 * (l // 16) + e - 16``; each lane's bytes are multiplied by ``2^(scale - 127)`` of
   its e8m0 scale byte (opsel 0); the result is placed as for the 16x16x32 MFMA.
 
-Every MFMA a wave issues is counted (``EmulationStats.mfma``), and output stores can be traced
-per workgroup (``trace_stores``): the tests check the schedule covers every logit exactly once
-and that no MFMA runs on a padding row.
+Every MFMA a wave issues is counted (``EmulationStats.mfma``; per wave with the LDS DMAs in
+``EmulationStats.by_wave``, so the tests see which waves copy and which score), and output
+stores can be traced per workgroup (``trace_stores``): the tests check the schedule covers
+every logit exactly once and that no MFMA runs on a padding row.
 
 Imports no flydsl: the emulator runs wherever torch and numpy do.
 """
@@ -46,7 +48,7 @@ import torch
 from ...arch import native_fp8_dtype
 from ...problem import LaunchArgs
 from .algorithm import ARG_NAMES, KernelBody, grid, launch_arguments
-from .plan import WAVE_SIZE, WAVES, KernelPlan
+from .plan import WAVE_SIZE, KernelPlan
 
 _REGION_BITS = 40  # tensor k lives at addresses [(k + 1) << 40, (k + 2) << 40)
 
@@ -90,19 +92,18 @@ class _Memory:
 
 
 class _Resource:
-    def __init__(self, address, num_records):
-        self.address = np.broadcast_to(address, (WAVES, WAVE_SIZE)).astype(np.int64)
-        self.num_records = np.broadcast_to(num_records, (WAVES, WAVE_SIZE)).astype(np.int64)
-
-
-def _lanes(value, dtype=np.int32) -> np.ndarray:
-    return np.broadcast_to(np.asarray(value, dtype=dtype), (WAVES, WAVE_SIZE))
+    def __init__(self, address, num_records, shape):
+        self.address = np.broadcast_to(address, shape).astype(np.int64)
+        self.num_records = np.broadcast_to(num_records, shape).astype(np.int64)
 
 
 @dataclass
 class EmulationStats:
     #: MFMAs issued (one per wave and instruction), by mnemonic
     mfma: Counter = field(default_factory=Counter)
+    #: instructions issued per wave of the workgroup, by kind (``"mfma"``, ``"lds_dma"``) and
+    #: wave index: which waves copy and which score (``WaveRoles``)
+    by_wave: Counter = field(default_factory=Counter)
     #: per workgroup ``(x, y)``: byte addresses of its output stores that landed (``trace_stores``)
     stores: dict = field(default_factory=dict)
 
@@ -115,21 +116,25 @@ class EmulatedOps:
     def __init__(self, plan: KernelPlan, memory: _Memory, x: int, y: int, stats: EmulationStats | None = None,
                  trace_stores: bool = False):
         self.plan, self.memory, self.ids = plan, memory, (x, y)
+        self.waves = plan.waves  # every wave of the workgroup, whatever its role
+        self.shape = (self.waves, WAVE_SIZE)
         self.lds = np.zeros(0, np.uint8)
         self.fp8 = native_fp8_dtype(plan.arch)
-        self.active = np.ones(WAVES, bool)  # waves executing the current branch
+        self.active = np.ones(self.waves, bool)  # waves executing the current branch
         self.stats = stats if stats is not None else EmulationStats()
         self.store_trace = self.stats.stores.setdefault(self.ids, []) if trace_stores else None
 
     # ------------------------------------------------------------------ integers
     def const32(self, v):
-        return _lanes(v)
+        return self._lanes(v)
 
-    @staticmethod
-    def _int(v, like=None):
+    def _lanes(self, value, dtype=np.int32) -> np.ndarray:
+        return np.broadcast_to(np.asarray(value, dtype=dtype), self.shape)
+
+    def _int(self, v, like=None):
         if isinstance(v, np.ndarray):
             return v
-        return _lanes(v, like.dtype if isinstance(like, np.ndarray) else np.int32)
+        return self._lanes(v, like.dtype if isinstance(like, np.ndarray) else np.int32)
 
     def _pair(self, a, b):
         a2 = self._int(a, b)
@@ -168,10 +173,6 @@ class EmulatedOps:
         a, b = self._pair(a, b)
         return a // b
 
-    def ceil_div(self, a, b):
-        a, b = self._pair(a, b)
-        return -(-a // b)
-
     def lt(self, a, b):
         a, b = self._pair(a, b)
         return a < b
@@ -184,7 +185,7 @@ class EmulatedOps:
         return np.logical_and(a, b)
 
     def true(self):
-        return _lanes(True, bool)
+        return self._lanes(True, bool)
 
     def select(self, cond, a, b):
         if isinstance(a, (int, float)) or isinstance(b, (int, float)):
@@ -198,13 +199,13 @@ class EmulatedOps:
         return self._int(v).astype(np.int32)
 
     def uniform(self, v):
-        return np.broadcast_to(self._int(v)[:, :1], (WAVES, WAVE_SIZE))
+        return np.broadcast_to(self._int(v)[:, :1], self.shape)
 
     def thread_id(self):
-        return (np.arange(WAVES, dtype=np.int32)[:, None] * WAVE_SIZE + np.arange(WAVE_SIZE, dtype=np.int32))
+        return (np.arange(self.waves, dtype=np.int32)[:, None] * WAVE_SIZE + np.arange(WAVE_SIZE, dtype=np.int32))
 
     def block_id(self, axis: int):
-        return _lanes(self.ids[axis])
+        return self._lanes(self.ids[axis])
 
     # ------------------------------------------------------------------ control
     def for_range(self, lower, upper, carried, body):
@@ -212,11 +213,11 @@ class EmulatedOps:
         if any(b.size != 1 for b in bounds):
             raise EmulationFault("a loop's bounds must be the same for every active wave")
         for i in range(int(bounds[0][0]), int(bounds[1][0])):
-            carried = body(_lanes(i), carried)
+            carried = body(self._lanes(i), carried)
         return carried
 
     def _wave_condition(self, cond) -> np.ndarray:
-        cond = np.broadcast_to(np.asarray(cond, bool), (WAVES, WAVE_SIZE))
+        cond = np.broadcast_to(np.asarray(cond, bool), self.shape)
         if (cond != cond[:, :1]).any():
             raise EmulationFault("a branch condition must be wave-uniform")
         return cond[:, 0]
@@ -240,8 +241,8 @@ class EmulatedOps:
             self._run_masked(waves, lambda: results.__setitem__(side, body()))
         if len(results) == 1:
             return next(iter(results.values()))
-        return np.where(taken[:, None], np.broadcast_to(results["then"], (WAVES, WAVE_SIZE)),
-                        np.broadcast_to(results["else"], (WAVES, WAVE_SIZE))).astype(np.float32)
+        return np.where(taken[:, None], np.broadcast_to(results["then"], self.shape),
+                        np.broadcast_to(results["else"], self.shape)).astype(np.float32)
 
     def sched_fence(self):
         pass
@@ -256,27 +257,34 @@ class EmulatedOps:
     # ------------------------------------------------------------------ memory
     def lds_allocate(self, nbytes: int):
         self.lds = np.full(nbytes, 0xCD, np.uint8)  # junk: unfilled bytes must never be used
-        return _lanes(0)
+        return self._lanes(0)
 
     def base_address(self, address: int):
-        return _lanes(address, np.int64)
+        return self._lanes(address, np.int64)
 
     def buffer_resource(self, address, num_records):
-        return _Resource(address, num_records)
+        return _Resource(address, num_records, self.shape)
 
     def _buffer_read(self, rsrc: _Resource, offset, nbytes: int) -> np.ndarray:
         """Per-dword range check, as raw buffers do: out-of-range dwords read 0."""
         offset = self._int(offset).astype(np.int64)
-        out = np.zeros((WAVES, WAVE_SIZE, nbytes), np.uint8)
+        out = np.zeros((self.waves, WAVE_SIZE, nbytes), np.uint8)
         for dword in range(0, nbytes, 4):
             ok = offset + dword + 4 <= rsrc.num_records
             out[ok, dword:dword + 4] = self.memory.read(rsrc.address[ok] + offset[ok] + dword, 4)
         return out
 
     def scalar_load(self, rsrc, offset):
+        """``s_buffer_load_dword``. Stricter than the hardware: a load past ``num_records`` (or
+        before the descriptor's base) is a fault here, because the kernel is meant never to
+        issue one (its table and lengths loads stay inside the row their descriptor covers)."""
         offset = self._int(offset)
         if (offset != offset[:, :1]).any():
             raise EmulationFault("a scalar load needs a wave-uniform offset")
+        live = self.active[:, None] & np.ones_like(offset, bool)
+        if ((offset < 0) | (offset.astype(np.int64) + 4 > rsrc.num_records))[live].any():
+            raise EmulationFault(f"a scalar load past its descriptor (offset {offset[live].max()}, "
+                                 f"num_records {rsrc.num_records[live].min()})")
         return self._buffer_read(rsrc, offset, 4).view(np.int32)[..., 0]
 
     def _with_soffset(self, rsrc, uniform_offset):
@@ -284,7 +292,7 @@ class EmulatedOps:
         uniform_offset = self._int(uniform_offset)
         if (uniform_offset != uniform_offset[:, :1]).any():
             raise EmulationFault("soffset must be wave-uniform")
-        return _Resource(rsrc.address + uniform_offset.astype(np.int64), rsrc.num_records)
+        return _Resource(rsrc.address + uniform_offset.astype(np.int64), rsrc.num_records, self.shape)
 
     def buffer_load_pair(self, rsrc, offset, uniform_offset=0):
         data = self._buffer_read(self._with_soffset(rsrc, uniform_offset), offset, 16)
@@ -300,7 +308,7 @@ class EmulatedOps:
     def buffer_store_f32(self, value, rsrc, offset):
         offset = self._int(offset).astype(np.int64)
         ok = (offset + 4 <= rsrc.num_records) & self.active[:, None]
-        values = np.ascontiguousarray(np.broadcast_to(value, (WAVES, WAVE_SIZE)).astype(np.float32))
+        values = np.ascontiguousarray(np.broadcast_to(value, self.shape).astype(np.float32))
         self.memory.write(rsrc.address[ok] + offset[ok], values[ok][:, None].view(np.uint8))
         if self.store_trace is not None:
             self.store_trace.append(rsrc.address[ok] + offset[ok])
@@ -313,10 +321,10 @@ class EmulatedOps:
             value = self._int(value)
             if (value != value[:, :1]).any():
                 raise EmulationFault(f"LDS DMA {name} must be wave-uniform")
+        self._count("lds_dma")
         m0 = self.uniform(lds_address)
         lane = np.arange(WAVE_SIZE)
-        data = self._buffer_read(
-            _Resource(rsrc.address + self._int(uniform_offset).astype(np.int64), rsrc.num_records), lane_offset, nbytes)
+        data = self._buffer_read(self._with_soffset(rsrc, uniform_offset), lane_offset, nbytes)
         target = m0.astype(np.int64) + lane * nbytes
         if target.min() < 0 or target.max() + nbytes > self.lds.size:
             raise EmulationFault(f"LDS DMA past the allocation ({target.max()} + {nbytes} > {self.lds.size})")
@@ -331,10 +339,10 @@ class EmulatedOps:
 
     # ------------------------------------------------------------------ math
     def zero_f32(self):
-        return _lanes(0.0, np.float32)
+        return self._lanes(0.0, np.float32)
 
     def zero_acc(self):
-        return np.zeros((WAVES, WAVE_SIZE, 4), np.float32)
+        return np.zeros((self.waves, WAVE_SIZE, 4), np.float32)
 
     def acc_element(self, acc, i):
         return acc[..., i]
@@ -342,13 +350,18 @@ class EmulatedOps:
     def _fp8(self, bytes_: np.ndarray) -> np.ndarray:
         return torch.from_numpy(np.ascontiguousarray(bytes_)).view(self.fp8).float().numpy()
 
+    def _count(self, kind: str) -> None:
+        for wave in np.flatnonzero(self.active):
+            self.stats.by_wave[kind, int(wave)] += 1
+
     def mfma(self, a, b, acc):
         self.stats.mfma["v_mfma_f32_16x16x32_fp8_fp8"] += int(self.active.sum())
+        self._count("mfma")
         lane = np.arange(WAVE_SIZE)
         row, group = lane % 16, lane // 16
         a_vals, b_vals = self._fp8(a), self._fp8(b)  # [wave, lane, 8]
-        a_mat = np.zeros((WAVES, 16, 32), np.float32)
-        b_mat = np.zeros((WAVES, 32, 16), np.float32)
+        a_mat = np.zeros((self.waves, 16, 32), np.float32)
+        b_mat = np.zeros((self.waves, 32, 16), np.float32)
         for e in range(8):
             a_mat[:, row, 8 * group + e] = a_vals[:, :, e]
             b_mat[:, 8 * group + e, row] = b_vals[:, :, e]
@@ -360,6 +373,7 @@ class EmulatedOps:
 
     def mfma_scaled(self, a_parts, b_parts, acc, scale_a, scale_b):
         self.stats.mfma["v_mfma_scale_f32_16x16x128_f8f6f4"] += int(self.active.sum())
+        self._count("mfma")
         lane = np.arange(WAVE_SIZE)
         row, group = lane % 16, lane // 16
         operands = []
@@ -367,8 +381,8 @@ class EmulatedOps:
             values = self._fp8(np.concatenate(parts, axis=-1))  # [wave, lane, 32]
             exponent = (self._int(scale) & 0xFF).astype(np.int32) - 127
             operands.append(values * np.exp2(exponent.astype(np.float32))[..., None])
-        a_mat = np.zeros((WAVES, 16, 128), np.float32)
-        b_mat = np.zeros((WAVES, 128, 16), np.float32)
+        a_mat = np.zeros((self.waves, 16, 128), np.float32)
+        b_mat = np.zeros((self.waves, 128, 16), np.float32)
         for e in range(32):
             k = 16 * group + e if e < 16 else 64 + 16 * group + e - 16
             a_mat[:, row, k] = operands[0][:, :, e]
@@ -392,13 +406,13 @@ class EmulatedOps:
         return (a + b).astype(np.float32)
 
     def shuffle_up(self, value, delta: int):
-        return np.broadcast_to(value, (WAVES, WAVE_SIZE))[:, (np.arange(WAVE_SIZE) - delta) % WAVE_SIZE]
+        return np.broadcast_to(value, self.shape)[:, (np.arange(WAVE_SIZE) - delta) % WAVE_SIZE]
 
     def read_lane(self, value, lane: int):
-        return np.broadcast_to(np.broadcast_to(value, (WAVES, WAVE_SIZE))[:, lane:lane + 1], (WAVES, WAVE_SIZE))
+        return np.broadcast_to(np.broadcast_to(value, self.shape)[:, lane:lane + 1], self.shape)
 
     def shuffle_xor(self, value, mask: int):
-        return np.broadcast_to(value, (WAVES, WAVE_SIZE))[:, np.arange(WAVE_SIZE) ^ mask]
+        return np.broadcast_to(value, self.shape)[:, np.arange(WAVE_SIZE) ^ mask]
 
 
 def emulate(plan: KernelPlan, args: LaunchArgs, grid_x: int, trace_stores: bool = False) -> EmulationStats:

@@ -96,11 +96,6 @@ def smax(a, b):
     return arith.maxsi(*_pair(a, b))
 
 
-def ceil_div(a, b):
-    """``ceil(a / b)`` for ``a >= 0``, ``b > 0``."""
-    return arith.ceildivui(*_pair(a, b))
-
-
 def udiv(a, b):
     """Unsigned quotient (i32 or i64; the operands here are never negative)."""
     return arith.divui(*_pair(a, b))

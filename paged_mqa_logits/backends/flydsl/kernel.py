@@ -27,10 +27,11 @@ def launcher(plan: KernelPlan):
 
     Arguments, in order: the six tensors (q and kv as uint8 views), then the int32 scalars of
     :data:`ARG_NAMES`, then the stream. Grid = ``algorithm.grid``: (grid_x, 1) persistent programs
-    (balanced) or (grid_x splits, batch) (split); 256 threads.
+    (balanced) or (grid_x splits, batch) (split); ``plan.threads`` threads (256, or 512 with
+    ``WaveRoles=split``).
     """
 
-    @flyc.kernel(name=plan.name, known_block_size=[256, 1, 1])
+    @flyc.kernel(name=plan.name, known_block_size=[plan.threads, 1, 1])
     def paged_mqa_logits_kernel(
         q: fx.Tensor, kv: fx.Tensor, weights: fx.Tensor, out: fx.Tensor, lens: fx.Tensor, table: fx.Tensor,
         stride_q_b: fx.Int32, stride_q_j: fx.Int32, stride_q_h: fx.Int32, stride_block: fx.Int32,
@@ -57,7 +58,7 @@ def launcher(plan: KernelPlan):
         paged_mqa_logits_kernel(
             q, kv, weights, out, lens, table, stride_q_b, stride_q_j, stride_q_h, stride_block, stride_w,
             stride_out, stride_lens_b, stride_lens_j, stride_table, max_model_len, max_blocks, grid_x, batch,
-        ).launch(grid=(workgroups_x, workgroups_y, 1), block=(256, 1, 1), stream=stream)
+        ).launch(grid=(workgroups_x, workgroups_y, 1), block=(plan.threads, 1, 1), stream=stream)
 
     launch.compile_hints = {"waves_per_eu": plan.wave_per_eu}
     return launch

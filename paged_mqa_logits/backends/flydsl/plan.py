@@ -24,6 +24,8 @@ from HBM once per workgroup and replayed from LDS for every next_n row.
 
 One wave per SIMD means ``WavePerEU`` (the occupancy hint, waves per SIMD) is also the number of
 workgroups per CU; it caps VGPRs at ``512 / WavePerEU`` and LDS at ``LDS(CU) / WavePerEU``.
+With ``WaveRoles=split`` (see :data:`WAVE_ROLES`) a workgroup has two waves per SIMD, one that
+copies and one that scores, so ``WavePerEU`` must be even and is twice the workgroups per CU.
 """
 
 from __future__ import annotations
@@ -34,7 +36,13 @@ from dataclasses import dataclass
 from ...schedule import BALANCED, SCHEDULES
 
 HEAD_DIM = 128
-WAVES = 4  # waves per workgroup, one per SIMD
+WAVES = 4  # waves that split a stage's copies and its scoring (one per SIMD)
+#: the ``WaveRoles`` knob: ``uniform`` -- the 4 waves of a workgroup each copy their part of the
+#: next stage into LDS and score their part of the current one; ``split`` -- 8 waves (two per
+#: SIMD): waves 4..7 only issue the next stage's copies (producers), waves 0..3 only score
+#: (consumers: MFMAs and the epilogue), so a SIMD interleaves a copying and a scoring wave of
+#: the same workgroup; default first
+WAVE_ROLES = ("uniform", "split")
 WAVE_SIZE = 64
 TILE = 16  # tokens per MFMA tile (N of the 16x16x32 MFMA); also the Preshuffle tile
 #: the ``Mfma`` knob (the values the gluon CDNA variant uses too): ``fp8`` =
@@ -57,6 +65,11 @@ WAVE_PER_EUS = (1, 2, 3, 4)
 #: sequence walk) in SGPRs next to two stages' page bases, and with 4+ pages per stage the
 #: compiles (h64, next_n 2/5/8 at KVBlockSize 16/32) spill SGPRs; ``split`` has no such limit
 BALANCED_MAX_PAGES = 2
+#: head-rows per wave (row slots x heads) from which ``WaveRoles=split`` needs ChunkK's stage to
+#: be one tile group: with two row slots of 64 heads at ChunkK 128 the compiles reach 256 VGPRs
+#: (spilling 8 / 2 registers under the balanced schedule on gfx942 / gfx950 with the plain
+#: MFMA), while the uniform kernel fits
+ROLES_MAX_HEAD_ROWS_TWO_GROUPS = 127
 
 
 def row_groups(next_n: int) -> int:
@@ -76,6 +89,27 @@ class KernelPlan:
     wave_per_eu: int  # occupancy target = workgroups per CU
     schedule: str = BALANCED  # which segments a workgroup walks (see the module docstring)
     mfma: str = "fp8"  # which fp8 MFMA (see MFMA_K)
+    wave_roles: str = "uniform"  # see WAVE_ROLES
+
+    # ------------------------------------------------------------------ waves
+    @property
+    def waves(self) -> int:
+        """Waves per workgroup: the 4 that score, plus 4 copying ones with ``WaveRoles=split``."""
+        return 2 * WAVES if self.wave_roles == "split" else WAVES
+
+    @property
+    def threads(self) -> int:
+        return self.waves * WAVE_SIZE
+
+    @property
+    def waves_per_simd(self) -> int:
+        """Waves one workgroup puts on each SIMD."""
+        return self.waves // WAVES
+
+    @property
+    def workgroups_per_cu(self) -> int:
+        """Resident workgroups per CU at the ``WavePerEU`` occupancy (waves per SIMD)."""
+        return self.wave_per_eu // self.waves_per_simd
 
     # ------------------------------------------------------------------ work split
     @property
@@ -171,7 +205,8 @@ class KernelPlan:
     def name(self) -> str:
         return (f"flydsl_{self.arch}_h{self.heads}_n{self.next_n}_kb{self.kv_block_size}"
                 f"_{'shuf' if self.preshuffle else 'plain'}_{'2d' if self.lens_2d else '1d'}"
-                f"_ck{self.chunk_k}_w{self.wave_per_eu}_{self.schedule}_{self.mfma}")
+                f"_ck{self.chunk_k}_w{self.wave_per_eu}_{self.schedule}_{self.mfma}"
+                f"{'_roles' if self.wave_roles == 'split' else ''}")
 
     def problem_error(self) -> str | None:
         """Why this plan's shape cannot be built (``None`` = it can)."""
@@ -198,12 +233,21 @@ class KernelPlan:
             return (f"Schedule=balanced supports up to {BALANCED_MAX_PAGES} cache blocks per stage; ChunkK="
                     f"{self.chunk_k} spans {self.pages_per_stage} blocks of {self.kv_block_size} tokens "
                     f"(Schedule=split or a smaller ChunkK)")
+        if self.wave_roles not in WAVE_ROLES:
+            return f"WaveRoles must be one of {WAVE_ROLES}, got {self.wave_roles!r}"
+        if self.wave_per_eu % self.waves_per_simd:
+            return (f"WaveRoles={self.wave_roles} puts {self.waves_per_simd} waves of a workgroup on each SIMD; "
+                    f"WavePerEU={self.wave_per_eu} is not a multiple")
+        if (self.wave_roles == "split" and self.reduce_groups > 1
+                and self.rows_per_wave * self.heads > ROLES_MAX_HEAD_ROWS_TWO_GROUPS):
+            return (f"WaveRoles=split with {self.rows_per_wave} row slots of {self.heads} heads at ChunkK="
+                    f"{self.chunk_k} needs more than 256 VGPRs (ChunkK=64 or WaveRoles=uniform)")
         kinds = MFMA_KINDS.get(self.arch, ())
         if self.mfma not in kinds:
             return f"Mfma must be one of {kinds} on {self.arch}, got {self.mfma!r}"
-        if self.lds_bytes * self.wave_per_eu > LDS_PER_CU[self.arch]:
+        if self.lds_bytes * self.workgroups_per_cu > LDS_PER_CU[self.arch]:
             return (f"ChunkK={self.chunk_k} needs {self.lds_bytes} B of LDS per workgroup; "
-                    f"{self.wave_per_eu} workgroups exceed the {LDS_PER_CU[self.arch]} B of a {self.arch} CU")
+                    f"{self.workgroups_per_cu} workgroups exceed the {LDS_PER_CU[self.arch]} B of a {self.arch} CU")
         if self.vgpr_estimate > self.vgpr_budget:
             return (f"heads={self.heads}, next_n={self.next_n}, ChunkK={self.chunk_k} need ~{self.vgpr_estimate} "
                     f"VGPRs; WavePerEU={self.wave_per_eu} leaves {self.vgpr_budget}")
