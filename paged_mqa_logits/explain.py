@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from . import arch as arch_mod
 from . import dispatch, table
-from .problem import HEAD_DIM, Problem
+from .problem import HEAD_DIM, Problem, ShapeKey, Target
 from .validate import check_problem
 
 _NAMES = {field: f"`{field}`" for field in ("arch", "cu_num", "batch", "next_n", "heads", "head_dim",
@@ -41,12 +41,10 @@ def describe_problem(
     check_problem(arch=arch, cu_num=cu_num, batch=batch, next_n=next_n, heads=heads, head_dim=head_dim,
                   kv_block_size=kv_block_size, preshuffle=preshuffle, context=context, names=_NAMES,
                   prefix="paged_mqa_logits.explain: ", known_archs=known_archs())
-    return Problem(
-        arch=arch, cu_num=cu_num, batch=batch, next_n=next_n, heads=heads, head_dim=head_dim,
-        kv_block_size=kv_block_size, preshuffle=preshuffle, context=context, lens_2d=lens_2d,
-        fp8=arch_mod.native_fp8(arch), device_type="cpu" if arch == "cpu" else "cuda",
-        max_model_len=max_model_len or context or 32768, hypothetical=True,
-    )
+    shape_key = ShapeKey(heads=heads, head_dim=head_dim, kv_block_size=kv_block_size, preshuffle=preshuffle,
+                         batch=batch, next_n=next_n)
+    return Problem.of(shape_key, Target.described(arch, cu_num), context=context, lens_2d=lens_2d,
+                      max_model_len=max_model_len or context or 32768)
 
 
 def explain(

@@ -1,5 +1,15 @@
 """The host-side problem key and the normalised arguments every backend receives.
 
+* :class:`ShapeKey` -- what a call *is*, as tuned rows and compiled kernels tell calls apart
+  (heads, head_dim, kv_block_size, preshuffle, batch, next_n). Every other key is composed from
+  it: a table row (``table.Row``: arch, CU count, shape key, context), an untuned key
+  (``tuner.keys.TuneKey``: shape key, contexts), a benchmarked shape (``bench.Shape``: shape
+  key, context, length mode, lengths layout) and a :class:`Problem`.
+* :class:`Target` -- where a problem is judged: the chip (arch, CU count), the tensors' device
+  type, and whether the call is only described (``hypothetical``).
+* :class:`Problem` -- one call: its shape key, its target, and the rest of what dispatch and the
+  backends read (context hint, lengths layout, fp8 flavour, max_model_len, cache layout).
+
 Everything here is built from tensor *metadata* (shapes, dtypes, strides, devices) and host
 ints. Nothing reads a device value, so building a problem never synchronises the device.
 
@@ -18,9 +28,12 @@ Row semantics shared by every backend (docs/CONTRACT.md):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass, fields
+from typing import Mapping
 
 import torch
+
+from .arch import native_fp8
 
 HEAD_DIM = 128
 SUPPORTED_KV_BLOCK_SIZES = (1, 16, 32, 64, 128, 256)
@@ -49,29 +62,131 @@ def fp8_dtype(flavour: str) -> torch.dtype:
     return {"fn": torch.float8_e4m3fn, "fnuz": torch.float8_e4m3fnuz}[flavour]
 
 
-@dataclass(frozen=True)
-class Problem:
-    """Everything dispatch may look at. Hashable: it is the dispatch-cache key.
+def int_cell(cells: Mapping[str, str | None], column: str, minimum: int = 1) -> int:
+    """The integer in CSV cell ``column`` (``ValueError`` naming the column when it is not one,
+    or is below ``minimum``)."""
+    text = (cells.get(column) or "").strip()
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"column {column} must be an integer, got {text!r}") from None
+    if value < minimum:
+        raise ValueError(f"column {column} must be >= {minimum}, got {value}")
+    return value
 
-    ``context`` is the caller's host-side hint (longest context in the batch) or ``None``.
+
+def bool_cell(cells: Mapping[str, str | None], column: str) -> bool:
+    """The flag in CSV cell ``column``: ``0``/``1`` (``false``/``true`` also read)."""
+    text = (cells.get(column) or "").strip()
+    if text.lower() not in ("0", "1", "true", "false"):
+        raise ValueError(f"column {column} must be 0 or 1, got {text!r}")
+    return text.lower() in ("1", "true")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShapeKey:
+    """What a call *is*, as far as tuned rows and compiled kernels tell calls apart.
+
+    The fields are the tables' key columns, in their order (:data:`SHAPE_KEY_COLUMNS`); where the
+    call runs (:class:`Target`) and its context are not part of it. The op's rules on the values
+    (heads a multiple of 16, ...) are ``validate.py``'s; a key only holds them.
     """
+
+    heads: int  # H, query heads
+    head_dim: int  # D, bytes of a key (HEAD_DIM)
+    kv_block_size: int  # tokens per cache block (the op's KVBlockSize)
+    preshuffle: bool  # key bytes stored in 16x16 tiles (the op's Preshuffle)
+    batch: int  # B, sequences
+    next_n: int  # query rows per sequence
+
+    @property
+    def family(self) -> tuple:
+        """Keys of one family share compiled kernels: they differ only in batch."""
+        return (self.heads, self.head_dim, self.kv_block_size, self.preshuffle, self.next_n)
+
+    def values(self) -> tuple:
+        """The fields in column order."""
+        return astuple(self)
+
+    def cells(self) -> dict:
+        """Column -> CSV cell value (``preshuffle`` as 0/1), as :meth:`parse` reads it back."""
+        return {**dict(zip(SHAPE_KEY_COLUMNS, self.values())), "preshuffle": int(self.preshuffle)}
+
+    @classmethod
+    def parse(cls, cells: Mapping[str, str | None]) -> "ShapeKey":
+        """The key in CSV cells (column -> text): positive integers, ``preshuffle`` 0 or 1.
+        ``ValueError`` names the column of a missing or malformed cell."""
+        values = {c: bool_cell(cells, c) if c == "preshuffle" else int_cell(cells, c) for c in SHAPE_KEY_COLUMNS}
+        return cls(**values)
+
+    def describe(self) -> str:
+        return (f"H={self.heads} D={self.head_dim} kv_block_size={self.kv_block_size} "
+                f"preshuffle={int(self.preshuffle)} batch={self.batch} next_n={self.next_n}")
+
+
+#: the :class:`ShapeKey` fields, in table-column order
+SHAPE_KEY_COLUMNS = tuple(f.name for f in fields(ShapeKey))
+
+
+def _shape_key_field(name: str) -> property:
+    return property(lambda self: getattr(self.shape_key, name), doc=f"``shape_key.{name}``")
+
+
+class ShapeKeyFields:
+    """Base of the types composed from a :class:`ShapeKey` (``self.shape_key``): its fields read
+    as their own (``row.heads`` is ``row.shape_key.heads``)."""
+
+    __slots__ = ()
+    heads = _shape_key_field("heads")
+    head_dim = _shape_key_field("head_dim")
+    kv_block_size = _shape_key_field("kv_block_size")
+    preshuffle = _shape_key_field("preshuffle")
+    batch = _shape_key_field("batch")
+    next_n = _shape_key_field("next_n")
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a problem is judged: the chip, the tensors' device type, and whether the call is
+    only described (``explain``, ``compile --only-table``, the tuner's dry run, table checks):
+    backends then judge only arch and shapes, not whether this machine could run them."""
 
     arch: str  # "sm_90", "gfx942", "gfx950", "cpu", ...
     cu_num: int  # CUs (ROCm) or SMs (CUDA); 0 on CPU
-    batch: int
-    next_n: int
-    heads: int
-    head_dim: int
-    kv_block_size: int
-    preshuffle: bool
-    context: int | None
-    lens_2d: bool
-    fp8: str  # "fn" | "fnuz"
     device_type: str  # torch device type: "cpu" | "cuda" (ROCm reports "cuda" too)
-    max_model_len: int
-    #: True for problems described rather than called (``explain``, ``compile --only-table``):
-    #: backends then judge only arch and shapes, not whether this machine could run them.
     hypothetical: bool = False
+
+    @classmethod
+    def described(cls, arch: str, cu_num: int) -> "Target":
+        """A chip described rather than present: its tensors would live on it (``cpu`` for CPU)."""
+        return cls(arch, cu_num, "cpu" if arch == "cpu" else "cuda", hypothetical=True)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One call, as dispatch and the backends see it. Hashable: it is the dispatch-cache key, so
+    everything that can change a decision is in it, the :class:`Target` included.
+
+    The fields are flat (backends read ``problem.heads``, ``problem.arch``, ...): those of its
+    :attr:`shape_key` and its :attr:`target` mean what they mean there. :meth:`of` builds a
+    problem from the two. ``context`` is the caller's host-side hint (longest context in the
+    batch) or ``None``.
+    """
+
+    arch: str  # Target.arch
+    cu_num: int  # Target.cu_num
+    batch: int  # ShapeKey.batch
+    next_n: int  # ShapeKey.next_n
+    heads: int  # ShapeKey.heads
+    head_dim: int  # ShapeKey.head_dim
+    kv_block_size: int  # ShapeKey.kv_block_size
+    preshuffle: bool  # ShapeKey.preshuffle
+    context: int | None
+    lens_2d: bool  # context_lens is [B, next_n] (else [B])
+    fp8: str  # "fn" | "fnuz" (fp8_flavour of q)
+    device_type: str  # Target.device_type
+    max_model_len: int
+    hypothetical: bool = False  # Target.hypothetical
     #: cache layout, as far as kernels compile differently for it: the block stride in bytes
     #: (``kv_cache.stride(0)``; 0 = packed, ``kv_block_size * (head_dim + 4)``), whether the
     #: cache's first byte is 16-byte aligned, and whether every cache byte lies within 2^31 of
@@ -80,6 +195,29 @@ class Problem:
     kv_block_stride: int = 0
     kv_base_aligned: bool = True
     kv_32bit: bool = True
+
+    @classmethod
+    def of(cls, shape_key: ShapeKey, target: Target, *, max_model_len: int, context: int | None = None,
+           lens_2d: bool = True, fp8: str | None = None, kv_block_stride: int = 0, kv_base_aligned: bool = True,
+           kv_32bit: bool = True) -> "Problem":
+        """The problem of a call with ``shape_key`` on ``target`` (``fp8``: the arch's native
+        flavour unless given; the cache layout: packed, aligned, under 2 GiB unless given)."""
+        return cls(
+            arch=target.arch, cu_num=target.cu_num, batch=shape_key.batch, next_n=shape_key.next_n,
+            heads=shape_key.heads, head_dim=shape_key.head_dim, kv_block_size=shape_key.kv_block_size,
+            preshuffle=shape_key.preshuffle, context=context, lens_2d=lens_2d, fp8=fp8 or native_fp8(target.arch),
+            device_type=target.device_type, max_model_len=max_model_len, hypothetical=target.hypothetical,
+            kv_block_stride=kv_block_stride, kv_base_aligned=kv_base_aligned, kv_32bit=kv_32bit,
+        )
+
+    @property
+    def shape_key(self) -> ShapeKey:
+        return ShapeKey(heads=self.heads, head_dim=self.head_dim, kv_block_size=self.kv_block_size,
+                        preshuffle=self.preshuffle, batch=self.batch, next_n=self.next_n)
+
+    @property
+    def target(self) -> Target:
+        return Target(self.arch, self.cu_num, self.device_type, self.hypothetical)
 
     @property
     def kv_stride_bytes(self) -> int:

@@ -27,7 +27,7 @@ Files: the shipped ``configs/*_tuned.csv``, unless ``PAGED_MQA_LOGITS_CONFIGS`` 
 ``AITER_CONFIG_PAGED_MQA_LOGITS``) holds a path list (``os.pathsep``-separated). The list
 replaces the shipped files; the entry ``default`` stands for them, so ``default:/my/t.csv``
 merges a file over the shipped tables. A directory entry means its ``*_tuned.csv`` files.
-Merging: rows with the same key (every column up to ``context``) are de-duplicated; within a
+Merging: rows with the same key (:attr:`Row.key`: every column up to ``context``) are de-duplicated; within a
 file the fastest ``us`` wins (a row without ``us`` loses to one with), and a later file
 replaces an earlier file's row.
 
@@ -56,19 +56,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import backends
-from .arch import native_fp8, normalise_arch
+from .arch import normalise_arch
 from .errors import PagedMQAArgumentError
-from .problem import Problem
+from .problem import SHAPE_KEY_COLUMNS, Problem, ShapeKey, ShapeKeyFields, Target, int_cell
 
 ENV_CONFIGS = "PAGED_MQA_LOGITS_CONFIGS"
 ENV_CONFIGS_ALIAS = "AITER_CONFIG_PAGED_MQA_LOGITS"
 ANY_CONTEXT = "any"
 
-KEY_COLUMNS = ("arch", "cu_num", "heads", "head_dim", "kv_block_size", "preshuffle", "batch", "next_n", "context")
+KEY_COLUMNS = ("arch", "cu_num") + SHAPE_KEY_COLUMNS + ("context",)
 COMMON_KNOBS = ("ChunkK", "WavePerEU", "SplitKV")
 META_COLUMNS = ("backend", "us", "provenance")
 REQUIRED_COLUMNS = KEY_COLUMNS + ("backend",) + COMMON_KNOBS + ("us", "provenance")
-_INT_KEYS = ("cu_num", "heads", "head_dim", "kv_block_size", "batch", "next_n")
 KNOWN_BACKENDS = ("torch", "triton", "gluon", "flydsl")
 
 
@@ -77,15 +76,13 @@ class TableError(PagedMQAArgumentError):
 
 
 @dataclass(frozen=True)
-class Row:
+class Row(ShapeKeyFields):
+    """One table row: the chip it was tuned on, the shape key, the context, and what to run.
+    ``row.heads`` and the other shape-key fields read through :attr:`shape_key`."""
+
     arch: str
     cu_num: int
-    heads: int
-    head_dim: int
-    kv_block_size: int
-    preshuffle: bool
-    batch: int
-    next_n: int
+    shape_key: ShapeKey
     context: int | None  # None = tuned across contexts ("any")
     backend: str
     config: tuple  # sorted (knob, value) pairs, only the set ones
@@ -95,8 +92,13 @@ class Row:
 
     @property
     def key(self) -> tuple:
-        return (self.arch, self.cu_num, self.heads, self.head_dim, self.kv_block_size, self.preshuffle,
-                self.batch, self.next_n, self.context)
+        """``(arch, cu_num, shape_key, context)``: rows with the same key are duplicates."""
+        return (self.arch, self.cu_num, self.shape_key, self.context)
+
+    @property
+    def family(self) -> tuple:
+        """The rows :func:`lookup` chooses among for a problem: same arch and shape-key family."""
+        return (self.arch,) + self.shape_key.family
 
     @property
     def knobs(self) -> dict:
@@ -208,22 +210,14 @@ def _parse_header(cells: list[str], where: str) -> list[str]:
 
 
 def _parse_row(cells: dict, where: str) -> Row:
-    def integer(col, minimum=0):
-        try:
-            value = int(cells[col])
-        except ValueError:
-            raise TableError(f"{where}: column {col} must be an integer, got {cells[col]!r}") from None
-        if value < minimum:
-            raise TableError(f"{where}: column {col} must be >= {minimum}, got {value}")
-        return value
-
     if not cells["arch"]:
         raise TableError(f"{where}: column arch is empty")
-    ints = {c: integer(c, 0 if c == "cu_num" else 1) for c in _INT_KEYS}
-    pre = cells["preshuffle"].lower()
-    if pre not in ("0", "1", "true", "false"):
-        raise TableError(f"{where}: column preshuffle must be 0 or 1, got {cells['preshuffle']!r}")
-    context = None if cells["context"].lower() in (ANY_CONTEXT, "") else integer("context")
+    try:
+        cu_num = int_cell(cells, "cu_num", minimum=0)
+        shape_key = ShapeKey.parse(cells)
+        context = None if cells["context"].lower() in (ANY_CONTEXT, "") else int_cell(cells, "context", minimum=0)
+    except ValueError as exc:
+        raise TableError(f"{where}: {exc}") from None
     if cells["backend"] not in KNOWN_BACKENDS:
         raise TableError(f"{where}: column backend must be one of {', '.join(KNOWN_BACKENDS)}, got {cells['backend']!r}")
     us = None
@@ -242,9 +236,9 @@ def _parse_row(cells: dict, where: str) -> Row:
         if value is not None:
             knobs[col] = value
     row = Row(
-        arch=normalise_arch(cells["arch"]), preshuffle=pre in ("1", "true"), context=context,
+        arch=normalise_arch(cells["arch"]), cu_num=cu_num, shape_key=shape_key, context=context,
         backend=cells["backend"], config=tuple(sorted(knobs.items())), us=us,
-        provenance=cells["provenance"], source=where, **ints,
+        provenance=cells["provenance"], source=where,
     )
     error = _knob_error(row)
     if error is not None:
@@ -257,13 +251,8 @@ def _knob_error(row: Row) -> str | None:
     the backend cannot be imported here, so no call can reach it)."""
     if backends.get(row.backend) is None:
         return None
-    problem = Problem(
-        arch=row.arch, cu_num=row.cu_num, batch=row.batch, next_n=row.next_n, heads=row.heads,
-        head_dim=row.head_dim, kv_block_size=row.kv_block_size, preshuffle=row.preshuffle, context=row.context,
-        lens_2d=True, fp8=native_fp8(row.arch),
-        device_type="cpu" if row.arch == "cpu" else "cuda", max_model_len=max(row.context or 0, 131072),
-        hypothetical=True,
-    )
+    problem = Problem.of(row.shape_key, Target.described(row.arch, row.cu_num), context=row.context,
+                         max_model_len=max(row.context or 0, 131072))
     return backends.check_config(row.backend, row.knobs, problem)
 
 
@@ -319,8 +308,7 @@ def _load() -> _Loaded:
             rows = merge(files)
             by_family: dict[tuple, list[Row]] = {}
             for row in rows.values():
-                family = (row.arch, row.heads, row.head_dim, row.kv_block_size, row.preshuffle, row.next_n)
-                by_family.setdefault(family, []).append(row)
+                by_family.setdefault(row.family, []).append(row)
             _LOADED = _Loaded(rows, files, by_family)
         return _LOADED
 
@@ -349,8 +337,7 @@ def _nearest(values, target: int) -> int:
 
 def lookup(problem: Problem) -> Match:
     """The table row for ``problem`` and the rule that chose it (``row=None``: no row)."""
-    family = (problem.arch, problem.heads, problem.head_dim, problem.kv_block_size, problem.preshuffle, problem.next_n)
-    rows = _load().by_family.get(family, [])
+    rows = _load().by_family.get((problem.arch,) + problem.shape_key.family, [])
     if not rows:
         return Match(None, "no tuned row for this arch/heads/head_dim/kv_block_size/preshuffle/next_n")
     cu_note = ""
@@ -386,11 +373,8 @@ def table_configs(arch: str) -> list[tuple[dict, str, dict]]:
     for row in table().values():
         if row.arch != arch:
             continue
-        fields = {
-            "arch": row.arch, "cu_num": row.cu_num, "heads": row.heads, "head_dim": row.head_dim,
-            "kv_block_size": row.kv_block_size, "preshuffle": row.preshuffle, "batch": row.batch,
-            "next_n": row.next_n, "context": row.context,
-        }
+        fields = {"arch": row.arch, "cu_num": row.cu_num, **dict(zip(SHAPE_KEY_COLUMNS, row.shape_key.values())),
+                  "context": row.context}
         out.append((fields, row.backend, row.knobs))
     return out
 
@@ -415,9 +399,8 @@ class TableWriter:
         if unknown:
             raise ValueError(f"row {row.key} has knob(s) {', '.join(sorted(unknown))} the header lacks")
         values = {
-            "arch": row.arch, "cu_num": row.cu_num, "heads": row.heads, "head_dim": row.head_dim,
-            "kv_block_size": row.kv_block_size, "preshuffle": int(row.preshuffle), "batch": row.batch,
-            "next_n": row.next_n, "context": ANY_CONTEXT if row.context is None else row.context,
+            "arch": row.arch, "cu_num": row.cu_num, **row.shape_key.cells(),
+            "context": ANY_CONTEXT if row.context is None else row.context,
             "backend": row.backend, "us": "" if row.us is None else f"{row.us:.3f}", "provenance": row.provenance,
             **row.knobs,
         }
@@ -435,8 +418,7 @@ class TableWriter:
     @staticmethod
     def sort_key(row: Row) -> tuple:
         """Rows grouped by family, then batch, then context (``any`` last)."""
-        return (row.arch, row.cu_num, row.heads, row.head_dim, row.kv_block_size, row.preshuffle, row.next_n,
-                row.batch, row.context is None, row.context or 0)
+        return (row.arch, row.cu_num) + row.shape_key.family + (row.batch, row.context is None, row.context or 0)
 
     def write(self, path: str, rows, comments=()) -> None:
         """Write ``rows`` (sorted by :meth:`sort_key`) atomically: a temporary file in the same

@@ -32,9 +32,9 @@ from tqdm import tqdm
 from . import backends, dispatch
 from ._triton_compat import current_device
 from .aot import launches, overlay
-from .arch import detect, native_fp8
+from .arch import detect
 from .op import launch
-from .problem import HEAD_DIM, LaunchArgs, Problem, fp8_dtype
+from .problem import HEAD_DIM, LaunchArgs, Problem, ShapeKey, Target, fp8_dtype
 from .reference import make_inputs
 from .table import table_configs
 from .validate import build_launch_args
@@ -69,18 +69,16 @@ class Call:
 def enumerate_calls(family: Family, *, arch: str, cu_num: int, fp8: str | None = None, device_type: str = "cuda",
                     hypothetical: bool = False, include_fallbacks: bool = True) -> list[Call]:
     """Every (problem, backend, knobs) the family can run, sorted so calls sharing inputs are adjacent."""
-    fp8 = fp8 or native_fp8(arch)
+    target = Target(arch, cu_num, device_type, hypothetical)
     calls = []
     for next_n in sorted(set(family.next_n)):
         for lens_2d in sorted(set(family.lens_2d)):
             for batch in sorted(set(family.batch_sizes)):
+                shape_key = ShapeKey(heads=family.heads, head_dim=HEAD_DIM, kv_block_size=family.kv_block_size,
+                                     preshuffle=family.preshuffle, batch=batch, next_n=next_n)
                 for hint in family.context_hints:
-                    problem = Problem(
-                        arch=arch, cu_num=cu_num, batch=batch, next_n=next_n, heads=family.heads,
-                        head_dim=HEAD_DIM, kv_block_size=family.kv_block_size, preshuffle=family.preshuffle,
-                        context=hint, lens_2d=lens_2d, fp8=fp8, device_type=device_type,
-                        max_model_len=family.max_model_len, hypothetical=hypothetical,
-                    )
+                    problem = Problem.of(shape_key, target, context=hint, lens_2d=lens_2d, fp8=fp8,
+                                         max_model_len=family.max_model_len)
                     choice = dispatch.choose(problem)
                     calls.append(Call(problem, choice.backend, dict(choice.config)))
                     if not include_fallbacks:

@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "tuner"))
 
 import fake_backends  # noqa: E402  (tests/tuner/fake_backends.py: candidates that misbehave on purpose)
 
-TINY = Shape(heads=16, next_n=2, batch=2, context=48, kv_block_size=16)
+TINY = Shape.of(heads=16, next_n=2, batch=2, context=48, kv_block_size=16)
 #: DeepGEMM's timings on one H200 from an earlier run (a cross-run reference, never a same-run ratio)
 ANCHOR_FILE = os.path.join(ROOT, "benchmarks", "h200", "deepgemm_anchor.csv")
 
@@ -33,7 +33,7 @@ def fake_backend(monkeypatch):
 
 
 def test_accounting_counts_visible_pairs_and_walked_tokens():
-    shape = Shape(heads=32, next_n=3, batch=2, context=100, kv_block_size=16)
+    shape = Shape.of(heads=32, next_n=3, batch=2, context=100, kv_block_size=16)
     acc = bench.accounting(shape, [100, 2], max_model_len=100, max_blocks=7)
     # rows of sequence 0 see 98, 99, 100 keys; sequence 1 (length 2) sees 0, 1, 2
     assert acc.visible == 98 + 99 + 100 + 0 + 1 + 2
@@ -47,7 +47,7 @@ def test_accounting_counts_visible_pairs_and_walked_tokens():
 
 def test_anchor_accounting_matches_deepgemm_file():
     """The anchor's GB/s is KV bytes + logits written, exactly what bench counts."""
-    shape = Shape(heads=64, next_n=2, batch=8, context=8192)
+    shape = Shape.of(heads=64, next_n=2, batch=8, context=8192)
     acc = bench.accounting(shape, shape.lens(), 8192, 128)
     with open(ANCHOR_FILE) as f:
         row = next(r for r in csv.DictReader(f)
@@ -56,7 +56,7 @@ def test_anchor_accounting_matches_deepgemm_file():
 
 
 def test_workload_copies_are_distinct_blocks_from_a_permutation():
-    shape = Shape(heads=16, next_n=1, batch=3, context=40, kv_block_size=16, ragged=True)
+    shape = Shape.of(heads=16, next_n=1, batch=3, context=40, kv_block_size=16, ragged=True)
     wl = bench.build_workload(shape, "cpu", copies=3)
     assert wl.copies == 3 and wl.lens[0] == 40 and all(20 <= n <= 40 for n in wl.lens)
     pointers = {a.kv_cache.data_ptr() for a in wl.args} | {a.out.data_ptr() for a in wl.args}
@@ -80,7 +80,7 @@ def test_workload_with_another_hint_shares_the_copies():
 
 
 def test_summary_compares_the_dispatch_with_each_implementation():
-    shapes = [Shape(heads=64, next_n=1, batch=1, context=8192), Shape(heads=64, next_n=1, batch=8, context=8192)]
+    shapes = [Shape.of(heads=64, next_n=1, batch=1, context=8192), Shape.of(heads=64, next_n=1, batch=8, context=8192)]
     ms = [bench.Measurement(s, Impl("dispatch"), us=us) for s, us in zip(shapes, (2.0, 3.0))]
     ms += [bench.Measurement(s, Impl.of("triton", {"ChunkK": 64}), us=us) for s, us in zip(shapes, (4.0, 3.0))]
     lines = bench.summary(ms, bench.load_anchor(ANCHOR_FILE))
@@ -94,7 +94,7 @@ def test_summary_reports_same_run_deepgemm_per_grid_and_next_n_3():
     ms = []
     for ragged in ("", "wide"):
         for n, ours, theirs in ((1, 10.0, 11.0), (2, 20.0, 16.0), (3, 24.0, 60.0), (4, 30.0, 36.0)):
-            s = Shape(heads=64, next_n=n, batch=128, context=32768, ragged=ragged)
+            s = Shape.of(heads=64, next_n=n, batch=128, context=32768, ragged=ragged)
             ms.append(bench.Measurement(s, Impl("dispatch"), us=ours, frac_of_copy_bw=0.8 + n / 100))
             ms.append(bench.Measurement(s, Impl("deepgemm"), us=theirs))
     lines = bench.summary(ms)
@@ -111,17 +111,17 @@ def test_summary_reports_same_run_deepgemm_per_grid_and_next_n_3():
 
 
 def test_wide_ragged_lengths_are_seeded_and_span_one_to_context():
-    shape = Shape(heads=16, next_n=1, batch=400, context=1000, ragged="wide")
+    shape = Shape.of(heads=16, next_n=1, batch=400, context=1000, ragged="wide")
     lens = shape.lens(seed=3)
     assert lens == shape.lens(seed=3) and lens != shape.lens(seed=4)
     assert lens[0] == 1000 and min(lens) >= 1 and max(lens) == 1000 and min(lens) < 100
-    assert Shape(heads=16, next_n=1, batch=4, context=8, ragged=True).ragged == "half"
+    assert Shape.of(heads=16, next_n=1, batch=4, context=8, ragged=True).ragged == "half"
     with pytest.raises(ValueError, match="ragged"):
-        Shape(heads=16, next_n=1, batch=4, context=8, ragged="sometimes")
+        Shape.of(heads=16, next_n=1, batch=4, context=8, ragged="sometimes")
 
 
 def test_deepgemm_is_flattened_where_it_refuses_the_next_n():
-    assert [bench.deepgemm_flattens(Shape(heads=64, next_n=n, batch=1, context=64)) for n in range(1, 9)] == \
+    assert [bench.deepgemm_flattens(Shape.of(heads=64, next_n=n, batch=1, context=64)) for n in range(1, 9)] == \
         [False, False, True, False, True, True, True, True]
 
 
@@ -161,7 +161,7 @@ def test_measure_rejects_wrong_output_and_survives_exceptions(fake_backend, mode
 
 
 def test_check_uses_a_sentinel_so_untouched_means_untouched(fake_backend):
-    wl = bench.build_workload(Shape(heads=16, next_n=1, batch=1, context=30, kv_block_size=16), "cpu")
+    wl = bench.build_workload(Shape.of(heads=16, next_n=1, batch=1, context=30, kv_block_size=16), "cpu")
     ok = bench.measure(Impl.of("fake", {"mode": "ok"}), wl, None)
     assert ok.ok and ok.us is None  # schedule=None: check only
     out = wl.args[0].out
@@ -173,10 +173,10 @@ def test_anchor_speedup_only_on_the_anchor_layout():
     assert bench.load_anchor(None) == {}
     with pytest.raises(FileNotFoundError, match="--anchor"):
         bench.load_anchor(os.path.join(ROOT, "no_such_anchor.csv"))
-    plain = Shape(heads=64, next_n=1, batch=1, context=8192)
+    plain = Shape.of(heads=64, next_n=1, batch=1, context=8192)
     assert bench.anchor_us(anchor, plain) == pytest.approx(4.26)
-    assert bench.anchor_us(anchor, Shape(heads=64, next_n=1, batch=1, context=8192, preshuffle=True)) is None
-    assert bench.anchor_us(anchor, Shape(heads=64, next_n=1, batch=1, context=8192, lens_2d=False)) is None
+    assert bench.anchor_us(anchor, Shape.of(heads=64, next_n=1, batch=1, context=8192, preshuffle=True)) is None
+    assert bench.anchor_us(anchor, Shape.of(heads=64, next_n=1, batch=1, context=8192, lens_2d=False)) is None
     m = bench.Measurement(plain, Impl("dispatch"), backend="gluon", us=2.13)
     row = bench.csv_row(m, anchor, {plain: 4.0})
     assert row["speedup_vs_anchor_cross_run"] == "2" and row["speedup_vs_deepgemm"] == "1.878"
@@ -256,7 +256,7 @@ def test_host_overhead_benchmark_runs(monkeypatch, capsys):
 def test_graph_timing_on_gpu():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA/ROCm GPU: CUDA-graph replay timing")
-    shape = Shape(heads=32, next_n=2, batch=4, context=2048)
+    shape = Shape.of(heads=32, next_n=2, batch=4, context=2048)
     wl = bench.build_workload(shape, "cuda", max_copies=8)
     assert wl.copies == 8  # capped; the working set target is far larger than this shape
     m = bench.measure(Impl.of("triton"), wl, Schedule(replays=3), copy_gbps=bench.copy_bandwidth("cuda"))

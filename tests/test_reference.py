@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from paged_mqa_logits.reference import (
-    FP8_MAX, calc_diff, make_inputs, pack_kv_cache, quantize_fp8, reference_logits, row_lengths,
+    FP8_MAX, calc_diff, make_inputs, pack_kv_cache, quantize_fp8, reference_logits,
     shuffle_block_keys, unpack_kv_cache, unshuffle_block_keys,
 )
 
@@ -80,14 +80,6 @@ def test_pack_unpack_roundtrip(dtype, pre):
     assert torch.equal(scales, scale)
     with pytest.raises(ValueError, match="block_stride"):
         pack_kv_cache(x_fp8, scale, block_stride=16 * 132 - 4)
-
-
-def test_row_lengths_1d_and_2d():
-    lens = torch.tensor([5, 1, 0], dtype=torch.int32)
-    rl = row_lengths(lens, 3)
-    assert rl.tolist() == [[3, 4, 5], [0, 0, 1], [0, 0, 0]]
-    lens2d = torch.tensor([[3, 9], [-2, 4]], dtype=torch.int32)
-    assert row_lengths(lens2d, 2).tolist() == [[3, 9], [0, 4]]
 
 
 def test_make_inputs_honest_footprint():

@@ -9,7 +9,7 @@ import torch
 from op_cases import positional
 from paged_mqa_logits import dispatch, paged_mqa_logits, reload_tuned_table, table
 from paged_mqa_logits.explain import explain
-from paged_mqa_logits.problem import Problem
+from paged_mqa_logits.problem import Problem, ShapeKey
 from paged_mqa_logits.reference import make_inputs
 from paged_mqa_logits.validate import build_launch_args
 
@@ -81,8 +81,8 @@ def test_merge_dedup_fastest_within_file_later_file_wins(tmp_path, monkeypatch):
     b = write(tmp_path, "b_tuned.csv", ["gfx950,256,32,128,64,1,8,1,any,flydsl,,2,,,9,p"])
     merged = table.merge([a, b])
     assert len(merged) == 2
-    key64 = ("gfx950", 256, 32, 128, 64, True, 64, 1, None)
-    key8 = ("gfx950", 256, 32, 128, 64, True, 8, 1, None)
+    key64, key8 = (("gfx950", 256, ShapeKey(heads=32, head_dim=128, kv_block_size=64, preshuffle=True, batch=b,
+                                            next_n=1), None) for b in (64, 8))
     assert merged[key64].knobs["ChunkK"] == 256 and merged[key64].source == f"{a}:3"
     assert merged[key8].backend == "flydsl"  # later file replaces, even if slower
 

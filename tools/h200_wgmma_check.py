@@ -309,7 +309,7 @@ def timing(copy_gbps: float) -> list[dict]:
     rows, best = [], {}
     schedule = bench.Schedule(replays=7, min_replay_us=1500.0)
     for heads, next_n, batch, context in TIMING_SHAPES:
-        shape = bench.Shape(heads, next_n, batch, context)
+        shape = bench.Shape.of(heads, next_n, batch, context)
         w = bench.build_workload(shape, "cuda")
         problem = w.args[0].problem
         default = wg.default_config(problem)

@@ -16,8 +16,7 @@ import os
 from dataclasses import dataclass
 
 from paged_mqa_logits import backends
-from paged_mqa_logits.arch import native_fp8
-from paged_mqa_logits.problem import Problem
+from paged_mqa_logits.problem import Problem, Target
 
 from .keys import TuneKey
 
@@ -40,22 +39,10 @@ def load_extra_backends() -> list[str]:
     return names
 
 
-@dataclass(frozen=True)
-class Target:
-    """The device being tuned for (or, for ``--dry-run``, described)."""
-
-    arch: str
-    cu_num: int
-    device_type: str  # "cuda" or "cpu"
-    hypothetical: bool = False  # described, not present: backends judge arch and shapes only
-
-    def problem(self, key: TuneKey, context: int | None) -> Problem:
-        return Problem(
-            arch=self.arch, cu_num=self.cu_num, batch=key.batch, next_n=key.next_n, heads=key.heads,
-            head_dim=key.head_dim, kv_block_size=key.kv_block_size, preshuffle=key.preshuffle, context=context,
-            lens_2d=True, fp8=native_fp8(self.arch), device_type=self.device_type,
-            max_model_len=context or max(key.contexts), hypothetical=self.hypothetical,
-        )
+def problem_for(key: TuneKey, target: Target, context: int | None) -> Problem:
+    """The problem the tuner times ``key`` as on ``target`` (the device being tuned for, or for
+    ``--dry-run`` one described) at ``context``."""
+    return Problem.of(key.shape_key, target, context=context, max_model_len=context or max(key.contexts))
 
 
 @dataclass(frozen=True)
@@ -97,7 +84,7 @@ def candidates_for(key: TuneKey, target: Target, names: list[str] | None = None,
     if names is None:
         names = [n for n in backends.names() if n != "torch" or target.device_type == "cpu"]
     for name in names:
-        problems = [target.problem(key, c) for c in key.contexts]
+        problems = [problem_for(key, target, c) for c in key.contexts]
         reason = next((r for r in (backends.why_not(name, p) for p in problems) if r), None)
         if reason:
             skipped[name] = reason

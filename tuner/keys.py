@@ -15,41 +15,31 @@ import csv
 from dataclasses import dataclass
 
 from paged_mqa_logits.bench import Shape
+from paged_mqa_logits.problem import SHAPE_KEY_COLUMNS, ShapeKey, ShapeKeyFields
 
 DEFAULT_CONTEXTS = (8192, 32768)
-COLUMNS = ("heads", "head_dim", "kv_block_size", "preshuffle", "batch", "next_n", "contexts")
+COLUMNS = SHAPE_KEY_COLUMNS + ("contexts",)
 
 
 @dataclass(frozen=True)
-class TuneKey:
-    heads: int
-    head_dim: int
-    kv_block_size: int
-    preshuffle: bool
-    batch: int
-    next_n: int
+class TuneKey(ShapeKeyFields):
+    """A shape key to tune, at the contexts to time it at (its rows: one per context and one
+    ``any`` row across them). ``key.heads`` and the other fields read through ``shape_key``."""
+
+    shape_key: ShapeKey
     contexts: tuple[int, ...]
 
     @property
-    def ident(self) -> tuple:
-        """The table key without arch, cu_num and context."""
-        return (self.heads, self.head_dim, self.kv_block_size, self.preshuffle, self.batch, self.next_n)
-
-    @property
     def family(self) -> tuple:
-        """Keys of one family share compiled kernels (they differ only in batch)."""
-        return (self.heads, self.head_dim, self.kv_block_size, self.preshuffle, self.next_n)
+        return self.shape_key.family
 
     def shape(self, context: int, lengths: str = "") -> Shape:
         """The benchmark shape at ``context``: every sequence at it (``lengths=""``), or drawn from
         ``[1, context]`` (``"wide"``) or ``[context/2, context]`` (``"half"``), see :class:`Shape`."""
-        return Shape(heads=self.heads, next_n=self.next_n, batch=self.batch, context=context,
-                     kv_block_size=self.kv_block_size, preshuffle=self.preshuffle, head_dim=self.head_dim,
-                     ragged=lengths)
+        return Shape(self.shape_key, context, ragged=lengths)
 
     def describe(self) -> str:
-        return (f"H={self.heads} D={self.head_dim} kv_block_size={self.kv_block_size} "
-                f"preshuffle={int(self.preshuffle)} batch={self.batch} next_n={self.next_n}")
+        return self.shape_key.describe()
 
 
 def parse_contexts(text: str) -> tuple[int, ...]:
@@ -61,26 +51,25 @@ def parse_contexts(text: str) -> tuple[int, ...]:
 
 def read_untuned(paths: list[str], contexts: tuple[int, ...] | None = None) -> list[TuneKey]:
     """Keys of the untuned files, de-duplicated (a key listed twice gets the union of its contexts)."""
-    merged: dict[tuple, set[int]] = {}
+    merged: dict[ShapeKey, set[int]] = {}
     for path in paths:
         with open(path, newline="") as f:
             lines = [(n, line) for n, line in enumerate(f, start=1) if line.strip() and not line.lstrip().startswith("#")]
         if not lines:
             continue
         header = [c.strip() for c in next(csv.reader([lines[0][1]]))]
-        missing = [c for c in COLUMNS[:-1] if c not in header]
+        missing = [c for c in SHAPE_KEY_COLUMNS if c not in header]
         if missing:
             raise ValueError(f"{path}:{lines[0][0]}: header lacks column(s) {', '.join(missing)}")
         for lineno, line in lines[1:]:
             cells = dict(zip(header, (c.strip() for c in next(csv.reader([line])))))
             try:
-                ident = (int(cells["heads"]), int(cells["head_dim"]), int(cells["kv_block_size"]),
-                         cells["preshuffle"].lower() in ("1", "true"), int(cells["batch"]), int(cells["next_n"]))
+                shape_key = ShapeKey.parse(cells)
                 ctx = contexts or parse_contexts(cells.get("contexts") or "") or DEFAULT_CONTEXTS
-            except (ValueError, KeyError) as exc:
+            except ValueError as exc:
                 raise ValueError(f"{path}:{lineno}: {exc}") from None
-            merged.setdefault(ident, set()).update(ctx)
-    return [TuneKey(*ident, tuple(sorted(ctx))) for ident, ctx in merged.items()]
+            merged.setdefault(shape_key, set()).update(ctx)
+    return [TuneKey(shape_key, tuple(sorted(ctx))) for shape_key, ctx in merged.items()]
 
 
 def coarse_to_fine(values) -> dict[int, int]:
@@ -120,5 +109,4 @@ def write_untuned(path: str, keys: list[TuneKey], comments=()) -> None:
         w = csv.writer(f, lineterminator="\n")
         w.writerow(COLUMNS)
         for k in keys:
-            w.writerow([k.heads, k.head_dim, k.kv_block_size, int(k.preshuffle), k.batch, k.next_n,
-                        ";".join(map(str, k.contexts))])
+            w.writerow(list(k.shape_key.cells().values()) + [";".join(map(str, k.contexts))])

@@ -23,6 +23,7 @@ import sys
 from dataclasses import dataclass, field
 
 from paged_mqa_logits import bench, table
+from paged_mqa_logits.problem import ShapeKey
 from paged_mqa_logits.table import Row
 
 from .keys import DEFAULT_CONTEXTS, TuneKey
@@ -79,10 +80,6 @@ class Point:
         return " / ".join(sorted(seen))
 
 
-def _ident(r: Row) -> tuple:
-    return (r.arch, r.cu_num, r.heads, r.head_dim, r.kv_block_size, r.preshuffle, r.batch, r.next_n)
-
-
 def points_for(rows: list[Row], arch: str, cu_num: int) -> tuple[list[Point], str]:
     """The rows to re-time on this device: its arch, its CU count (or the nearest tuned one)."""
     mine = [r for r in rows if r.arch == arch]
@@ -92,12 +89,12 @@ def points_for(rows: list[Row], arch: str, cu_num: int) -> tuple[list[Point], st
     cu = cu_num if cu_num in cus else min(cus, key=lambda c: (abs(c - cu_num), -c))
     note = "" if cu == cu_num else f"no rows for cu_num {cu_num}; re-timing the rows of cu_num {cu}"
     mine = [r for r in mine if r.cu_num == cu]
-    contexts_of: dict[tuple, set] = {}
+    contexts_of: dict[ShapeKey, set] = {}
     for r in mine:
         if r.context is not None:
-            contexts_of.setdefault(_ident(r), set()).add(r.context)
+            contexts_of.setdefault(r.shape_key, set()).add(r.context)
     points = [Point(r, (r.context,) if r.context is not None
-                    else tuple(sorted(contexts_of.get(_ident(r), DEFAULT_CONTEXTS)))) for r in mine]
+                    else tuple(sorted(contexts_of.get(r.shape_key, DEFAULT_CONTEXTS)))) for r in mine]
     return points, note
 
 
@@ -112,9 +109,7 @@ def read_baseline(path: str) -> dict[tuple, float]:
     for d in csv.DictReader(lines):
         if d["measured_us"]:
             ctx = None if d["context"] in ("any", "") else int(d["context"])
-            key = (d["arch"], int(d["cu_num"]), int(d["heads"]), int(d["head_dim"]), int(d["kv_block_size"]),
-                   d["preshuffle"] in ("1", "true"), int(d["batch"]), int(d["next_n"]), ctx)
-            out[key] = float(d["measured_us"])
+            out[(d["arch"], int(d["cu_num"]), ShapeKey.parse(d), ctx)] = float(d["measured_us"])
     return out
 
 
@@ -157,11 +152,12 @@ def recheck(table_path: str, *, baseline: str | None = None, fail_on_regression:
     work = []  # (point, context): a key's context row next to its "any" row, so they share inputs
     for p in points:
         work += [(p, c) for c in p.contexts]
-    work.sort(key=lambda pc: (_ident(pc[0].row), pc[1], pc[0].row.context is None))
+    work.sort(key=lambda pc: ((pc[0].row.arch, pc[0].row.cu_num) + pc[0].row.shape_key.values(), pc[1],
+                              pc[0].row.context is None))
     tasks = []
     for p, c in work:
         r = p.row
-        key = TuneKey(r.heads, r.head_dim, r.kv_block_size, r.preshuffle, r.batch, r.next_n, p.contexts)
+        key = TuneKey(r.shape_key, p.contexts)
         tasks.append(Task(id=len(tasks), shape=key.shape(c), impls=[bench.Impl("dispatch")], screen=schedule,
                           workload={"max_copies": max_copies, "context_hint": "context" if r.context else None},
                           meta={"point": p, "context": c}))

@@ -29,11 +29,12 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from paged_mqa_logits import backends, bench, table
+from paged_mqa_logits.problem import Target
 
-from .candidates import Candidate, Target, candidates_for, load_extra_backends
+from .candidates import Candidate, candidates_for, load_extra_backends
 from .keys import TuneKey, order_keys, read_untuned
 from .worker import Pool, Task
-from .writer import geomean, provenance, read_existing, rows_for, tuned_idents, update_table
+from .writer import geomean, provenance, read_existing, rows_for, tuned_shape_keys, update_table
 
 
 @dataclass
@@ -100,7 +101,7 @@ def resolve_target(opts: Options) -> Target:
                              f"target), got {opts.arch!r} without it")
         arch = normalise_arch(opts.arch)
         cu = opts.cu_num if opts.cu_num is not None else USUAL_CU_NUM.get(arch, 0)
-        return Target(arch, cu, "cpu" if arch == "cpu" else "cuda", hypothetical=True)
+        return Target.described(arch, cu)
     info = detect(torch.device(device if device != "cuda" else "cuda:0"))
     return Target(info.arch, info.cu_num, torch.device(device).type)
 
@@ -258,9 +259,7 @@ class TimeStage:
 # ----------------------------------------------------------------------------- the run
 def _report_row(target: Target, key: TuneKey, context, stage: str, cand: Candidate, m) -> dict:
     return {
-        "arch": target.arch, "cu_num": target.cu_num, "heads": key.heads, "head_dim": key.head_dim,
-        "kv_block_size": key.kv_block_size, "preshuffle": int(key.preshuffle), "batch": key.batch,
-        "next_n": key.next_n, "context": context, "stage": stage, "backend": cand.backend,
+        "arch": target.arch, "cu_num": target.cu_num, **key.shape_key.cells(), "context": context, "stage": stage, "backend": cand.backend,
         "knobs": bench.format_knobs(cand.knobs), "us": "" if m.us is None else f"{m.us:.3f}",
         "calc_diff": "" if m.calc_diff is None else f"{m.calc_diff:.2e}",
         "mask_ok": "" if m.mask_ok is None else int(m.mask_ok), "rotate": m.rotate, "status": m.status,
@@ -310,10 +309,10 @@ def tune(opts: Options) -> Outcome:
     outcome = Outcome(target)
     keys = order_keys(read_untuned(opts.untuned, opts.contexts))
     existing = read_existing(opts.out) if opts.out else []  # --dry-run needs no output file
-    done = set() if opts.retune_all else tuned_idents(existing, target.arch, target.cu_num,
-                                                      {k.ident: k.contexts for k in keys})
-    outcome.skipped = [k for k in keys if k.ident in done]
-    todo = [k for k in keys if k.ident not in done]
+    done = set() if opts.retune_all else tuned_shape_keys(existing, target.arch, target.cu_num,
+                                                          {k.shape_key: k.contexts for k in keys})
+    outcome.skipped = [k for k in keys if k.shape_key in done]
+    todo = [k for k in keys if k.shape_key not in done]
     if outcome.skipped:
         _say(opts, f"[tuner] {len(outcome.skipped)} key(s) already in {opts.out} for {target.arch}/cu{target.cu_num}: "
                    "skipped (--all re-tunes them)")
@@ -371,7 +370,7 @@ def tune(opts: Options) -> Outcome:
         outcome.tuned.append(run.key)
         written.extend(rows)
         # rows of this key from an earlier run go, whatever contexts they had; the rest stays
-        update_table(opts.out, rows, {(target.arch, target.cu_num) + run.key.ident},
+        update_table(opts.out, rows, {(target.arch, target.cu_num, run.key.shape_key)},
                      comments=[f"paged_mqa_logits tuned table; rows written by python -m tuner ({prov})",
                                "schema and lookup rules: paged_mqa_logits/table.py; how to regenerate: docs/TUNING.md"])
         best = min(rows, key=lambda r: (r.context is not None, r.us or 0))

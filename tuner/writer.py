@@ -10,6 +10,7 @@ import math
 import os
 
 from paged_mqa_logits import table
+from paged_mqa_logits.problem import ShapeKey
 from paged_mqa_logits.table import Row, TableWriter
 
 from .candidates import Candidate
@@ -74,9 +75,7 @@ def rows_for(key: TuneKey, arch: str, cu_num: int, candidates: list[Candidate], 
     picks = [(c, i, us) for c, (i, us) in per_context.items()]
     if agnostic:
         picks.append((None, *agnostic))
-    return [Row(arch=arch, cu_num=cu_num, heads=key.heads, head_dim=key.head_dim, kv_block_size=key.kv_block_size,
-                preshuffle=key.preshuffle, batch=key.batch, next_n=key.next_n, context=context,
-                backend=candidates[i].backend, config=candidates[i].config, us=round(us, 3), provenance=prov,
+    return [Row(arch=arch, cu_num=cu_num, shape_key=key.shape_key, context=context, backend=candidates[i].backend, config=candidates[i].config, us=round(us, 3), provenance=prov,
                 source="")
             for context, i, us in picks]
 
@@ -86,25 +85,25 @@ def read_existing(path: str) -> list[Row]:
     return table.parse_file(path) if os.path.exists(path) else []
 
 
-def tuned_idents(rows: list[Row], arch: str, cu_num: int, contexts_of: dict[tuple, tuple]) -> set[tuple]:
-    """Keys (``TuneKey.ident``) that already have a row at every requested context and an
-    ``any`` row for this arch and CU count."""
-    have: dict[tuple, set] = {}
+def tuned_shape_keys(rows: list[Row], arch: str, cu_num: int,
+                     contexts_of: dict[ShapeKey, tuple]) -> set[ShapeKey]:
+    """Shape keys that already have a row at every requested context and an ``any`` row for
+    this arch and CU count."""
+    have: dict[ShapeKey, set] = {}
     for r in rows:
         if r.arch == arch and r.cu_num == cu_num:
-            have.setdefault((r.heads, r.head_dim, r.kv_block_size, r.preshuffle, r.batch, r.next_n), set()).add(r.context)
-    return {ident for ident, contexts in contexts_of.items()
-            if ident in have and set(contexts) | {None} <= have[ident]}
+            have.setdefault(r.shape_key, set()).add(r.context)
+    return {shape_key for shape_key, contexts in contexts_of.items()
+            if shape_key in have and set(contexts) | {None} <= have[shape_key]}
 
 
 def merge(existing: list[Row], new: list[Row], replaced_keys: set[tuple] = frozenset()) -> list[Row]:
-    """``existing`` with every row of a re-tuned key (``(arch, cu_num, ident)`` in ``replaced_keys``)
-    and every row with the same table key as a new row replaced by ``new``."""
+    """``existing`` with every row of a re-tuned key (``(arch, cu_num, shape_key)`` in
+    ``replaced_keys``) and every row with the same table key as a new row replaced by ``new``."""
     new_keys = {r.key for r in new}
 
     def stale(r: Row) -> bool:
-        ident = (r.arch, r.cu_num, r.heads, r.head_dim, r.kv_block_size, r.preshuffle, r.batch, r.next_n)
-        return r.key in new_keys or ident in replaced_keys
+        return r.key in new_keys or (r.arch, r.cu_num, r.shape_key) in replaced_keys
 
     return [r for r in existing if not stale(r)] + list(new)
 

@@ -10,8 +10,7 @@ import torch
 from tqdm import tqdm
 
 from .. import backends
-from ..arch import native_fp8
-from ..problem import HEAD_DIM, Problem
+from ..problem import HEAD_DIM, Problem, Target
 from .deepgemm import deepgemm_available
 from .environment import Environment, environment
 from .measure import DeviceLost, Impl, Measurement, Schedule, measure, parse_knobs
@@ -45,10 +44,8 @@ def _impls(a, shape: Shape, problem) -> list[Impl]:
 
 def _problem_for(shape: Shape, env: Environment, device):
 
-    return Problem(arch=env.arch, cu_num=env.cu_num, batch=shape.batch, next_n=shape.next_n, heads=shape.heads,
-                   head_dim=shape.head_dim, kv_block_size=shape.kv_block_size, preshuffle=shape.preshuffle,
-                   context=shape.context, lens_2d=shape.lens_2d, fp8=native_fp8(env.arch),
-                   device_type=torch.device(device).type, max_model_len=shape.context)
+    return Problem.of(shape.shape_key, Target(env.arch, env.cu_num, torch.device(device).type), context=shape.context,
+                      lens_2d=shape.lens_2d, max_model_len=shape.context)
 
 
 def main(argv: list[str] | None = None) -> int:

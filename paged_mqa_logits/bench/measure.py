@@ -212,7 +212,7 @@ class Measurement:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        d["shape"], d["impl"] = asdict(self.shape), {"kind": self.impl.kind, "backend": self.impl.backend,
+        d["shape"], d["impl"] = self.shape.as_dict(), {"kind": self.impl.kind, "backend": self.impl.backend,
                                                       "config": self.impl.knobs}
         return d
 

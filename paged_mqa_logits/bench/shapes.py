@@ -9,29 +9,36 @@ from dataclasses import dataclass
 
 import torch
 
-from ..problem import HEAD_DIM
+from ..problem import HEAD_DIM, SHAPE_KEY_COLUMNS, ShapeKey, ShapeKeyFields
 
+#: the cache block size of a shape that names none (grids, shape files, :meth:`Shape.of`)
+DEFAULT_KV_BLOCK_SIZE = 64
 DEFAULT_GRID = dict(heads=(32, 64), next_n=(1, 2, 3, 4), batch=(1, 8, 32, 64, 128, 256), context=(8192, 32768),
-                    kv_block_size=(64,))
+                    kv_block_size=(DEFAULT_KV_BLOCK_SIZE,))
 #: per-sequence length modes: every sequence at ``context``; drawn from ``[C/2, C]``; from ``[1, C]``
 LENGTH_MODES = ("", "half", "wide")
 
 
 @dataclass(frozen=True)
-class Shape:
-    """One benchmarked problem: uniform context by default; ``ragged="half"`` draws per-sequence
-    lengths from ``[context/2, context]``, ``ragged="wide"`` from ``[1, context]`` (seeded, the
-    first one exactly ``context``; ``True`` means ``"half"``)."""
+class Shape(ShapeKeyFields):
+    """One benchmarked problem: a shape key at ``context``, uniform by default; ``ragged="half"``
+    draws per-sequence lengths from ``[context/2, context]``, ``ragged="wide"`` from
+    ``[1, context]`` (seeded, the first one exactly ``context``; ``True`` means ``"half"``).
+    ``lens_2d``: ``context_lens`` is ``[B, next_n]`` (else ``[B]``). ``shape.heads`` and the other
+    shape-key fields read through ``shape_key``."""
 
-    heads: int
-    next_n: int
-    batch: int
+    shape_key: ShapeKey
     context: int
-    kv_block_size: int = 64
-    preshuffle: bool = False
-    head_dim: int = HEAD_DIM
     lens_2d: bool = True
     ragged: str = ""
+
+    @classmethod
+    def of(cls, heads: int, next_n: int, batch: int, context: int, kv_block_size: int = DEFAULT_KV_BLOCK_SIZE,
+           preshuffle: bool = False, head_dim: int = HEAD_DIM, lens_2d: bool = True, ragged="") -> "Shape":
+        """A shape from its numbers (the defaults: the bench's block size, the op's head_dim)."""
+        key = ShapeKey(heads=heads, head_dim=head_dim, kv_block_size=kv_block_size, preshuffle=preshuffle,
+                       batch=batch, next_n=next_n)
+        return cls(key, context, lens_2d, ragged)
 
     def __post_init__(self):
         mode = {True: "half", False: ""}.get(self.ragged, self.ragged)
@@ -48,15 +55,20 @@ class Shape:
         lens[0] = self.context
         return lens
 
+    def as_dict(self) -> dict:
+        """The shape-key fields and the shape's own, in one flat dict."""
+        return {**dict(zip(SHAPE_KEY_COLUMNS, self.shape_key.values())), "context": self.context,
+                "lens_2d": self.lens_2d, "ragged": self.ragged}
+
     def describe(self) -> str:
         return (f"H={self.heads} next_n={self.next_n} batch={self.batch} context={self.context} "
                 f"kv_block_size={self.kv_block_size} preshuffle={int(self.preshuffle)}"
                 + ("" if self.lens_2d else " lens=1d") + (f" ragged={self.ragged}" if self.ragged else ""))
 
 
-def grid_shapes(heads, next_n, batch, context, kv_block_size=(64,), preshuffle=(False,), *, lens_2d=True,
-                ragged="", head_dim=HEAD_DIM) -> list[Shape]:
-    return [Shape(h, n, b, c, bs, p, head_dim, lens_2d, ragged)
+def grid_shapes(heads, next_n, batch, context, kv_block_size=(DEFAULT_KV_BLOCK_SIZE,), preshuffle=(False,), *,
+                lens_2d=True, ragged="", head_dim=HEAD_DIM) -> list[Shape]:
+    return [Shape.of(h, n, b, c, bs, p, head_dim, lens_2d, ragged)
             for h, n, bs, p, c, b in itertools.product(heads, next_n, kv_block_size, preshuffle, context, batch)]
 
 
@@ -76,10 +88,12 @@ def shapes_from_csv(path: str, *, contexts=None, lens_2d=True, ragged="") -> lis
             ctx = contexts or _int_list(row.get("contexts") or row.get("context") or "")
             if not ctx:
                 raise ValueError(f"{path}: row {row} has no context (give --context)")
-            for c in ctx:
-                shapes.append(Shape(
-                    heads=int(row.get("heads") or row["H"]), next_n=int(row["next_n"]), batch=int(row["batch"]),
-                    context=c, kv_block_size=int(row.get("kv_block_size") or 64),
-                    preshuffle=(row.get("preshuffle") or "0").lower() in ("1", "true"),
-                    head_dim=int(row.get("head_dim") or HEAD_DIM), lens_2d=lens_2d, ragged=ragged))
+            cells = {"heads": row.get("heads") or row.get("H"), "head_dim": row.get("head_dim") or str(HEAD_DIM),
+                     "kv_block_size": row.get("kv_block_size") or str(DEFAULT_KV_BLOCK_SIZE),
+                     "preshuffle": row.get("preshuffle") or "0", "batch": row.get("batch"), "next_n": row.get("next_n")}
+            try:
+                key = ShapeKey.parse(cells)
+            except ValueError as exc:
+                raise ValueError(f"{path}: row {row}: {exc}") from None
+            shapes.extend(Shape(key, c, lens_2d, ragged) for c in ctx)
     return shapes

@@ -12,7 +12,7 @@ if __name__ == "__main__":
     ctx = multiprocessing.get_context("spawn")
     worker = _Worker(ctx, 0, "cpu", {"PAGED_MQA_LOGITS_EXTRA_BACKENDS": "fake_backends:BACKEND"})
     assert worker.conn.recv()[0] == "hello"
-    shape = bench.Shape(heads=16, next_n=1, batch=1, context=32, kv_block_size=16)
+    shape = bench.Shape.of(heads=16, next_n=1, batch=1, context=32, kv_block_size=16)
     task = Task(id=0, shape=shape, impls=[bench.Impl.of("fake", {"mode": "hang"})], workload={"copies": 1})
     worker.conn.send(task.message())
     while True:

@@ -6,8 +6,9 @@ import time
 
 import pytest
 
+from paged_mqa_logits.problem import ShapeKey, Target
 from tuner import __main__ as cli
-from tuner.candidates import Candidate, Target
+from tuner.candidates import Candidate
 from tuner.keys import TuneKey
 from tuner.search import KeyRun, Options, TimeStage
 
@@ -80,7 +81,8 @@ def test_spent_budget_starts_nothing_not_even_a_started_keys_other_contexts(caps
     """Once the deadline passes, the timing stage hands out no task: neither the pending
     contexts of a key it already started nor a new key, and it says so once."""
     cands = [Candidate.of("torch", {})] * 2
-    runs = [KeyRun(TuneKey(32, 128, 16, False, b, 1, (64, 128, 256)), cands) for b in (1, 2)]
+    runs = [KeyRun(TuneKey(ShapeKey(heads=32, head_dim=128, kv_block_size=16, preshuffle=False, batch=b, next_n=1),
+                           (64, 128, 256)), cands) for b in (1, 2)]
 
     class Bar:
         def update(self, n):
@@ -107,7 +109,8 @@ def test_lengths_option_reaches_the_timed_shapes(lengths, ragged):
     assert a.lengths == (lengths or "uniform")
     opts = Options(untuned=[], out="", top=1, lengths="" if a.lengths == "uniform" else a.lengths)
     cands = [Candidate.of("torch", {})]
-    stage = TimeStage([KeyRun(TuneKey(32, 128, 16, False, 4, 2, (64, 128)), cands)], opts, Target("cpu", 0, "cpu"),
+    key = TuneKey(ShapeKey(heads=32, head_dim=128, kv_block_size=16, preshuffle=False, batch=4, next_n=2), (64, 128))
+    stage = TimeStage([KeyRun(key, cands)], opts, Target("cpu", 0, "cpu"),
                       "p", 1, None, type("Bar", (), {"update": lambda self, n: None})(), lambda r: None)
     first = stage.next_task()
     shapes = [first.shape] + [t.shape for t in stage.pending]

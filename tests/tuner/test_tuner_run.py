@@ -8,6 +8,7 @@ import pytest
 
 from paged_mqa_logits.backends import registry as backend_registry
 from paged_mqa_logits import backends, dispatch, paged_mqa_logits, reload_tuned_table, table
+from paged_mqa_logits.problem import ShapeKey
 from paged_mqa_logits.reference import make_inputs
 from paged_mqa_logits.table import Row
 from tuner import Options, recheck, tune
@@ -27,7 +28,8 @@ def registry(monkeypatch):
 
 
 def old_row(arch, batch, context, backend="torch", us=1.0):
-    return Row(arch, 0 if arch == "cpu" else 256, 16, 128, 16, False, batch, 1, context, backend, (), us, "tuned:old", "")
+    key = ShapeKey(heads=16, head_dim=128, kv_block_size=16, preshuffle=False, batch=batch, next_n=1)
+    return Row(arch, 0 if arch == "cpu" else 256, key, context, backend, (), us, "tuned:old", "")
 
 
 def test_tune_resume_merge_and_dispatch(tmp_path, registry, monkeypatch):

@@ -8,6 +8,7 @@ import sys
 import time
 
 from paged_mqa_logits import table
+from paged_mqa_logits.problem import ShapeKey
 from paged_mqa_logits.table import Row
 from tuner.writer import update_table
 
@@ -17,11 +18,13 @@ ROWS_PER_WRITER = 60
 
 WRITER = """
 import sys
+from paged_mqa_logits.problem import ShapeKey
 from paged_mqa_logits.table import Row
 from tuner.writer import update_table
 path, context = sys.argv[1], int(sys.argv[2])
 for batch in range(1, {n} + 1):
-    row = Row("cpu", 0, 16, 128, 16, False, batch, 1, context, "torch", (), 1.0, "tuned:test", "")
+    key = ShapeKey(heads=16, head_dim=128, kv_block_size=16, preshuffle=False, batch=batch, next_n=1)
+    row = Row("cpu", 0, key, context, "torch", (), 1.0, "tuned:test", "")
     update_table(path, [row])
 """.format(n=ROWS_PER_WRITER)
 
@@ -42,9 +45,10 @@ def test_two_tuners_writing_one_table_keep_every_row(tmp_path):
 
 def test_update_table_merges_under_the_lock(tmp_path):
     path = str(tmp_path / "t_tuned.csv")
-    old = Row("cpu", 0, 16, 128, 16, False, 1, 1, None, "torch", (), 2.0, "tuned:old", "")
+    key1, key2 = (ShapeKey(heads=16, head_dim=128, kv_block_size=16, preshuffle=False, batch=b, next_n=1) for b in (1, 2))
+    old = Row("cpu", 0, key1, None, "torch", (), 2.0, "tuned:old", "")
     update_table(path, [old])
-    new = Row("cpu", 0, 16, 128, 16, False, 2, 1, None, "triton", (("ChunkK", 32),), 1.0, "tuned:new", "")
+    new = Row("cpu", 0, key2, None, "triton", (("ChunkK", 32),), 1.0, "tuned:new", "")
     written = update_table(path, [new])
     assert {r.batch for r in written} == {1, 2} == {r.batch for r in table.parse_file(path)}
 

@@ -8,17 +8,25 @@ import pytest
 
 from paged_mqa_logits import table
 from paged_mqa_logits.bench import Impl, Measurement, Shape
-from paged_mqa_logits.problem import Problem
+from paged_mqa_logits.problem import Problem, ShapeKey, Target
 from paged_mqa_logits.table import Row, TableWriter
 from tuner import __main__ as cli
-from tuner.candidates import Candidate, Target, candidates_for
+from tuner.candidates import Candidate, candidates_for, problem_for
 from tuner.keys import TuneKey, coarse_to_fine, order_keys, read_untuned
 from tuner.recheck import classify, points_for, read_baseline
 from tuner.search import CheckStage, KeyRun, Options, TimeStage
-from tuner.writer import merge, pick, provenance, rows_for, tuned_idents, write_table
+from tuner.writer import merge, pick, provenance, rows_for, tuned_shape_keys, write_table
 
 CPU = Target("cpu", 0, "cpu")
-KEY = TuneKey(32, 128, 16, False, 4, 2, (64, 256))
+
+
+def shape_key(heads, head_dim, kv_block_size, preshuffle, batch, next_n):
+    """A shape key written as a table row spells it (the columns in their order)."""
+    return ShapeKey(heads=heads, head_dim=head_dim, kv_block_size=kv_block_size, preshuffle=preshuffle, batch=batch,
+                    next_n=next_n)
+
+
+KEY = TuneKey(shape_key(32, 128, 16, False, 4, 2), (64, 256))
 
 
 def write(tmp_path, name, text):
@@ -33,8 +41,8 @@ def test_untuned_files_union_contexts_and_report_bad_lines(tmp_path):
                                  "32,128,64,1,8,2,8192;32768\n32,128,64,0,1,1,\n")
     b = write(tmp_path, "b.csv", "heads,head_dim,kv_block_size,preshuffle,batch,next_n,contexts\n32,128,64,1,8,2,131072\n")
     keys = read_untuned([a, b])
-    assert TuneKey(32, 128, 64, True, 8, 2, (8192, 32768, 131072)) in keys
-    assert TuneKey(32, 128, 64, False, 1, 1, (8192, 32768)) in keys  # the default contexts
+    assert TuneKey(shape_key(32, 128, 64, True, 8, 2), (8192, 32768, 131072)) in keys
+    assert TuneKey(shape_key(32, 128, 64, False, 1, 1), (8192, 32768)) in keys  # the default contexts
     assert {k.contexts for k in read_untuned([a], contexts=(100,))} == {(100,)}
     bad = write(tmp_path, "bad.csv", "heads,head_dim,kv_block_size,preshuffle,batch,next_n\n32,128,64,0,many,1\n")
     with pytest.raises(ValueError, match=r"bad.csv:2: "):
@@ -47,7 +55,7 @@ def test_coarse_to_fine_covers_the_range_first():
     rank = coarse_to_fine([1, 2, 4, 8, 16, 32, 64, 128, 256])
     first = sorted(rank, key=rank.get)
     assert first[:3] == [1, 256, 16] and set(first) == {1, 2, 4, 8, 16, 32, 64, 128, 256}
-    keys = order_keys([TuneKey(32, 128, 64, False, b, 1, (8192,)) for b in (64, 1, 256, 8)])
+    keys = order_keys([TuneKey(shape_key(32, 128, 64, False, b, 1), (8192,)) for b in (64, 1, 256, 8)])
     assert [k.batch for k in keys][:2] == [1, 256]
 
 
@@ -61,7 +69,7 @@ def test_shipped_untuned_lists():
         assert {k.batch for k in keys} == {1, 2, 4, 8, 16, 32, 64, 128, 256}
         assert {k.next_n for k in keys} == {1, 2, 3, 4, 8} and {k.preshuffle for k in keys} == {True, False}
         assert {k.kv_block_size for k in keys} == {64} and {k.contexts for k in keys} == {(8192, 32768, 131072)}
-    assert {k.ident for k in compact} <= {k.ident for k in glm + dsv} and len(compact) < len(glm + dsv) / 2
+    assert {k.shape_key for k in compact} <= {k.shape_key for k in glm + dsv} and len(compact) < len(glm + dsv) / 2
 
 
 # ----------------------------------------------------------------------------- candidates
@@ -72,13 +80,13 @@ def test_candidates_union_over_contexts_keep_the_default_and_name_who_cannot_ser
     few, _ = candidates_for(KEY, CPU, ["triton"], max_candidates=2)
     from paged_mqa_logits.backends import get
 
-    default = Candidate.of("triton", get("triton").default_config(CPU.problem(KEY, 256)))
+    default = Candidate.of("triton", get("triton").default_config(problem_for(KEY, CPU, 256)))
     assert len(few) == 2 and default in few
 
 
 # ----------------------------------------------------------------------------- picks and rows
 def meas(us=None, status="ok"):
-    return Measurement(Shape(32, 2, 4, 64), Impl("dispatch"), us=us, status=status)
+    return Measurement(Shape.of(32, 2, 4, 64), Impl("dispatch"), us=us, status=status)
 
 
 def test_pick_per_context_and_geomean_any_row():
@@ -124,7 +132,7 @@ def test_written_table_parses_and_serves_lookups(tmp_path):
 
 def test_atomic_write_keeps_the_old_file_when_writing_fails(tmp_path, monkeypatch):
     path = str(tmp_path / "t_tuned.csv")
-    old = [Row("cpu", 0, 32, 128, 16, False, 1, 1, None, "torch", (), 1.0, "tuned:old", "")]
+    old = [Row("cpu", 0, shape_key(32, 128, 16, False, 1, 1), None, "torch", (), 1.0, "tuned:old", "")]
     write_table(path, old)
     before = open(path).read()
     calls, original = [], TableWriter.cells
@@ -136,7 +144,7 @@ def test_atomic_write_keeps_the_old_file_when_writing_fails(tmp_path, monkeypatc
         return original(self, row)
 
     monkeypatch.setattr(TableWriter, "cells", failing_cells)
-    new = old + [Row("cpu", 0, 32, 128, 16, False, 2, 1, None, "torch", (), 2.0, "tuned:new", "")]
+    new = old + [Row("cpu", 0, shape_key(32, 128, 16, False, 2, 1), None, "torch", (), 2.0, "tuned:new", "")]
     with pytest.raises(OSError, match="disk full"):
         write_table(path, new)
     assert open(path).read() == before and os.listdir(tmp_path) == ["t_tuned.csv"]
@@ -144,18 +152,18 @@ def test_atomic_write_keeps_the_old_file_when_writing_fails(tmp_path, monkeypatc
 
 def test_merge_replaces_a_retuned_key_and_keeps_everything_else():
     def row(arch, batch, context, us):
-        return Row(arch, 0, 32, 128, 16, False, batch, 1, context, "torch", (), us, "p", "")
+        return Row(arch, 0, shape_key(32, 128, 16, False, batch, 1), context, "torch", (), us, "p", "")
 
     existing = [row("cpu", 1, 64, 1.0), row("cpu", 1, 999, 1.0), row("cpu", 2, None, 2.0), row("gfx950", 1, 64, 3.0)]
     new = [row("cpu", 1, 64, 0.5), row("cpu", 1, None, 0.5)]
-    merged = merge(existing, new, {("cpu", 0, 32, 128, 16, False, 1, 1)})
+    merged = merge(existing, new, {("cpu", 0, shape_key(32, 128, 16, False, 1, 1))})
     assert {(r.arch, r.batch, r.context, r.us) for r in merged} == {
         ("cpu", 1, 64, 0.5), ("cpu", 1, None, 0.5), ("cpu", 2, None, 2.0), ("gfx950", 1, 64, 3.0)}
     assert len(merged) == 4
-    contexts_of = {(32, 128, 16, False, 1, 1): (64,), (32, 128, 16, False, 2, 1): (64,)}
+    contexts_of = {shape_key(32, 128, 16, False, 1, 1): (64,), shape_key(32, 128, 16, False, 2, 1): (64,)}
     # batch 2 has only an "any" row (as a prior has): not tuned, so a run tunes it and replaces the row
-    assert tuned_idents(merged, "cpu", 0, contexts_of) == {(32, 128, 16, False, 1, 1)}
-    assert tuned_idents(merged, "cpu", 8, contexts_of) == set()  # another CU count is another device
+    assert tuned_shape_keys(merged, "cpu", 0, contexts_of) == {shape_key(32, 128, 16, False, 1, 1)}
+    assert tuned_shape_keys(merged, "cpu", 8, contexts_of) == set()  # another CU count is another device
 
 
 # ----------------------------------------------------------------------------- the time budget
@@ -169,7 +177,7 @@ class _Bar:
 
 def test_check_stage_compiles_each_family_at_its_smallest_batch_first():
     cands = [Candidate.of("triton", {"ChunkK": c}) for c in (32, 64, 128, 256)]
-    runs = [KeyRun(TuneKey(32, 128, 16, pre, b, 1, (64, 128)), cands) for pre in (False, True) for b in (1, 8, 64)]
+    runs = [KeyRun(TuneKey(shape_key(32, 128, 16, pre, b, 1), (64, 128)), cands) for pre in (False, True) for b in (1, 8, 64)]
     stage = CheckStage(runs, jobs=2, bar=_Bar())
     tasks = [(t.shape.preshuffle, t.shape.batch, t.shape.context, len(t.impls)) for t in stage.tasks]
     assert tasks == [(False, 1, 64, 2), (False, 1, 64, 2), (True, 1, 64, 2), (True, 1, 64, 2),
@@ -178,7 +186,8 @@ def test_check_stage_compiles_each_family_at_its_smallest_batch_first():
 
 
 def test_budget_drops_the_confirm_stage_then_stops_starting_keys():
-    runs = [KeyRun(TuneKey(32, 128, 16, False, b, 1, (64, 128)), [Candidate.of("torch", {})] * 10) for b in (1, 2, 4)]
+    runs = [KeyRun(TuneKey(shape_key(32, 128, 16, False, b, 1), (64, 128)), [Candidate.of("torch", {})] * 10)
+            for b in (1, 2, 4)]
     stage = TimeStage(list(runs), Options(untuned=[], out="", top=3), CPU, "p", 1, None, _Bar(), lambda r: None)
     assert stage._plan(runs[0]) == 3  # no budget: always confirm
     import time
@@ -212,7 +221,7 @@ def test_recheck_verdicts(measured, recorded, baseline, expected):
 
 def test_recheck_points_and_baselines(tmp_path):
     def row(cu, batch, context, us=5.0):
-        return Row("sm_90", cu, 64, 128, 64, False, batch, 1, context, "triton", (), us, "p", "")
+        return Row("sm_90", cu, shape_key(64, 128, 64, False, batch, 1), context, "triton", (), us, "p", "")
 
     rows = [row(132, 1, 8192), row(132, 1, 32768), row(132, 1, None), row(114, 1, None)]
     points, note = points_for(rows, "sm_90", 132)
