@@ -2,15 +2,21 @@
 
 A backend that cannot serve a call (unsupported shape, package missing, wrong arch) is
 skipped down the arch's fallback chain. Every backend implements the same contract, so a
-fallback changes speed, never the output. Decisions are cached per :class:`Problem`; with
-``AITER_LOG_TUNED_CONFIG=1`` (or ``PAGED_MQA_LOGITS_LOG_TUNED_CONFIG=1``) each new key logs one
-line saying which row or rule was used, from which file.
+fallback changes speed, never the output.
 
-A choice whose launch raised (a compile or launch error) is reported to :func:`record_failure`
-by the op: it logs one warning, remembers ``(problem, backend, knobs)`` so that choice is never
-made again in this process, and the next decision for the key falls down the chain. Only
-decisions made from a fully loaded table are cached, and a decision that raced a
-:func:`reset` is not cached.
+A :class:`Dispatcher` owns what a decision needs and what it remembers: its backends (a
+registry, injected), its table source, its cache of decisions per :class:`Problem` and its
+record of launch failures. The op, ``explain``, warm-up, the AOT tools and the tuner use the
+default instance :data:`DEFAULT` through the module functions below (:func:`choose`,
+:func:`decide`, :func:`record_failure`, ...), which forward to it. With
+``AITER_LOG_TUNED_CONFIG=1`` (or ``PAGED_MQA_LOGITS_LOG_TUNED_CONFIG=1``) each new key a
+dispatcher caches logs one line saying which row or rule was used, from which file.
+
+A choice whose launch raised (a compile or launch error) is reported to
+:meth:`Dispatcher.record_failure` by the op: it logs one warning, remembers ``(problem, backend,
+knobs)`` so that choice is never made again by that dispatcher, and the next decision for the
+key falls down the chain. Only decisions made from a fully loaded table are cached, and a
+decision that raced a :meth:`Dispatcher.reset` is not cached.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import os
 import sys
 import threading
 from dataclasses import dataclass, field
+from typing import Callable
 
 from . import table
 from .backends import registry
@@ -29,8 +36,8 @@ LOG_ENV = ("AITER_LOG_TUNED_CONFIG", "PAGED_MQA_LOGITS_LOG_TUNED_CONFIG")
 logger = logging.getLogger("paged_mqa_logits")
 
 
-def fallback_chain(arch: str) -> tuple[str, ...]:
-    """Backends tried, in order, after the table's pick (or as the defaults)."""
+def arch_fallback_chain(arch: str) -> tuple[str, ...]:
+    """The package's policy: backends tried, in order, after the table's pick (or as the defaults)."""
     if arch == "cpu":
         return ("torch", "triton")
     if arch.startswith("gfx"):
@@ -56,37 +63,12 @@ class Choice:
         return text
 
 
-_CACHE: dict[Problem, Choice] = {}
-#: (problem, backend, knobs key) -> the error its launch raised
-_FAILED: dict[tuple, str] = {}
-_LOCK = threading.Lock()
-_GENERATION = 0  # bumped by reset(): a decision begun before it is not cached
-
-
-def _log_enabled() -> bool:
-    return any(os.environ.get(name, "0") not in ("", "0") for name in LOG_ENV)
-
-
 def knobs_key(config: dict) -> tuple:
     return tuple(sorted((k, repr(v)) for k, v in config.items() if v is not None))
 
 
-def choose(problem: Problem) -> Choice:
-    """Cached: the backend and knobs that serve ``problem``."""
-    choice = _CACHE.get(problem)
-    if choice is None:
-        generation = _GENERATION
-        choice = decide(problem)  # loads the table (under its lock) before looking anything up
-        with _LOCK:
-            if generation != _GENERATION:
-                return choice
-            if problem in _CACHE:  # another thread decided first: one decision per key
-                return _CACHE[problem]
-            _CACHE[problem] = choice
-        if _log_enabled():
-            _ensure_log_handler()
-            logger.info("%s -> %s", problem.describe(), choice.describe())
-    return choice
+def _log_enabled() -> bool:
+    return any(os.environ.get(name, "0") not in ("", "0") for name in LOG_ENV)
 
 
 def _ensure_log_handler() -> None:
@@ -97,72 +79,163 @@ def _ensure_log_handler() -> None:
         logger.setLevel(logging.INFO)
 
 
-def _failed(problem: Problem, name: str, config: dict) -> str | None:
-    return _FAILED.get((problem, name, knobs_key(config)))
+class Dispatcher:
+    """Decides which backend and knobs serve a problem, caches the decision, and remembers the
+    choices whose launch failed. Thread-safe: one lock guards the cache and the failure record.
 
+    ``backends``: an object with ``get(name)`` and ``why_not(name, problem)`` (the package's
+    registry by default); ``tables``: one with ``lookup(problem) -> table.Match`` and ``reset()``
+    (the configured table files by default); ``fallback_chain``: arch -> backend names tried
+    after the table's pick (:func:`arch_fallback_chain` by default). Two dispatchers share
+    nothing but what they are given.
+    """
 
-def decide(problem: Problem, backends: registry.Registry = registry.DEFAULT) -> Choice:
-    """The decision for ``problem``, made now and not cached (:func:`choose` caches it):
-    the table's row if its backend (from ``backends``, the registry) can serve, else the first
-    link of the arch's fallback chain that can."""
-    match = table.lookup(problem)
-    skipped: list[tuple[str, str]] = []
-    if match.row is not None:
-        reason = backends.why_not(match.row.backend, problem) or _failed(problem, match.row.backend, match.row.knobs)
-        if reason is None:
-            return Choice(match.row.backend, match.row.knobs, match.rule, match.row.source)
-        skipped.append((match.row.backend, reason))
-        rule = f"fallback: table row {match.row.source} names {match.row.backend}, which cannot serve"
-    else:
-        rule = f"default for {problem.arch} ({match.rule})"
-    for name in fallback_chain(problem.arch):
-        if any(name == s for s, _ in skipped):
-            continue
-        reason = backends.why_not(name, problem)
-        if reason is None:
-            config = backends.get(name).default_config(problem)
-            reason = _failed(problem, name, config)
+    def __init__(self, backends=registry.DEFAULT, tables=table.CONFIGURED,
+                 fallback_chain: Callable[[str], tuple[str, ...]] = arch_fallback_chain):
+        self.backends = backends
+        self.tables = tables
+        self.fallback_chain = fallback_chain
+        self._cache: dict[Problem, Choice] = {}
+        #: (problem, backend, knobs key) -> the error its launch raised
+        self._failed: dict[tuple, str] = {}
+        self._lock = threading.Lock()
+        self._generation = 0  # bumped by reset(): a decision begun before it is not cached
+
+    def choose(self, problem: Problem) -> Choice:
+        """Cached: the backend and knobs that serve ``problem``."""
+        choice = self._cache.get(problem)
+        if choice is None:
+            generation = self._generation
+            choice = self.decide(problem)  # loads the table (under its lock) before looking anything up
+            with self._lock:
+                if generation != self._generation:
+                    return choice
+                if problem in self._cache:  # another thread decided first: one decision per key
+                    return self._cache[problem]
+                self._cache[problem] = choice
+            if _log_enabled():
+                _ensure_log_handler()
+                logger.info("%s -> %s", problem.describe(), choice.describe())
+        return choice
+
+    def decide(self, problem: Problem) -> Choice:
+        """The decision for ``problem``, made now and not cached (:meth:`choose` caches it):
+        the table's row if its backend can serve, else the first link of the arch's fallback
+        chain that can. A choice whose launch failed before cannot serve."""
+        backends = self.backends
+        match = self.tables.lookup(problem)
+        skipped: list[tuple[str, str]] = []
+        if match.row is not None:
+            row = match.row
+            reason = backends.why_not(row.backend, problem) or self._failure(problem, row.backend, row.knobs)
             if reason is None:
-                return Choice(name, config, rule, "defaults", skipped)
-        skipped.append((name, reason))
-    details = "; ".join(f"{n}: {r}" for n, r in skipped)
-    raise RuntimeError(f"paged_mqa_logits: no backend can serve {problem.describe()} ({details})")
+                return Choice(row.backend, row.knobs, match.rule, row.source)
+            skipped.append((row.backend, reason))
+            rule = f"fallback: table row {row.source} names {row.backend}, which cannot serve"
+        else:
+            rule = f"default for {problem.arch} ({match.rule})"
+        for name in self.fallback_chain(problem.arch):
+            if any(name == s for s, _ in skipped):
+                continue
+            reason = backends.why_not(name, problem)
+            if reason is None:
+                config = backends.get(name).default_config(problem)
+                reason = self._failure(problem, name, config)
+                if reason is None:
+                    return Choice(name, config, rule, "defaults", skipped)
+            skipped.append((name, reason))
+        details = "; ".join(f"{n}: {r}" for n, r in skipped)
+        raise RuntimeError(f"paged_mqa_logits: no backend can serve {problem.describe()} ({details})")
+
+    def _failure(self, problem: Problem, name: str, config: dict) -> str | None:
+        return self._failed.get((problem, name, knobs_key(config)))
+
+    def record_failure(self, problem: Problem, choice: Choice, error: BaseException) -> None:
+        """``choice`` raised ``error`` when launched: log one warning, never choose it again
+        for ``problem``, and forget the cached decision so the next one falls back."""
+        first_line = (str(error).strip().splitlines() or [""])[0][:300]
+        reason = f"launch failed ({type(error).__name__}: {first_line})"
+        with self._lock:
+            self._failed[(problem, choice.backend, knobs_key(choice.config))] = reason
+            if self._cache.get(problem) is choice:
+                del self._cache[problem]
+        knobs = ", ".join(f"{k}={v}" for k, v in sorted(choice.config.items())) or "defaults"
+        logger.warning("%s [%s] failed for %s: %s: %s; falling back (not retried for this key)",
+                       choice.backend, knobs, problem.describe(), type(error).__name__, first_line)
+
+    def decisions(self) -> dict[Problem, Choice]:
+        """A copy of the cached decisions."""
+        with self._lock:
+            return dict(self._cache)
+
+    def failures(self) -> dict[tuple, str]:
+        """``(problem, backend, knobs key) -> reason`` of every launch failure remembered."""
+        with self._lock:
+            return dict(self._failed)
+
+    def reset(self) -> None:
+        """Forget cached decisions (not the launch failures: the same code would fail again)."""
+        with self._lock:
+            self._generation += 1
+            self._cache.clear()
+
+    def forget_failures(self) -> None:
+        with self._lock:
+            self._failed.clear()
+
+    def reload_tuned_table(self) -> None:
+        """Re-read the table source (for the configured tables: the files and the env var naming
+        them), forget cached decisions and the remembered launch failures (so a fixed toolchain
+        is tried again)."""
+        self.tables.reset()
+        self.reset()
+        self.forget_failures()
+
+
+#: the dispatcher of the op and the tooling: the package's registry, the configured tables
+DEFAULT = Dispatcher()
+
+
+# Module functions: the default dispatcher's methods, for the op and the tooling.
+def choose(problem: Problem) -> Choice:
+    """:meth:`Dispatcher.choose` of :data:`DEFAULT`."""
+    return DEFAULT.choose(problem)
+
+
+def decide(problem: Problem, backends: registry.Registry | None = None) -> Choice:
+    """:meth:`Dispatcher.decide` of :data:`DEFAULT`; with ``backends`` (a registry), of a
+    dispatcher over those backends with the default's tables and fallback chain."""
+    if backends is None:
+        return DEFAULT.decide(problem)
+    return Dispatcher(backends, DEFAULT.tables, DEFAULT.fallback_chain).decide(problem)
+
+
+def fallback_chain(arch: str) -> tuple[str, ...]:
+    """The fallback chain :data:`DEFAULT` uses for ``arch``."""
+    return DEFAULT.fallback_chain(arch)
 
 
 def record_failure(problem: Problem, choice: Choice, error: BaseException) -> None:
-    """``choice`` raised ``error`` when launched: log one warning, never choose it again for
-    ``problem`` in this process, and forget the cached decision so the next falls back."""
-    first_line = (str(error).strip().splitlines() or [""])[0][:300]
-    reason = f"launch failed ({type(error).__name__}: {first_line})"
-    with _LOCK:
-        _FAILED[(problem, choice.backend, knobs_key(choice.config))] = reason
-        if _CACHE.get(problem) is choice:
-            del _CACHE[problem]
-    knobs = ", ".join(f"{k}={v}" for k, v in sorted(choice.config.items())) or "defaults"
-    logger.warning("%s [%s] failed for %s: %s: %s; falling back (not retried for this key)",
-                   choice.backend, knobs, problem.describe(), type(error).__name__, first_line)
+    DEFAULT.record_failure(problem, choice, error)
+
+
+def decisions() -> dict[Problem, Choice]:
+    return DEFAULT.decisions()
 
 
 def failures() -> dict[tuple, str]:
-    """``(problem, backend, knobs key) -> reason`` of every launch failure remembered."""
-    return dict(_FAILED)
+    return DEFAULT.failures()
 
 
 def reset() -> None:
-    """Forget cached decisions (not the launch failures: the same code would fail again)."""
-    global _GENERATION
-    with _LOCK:
-        _GENERATION += 1
-        _CACHE.clear()
+    DEFAULT.reset()
 
 
 def forget_failures() -> None:
-    _FAILED.clear()
+    DEFAULT.forget_failures()
 
 
 def reload_tuned_table() -> None:
-    """Re-read the table files (and the env var naming them), forget cached decisions and the
-    remembered launch failures (so a fixed toolchain is tried again)."""
-    table.reset()
-    reset()
-    forget_failures()
+    """Re-read the table files (and the env var naming them), forget :data:`DEFAULT`'s cached
+    decisions and remembered launch failures (so a fixed toolchain is tried again)."""
+    DEFAULT.reload_tuned_table()

@@ -366,6 +366,17 @@ def lookup(problem: Problem) -> Match:
     return Match(None, "only context-specific rows and no context_hint given" + cu_note)
 
 
+class ConfiguredTables:
+    """The table files in effect, as a table source (``lookup``, ``reset``): what a dispatcher
+    reads by default. Tests give a dispatcher any object with the same two methods."""
+
+    lookup = staticmethod(lookup)
+    reset = staticmethod(reset)
+
+
+CONFIGURED = ConfiguredTables()
+
+
 def table_configs(arch: str) -> list[tuple[dict, str, dict]]:
     """Every ``(problem fields, backend, knobs)`` the table can pick for ``arch``."""
     arch = normalise_arch(arch)

@@ -45,7 +45,7 @@ class RaisingBackend:
 def raising(monkeypatch):
     backend = RaisingBackend()
     backends.register("raising", backend)
-    monkeypatch.setattr(dispatch, "fallback_chain", lambda arch: ("raising", "torch"))
+    monkeypatch.setattr(dispatch.DEFAULT, "fallback_chain", lambda arch: ("raising", "torch"))
     reload_tuned_table()
     yield backend
     registry._REGISTRY.pop("raising", None)
@@ -106,7 +106,7 @@ def test_forced_backend_still_raises(raising):
 
 
 def test_every_choice_failing_raises_with_the_reasons(raising, monkeypatch):
-    monkeypatch.setattr(dispatch, "fallback_chain", lambda arch: ("raising",))
+    monkeypatch.setattr(dispatch.DEFAULT, "fallback_chain", lambda arch: ("raising",))
     with pytest.raises(RuntimeError, match=r"no backend can serve .*raising: launch failed \(RuntimeError") as err:
         paged_mqa_logits(*positional(inputs()))
     assert "PTX assembly aborted" in str(err.value.__cause__)

@@ -1,35 +1,15 @@
-"""Tuned-table parsing, merging, lookup rules, fallback and logging."""
-
-import logging
-import os
+"""Tuned-table parsing, merging, the lookup rules and the table configs."""
 
 import pytest
-import torch
 
-from op_cases import positional
-from paged_mqa_logits import dispatch, paged_mqa_logits, reload_tuned_table, table
-from paged_mqa_logits.explain import explain
+from paged_mqa_logits import reload_tuned_table, table
 from paged_mqa_logits.problem import Problem, ShapeKey
-from paged_mqa_logits.reference import make_inputs
-from paged_mqa_logits.validate import build_launch_args
-
-HEADER = "arch,cu_num,heads,head_dim,kv_block_size,preshuffle,batch,next_n,context,backend,ChunkK,WavePerEU,SplitKV,num_warps,us,provenance\n"
-
-
-def write(tmp_path, name, rows, header=HEADER):
-    path = tmp_path / name
-    path.write_text(header + "".join(r + "\n" for r in rows))
-    return str(path)
+from table_files import use, write
 
 
 def problem(arch="gfx950", cu=256, batch=64, next_n=1, heads=32, context=None, pre=True, bs=64):
     return Problem(arch=arch, cu_num=cu, batch=batch, next_n=next_n, heads=heads, head_dim=128, kv_block_size=bs,
                    preshuffle=pre, context=context, lens_2d=True, fp8="fn", device_type="cuda", max_model_len=32768)
-
-
-def use(monkeypatch, *paths):
-    monkeypatch.setenv("PAGED_MQA_LOGITS_CONFIGS", os.pathsep.join(paths))
-    reload_tuned_table()
 
 
 def test_parse_rows_comments_and_knobs(tmp_path):
@@ -137,63 +117,6 @@ def test_only_context_rows_without_hint_fall_to_defaults(tmp_path, monkeypatch):
     assert m.row is None and "no context_hint" in m.rule
 
 
-def test_dispatch_uses_row_on_cpu_and_falls_back(tmp_path, monkeypatch):
-    path = write(tmp_path, "cpu_tuned.csv", [
-        "cpu,0,32,128,16,0,2,1,any,triton,32,,1,4,1,p",
-        "cpu,0,32,128,16,0,2,2,any,gluon,64,2,0,,1,p",
-    ])
-    use(monkeypatch, path)
-    inp = make_inputs(2, 1, 32, [20, 9], kv_block_size=16)
-    choice = dispatch.choose(build_launch_args(*positional(inp)).problem)
-    assert choice.backend == "triton" and choice.config == {"ChunkK": 32, "SplitKV": 1, "num_warps": 4}
-    inp2 = make_inputs(2, 2, 32, [20, 9], kv_block_size=16)
-    p2 = build_launch_args(*positional(inp2)).problem
-    choice2 = dispatch.choose(p2)
-    assert choice2.backend == "torch" and choice2.skipped[0][0] == "gluon"
-    assert "fallback: table row" in choice2.rule and f"{path}:3" in choice2.rule
-    # the fallback gives the same result as the reference path
-    paged_mqa_logits(*positional(inp2))
-    ref = inp2["out_logits"].clone()
-    inp2["out_logits"].fill_(float("nan"))
-    paged_mqa_logits(*positional(inp2), backend="torch")
-    assert torch.equal(ref.view(torch.int32), inp2["out_logits"].view(torch.int32))
-
-
-def test_log_once_per_new_key(tmp_path, monkeypatch, caplog):
-    monkeypatch.setenv("AITER_LOG_TUNED_CONFIG", "1")
-    inp = make_inputs(1, 1, 32, [20], kv_block_size=16)
-    with caplog.at_level(logging.INFO, logger="paged_mqa_logits"):
-        for _ in range(3):
-            paged_mqa_logits(*positional(inp))
-        inp2 = make_inputs(2, 1, 32, [20, 4], kv_block_size=16)
-        paged_mqa_logits(*positional(inp2))
-    lines = [r.getMessage() for r in caplog.records if r.name == "paged_mqa_logits"]
-    assert len(lines) == 2
-    assert "batch=1" in lines[0] and "backend=torch" in lines[0] and "rule: default for cpu" in lines[0]
-    assert "from defaults" in lines[0]
-
-
-def test_no_log_without_env(caplog):
-    inp = make_inputs(1, 1, 32, [20], kv_block_size=16)
-    with caplog.at_level(logging.INFO, logger="paged_mqa_logits"):
-        paged_mqa_logits(*positional(inp))
-    assert not [r for r in caplog.records if r.name == "paged_mqa_logits"]
-
-
-def test_reload_picks_up_changed_file(tmp_path, monkeypatch):
-    path = write(tmp_path, "r_tuned.csv", ["sm_80,108,32,128,64,1,64,1,any,triton,128,,0,4,1,p"])
-    use(monkeypatch, path)
-
-    def chunk():
-        return explain(arch="sm80", cu_num=108, batch=64, next_n=1, heads=32, preshuffle=True).config.get("ChunkK")
-
-    assert chunk() == 128
-    write(tmp_path, "r_tuned.csv", ["sm_80,108,32,128,64,1,64,1,any,triton,32,,0,4,1,p"])
-    assert chunk() == 128  # tables are read once
-    reload_tuned_table()
-    assert chunk() == 32
-
-
 def test_table_configs(tmp_path, monkeypatch):
     path = write(tmp_path, "x_tuned.csv", [
         "gfx950,256,32,128,64,1,64,1,any,gluon,128,4,0,,1,p",
@@ -204,10 +127,3 @@ def test_table_configs(tmp_path, monkeypatch):
     assert configs == [({"arch": "sm_90", "cu_num": 132, "heads": 64, "head_dim": 128, "kv_block_size": 64,
                          "preshuffle": False, "batch": 1, "next_n": 1, "context": None}, "triton",
                         {"ChunkK": 64, "SplitKV": 0, "num_warps": 4})]
-
-
-def test_fallback_chains():
-    assert dispatch.fallback_chain("cpu")[0] == "torch"
-    assert dispatch.fallback_chain("gfx942")[-1] == "torch"
-    assert dispatch.fallback_chain("sm_90") == ("gluon", "triton", "torch")
-    assert dispatch.fallback_chain("sm_80") == ("triton", "torch")

@@ -53,7 +53,7 @@ def test_a_decision_racing_a_reload_is_not_cached(tmp_path, monkeypatch):
     """A decision begun before reload_tuned_table() (from the old table) is returned but not
     cached, so the next call decides from the new table."""
     problem = op.build_launch_args(*positional(make_inputs(2, 2, 32, [40, 17], kv_block_size=16))).problem
-    decide = dispatch.decide
+    decide = dispatch.DEFAULT.decide
 
     def decide_then_reload(p):
         choice = decide(p)
@@ -63,7 +63,7 @@ def test_a_decision_racing_a_reload_is_not_cached(tmp_path, monkeypatch):
         reload_tuned_table()  # another thread reloads while this decision is in flight
         return choice
 
-    monkeypatch.setattr(dispatch, "decide", decide_then_reload)
+    monkeypatch.setattr(dispatch.DEFAULT, "decide", decide_then_reload)
     assert dispatch.choose(problem).backend == "torch"  # the old (shipped) table's default
-    monkeypatch.setattr(dispatch, "decide", decide)
+    monkeypatch.setattr(dispatch.DEFAULT, "decide", decide)
     assert dispatch.choose(problem).backend == "triton"
