@@ -1,10 +1,8 @@
 """The host-side problem key and the normalised arguments every backend receives.
 
 * :class:`ShapeKey` -- what a call *is*, as tuned rows and compiled kernels tell calls apart
-  (heads, head_dim, kv_block_size, preshuffle, batch, next_n). Every other key is composed from
-  it: a table row (``table.Row``: arch, CU count, shape key, context), an untuned key
-  (``tuner.keys.TuneKey``: shape key, contexts), a benchmarked shape (``bench.Shape``: shape
-  key, context, length mode, lengths layout) and a :class:`Problem`.
+  (heads, head_dim, kv_block_size, preshuffle, batch, next_n). The other keys (table rows,
+  untuned keys, benchmarked shapes, problems) are composed from it: docs/ARCHITECTURE.md.
 * :class:`Target` -- where a problem is judged: the chip (arch, CU count), the tensors' device
   type, and whether the call is only described (``hypothetical``).
 * :class:`Problem` -- one call: its shape key, its target, and the rest of what dispatch and the
@@ -28,8 +26,8 @@ Row semantics shared by every backend (docs/CONTRACT.md):
 
 from __future__ import annotations
 
-from dataclasses import astuple, dataclass, fields
-from typing import Mapping
+from collections.abc import Mapping
+from dataclasses import asdict, astuple, dataclass, fields
 
 import torch
 
@@ -93,7 +91,7 @@ class ShapeKey:
     """
 
     heads: int  # H, query heads
-    head_dim: int  # D, bytes of a key (HEAD_DIM)
+    head_dim: int  # D, elements (fp8 bytes) of a key (HEAD_DIM)
     kv_block_size: int  # tokens per cache block (the op's KVBlockSize)
     preshuffle: bool  # key bytes stored in 16x16 tiles (the op's Preshuffle)
     batch: int  # B, sequences
@@ -110,7 +108,7 @@ class ShapeKey:
 
     def cells(self) -> dict:
         """Column -> CSV cell value (``preshuffle`` as 0/1), as :meth:`parse` reads it back."""
-        return {**dict(zip(SHAPE_KEY_COLUMNS, self.values())), "preshuffle": int(self.preshuffle)}
+        return {**asdict(self), "preshuffle": int(self.preshuffle)}
 
     @classmethod
     def parse(cls, cells: Mapping[str, str | None]) -> "ShapeKey":

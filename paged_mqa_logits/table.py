@@ -27,9 +27,9 @@ Files: the shipped ``configs/*_tuned.csv``, unless ``PAGED_MQA_LOGITS_CONFIGS`` 
 ``AITER_CONFIG_PAGED_MQA_LOGITS``) holds a path list (``os.pathsep``-separated). The list
 replaces the shipped files; the entry ``default`` stands for them, so ``default:/my/t.csv``
 merges a file over the shipped tables. A directory entry means its ``*_tuned.csv`` files.
-Merging: rows with the same key (:attr:`Row.key`: every column up to ``context``) are de-duplicated; within a
-file the fastest ``us`` wins (a row without ``us`` loses to one with), and a later file
-replaces an earlier file's row.
+Merging: rows with the same key (:attr:`Row.key`: every column up to ``context``) are
+de-duplicated; within a file the fastest ``us`` wins (a row without ``us`` loses to one with),
+and a later file replaces an earlier file's row.
 
 Lookup (:func:`lookup`), deterministic:
 
@@ -52,7 +52,7 @@ import math
 import os
 import tempfile
 import threading
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import backends
@@ -384,8 +384,7 @@ def table_configs(arch: str) -> list[tuple[dict, str, dict]]:
     for row in table().values():
         if row.arch != arch:
             continue
-        fields = {"arch": row.arch, "cu_num": row.cu_num, **dict(zip(SHAPE_KEY_COLUMNS, row.shape_key.values())),
-                  "context": row.context}
+        fields = {"arch": row.arch, "cu_num": row.cu_num, **asdict(row.shape_key), "context": row.context}
         out.append((fields, row.backend, row.knobs))
     return out
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import csv
 import itertools
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 
-from ..problem import HEAD_DIM, SHAPE_KEY_COLUMNS, ShapeKey, ShapeKeyFields
+from ..problem import HEAD_DIM, ShapeKey, ShapeKeyFields
 
 #: the cache block size of a shape that names none (grids, shape files, :meth:`Shape.of`)
 DEFAULT_KV_BLOCK_SIZE = 64
@@ -57,8 +57,7 @@ class Shape(ShapeKeyFields):
 
     def as_dict(self) -> dict:
         """The shape-key fields and the shape's own, in one flat dict."""
-        return {**dict(zip(SHAPE_KEY_COLUMNS, self.shape_key.values())), "context": self.context,
-                "lens_2d": self.lens_2d, "ragged": self.ragged}
+        return {**asdict(self.shape_key), "context": self.context, "lens_2d": self.lens_2d, "ragged": self.ragged}
 
     def describe(self) -> str:
         return (f"H={self.heads} next_n={self.next_n} batch={self.batch} context={self.context} "
