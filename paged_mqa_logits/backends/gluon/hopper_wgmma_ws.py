@@ -46,9 +46,9 @@ from . import hopper_wgmma as base
 
 VARIANT = "wgmma_ws"
 ARCHS = ("sm_90",)
-KNOBS = ("ChunkK", "RowsPerMMA", "num_stages", "CtasPerSM", "num_warps", "Schedule")
+KNOBS = ("ChunkK", "RowsPerMMA", "num_stages", "CtasPerSM", "Consumers", "num_warps", "Schedule")
 KNOB_SPACE = {"ChunkK": (64, 128), "RowsPerMMA": (1, 2, 4, 8), "num_stages": range(2, 9),
-              "CtasPerSM": (1, 2, 3), "num_warps": (4,), "Schedule": (common.BALANCED,)}
+              "CtasPerSM": (1, 2, 3), "Consumers": (1, 2, 3), "num_warps": (4,), "Schedule": (common.BALANCED,)}
 FP8 = base.FP8
 NUM_WARPS = base.NUM_WARPS  # the consumer warpgroup (the kernel's default partition)
 PRODUCER_WARPS = 4  # the copy layouts of hopper_wgmma cover one warpgroup
@@ -122,28 +122,33 @@ def _consumer(q_ptr, weights_ptr, out_ptr, lens_ptr, key_ring, scale_ring, q_sme
               max_model_len, max_blocks,
               NEXT_N: gl.constexpr, NEXT_N_POW2: gl.constexpr, HEADS: gl.constexpr, KV_BLOCK: gl.constexpr,
               CHUNK: gl.constexpr, ROWS_PER_MMA: gl.constexpr, STAGES: gl.constexpr, LENS_2D: gl.constexpr,
-              Q_ASYNC: gl.constexpr):
-    """Score ring slot ``k % STAGES`` (the program's ``k``-th tile) against its sequence's rows."""
-    k = 0
+              Q_ASYNC: gl.constexpr, ROLE: gl.constexpr, CONSUMERS: gl.constexpr):
+    """Score the program's tiles ``k`` with ``k % CONSUMERS == ROLE`` (ring slot ``k % STAGES``)
+    against their sequences' rows, with this consumer's own copy of Q, weights and limits."""
+    q_mine = q_smem.index(ROLE)
+    weight_mine = weight_smem.index(ROLE)
+    limit_mine = limit_smem.index(ROLE)
+    k = 0  # the program's tiles before this sequence's first, every consumer's
     while item < stop:
         seq_len = common.sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
         end = common.visible_end(seq_len, max_model_len, max_blocks, KV_BLOCK)
         count = gl.minimum(gl.cdiv(end, CHUNK) - tile, stop - item)
-        if count > 0:  # zero-length sequences between long ones hold no tiles
-            _load_sequence_operands(q_ptr, weights_ptr, lens_ptr, q_smem, weight_smem, limit_smem, b, seq_len, end,
+        first = (ROLE - k % CONSUMERS + CONSUMERS) % CONSUMERS  # this consumer's first tile here
+        if count > first:  # sequences with no tile of this consumer's (or none at all) are skipped
+            _load_sequence_operands(q_ptr, weights_ptr, lens_ptr, q_mine, weight_mine, limit_mine, b, seq_len, end,
                                     stride_q_b, stride_q_j, stride_q_h, stride_w, stride_lens_b, stride_lens_j,
                                     NEXT_N, NEXT_N_POW2, HEADS, LENS_2D, Q_ASYNC)
-            weight_regs = base._single_group_weights(weight_smem, NEXT_N, HEADS, ROWS_PER_MMA)
-            for i in range(count):
-                slot = k % STAGES
-                mbarrier.wait(full_bars.index(slot), (k // STAGES) & 1)
+            weight_regs = base._single_group_weights(weight_mine, NEXT_N, HEADS, ROWS_PER_MMA)
+            for i in range(first, count, CONSUMERS):
+                slot = (k + i) % STAGES
+                mbarrier.wait(full_bars.index(slot), ((k + i) // STAGES) & 1)
                 fence_async_shared()  # the producer's cp.async bytes, seen by wgmma's async proxy
-                base._score_tile(key_ring.index(slot), q_smem, scale_ring.index(slot), weight_regs, weight_smem,
-                                 limit_smem, out_ptr, b, tile + i, stride_out, NEXT_N, HEADS, CHUNK, ROWS_PER_MMA)
+                base._score_tile(key_ring.index(slot), q_mine, scale_ring.index(slot), weight_regs, weight_mine,
+                                 limit_mine, out_ptr, b, tile + i, stride_out, NEXT_N, HEADS, CHUNK, ROWS_PER_MMA)
                 thread_barrier()  # every warp's wgmma and scale reads of the slot are done ...
                 mbarrier.arrive(empty_bars.index(slot), count=1)  # ... before one thread frees it
-                k += 1
-            item += count
+        k += count
+        item += count
         b += 1
         tile = tile * 0
 
@@ -159,7 +164,7 @@ def wgmma_ws_logits_kernel(
     NEXT_N: gl.constexpr, NEXT_N_POW2: gl.constexpr, HEADS: gl.constexpr, KV_BLOCK: gl.constexpr,
     CHUNK: gl.constexpr, ROWS_PER_MMA: gl.constexpr, STAGES: gl.constexpr,
     PRESHUFFLE: gl.constexpr, LENS_2D: gl.constexpr, KV_ALIGN: gl.constexpr, Q_ASYNC: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
 ):
     """Program ``p`` of the persistent grid scores its equal share of the batch's tiles
     (``schedule.py``): a producer warpgroup streams the tiles through the ring, the consumer
@@ -168,9 +173,9 @@ def wgmma_ws_logits_kernel(
     vec_smem: gl.constexpr = base._vec_smem_layout()
     key_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, CHUNK, _D], tile_smem)
     scale_ring = gl.allocate_shared_memory(gl.float32, [STAGES, CHUNK], vec_smem)
-    q_smem = gl.allocate_shared_memory(gl.float8e4nv, [NEXT_N_POW2 * HEADS, _D], tile_smem)
-    weight_smem = gl.allocate_shared_memory(gl.float32, [NEXT_N_POW2 * HEADS], vec_smem)
-    limit_smem = gl.allocate_shared_memory(gl.int32, [NEXT_N_POW2], vec_smem)
+    q_smem = gl.allocate_shared_memory(gl.float8e4nv, [CONSUMERS, NEXT_N_POW2 * HEADS, _D], tile_smem)
+    weight_smem = gl.allocate_shared_memory(gl.float32, [CONSUMERS, NEXT_N_POW2 * HEADS], vec_smem)
+    limit_smem = gl.allocate_shared_memory(gl.int32, [CONSUMERS, NEXT_N_POW2], vec_smem)
     full_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
@@ -180,75 +185,132 @@ def wgmma_ws_logits_kernel(
     item, stop, b, tile = common.balanced_share(
         lens_ptr, batch, stride_lens_b, stride_lens_j, max_model_len, max_blocks, gl.program_id(0),
         gl.num_programs(0), NEXT_N, LENS_2D, KV_BLOCK, CHUNK, common.scan_layout(32, base._WARPS))
-    gl.warp_specialize([
+    # Partition arguments are spelled out per call: a tuple held in a variable would turn the
+    # constexprs in it into tensors. The first consumer is the default partition (Triton gives
+    # it the registers the workers leave); the others are worker warpgroups of CONSUMER_REGS.
+    if CONSUMERS == 1:
+        gl.warp_specialize([
         (_consumer, (q_ptr, weights_ptr, out_ptr, lens_ptr, key_ring, scale_ring, q_smem, weight_smem, limit_smem,
                      full_bars, empty_bars, item, stop, b, tile,
                      stride_q_b, stride_q_j, stride_q_h, stride_w, stride_out, stride_lens_b, stride_lens_j,
-                     max_model_len, max_blocks,
-                     NEXT_N, NEXT_N_POW2, HEADS, KV_BLOCK, CHUNK, ROWS_PER_MMA, STAGES, LENS_2D, Q_ASYNC)),
+                     max_model_len, max_blocks, NEXT_N, NEXT_N_POW2, HEADS, KV_BLOCK, CHUNK, ROWS_PER_MMA, STAGES,
+                     LENS_2D, Q_ASYNC, 0, 1)),
         (_producer, (kv_ptr, scale_ptr, lens_ptr, table_ptr, key_ring, scale_ring, full_bars, empty_bars,
                      item, stop, b, tile, stride_block, stride_lens_b, stride_lens_j, stride_table,
                      max_model_len, max_blocks, num_blocks,
                      NEXT_N, KV_BLOCK, CHUNK, STAGES, PRESHUFFLE, LENS_2D, KV_ALIGN)),
-    ], [_PRODUCER_WARPS], [PRODUCER_REGS])
+        ], [_PRODUCER_WARPS], [PRODUCER_REGS])
+    elif CONSUMERS == 2:
+        gl.warp_specialize([
+        (_consumer, (q_ptr, weights_ptr, out_ptr, lens_ptr, key_ring, scale_ring, q_smem, weight_smem, limit_smem,
+                     full_bars, empty_bars, item, stop, b, tile,
+                     stride_q_b, stride_q_j, stride_q_h, stride_w, stride_out, stride_lens_b, stride_lens_j,
+                     max_model_len, max_blocks, NEXT_N, NEXT_N_POW2, HEADS, KV_BLOCK, CHUNK, ROWS_PER_MMA, STAGES,
+                     LENS_2D, Q_ASYNC, 0, 2)),
+        (_consumer, (q_ptr, weights_ptr, out_ptr, lens_ptr, key_ring, scale_ring, q_smem, weight_smem, limit_smem,
+                     full_bars, empty_bars, item, stop, b, tile,
+                     stride_q_b, stride_q_j, stride_q_h, stride_w, stride_out, stride_lens_b, stride_lens_j,
+                     max_model_len, max_blocks, NEXT_N, NEXT_N_POW2, HEADS, KV_BLOCK, CHUNK, ROWS_PER_MMA, STAGES,
+                     LENS_2D, Q_ASYNC, 1, 2)),
+        (_producer, (kv_ptr, scale_ptr, lens_ptr, table_ptr, key_ring, scale_ring, full_bars, empty_bars,
+                     item, stop, b, tile, stride_block, stride_lens_b, stride_lens_j, stride_table,
+                     max_model_len, max_blocks, num_blocks,
+                     NEXT_N, KV_BLOCK, CHUNK, STAGES, PRESHUFFLE, LENS_2D, KV_ALIGN)),
+        ], [_CONSUMER_WARPS, _PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
+    else:
+        gl.warp_specialize([
+        (_consumer, (q_ptr, weights_ptr, out_ptr, lens_ptr, key_ring, scale_ring, q_smem, weight_smem, limit_smem,
+                     full_bars, empty_bars, item, stop, b, tile,
+                     stride_q_b, stride_q_j, stride_q_h, stride_w, stride_out, stride_lens_b, stride_lens_j,
+                     max_model_len, max_blocks, NEXT_N, NEXT_N_POW2, HEADS, KV_BLOCK, CHUNK, ROWS_PER_MMA, STAGES,
+                     LENS_2D, Q_ASYNC, 0, 3)),
+        (_consumer, (q_ptr, weights_ptr, out_ptr, lens_ptr, key_ring, scale_ring, q_smem, weight_smem, limit_smem,
+                     full_bars, empty_bars, item, stop, b, tile,
+                     stride_q_b, stride_q_j, stride_q_h, stride_w, stride_out, stride_lens_b, stride_lens_j,
+                     max_model_len, max_blocks, NEXT_N, NEXT_N_POW2, HEADS, KV_BLOCK, CHUNK, ROWS_PER_MMA, STAGES,
+                     LENS_2D, Q_ASYNC, 1, 3)),
+        (_consumer, (q_ptr, weights_ptr, out_ptr, lens_ptr, key_ring, scale_ring, q_smem, weight_smem, limit_smem,
+                     full_bars, empty_bars, item, stop, b, tile,
+                     stride_q_b, stride_q_j, stride_q_h, stride_w, stride_out, stride_lens_b, stride_lens_j,
+                     max_model_len, max_blocks, NEXT_N, NEXT_N_POW2, HEADS, KV_BLOCK, CHUNK, ROWS_PER_MMA, STAGES,
+                     LENS_2D, Q_ASYNC, 2, 3)),
+        (_producer, (kv_ptr, scale_ptr, lens_ptr, table_ptr, key_ring, scale_ring, full_bars, empty_bars,
+                     item, stop, b, tile, stride_block, stride_lens_b, stride_lens_j, stride_table,
+                     max_model_len, max_blocks, num_blocks,
+                     NEXT_N, KV_BLOCK, CHUNK, STAGES, PRESHUFFLE, LENS_2D, KV_ALIGN)),
+        ], [_CONSUMER_WARPS, _CONSUMER_WARPS, _PRODUCER_WARPS], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
 
 
 # ============================================================================= host side
-def _knobs(problem: Problem, config: dict) -> tuple[int, int, int, int]:
-    """``(ChunkK, RowsPerMMA, num_stages, CtasPerSM)``; ``None`` takes the default."""
+def _knobs(problem: Problem, config: dict) -> tuple[int, int, int, int, int]:
+    """``(ChunkK, RowsPerMMA, num_stages, CtasPerSM, Consumers)``; ``None`` takes the default
+    (``Consumers`` 1)."""
     default = default_config(problem) if any(config.get(k) is None for k in KNOBS[:4]) else {}
     chunk = int(config.get("ChunkK") or default["ChunkK"])
     rows = int(config.get("RowsPerMMA") or default["RowsPerMMA"])
     stages = int(config.get("num_stages") or default["num_stages"])
     ctas = int(config.get("CtasPerSM") or default["CtasPerSM"])
+    consumers = int(config.get("Consumers") or 1)
     warps = int(config.get("num_warps") or NUM_WARPS)
     schedule = config.get("Schedule") or common.BALANCED
     if (chunk not in KNOB_SPACE["ChunkK"] or rows < 1 or rows & (rows - 1) or rows * problem.heads > base.MAX_MMA_N
-            or not 2 <= stages <= 8 or ctas not in KNOB_SPACE["CtasPerSM"] or warps != NUM_WARPS
-            or schedule != common.BALANCED):
+            or not 2 <= stages <= 8 or ctas not in KNOB_SPACE["CtasPerSM"]
+            or consumers not in KNOB_SPACE["Consumers"] or warps != NUM_WARPS or schedule != common.BALANCED):
         raise ValueError(f"gluon/{VARIANT}: unsupported knobs {config} for heads={problem.heads}"
                          + (" (the warp-specialised kernel runs the balanced schedule only)"
                             if schedule != common.BALANCED else ""))
-    return chunk, rows, stages, ctas
+    return chunk, rows, stages, ctas, consumers
 
 
-def max_registers(ctas: int) -> int:
-    """``maxnreg`` for ``ctas`` programs of consumer + producer warps per SM (a multiple of 8)."""
-    threads = (NUM_WARPS + PRODUCER_WARPS) * 32
+def max_registers(ctas: int, consumers: int = 1) -> int:
+    """``maxnreg`` for ``ctas`` programs of ``consumers`` consumer warpgroups and one producer
+    warpgroup per SM (a multiple of 8)."""
+    threads = (consumers * NUM_WARPS + PRODUCER_WARPS) * 32
     return min(256, SM_REGISTERS // (ctas * threads) // 8 * 8)
 
 
-def consumer_registers(chunk: int, ctas: int) -> int:
-    """What ``setmaxnreg`` leaves the consumer warpgroup: its share of the program's registers
-    plus what the producer gives up (at most 256)."""
-    return min(256, 2 * max_registers(ctas) - PRODUCER_REGS[chunk])
+def consumer_registers(chunk: int, ctas: int, consumers: int = 1) -> int:
+    """What ``setmaxnreg`` gives each consumer warpgroup: the program's registers less the
+    producer's, shared equally (a multiple of 8, at most 256)."""
+    pool = (consumers + 1) * max_registers(ctas, consumers) - PRODUCER_REGS[chunk]
+    return min(256, pool // consumers // 8 * 8)
 
 
-def fits(problem: Problem, chunk: int, rows: int, stages: int, ctas: int) -> bool:
-    """The consumer's accumulators and epilogue fit its registers (``hopper_wgmma``'s estimate;
-    at most two row groups: with more, ptxas spills within the consumer's share; three programs
-    per SM leave the consumer 104 registers, enough for 64-column row groups of 64-token tiles
-    only) and ``ctas`` programs' shared memory fits an SM."""
+def shared_bytes(problem: Problem, chunk: int, rows: int, stages: int, consumers: int) -> int:
+    """The ring, one Q/weights/limits set per consumer, a full and an empty mbarrier per slot."""
+    pow2 = base.triton_next_pow2(problem.next_n)
+    per_consumer = pow2 * problem.heads * (base.HEAD_DIM + 4) + 4 * pow2  # Q and weights rows, limits
+    ring = stages * chunk * (base.HEAD_DIM + 4)
+    return ring + consumers * per_consumer + 2 * 8 * stages
+
+
+def fits(problem: Problem, chunk: int, rows: int, stages: int, ctas: int, consumers: int = 1) -> bool:
+    """The consumers' accumulators and epilogues fit their registers (``hopper_wgmma``'s
+    estimate; at most two row groups: with more, ptxas spills within a consumer's share; a
+    consumer under 128 registers holds 64-token tiles of at most 64 columns only, ptxas) and
+    ``ctas`` programs' shared memory fits an SM."""
     r = base.resources(problem, chunk, rows, stages)
-    smem = r["smem"] + 2 * 8 * stages  # a full and an empty mbarrier (8 bytes each) per ring slot
+    smem = shared_bytes(problem, chunk, rows, stages, consumers)
     groups = base.row_groups(problem.next_n, min(rows, base._pow2_floor(problem.next_n)))
-    if ctas == 3 and (chunk != 64 or max(n for _, n in groups) * problem.heads > 64):
-        return False  # 104 consumer registers hold 64-token tiles of at most 64 columns (ptxas)
-    return (len(groups) <= 2 and r["acc_regs"] <= r["acc_budget"]
-            and (ctas == 3 or r["regs_estimate"] <= consumer_registers(chunk, ctas))
+    regs = consumer_registers(chunk, ctas, consumers)
+    if regs < 128 and (chunk != 64 or max(n for _, n in groups) * problem.heads > 64):
+        return False
+    return (len(groups) <= 2 and r["acc_regs"] <= r["acc_budget"] and (regs < 128 or r["regs_estimate"] <= regs)
             and smem <= lds_limit("sm_90") and ctas * (smem + 1024) <= SM_SHARED_BYTES)
 
 
 def constexprs(problem: Problem, config: dict) -> dict:
-    chunk, rows, stages, _ = _knobs(problem, config)
+    chunk, rows, stages, ctas, consumers = _knobs(problem, config)
     return dict(NEXT_N=problem.next_n, NEXT_N_POW2=base.triton_next_pow2(problem.next_n), HEADS=problem.heads,
                 KV_BLOCK=problem.kv_block_size, CHUNK=chunk,
                 ROWS_PER_MMA=min(rows, base._pow2_floor(problem.next_n)), STAGES=stages,
-                PRESHUFFLE=problem.preshuffle, LENS_2D=problem.lens_2d, PRODUCER_REGS=PRODUCER_REGS[chunk])
+                PRESHUFFLE=problem.preshuffle, LENS_2D=problem.lens_2d, PRODUCER_REGS=PRODUCER_REGS[chunk],
+                CONSUMERS=consumers, CONSUMER_REGS=consumer_registers(chunk, ctas, consumers))
 
 
 def options(problem: Problem, config: dict) -> dict:
-    return {"num_warps": NUM_WARPS, "maxnreg": max_registers(_knobs(problem, config)[3])}
+    _, _, _, ctas, consumers = _knobs(problem, config)
+    return {"num_warps": NUM_WARPS, "maxnreg": max_registers(ctas, consumers)}
 
 
 def grid(problem: Problem, config: dict) -> tuple[int, int]:
@@ -272,19 +334,30 @@ def unsupported(problem: Problem) -> str | None:
     return None
 
 
+def _config(chunk: int, rows: int, stages: int, ctas: int, consumers: int = 1) -> dict:
+    return {"variant": VARIANT, "ChunkK": chunk, "RowsPerMMA": rows, "num_stages": stages, "CtasPerSM": ctas,
+            "Consumers": consumers, "num_warps": NUM_WARPS, "Schedule": common.BALANCED}
+
+
+#: ring depths of the multi-consumer programs: one program per SM keeps every tile in flight
+MULTI_CONSUMER_STAGES = {64: 8, 128: 4}
+
+
 def candidates(problem: Problem) -> list[dict]:
-    """The two widest row groupings x ChunkK 64/128 x a shallow and a deep ring, two programs
-    per SM (one program leaves the tensor cores idle during its consumer's epilogue); and three
-    per SM where the consumer fits 104 registers (more consumers to overlap the epilogues)."""
+    """Per row grouping (the two widest that fit): ChunkK 64/128 x a shallow and a deep ring at
+    two programs per SM (one program of one consumer leaves the tensor cores idle during its
+    epilogue); three programs per SM where the consumer fits 104 registers; and one program
+    per SM with two or three consumer warpgroups sharing its producer and ring, which leaves
+    each consumer more registers than as many single-consumer programs would (152 against
+    104 for three)."""
     out, groupings = [], 0
     for rows in base._rows_options(problem):
         fitting = [(chunk, stages) for chunk in (64, 128) for stages in base._stages_for(chunk)
                    if fits(problem, chunk, rows, stages, 2)]
-        out += [{"variant": VARIANT, "ChunkK": chunk, "RowsPerMMA": rows, "num_stages": stages, "CtasPerSM": 2,
-                 "num_warps": NUM_WARPS, "Schedule": common.BALANCED} for chunk, stages in fitting]
-        out += [{"variant": VARIANT, "ChunkK": 64, "RowsPerMMA": rows, "num_stages": stages, "CtasPerSM": 3,
-                 "num_warps": NUM_WARPS, "Schedule": common.BALANCED}
-                for stages in base._stages_for(64) if fits(problem, 64, rows, stages, 3)]
+        out += [_config(chunk, rows, stages, 2) for chunk, stages in fitting]
+        out += [_config(64, rows, stages, 3) for stages in base._stages_for(64) if fits(problem, 64, rows, stages, 3)]
+        out += [_config(chunk, rows, stages, 1, consumers) for consumers in (2, 3)
+                for chunk, stages in MULTI_CONSUMER_STAGES.items() if fits(problem, chunk, rows, stages, 1, consumers)]
         groupings += bool(fitting)
         if groupings == 2:
             break
@@ -298,8 +371,7 @@ def default_config(problem: Problem) -> dict:
             for stages in reversed(base._stages_for(chunk)):
                 for ctas in (2, 1):
                     if fits(problem, chunk, rows, stages, ctas):
-                        return {"variant": VARIANT, "ChunkK": chunk, "RowsPerMMA": rows, "num_stages": stages,
-                                "CtasPerSM": ctas, "num_warps": NUM_WARPS, "Schedule": common.BALANCED}
+                        return _config(chunk, rows, stages, ctas)
     raise ValueError(f"gluon/{VARIANT}: no configuration fits {problem.describe()}")
 
 
@@ -324,9 +396,7 @@ def compile_specs(arch: str, configs: list[dict] | None = None) -> list[CompileS
     specs = []
     for cfg in configs if configs is not None else compile_matrix(arch):
         problem = common.problem_for(arch, FP8[arch], cfg)
-        chunk, rows, stages, ctas = _knobs(problem, cfg)
-        knobs = {"variant": VARIANT, "ChunkK": chunk, "RowsPerMMA": rows, "num_stages": stages, "CtasPerSM": ctas,
-                 "num_warps": NUM_WARPS, "Schedule": common.BALANCED}
+        knobs = _config(*_knobs(problem, cfg))
         specs.append(base.typical_spec(wgmma_ws_logits_kernel, problem, cfg, knobs, constexprs(problem, cfg),
                                        options(problem, cfg)))
     return specs

@@ -77,6 +77,7 @@ def compiled(tmp_path_factory):
 def test_matrix_covers_every_knob_value():
     configs = ci_matrix()
     assert {c["CtasPerSM"] for c in configs} == {1, 2, 3}
+    assert {c["Consumers"] for c in configs} == {1, 2, 3}
     assert {c["ChunkK"] for c in configs} == {64, 128}
     assert {c["RowsPerMMA"] for c in configs} >= {1, 2, 4, 8}
 
@@ -94,13 +95,17 @@ def test_partitions_and_handover(compiled):
     for cfg, record, _ in compiled:
         ptx = open(record.isa).read()
         p = common.problem_for(ARCH, "fn", cfg)
-        chunk, rows, _, ctas = ws._knobs(p, cfg)
+        chunk, rows, _, ctas, consumers = ws._knobs(p, cfg)
         found = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k32\.f32\.e4m3\.e4m3", ptx))
         groups = wg.row_groups(cfg["next_n"], min(rows, wg._pow2_floor(cfg["next_n"])))
         assert found == {str(n * cfg["heads"]) for _, n in groups}, record.name
-        assert f".maxnreg {ws.max_registers(ctas)}" in ptx, record.name
+        assert f".maxnreg {ws.max_registers(ctas, consumers)}" in ptx, record.name
         regs = {int(r) for r in re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)}
-        assert {ws.PRODUCER_REGS[chunk], ws.consumer_registers(chunk, ctas)} <= regs, (record.name, regs)
+        assert {ws.PRODUCER_REGS[chunk], ws.consumer_registers(chunk, ctas, consumers)} <= regs, (record.name, regs)
+        # each partition (every consumer, and the producer) syncs its own warpgroup on a named
+        # barrier of its own: a consumer's barrier never waits for another consumer
+        barriers = set(re.findall(r"\bbar\.sync\s+(\d+),\s*128;", ptx))
+        assert len(barriers) == consumers + 1, (record.name, barriers)
         assert "cp.async.mbarrier.arrive.noinc.shared.b64" in ptx, record.name
         assert re.search(r"mbarrier\.try_wait\.parity", ptx), record.name
 
@@ -109,9 +114,9 @@ def test_programs_per_sm_fit(compiled):
     """``CtasPerSM`` programs of 8 warps at ``maxnreg`` fill at most the register file, and
     their shared memory (plus the driver's 1 KB each) fits an SM."""
     for cfg, record, _ in compiled:
-        ctas = ws._knobs(common.problem_for(ARCH, "fn", cfg), cfg)[3]
-        threads = (ws.NUM_WARPS + ws.PRODUCER_WARPS) * 32
-        assert ctas * threads * ws.max_registers(ctas) <= ws.SM_REGISTERS, record.name
+        _, _, _, ctas, consumers = ws._knobs(common.problem_for(ARCH, "fn", cfg), cfg)
+        threads = (consumers * ws.NUM_WARPS + ws.PRODUCER_WARPS) * 32
+        assert ctas * threads * ws.max_registers(ctas, consumers) <= ws.SM_REGISTERS, record.name
         assert ctas * (record.lds_bytes + 1024) <= ws.SM_SHARED_BYTES, (record.name, record.lds_bytes)
 
 
@@ -121,6 +126,19 @@ def test_balanced_only_and_knob_errors_say_why():
     assert ws.check_config(ws.default_config(p), p) is None
     assert "expected one of balanced" in ws.check_config(dict(ws.default_config(p), Schedule="split"), p)
     assert "CtasPerSM" in ws.check_config(dict(ws.default_config(p), CtasPerSM=4), p)
+    assert "Consumers" in ws.check_config(dict(ws.default_config(p), Consumers=4), p)
+
+
+def test_consumers_share_the_register_file_equally():
+    """One program of ``Consumers`` consumer warpgroups and a producer fills the register file;
+    each consumer gets more registers than as many single-consumer programs would."""
+    for consumers in (2, 3):
+        for chunk in (64, 128):
+            pool = (consumers + 1) * ws.max_registers(1, consumers)
+            per = ws.consumer_registers(chunk, 1, consumers)
+            assert consumers * per + ws.PRODUCER_REGS[chunk] <= pool
+            assert per > ws.consumer_registers(chunk, consumers, 1)
+    assert ws.consumer_registers(64, 1, 3) == 152 and ws.consumer_registers(64, 3, 1) == 104
 
 
 @pytest.mark.parametrize("heads", (32, 64))
@@ -133,8 +151,8 @@ def test_candidates_fit_and_grid_is_one_wave(heads, next_n):
         return
     for cfg in ws.candidates(p) + [ws.default_config(p)]:
         assert set(cfg) == {"variant", *ws.KNOBS}
-        chunk, rows, stages, ctas = ws._knobs(p, cfg)
-        assert ws.fits(p, chunk, rows, stages, ctas)
+        chunk, rows, stages, ctas, consumers = ws._knobs(p, cfg)
+        assert ws.fits(p, chunk, rows, stages, ctas, consumers)
         assert ws.grid(p, cfg) == (132 * ctas, 1)
 
 
