@@ -44,15 +44,27 @@ def fields_of(p: Problem) -> dict:
                 lens_2d=p.lens_2d)
 
 
+#: shapes whose every candidate compiles (the multi-consumer and TMA ones included); the other
+#: grid shapes compile their single-consumer cp.async candidates
+FULL_SHAPES = ((64, 2), (32, 4))
+
+
 def ci_matrix() -> list[dict]:
-    configs = [dict(fields_of(p), **c) for p in (problem(h, n) for h in (32, 64) for n in (1, 2, 3, 4))
-               for c in ws.candidates(p)]
+    configs = []
+    for heads, next_n in ((h, n) for h in (32, 64) for n in (1, 2, 3, 4)):
+        p = problem(heads, next_n)
+        configs += [dict(fields_of(p), **c) for c in ws.candidates(p)
+                    if (heads, next_n) in FULL_SHAPES or (c["Consumers"] == 1 and c["KeyCopy"] == "gather")]
     others = [problem(64, 2, 1), problem(64, 2, 16, True), problem(32, 4, lens_2d=False), problem(32, 5),
               problem(32, 8)]
     configs += [dict(fields_of(p), **ws.default_config(p)) for p in others]
-    # the 4-byte key copies and the plain-load Q path
-    configs.append(dict(fields_of(problem(64, 2)), **ws.default_config(problem(64, 2)), block_stride_pad=4,
-                        q_misaligned=1))
+    # the 4-byte key copies and the plain-load Q path; there KeyCopy=tma falls back to the gather
+    for key_copy in ("gather", "tma"):
+        configs.append(dict(fields_of(problem(64, 2)), **{**ws.default_config(problem(64, 2)), "KeyCopy": key_copy},
+                            block_stride_pad=4, q_misaligned=1))
+    # TMA boxes of 16-token cache blocks (four per 64-token tile); none for a preshuffled cache
+    for p in (problem(64, 2, 16), problem(64, 2, 64, True)):
+        configs.append(dict(fields_of(p), **{**ws.default_config(p), "KeyCopy": "tma"}))
     return configs
 
 
@@ -78,6 +90,7 @@ def test_matrix_covers_every_knob_value():
     configs = ci_matrix()
     assert {c["CtasPerSM"] for c in configs} == {1, 2, 3}
     assert {c["Consumers"] for c in configs} == {1, 2, 3}
+    assert {c["KeyCopy"] for c in configs} == {"gather", "tma"}
     assert {c["ChunkK"] for c in configs} == {64, 128}
     assert {c["RowsPerMMA"] for c in configs} >= {1, 2, 4, 8}
 
@@ -95,7 +108,7 @@ def test_partitions_and_handover(compiled):
     for cfg, record, _ in compiled:
         ptx = open(record.isa).read()
         p = common.problem_for(ARCH, "fn", cfg)
-        chunk, rows, _, ctas, consumers = ws._knobs(p, cfg)
+        chunk, rows, _, ctas, consumers, _ = ws._knobs(p, cfg)
         found = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k32\.f32\.e4m3\.e4m3", ptx))
         groups = wg.row_groups(cfg["next_n"], min(rows, wg._pow2_floor(cfg["next_n"])))
         assert found == {str(n * cfg["heads"]) for _, n in groups}, record.name
@@ -110,11 +123,34 @@ def test_partitions_and_handover(compiled):
         assert re.search(r"mbarrier\.try_wait\.parity", ptx), record.name
 
 
+def test_keys_by_tma_where_the_cache_allows(compiled):
+    """``KeyCopy=tma``: one TMA box per cache block of a tile, a byte-count arrive on the full
+    barrier (which then expects the producer's 128 cp.async arrivals plus that one); a
+    preshuffled or unaligned cache gathers instead."""
+    seen = set()
+    for cfg, record, _ in compiled:
+        ptx = open(record.isa).read()
+        p = common.problem_for(ARCH, "fn", cfg)
+        chunk = ws._knobs(p, cfg)[0]
+        box = ws.key_box(p, cfg, 4 if cfg.get("block_stride_pad") else 16)
+        boxes = re.findall(r"cp\.async\.bulk\.tensor\.3d\.shared::cluster\.global\.mbarrier::complete_tx::bytes", ptx)
+        inits = set(re.findall(r"mbarrier\.init\.shared::cta\.b64 \[%r\d+\], (\d+);", ptx))
+        if box:
+            seen.add((cfg["kv_block_size"], chunk // box))
+            assert len(boxes) == chunk // box, (record.name, len(boxes))
+            assert re.search(rf"mbarrier\.arrive\.expect_tx\.shared\.b64 _, \[%r\d+\], {chunk * 128};", ptx), record.name
+            assert inits == {str(ws.PRODUCER_WARPS * 32 + 1), "1"}, (record.name, inits)
+        else:
+            assert not boxes and "expect_tx" not in ptx, record.name
+            assert inits == {str(ws.PRODUCER_WARPS * 32), "1"}, (record.name, inits)
+    assert {(64, 1), (64, 2), (16, 4)} <= seen, seen
+
+
 def test_programs_per_sm_fit(compiled):
     """``CtasPerSM`` programs of 8 warps at ``maxnreg`` fill at most the register file, and
     their shared memory (plus the driver's 1 KB each) fits an SM."""
     for cfg, record, _ in compiled:
-        _, _, _, ctas, consumers = ws._knobs(common.problem_for(ARCH, "fn", cfg), cfg)
+        _, _, _, ctas, consumers, _ = ws._knobs(common.problem_for(ARCH, "fn", cfg), cfg)
         threads = (consumers * ws.NUM_WARPS + ws.PRODUCER_WARPS) * 32
         assert ctas * threads * ws.max_registers(ctas, consumers) <= ws.SM_REGISTERS, record.name
         assert ctas * (record.lds_bytes + 1024) <= ws.SM_SHARED_BYTES, (record.name, record.lds_bytes)
@@ -151,7 +187,7 @@ def test_candidates_fit_and_grid_is_one_wave(heads, next_n):
         return
     for cfg in ws.candidates(p) + [ws.default_config(p)]:
         assert set(cfg) == {"variant", *ws.KNOBS}
-        chunk, rows, stages, ctas, consumers = ws._knobs(p, cfg)
+        chunk, rows, stages, ctas, consumers = ws._knobs(p, cfg)[:5]
         assert ws.fits(p, chunk, rows, stages, ctas, consumers)
         assert ws.grid(p, cfg) == (132 * ctas, 1)
 
