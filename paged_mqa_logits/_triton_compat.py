@@ -130,6 +130,16 @@ def _gluon_async_copy():
     return shim
 
 
+def _gluon_tma():
+    """The Hopper TMA entry points under one stable set of names (see :func:`_gluon_async_copy`)."""
+    from triton.experimental.gluon.language.nvidia.hopper import tma as real
+
+    shim = types.ModuleType(f"{__name__}.tma", "Gluon TMA entry points (tensor-descriptor copies).")
+    # 3.8 renamed async_copy_global_to_shared to async_load (same leading arguments)
+    shim.async_copy_global_to_shared = getattr(real, "async_load", None) or real.async_copy_global_to_shared
+    return shim
+
+
 def _gluon_thread_barrier():
     from triton.experimental.gluon import language as gl
 
@@ -155,6 +165,8 @@ _HOPPER = "triton.experimental.gluon.language.nvidia.hopper"
 _LAZY = {
     # Gluon
     "async_copy": _gluon_async_copy,
+    "tma": _gluon_tma,
+    "TensorDescriptor": _attribute("triton.experimental.gluon.nvidia.hopper", "TensorDescriptor"),
     "thread_barrier": _gluon_thread_barrier,
     "fence_async_shared": _attribute(_HOPPER, "fence_async_shared"),
     "warpgroup_mma": _attribute(_HOPPER, "warpgroup_mma"),

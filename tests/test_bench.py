@@ -242,6 +242,18 @@ def test_cli_all_candidates_from_a_shapes_file(tmp_path, fake_backend):
         ("mode=ok", "ok"), ("mode=wrong", "FAIL:"), ("mode=scribble", "FAIL:"), ("mode=raise", "ERROR")]
 
 
+def test_cli_config_narrows_all_candidates(tmp_path, fake_backend):
+    """``--all-candidates --config K=V`` times only the candidates with those knob values."""
+    out = tmp_path / "bench.csv"
+    rc = bench.main(["--heads", "16", "--next-n", "1", "--batch", "1", "--context", "32", "--kv-block-size", "16",
+                     "--backend", "fake", "--all-candidates", "--config", "mode=ok", "--dispatch", "--device", "cpu",
+                     "--quiet", "--out", str(out)])
+    _, rows = _read(out)
+    assert rc == 0
+    assert [(r["impl"], r["knobs"]) for r in rows if r["impl"] == "backend"] == [("backend", "mode=ok")]
+    assert [r["impl"] for r in rows] == ["dispatch", "backend"]
+
+
 def test_host_overhead_benchmark_runs(monkeypatch, capsys):
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
     monkeypatch.setattr(registry, "_LOADED", dict(registry._LOADED))

@@ -34,7 +34,9 @@ def _impls(a, shape: Shape, problem) -> list[Impl]:
     config = parse_knobs(a.config) if a.config else None
     for name in names:
         if a.all_candidates and backends.why_not(name, problem) is None:
-            out.extend(Impl.of(name, c) for c in backends.get(name).candidates(problem))
+            # --config narrows the candidates to those with these knob values
+            out.extend(Impl.of(name, c) for c in backends.get(name).candidates(problem)
+                       if all(str(c.get(k)) == str(v) for k, v in (config or {}).items()))
         else:
             out.append(Impl.of(name, config))
     if a.deepgemm:
@@ -74,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     i = p.add_argument_group("what to time (default: the production dispatch)")
     i.add_argument("--backend", default=None, help="backend name(s), comma-separated")
     i.add_argument("--config", default=None, help="knobs for --backend, e.g. 'ChunkK=128,SplitKV=0'")
-    i.add_argument("--all-candidates", action="store_true", help="every tuner candidate of the backend(s)")
+    i.add_argument("--all-candidates", action="store_true",
+                   help="every tuner candidate of the backend(s); with --config, those with its knob values")
     i.add_argument("--dispatch", action="store_true", help="also time the production dispatch")
     i.add_argument("--deepgemm", action="store_true",
                    help="also time DeepGEMM's fp8_paged_mqa_logits on the same inputs (flattened to next_n 1 "

@@ -61,13 +61,22 @@ def _kernels(arch: str) -> list[tuple[str, dict]]:
                 ("gluon", {"variant": "wgmma", "Schedule": "balanced", "ChunkK": 128, "RowsPerMMA": 1}),
                 ("gluon", {"variant": "mma_v2", "Schedule": "balanced", "ChunkK": 64, "num_warps": 4, "Prefetch": 0}),
                 ("gluon", {"variant": "wgmma_ws"}),
-                ("gluon", {"variant": "wgmma_ws", "ChunkK": 128, "RowsPerMMA": 1, "num_stages": 3})]
+                ("gluon", {"variant": "wgmma_ws", "ChunkK": 128, "RowsPerMMA": 1, "num_stages": 3}),
+                # consumer warpgroups taking turns over one producer's ring, across sequences
+                ("gluon", {"variant": "wgmma_ws", "ChunkK": 64, "num_stages": 8, "CtasPerSM": 1, "Consumers": 2}),
+                ("gluon", {"variant": "wgmma_ws", "ChunkK": 64, "RowsPerMMA": 1, "num_stages": 5, "CtasPerSM": 1,
+                           "Consumers": 3}),
+                # keys by TMA, one box per cache block (two per 128-token tile)
+                ("gluon", {"variant": "wgmma_ws", "KeyCopy": "tma"}),
+                ("gluon", {"variant": "wgmma_ws", "ChunkK": 128, "RowsPerMMA": 1, "num_stages": 4, "CtasPerSM": 1,
+                           "Consumers": 2, "KeyCopy": "tma"})]
     elif arch in ("gfx942", "gfx950"):
         out += [("gluon", {"variant": "mfma", "Schedule": "balanced"})]
     return out
 
 
-KERNEL_IDS = ["triton", "wgmma64", "wgmma128", "mma_v2", "wgmma_ws64", "wgmma_ws128"]
+KERNEL_IDS = ["triton", "wgmma64", "wgmma128", "mma_v2", "wgmma_ws64", "wgmma_ws128", "wgmma_ws_2consumers",
+              "wgmma_ws_3consumers", "wgmma_ws_tma64", "wgmma_ws_tma128_2consumers"]
 
 
 def _kernel(index: int):
@@ -99,6 +108,8 @@ def _run(inp: dict, backend: str, config: dict):
         if variant.unsupported(args.problem) is not None:
             _skip(f"{variant.VARIANT}: {variant.unsupported(args.problem)}")
         knobs = {**variant.default_config(args.problem), **knobs}
+        if knobs.get("Consumers", 1) > 1 and not variant.fits(args.problem, *variant._knobs(args.problem, knobs)[:5]):
+            _skip(f"{variant.VARIANT}: {knobs} do not fit {args.problem.describe()}")
     before = inp["out_logits"].clone()
     launch(args, backend=backend, config=knobs)
     torch.cuda.synchronize()

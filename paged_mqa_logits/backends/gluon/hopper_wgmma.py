@@ -250,6 +250,13 @@ def _issue_tile(key_dst, scale_dst, kv_ptr, scale_ptr, pages, tile, end, stride_
     if KV_ALIGN < 16:
         key_ptrs = gl.multiple_of(key_ptrs, [KV_ALIGN, KV_ALIGN])
     async_copy.async_copy_global_to_shared(key_dst, key_ptrs, mask=(tokens < end)[:, None])
+    _issue_scales(scale_dst, scale_ptr, scale_pages, tile, end, stride_block, CHUNK, KV_BLOCK)
+
+
+@gluon.jit
+def _issue_scales(scale_dst, scale_ptr, scale_pages, tile, end, stride_block, CHUNK: gl.constexpr,
+                  KV_BLOCK: gl.constexpr):
+    """cp.async the fp32 scales of ``tile``'s tokens ``< end`` (the rest are zero-filled)."""
     scale_tokens = tile * CHUNK + gl.arange(0, CHUNK, _scale_copy_layout())
     async_copy.async_copy_global_to_shared(
         scale_dst, scale_ptr + common.scale_offsets(scale_pages, scale_tokens, stride_block, KV_BLOCK, _D),
@@ -772,19 +779,24 @@ def compile_specs(arch: str, configs: list[dict] | None = None) -> list[CompileS
     return specs
 
 
-def typical_spec(kernel, problem: Problem, cfg: dict, knobs: dict, consts: dict, opts: dict) -> CompileSpec:
+def typical_spec(kernel, problem: Problem, cfg: dict, knobs: dict, consts: dict, opts: dict,
+                 tail=None) -> CompileSpec:
     """The compile spec of a wgmma-family ``kernel`` (the arguments of
     ``common.kernel_arguments``) on a typical vLLM call of ``problem``: ``cfg``'s
     ``block_stride_pad`` pads the cache block stride (4: not 16-byte aligned), ``q_misaligned``
     puts q rows at an odd address (the plain-load Q path). The alignment constexprs join the
-    knobs (``kvalign``, ``qasync``), so each path has its own spec name."""
+    knobs (``kvalign``, ``qasync``), so each path has its own spec name. ``tail(alignment)``,
+    if given, returns the kernel's runtime arguments after those and constexprs that depend on
+    the alignment."""
     runtime = list(common.typical_arguments(problem))
     if cfg.get("block_stride_pad"):
         runtime[10] += int(cfg["block_stride_pad"])
     if cfg.get("q_misaligned"):
         runtime[0] = common.StandIn(runtime[0].dtype, runtime[0].ptr_range(), aligned=False)
     aligned = alignment_of(runtime[0].data_ptr(), runtime[7:10], runtime[1].data_ptr(), runtime[10])
-    signature, consts, attrs = common.specialise(kernel, tuple(runtime), {**consts, **aligned}, CUDABackend)
+    extra_args, extra_consts = tail(aligned) if tail is not None else ((), {})
+    signature, consts, attrs = common.specialise(kernel, tuple(runtime) + tuple(extra_args),
+                                                 {**consts, **aligned, **extra_consts}, CUDABackend)
     knobs = dict(knobs, kvalign=aligned["KV_ALIGN"], qasync=int(aligned["Q_ASYNC"]))
     return CompileSpec(
         name=common.spec_name("gluon", knobs["variant"], problem.arch, problem, knobs, True), backend="gluon",

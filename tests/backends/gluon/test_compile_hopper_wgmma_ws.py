@@ -44,15 +44,27 @@ def fields_of(p: Problem) -> dict:
                 lens_2d=p.lens_2d)
 
 
+#: shapes whose every candidate compiles (the multi-consumer and TMA ones included); the other
+#: grid shapes compile their single-consumer cp.async candidates
+FULL_SHAPES = ((64, 2), (32, 4))
+
+
 def ci_matrix() -> list[dict]:
-    configs = [dict(fields_of(p), **c) for p in (problem(h, n) for h in (32, 64) for n in (1, 2, 3, 4))
-               for c in ws.candidates(p)]
+    configs = []
+    for heads, next_n in ((h, n) for h in (32, 64) for n in (1, 2, 3, 4)):
+        p = problem(heads, next_n)
+        configs += [dict(fields_of(p), **c) for c in ws.candidates(p)
+                    if (heads, next_n) in FULL_SHAPES or (c["Consumers"] == 1 and c["KeyCopy"] == "gather")]
     others = [problem(64, 2, 1), problem(64, 2, 16, True), problem(32, 4, lens_2d=False), problem(32, 5),
               problem(32, 8)]
     configs += [dict(fields_of(p), **ws.default_config(p)) for p in others]
-    # the 4-byte key copies and the plain-load Q path
-    configs.append(dict(fields_of(problem(64, 2)), **ws.default_config(problem(64, 2)), block_stride_pad=4,
-                        q_misaligned=1))
+    # the 4-byte key copies and the plain-load Q path; there KeyCopy=tma falls back to the gather
+    for key_copy in ("gather", "tma"):
+        configs.append(dict(fields_of(problem(64, 2)), **{**ws.default_config(problem(64, 2)), "KeyCopy": key_copy},
+                            block_stride_pad=4, q_misaligned=1))
+    # TMA boxes of 16-token cache blocks (four per 64-token tile); none for a preshuffled cache
+    for p in (problem(64, 2, 16), problem(64, 2, 64, True)):
+        configs.append(dict(fields_of(p), **{**ws.default_config(p), "KeyCopy": "tma"}))
     return configs
 
 
@@ -77,6 +89,8 @@ def compiled(tmp_path_factory):
 def test_matrix_covers_every_knob_value():
     configs = ci_matrix()
     assert {c["CtasPerSM"] for c in configs} == {1, 2, 3}
+    assert {c["Consumers"] for c in configs} == {1, 2, 3}
+    assert {c["KeyCopy"] for c in configs} == {"gather", "tma"}
     assert {c["ChunkK"] for c in configs} == {64, 128}
     assert {c["RowsPerMMA"] for c in configs} >= {1, 2, 4, 8}
 
@@ -94,24 +108,51 @@ def test_partitions_and_handover(compiled):
     for cfg, record, _ in compiled:
         ptx = open(record.isa).read()
         p = common.problem_for(ARCH, "fn", cfg)
-        chunk, rows, _, ctas = ws._knobs(p, cfg)
+        chunk, rows, _, ctas, consumers, _ = ws._knobs(p, cfg)
         found = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k32\.f32\.e4m3\.e4m3", ptx))
         groups = wg.row_groups(cfg["next_n"], min(rows, wg._pow2_floor(cfg["next_n"])))
         assert found == {str(n * cfg["heads"]) for _, n in groups}, record.name
-        assert f".maxnreg {ws.max_registers(ctas)}" in ptx, record.name
+        assert f".maxnreg {ws.max_registers(ctas, consumers)}" in ptx, record.name
         regs = {int(r) for r in re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)}
-        assert {ws.PRODUCER_REGS[chunk], ws.consumer_registers(chunk, ctas)} <= regs, (record.name, regs)
+        assert {ws.PRODUCER_REGS[chunk], ws.consumer_registers(chunk, ctas, consumers)} <= regs, (record.name, regs)
+        # each partition (every consumer, and the producer) syncs its own warpgroup on a named
+        # barrier of its own: a consumer's barrier never waits for another consumer
+        barriers = set(re.findall(r"\bbar\.sync\s+(\d+),\s*128;", ptx))
+        assert len(barriers) == consumers + 1, (record.name, barriers)
         assert "cp.async.mbarrier.arrive.noinc.shared.b64" in ptx, record.name
         assert re.search(r"mbarrier\.try_wait\.parity", ptx), record.name
+
+
+def test_keys_by_tma_where_the_cache_allows(compiled):
+    """``KeyCopy=tma``: one TMA box per cache block of a tile, a byte-count arrive on the full
+    barrier (which then expects the producer's 128 cp.async arrivals plus that one); a
+    preshuffled or unaligned cache gathers instead."""
+    seen = set()
+    for cfg, record, _ in compiled:
+        ptx = open(record.isa).read()
+        p = common.problem_for(ARCH, "fn", cfg)
+        chunk = ws._knobs(p, cfg)[0]
+        box = ws.key_box(p, cfg, 4 if cfg.get("block_stride_pad") else 16)
+        boxes = re.findall(r"cp\.async\.bulk\.tensor\.3d\.shared::cluster\.global\.mbarrier::complete_tx::bytes", ptx)
+        inits = set(re.findall(r"mbarrier\.init\.shared::cta\.b64 \[%r\d+\], (\d+);", ptx))
+        if box:
+            seen.add((cfg["kv_block_size"], chunk // box))
+            assert len(boxes) == chunk // box, (record.name, len(boxes))
+            assert re.search(rf"mbarrier\.arrive\.expect_tx\.shared\.b64 _, \[%r\d+\], {chunk * 128};", ptx), record.name
+            assert inits == {str(ws.PRODUCER_WARPS * 32 + 1), "1"}, (record.name, inits)
+        else:
+            assert not boxes and "expect_tx" not in ptx, record.name
+            assert inits == {str(ws.PRODUCER_WARPS * 32), "1"}, (record.name, inits)
+    assert {(64, 1), (64, 2), (16, 4)} <= seen, seen
 
 
 def test_programs_per_sm_fit(compiled):
     """``CtasPerSM`` programs of 8 warps at ``maxnreg`` fill at most the register file, and
     their shared memory (plus the driver's 1 KB each) fits an SM."""
     for cfg, record, _ in compiled:
-        ctas = ws._knobs(common.problem_for(ARCH, "fn", cfg), cfg)[3]
-        threads = (ws.NUM_WARPS + ws.PRODUCER_WARPS) * 32
-        assert ctas * threads * ws.max_registers(ctas) <= ws.SM_REGISTERS, record.name
+        _, _, _, ctas, consumers, _ = ws._knobs(common.problem_for(ARCH, "fn", cfg), cfg)
+        threads = (consumers * ws.NUM_WARPS + ws.PRODUCER_WARPS) * 32
+        assert ctas * threads * ws.max_registers(ctas, consumers) <= ws.SM_REGISTERS, record.name
         assert ctas * (record.lds_bytes + 1024) <= ws.SM_SHARED_BYTES, (record.name, record.lds_bytes)
 
 
@@ -121,6 +162,19 @@ def test_balanced_only_and_knob_errors_say_why():
     assert ws.check_config(ws.default_config(p), p) is None
     assert "expected one of balanced" in ws.check_config(dict(ws.default_config(p), Schedule="split"), p)
     assert "CtasPerSM" in ws.check_config(dict(ws.default_config(p), CtasPerSM=4), p)
+    assert "Consumers" in ws.check_config(dict(ws.default_config(p), Consumers=4), p)
+
+
+def test_consumers_share_the_register_file_equally():
+    """One program of ``Consumers`` consumer warpgroups and a producer fills the register file;
+    each consumer gets more registers than as many single-consumer programs would."""
+    for consumers in (2, 3):
+        for chunk in (64, 128):
+            pool = (consumers + 1) * ws.max_registers(1, consumers)
+            per = ws.consumer_registers(chunk, 1, consumers)
+            assert consumers * per + ws.PRODUCER_REGS[chunk] <= pool
+            assert per > ws.consumer_registers(chunk, consumers, 1)
+    assert ws.consumer_registers(64, 1, 3) == 152 and ws.consumer_registers(64, 3, 1) == 104
 
 
 @pytest.mark.parametrize("heads", (32, 64))
@@ -133,8 +187,8 @@ def test_candidates_fit_and_grid_is_one_wave(heads, next_n):
         return
     for cfg in ws.candidates(p) + [ws.default_config(p)]:
         assert set(cfg) == {"variant", *ws.KNOBS}
-        chunk, rows, stages, ctas = ws._knobs(p, cfg)
-        assert ws.fits(p, chunk, rows, stages, ctas)
+        chunk, rows, stages, ctas, consumers = ws._knobs(p, cfg)[:5]
+        assert ws.fits(p, chunk, rows, stages, ctas, consumers)
         assert ws.grid(p, cfg) == (132 * ctas, 1)
 
 
