@@ -43,6 +43,17 @@ def _check_shape(a, *, arch: str | None = None, cu_num: int | None = None, known
         raise cli.CliError(str(exc)) from None
 
 
+def _demo_fp8(device: str):
+    """The fp8 flavour of the demo's inputs: the device's own on ROCm (fnuz on gfx942), else fn."""
+    import torch
+
+    from .arch import detect, native_fp8_dtype
+
+    if device != "cpu" and getattr(torch.version, "hip", None):
+        return native_fp8_dtype(detect(device).arch)
+    return torch.float8_e4m3fn
+
+
 def _device(requested: str | None) -> str:
     import torch
 
@@ -88,9 +99,7 @@ def demo(argv: list[str]) -> int:
     from .op import build_launch_args, launch
     from .reference import check_logits, make_inputs, reference_logits
 
-    fp8 = torch.float8_e4m3fn
-    if device != "cpu" and getattr(torch.version, "hip", None):
-        fp8 = native_fp8_dtype(detect(device).arch)
+    fp8 = _demo_fp8(device)
     gen = torch.Generator().manual_seed(a.seed)
     # ragged contexts up to --context, one of them exactly --context
     lens = torch.randint(1, a.context + 1, (a.batch,), generator=gen).tolist()

@@ -116,6 +116,20 @@ def test_demo_on_a_missing_gpu(capsys, monkeypatch):
     assert_one_line_error(rc, err, "--device", "no CUDA/ROCm GPU", "'cuda:0'")
 
 
+def test_demo_inputs_take_the_rocm_devices_fp8_flavour(monkeypatch):
+    """On ROCm the demo's q and keys are in the device's fp8 (fnuz on gfx942), elsewhere fn."""
+    import torch
+
+    from paged_mqa_logits import __main__ as main_module
+    from paged_mqa_logits import arch
+
+    assert main_module._demo_fp8("cpu") == torch.float8_e4m3fn
+    monkeypatch.setattr(torch.version, "hip", "6.4", raising=False)
+    monkeypatch.setattr(arch, "detect", lambda device=None: arch.ArchInfo(arch="gfx942", cu_num=304))
+    assert main_module._demo_fp8("cuda") == torch.float8_e4m3fnuz
+    assert main_module._demo_fp8("cpu") == torch.float8_e4m3fn
+
+
 def test_bad_table_is_one_line(capsys, monkeypatch, tmp_path):
     bad = tmp_path / "broken_tuned.csv"
     bad.write_text("arch,cu_num\nsm_90,132\n")
