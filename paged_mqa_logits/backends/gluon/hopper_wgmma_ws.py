@@ -30,8 +30,6 @@ Semantics, knobs and the row-group and tile-halving epilogues are ``hopper_wgmma
 
 from __future__ import annotations
 
-import sys
-
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
@@ -40,16 +38,10 @@ from ..._triton_compat import async_copy, fence_async_shared, thread_barrier
 from ...arch import lds_limit
 from ...problem import LaunchArgs, Problem
 from ...schedule import persistent_programs
-from ..base import CompileSpec
-from . import common
+from . import common, device
 from . import hopper_wgmma as base
+from .common import DYNAMIC_PARAMS
 
-VARIANT = "wgmma_ws"
-ARCHS = ("sm_90",)
-KNOBS = ("ChunkK", "RowsPerMMA", "num_stages", "CtasPerSM", "num_warps", "Schedule")
-KNOB_SPACE = {"ChunkK": (64, 128), "RowsPerMMA": (1, 2, 4, 8), "num_stages": range(2, 9),
-              "CtasPerSM": (1, 2, 3), "num_warps": (4,), "Schedule": (common.BALANCED,)}
-FP8 = base.FP8
 NUM_WARPS = base.NUM_WARPS  # the consumer warpgroup (the kernel's default partition)
 PRODUCER_WARPS = 4  # the copy layouts of hopper_wgmma cover one warpgroup
 #: producer registers per thread: tile addresses, the prefetched block ids, loop state
@@ -73,8 +65,8 @@ def _producer(kv_ptr, scale_ptr, lens_ptr, table_ptr, key_ring, scale_ring, full
     table_tokens = max_blocks * KV_BLOCK
     k = 0
     while item < stop:
-        seq_len = common.sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
-        end = common.visible_end(seq_len, max_model_len, max_blocks, KV_BLOCK)
+        seq_len = device.sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
+        end = device.visible_end(seq_len, max_model_len, max_blocks, KV_BLOCK)
         count = gl.minimum(gl.cdiv(end, CHUNK) - tile, stop - item)
         table_row = table_ptr + b.to(gl.int64) * stride_table
         # The block ids of the next tile load while this one's slot is awaited and its copies
@@ -126,8 +118,8 @@ def _consumer(q_ptr, weights_ptr, out_ptr, lens_ptr, key_ring, scale_ring, q_sme
     """Score ring slot ``k % STAGES`` (the program's ``k``-th tile) against its sequence's rows."""
     k = 0
     while item < stop:
-        seq_len = common.sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
-        end = common.visible_end(seq_len, max_model_len, max_blocks, KV_BLOCK)
+        seq_len = device.sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
+        end = device.visible_end(seq_len, max_model_len, max_blocks, KV_BLOCK)
         count = gl.minimum(gl.cdiv(end, CHUNK) - tile, stop - item)
         if count > 0:  # zero-length sequences between long ones hold no tiles
             _load_sequence_operands(q_ptr, weights_ptr, lens_ptr, q_smem, weight_smem, limit_smem, b, seq_len, end,
@@ -149,7 +141,7 @@ def _consumer(q_ptr, weights_ptr, out_ptr, lens_ptr, key_ring, scale_ring, q_sme
 
 
 # ----------------------------------------------------------------------------- the kernel
-@gluon.jit(do_not_specialize=common.DYNAMIC_PARAMS)
+@gluon.jit(do_not_specialize=DYNAMIC_PARAMS)
 def wgmma_ws_logits_kernel(
     q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, table_ptr,
     stride_q_b, stride_q_j, stride_q_h,
@@ -177,9 +169,9 @@ def wgmma_ws_logits_kernel(
         mbarrier.init(full_bars.index(s), count=_PRODUCER_THREADS)  # one noinc arrive per producer thread
         mbarrier.init(empty_bars.index(s), count=1)  # one arrive by the consumer
 
-    item, stop, b, tile = common.balanced_share(
+    item, stop, b, tile = device.balanced_share(
         lens_ptr, batch, stride_lens_b, stride_lens_j, max_model_len, max_blocks, gl.program_id(0),
-        gl.num_programs(0), NEXT_N, LENS_2D, KV_BLOCK, CHUNK, common.scan_layout(32, base._WARPS))
+        gl.num_programs(0), NEXT_N, LENS_2D, KV_BLOCK, CHUNK, device.scan_layout(32, base._WARPS))
     gl.warp_specialize([
         (_consumer, (q_ptr, weights_ptr, out_ptr, lens_ptr, key_ring, scale_ring, q_smem, weight_smem, limit_smem,
                      full_bars, empty_bars, item, stop, b, tile,
@@ -194,24 +186,6 @@ def wgmma_ws_logits_kernel(
 
 
 # ============================================================================= host side
-def _knobs(problem: Problem, config: dict) -> tuple[int, int, int, int]:
-    """``(ChunkK, RowsPerMMA, num_stages, CtasPerSM)``; ``None`` takes the default."""
-    default = default_config(problem) if any(config.get(k) is None for k in KNOBS[:4]) else {}
-    chunk = int(config.get("ChunkK") or default["ChunkK"])
-    rows = int(config.get("RowsPerMMA") or default["RowsPerMMA"])
-    stages = int(config.get("num_stages") or default["num_stages"])
-    ctas = int(config.get("CtasPerSM") or default["CtasPerSM"])
-    warps = int(config.get("num_warps") or NUM_WARPS)
-    schedule = config.get("Schedule") or common.BALANCED
-    if (chunk not in KNOB_SPACE["ChunkK"] or rows < 1 or rows & (rows - 1) or rows * problem.heads > base.MAX_MMA_N
-            or not 2 <= stages <= 8 or ctas not in KNOB_SPACE["CtasPerSM"] or warps != NUM_WARPS
-            or schedule != common.BALANCED):
-        raise ValueError(f"gluon/{VARIANT}: unsupported knobs {config} for heads={problem.heads}"
-                         + (" (the warp-specialised kernel runs the balanced schedule only)"
-                            if schedule != common.BALANCED else ""))
-    return chunk, rows, stages, ctas
-
-
 def max_registers(ctas: int) -> int:
     """``maxnreg`` for ``ctas`` programs of consumer + producer warps per SM (a multiple of 8)."""
     threads = (NUM_WARPS + PRODUCER_WARPS) * 32
@@ -239,107 +213,90 @@ def fits(problem: Problem, chunk: int, rows: int, stages: int, ctas: int) -> boo
             and smem <= lds_limit("sm_90") and ctas * (smem + 1024) <= SM_SHARED_BYTES)
 
 
-def constexprs(problem: Problem, config: dict) -> dict:
-    chunk, rows, stages, _ = _knobs(problem, config)
-    return dict(NEXT_N=problem.next_n, NEXT_N_POW2=base.triton_next_pow2(problem.next_n), HEADS=problem.heads,
-                KV_BLOCK=problem.kv_block_size, CHUNK=chunk,
-                ROWS_PER_MMA=min(rows, base._pow2_floor(problem.next_n)), STAGES=stages,
-                PRESHUFFLE=problem.preshuffle, LENS_2D=problem.lens_2d, PRODUCER_REGS=PRODUCER_REGS[chunk])
+class WgmmaWsVariant(base.WgmmaVariant):
+    """``wgmma``'s knobs less ``SplitKV`` (balanced only), 1-3 programs per SM, its kernel."""
 
+    name = "wgmma_ws"
+    knob_space = {"ChunkK": (64, 128), "RowsPerMMA": (1, 2, 4, 8), "num_stages": range(2, 9),
+                  "CtasPerSM": (1, 2, 3), "num_warps": (NUM_WARPS,), "Schedule": (common.BALANCED,)}
+    kernel = wgmma_ws_logits_kernel
 
-def options(problem: Problem, config: dict) -> dict:
-    return {"num_warps": NUM_WARPS, "maxnreg": max_registers(_knobs(problem, config)[3])}
+    def knobs(self, problem: Problem, config: dict) -> dict:
+        """Unset knobs take the default config's values."""
+        tile, default = self.tile_knobs(problem, config,
+                                        default_keys=("ChunkK", "RowsPerMMA", "num_stages", "CtasPerSM"))
+        ctas = int(config.get("CtasPerSM") or default["CtasPerSM"])
+        self.require_in("CtasPerSM", ctas, self.knob_space["CtasPerSM"])
+        schedule = config.get("Schedule") or common.BALANCED
+        self.require(schedule == common.BALANCED, "Schedule", schedule,
+                     f"{common.BALANCED} (the warp-specialised kernel runs the balanced schedule only)")
+        return {**tile, "CtasPerSM": ctas, "num_warps": NUM_WARPS, "Schedule": schedule}
 
+    def admits(self, problem: Problem, config: dict) -> bool:
+        k = self.knobs(problem, config)
+        return fits(problem, k["ChunkK"], k["RowsPerMMA"], k["num_stages"], k["CtasPerSM"])
 
-def grid(problem: Problem, config: dict) -> tuple[int, int]:
-    """One persistent wave: ``CtasPerSM`` programs per SM (registers and shared memory are sized
-    for exactly that many, see :func:`max_registers` and :func:`fits`)."""
-    ctas = _knobs(problem, config)[3]
-    return persistent_programs(problem.cu_num or base.SM_COUNT_H100, ctas), 1
-
-
-# ----------------------------------------------------------------------------- interface
-def check_config(config: dict, problem: Problem | None = None) -> str | None:
-    return common.check_variant_config(sys.modules[__name__], config, problem)
-
-
-def unsupported(problem: Problem) -> str | None:
-    reason = base.unsupported(problem)
-    if reason is not None:
+    def shape_reason(self, problem: Problem) -> str | None:
+        reason = super().shape_reason(problem)
+        if reason is None and not self.candidates(problem):
+            reason = f"no warp-specialised configuration fits sm_90's registers and shared memory for " \
+                     f"{problem.describe()}"
         return reason
-    if not candidates(problem):
-        return f"no warp-specialised configuration fits sm_90's registers and shared memory for {problem.describe()}"
-    return None
+
+    def candidate_groups(self, problem: Problem):
+        """The two widest row groupings x ChunkK 64/128 x a shallow and a deep ring, two programs
+        per SM (one program leaves the tensor cores idle during its consumer's epilogue); and three
+        per SM where the consumer fits 104 registers (more consumers to overlap the epilogues)."""
+        groupings = 0
+        for rows in base._rows_options(problem):
+            fitting = [(chunk, stages) for chunk in (64, 128) for stages in base._stages_for(chunk)
+                       if fits(problem, chunk, rows, stages, 2)]
+            for chunk, stages in fitting:
+                yield [{"ChunkK": chunk, "RowsPerMMA": rows, "num_stages": stages, "CtasPerSM": 2,
+                        "num_warps": NUM_WARPS, "Schedule": common.BALANCED}]
+            for stages in base._stages_for(64):
+                yield [{"ChunkK": 64, "RowsPerMMA": rows, "num_stages": stages, "CtasPerSM": 3,
+                        "num_warps": NUM_WARPS, "Schedule": common.BALANCED}]
+            groupings += bool(fitting)
+            if groupings == 2:
+                break
+
+    def default_config(self, problem: Problem) -> dict:
+        """The widest row grouping that fits two programs per SM, 64-token tiles, the deep ring."""
+        for rows in base._rows_options(problem):
+            for chunk in (64, 128):
+                for stages in reversed(base._stages_for(chunk)):
+                    for ctas in (2, 1):
+                        if fits(problem, chunk, rows, stages, ctas):
+                            return {"variant": self.name, "ChunkK": chunk, "RowsPerMMA": rows, "num_stages": stages,
+                                    "CtasPerSM": ctas, "num_warps": NUM_WARPS, "Schedule": common.BALANCED}
+        raise ValueError(f"{self.owner}: no configuration fits {problem.describe()}")
+
+    def constexprs(self, problem: Problem, config: dict) -> dict:
+        k = self.knobs(problem, config)
+        return dict(NEXT_N=problem.next_n, NEXT_N_POW2=base.triton_next_pow2(problem.next_n), HEADS=problem.heads,
+                    KV_BLOCK=problem.kv_block_size, CHUNK=k["ChunkK"],
+                    ROWS_PER_MMA=min(k["RowsPerMMA"], base._pow2_floor(problem.next_n)), STAGES=k["num_stages"],
+                    PRESHUFFLE=problem.preshuffle, LENS_2D=problem.lens_2d, PRODUCER_REGS=PRODUCER_REGS[k["ChunkK"]])
+
+    def options(self, problem: Problem, config: dict) -> dict:
+        return {"num_warps": NUM_WARPS, "maxnreg": max_registers(self.knobs(problem, config)["CtasPerSM"])}
+
+    def grid(self, problem: Problem, config: dict, compiled=None) -> tuple[int, int]:
+        """One persistent wave: ``CtasPerSM`` programs per SM (registers and shared memory are sized
+        for exactly that many, see :func:`max_registers` and :func:`fits`)."""
+        ctas = self.knobs(problem, config)["CtasPerSM"]
+        return persistent_programs(problem.cu_num or base.SM_COUNT_H100, ctas), 1
+
+    def plan(self, args: LaunchArgs, config: dict) -> tuple[tuple, int, dict]:
+        p = args.problem
+        return self.grid(p, config), 1, {**self.constexprs(p, config), **self.options(p, config)}
+
+    def kernel_key(self, problem: Problem, cfg: dict) -> tuple:
+        return tuple(sorted(self.constexprs(problem, cfg).items())), self.knobs(problem, cfg)["CtasPerSM"]
+
+    def matrix_candidates(self, problem: Problem) -> list[dict]:
+        return self.candidates(problem)
 
 
-def candidates(problem: Problem) -> list[dict]:
-    """The two widest row groupings x ChunkK 64/128 x a shallow and a deep ring, two programs
-    per SM (one program leaves the tensor cores idle during its consumer's epilogue); and three
-    per SM where the consumer fits 104 registers (more consumers to overlap the epilogues)."""
-    out, groupings = [], 0
-    for rows in base._rows_options(problem):
-        fitting = [(chunk, stages) for chunk in (64, 128) for stages in base._stages_for(chunk)
-                   if fits(problem, chunk, rows, stages, 2)]
-        out += [{"variant": VARIANT, "ChunkK": chunk, "RowsPerMMA": rows, "num_stages": stages, "CtasPerSM": 2,
-                 "num_warps": NUM_WARPS, "Schedule": common.BALANCED} for chunk, stages in fitting]
-        out += [{"variant": VARIANT, "ChunkK": 64, "RowsPerMMA": rows, "num_stages": stages, "CtasPerSM": 3,
-                 "num_warps": NUM_WARPS, "Schedule": common.BALANCED}
-                for stages in base._stages_for(64) if fits(problem, 64, rows, stages, 3)]
-        groupings += bool(fitting)
-        if groupings == 2:
-            break
-    return out
-
-
-def default_config(problem: Problem) -> dict:
-    """The widest row grouping that fits two programs per SM, 64-token tiles, the deep ring."""
-    for rows in base._rows_options(problem):
-        for chunk in (64, 128):
-            for stages in reversed(base._stages_for(chunk)):
-                for ctas in (2, 1):
-                    if fits(problem, chunk, rows, stages, ctas):
-                        return {"variant": VARIANT, "ChunkK": chunk, "RowsPerMMA": rows, "num_stages": stages,
-                                "CtasPerSM": ctas, "num_warps": NUM_WARPS, "Schedule": common.BALANCED}
-    raise ValueError(f"gluon/{VARIANT}: no configuration fits {problem.describe()}")
-
-
-_PLANS: dict[tuple, tuple] = {}
-
-
-def launch(args: LaunchArgs, config: dict) -> None:
-    """One persistent wave; per-(problem, config) launch parameters are cached."""
-    p = args.problem
-    key = (p, common.config_key(config))
-    plan = _PLANS.get(key)
-    if plan is None:
-        plan = _PLANS[key] = (grid(p, config), {**constexprs(p, config), **options(p, config)})
-    launch_grid, kwargs = plan
-    wgmma_ws_logits_kernel[launch_grid](*common.kernel_arguments(args, 1), **kwargs,
-                                        **base.alignment(args.q, args.kv_cache))
-
-
-# ----------------------------------------------------------------------------- compile specs
-def compile_specs(arch: str, configs: list[dict] | None = None) -> list[CompileSpec]:
-    """One spec per config (problem fields + knobs), specialised like a typical vLLM call."""
-    specs = []
-    for cfg in configs if configs is not None else compile_matrix(arch):
-        problem = common.problem_for(arch, FP8[arch], cfg)
-        chunk, rows, stages, ctas = _knobs(problem, cfg)
-        knobs = {"variant": VARIANT, "ChunkK": chunk, "RowsPerMMA": rows, "num_stages": stages, "CtasPerSM": ctas,
-                 "num_warps": NUM_WARPS, "Schedule": common.BALANCED}
-        specs.append(base.typical_spec(wgmma_ws_logits_kernel, problem, cfg, knobs, constexprs(problem, cfg),
-                                       options(problem, cfg)))
-    return specs
-
-
-def compile_matrix(arch: str) -> list[dict]:
-    """Every candidate of ``common.representative_problems`` (deduplicated by kernel)."""
-    out, seen = [], set()
-    for fields in common.representative_problems(arch):
-        problem = common.problem_for(arch, FP8[arch], fields)
-        for cand in candidates(problem):
-            key = (tuple(sorted(constexprs(problem, cand).items())), _knobs(problem, cand)[3])
-            if key not in seen:
-                seen.add(key)
-                out.append(dict(fields, **cand))
-    return out
+VARIANT = WgmmaWsVariant()

@@ -28,6 +28,8 @@ from paged_mqa_logits.backends.gluon import hopper_wgmma_ws as ws  # noqa: E402
 from paged_mqa_logits.compile import check_records, compile_specs  # noqa: E402
 from paged_mqa_logits.problem import Problem  # noqa: E402
 
+WS = ws.VARIANT
+
 ARCH = "sm_90"
 
 
@@ -46,12 +48,12 @@ def fields_of(p: Problem) -> dict:
 
 def ci_matrix() -> list[dict]:
     configs = [dict(fields_of(p), **c) for p in (problem(h, n) for h in (32, 64) for n in (1, 2, 3, 4))
-               for c in ws.candidates(p)]
+               for c in WS.candidates(p)]
     others = [problem(64, 2, 1), problem(64, 2, 16, True), problem(32, 4, lens_2d=False), problem(32, 5),
               problem(32, 8)]
-    configs += [dict(fields_of(p), **ws.default_config(p)) for p in others]
+    configs += [dict(fields_of(p), **WS.default_config(p)) for p in others]
     # the 4-byte key copies and the plain-load Q path
-    configs.append(dict(fields_of(problem(64, 2)), **ws.default_config(problem(64, 2)), block_stride_pad=4,
+    configs.append(dict(fields_of(problem(64, 2)), **WS.default_config(problem(64, 2)), block_stride_pad=4,
                         q_misaligned=1))
     return configs
 
@@ -60,7 +62,7 @@ def ci_matrix() -> list[dict]:
 def compiled(tmp_path_factory):
     out_dir = str(tmp_path_factory.mktemp("wgmma_ws_sm90"))
     configs = ci_matrix()
-    records = compile_specs(ws.compile_specs(ARCH, configs), out_dir, jobs=min(2, os.cpu_count() or 1),
+    records = compile_specs(WS.compile_specs(ARCH, configs), out_dir, jobs=min(2, os.cpu_count() or 1),
                             progress=False)
     ptxas = ptxas_for(90)
 
@@ -94,7 +96,8 @@ def test_partitions_and_handover(compiled):
     for cfg, record, _ in compiled:
         ptx = open(record.isa).read()
         p = common.problem_for(ARCH, "fn", cfg)
-        chunk, rows, _, ctas = ws._knobs(p, cfg)
+        knobs = WS.knobs(p, cfg)
+        chunk, rows, ctas = knobs["ChunkK"], knobs["RowsPerMMA"], knobs["CtasPerSM"]
         found = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k32\.f32\.e4m3\.e4m3", ptx))
         groups = wg.row_groups(cfg["next_n"], min(rows, wg._pow2_floor(cfg["next_n"])))
         assert found == {str(n * cfg["heads"]) for _, n in groups}, record.name
@@ -109,7 +112,7 @@ def test_programs_per_sm_fit(compiled):
     """``CtasPerSM`` programs of 8 warps at ``maxnreg`` fill at most the register file, and
     their shared memory (plus the driver's 1 KB each) fits an SM."""
     for cfg, record, _ in compiled:
-        ctas = ws._knobs(common.problem_for(ARCH, "fn", cfg), cfg)[3]
+        ctas = WS.knobs(common.problem_for(ARCH, "fn", cfg), cfg)["CtasPerSM"]
         threads = (ws.NUM_WARPS + ws.PRODUCER_WARPS) * 32
         assert ctas * threads * ws.max_registers(ctas) <= ws.SM_REGISTERS, record.name
         assert ctas * (record.lds_bytes + 1024) <= ws.SM_SHARED_BYTES, (record.name, record.lds_bytes)
@@ -118,24 +121,25 @@ def test_programs_per_sm_fit(compiled):
 # ----------------------------------------------------------------------------- host side
 def test_balanced_only_and_knob_errors_say_why():
     p = problem(64, 2)
-    assert ws.check_config(ws.default_config(p), p) is None
-    assert "expected one of balanced" in ws.check_config(dict(ws.default_config(p), Schedule="split"), p)
-    assert "CtasPerSM" in ws.check_config(dict(ws.default_config(p), CtasPerSM=4), p)
+    assert WS.check_config(WS.default_config(p), p) is None
+    assert "expected one of balanced" in WS.check_config(dict(WS.default_config(p), Schedule="split"), p)
+    assert "CtasPerSM" in WS.check_config(dict(WS.default_config(p), CtasPerSM=4), p)
 
 
 @pytest.mark.parametrize("heads", (32, 64))
 @pytest.mark.parametrize("next_n", range(1, 9))
 def test_candidates_fit_and_grid_is_one_wave(heads, next_n):
     p = problem(heads, next_n)
-    if ws.unsupported(p) is not None:  # the wgmma variant serves these (more than two row groups)
+    if WS.unsupported(p) is not None:  # the wgmma variant serves these (more than two row groups)
         assert next_n >= 5
-        assert "no warp-specialised configuration fits" in ws.unsupported(p)
+        assert "no warp-specialised configuration fits" in WS.unsupported(p)
         return
-    for cfg in ws.candidates(p) + [ws.default_config(p)]:
-        assert set(cfg) == {"variant", *ws.KNOBS}
-        chunk, rows, stages, ctas = ws._knobs(p, cfg)
+    for cfg in WS.candidates(p) + [WS.default_config(p)]:
+        assert set(cfg) == {"variant", *WS.knob_space}
+        knobs = WS.knobs(p, cfg)
+        chunk, rows, stages, ctas = (knobs[k] for k in ("ChunkK", "RowsPerMMA", "num_stages", "CtasPerSM"))
         assert ws.fits(p, chunk, rows, stages, ctas)
-        assert ws.grid(p, cfg) == (132 * ctas, 1)
+        assert WS.grid(p, cfg) == (132 * ctas, 1)
 
 
 def test_not_the_default_variant_but_a_tuner_candidate():

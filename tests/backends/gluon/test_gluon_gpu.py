@@ -48,14 +48,15 @@ def fp8_dtype(arch: str):
 
 
 def variant_module(name: str):
+    """The variant object named ``name`` (skips when it does not target this GPU or did not import)."""
     arch = device_arch()
     if name not in VARIANTS.get(arch, ()):
         _skip(f"variant {name!r} does not target this GPU ({arch})")
-    from paged_mqa_logits.backends.gluon import import_errors, variant_modules
+    from paged_mqa_logits.backends.gluon import import_errors, variants
 
-    for module in variant_modules():
-        if module.VARIANT == name:
-            return module
+    for variant in variants():
+        if variant.name == name:
+            return variant
     _skip(f"variant {name!r} is not importable: {import_errors()}")
 
 
