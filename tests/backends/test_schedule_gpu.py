@@ -17,6 +17,8 @@ from paged_mqa_logits.op import build_launch_args, launch
 from paged_mqa_logits.reference import check_logits, make_inputs, reference_logits
 from paged_mqa_logits.schedule import locate, share, tile_counts
 
+pytestmark = pytest.mark.gpu
+
 gluon_device = pytest.importorskip("paged_mqa_logits.backends.gluon.device")
 from triton.experimental import gluon  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
