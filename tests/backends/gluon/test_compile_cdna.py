@@ -43,8 +43,7 @@ from fake_gpu import compiled_kernels, fake_gpu  # noqa: E402
 from paged_mqa_logits._triton_compat import GPUTarget  # noqa: E402
 from paged_mqa_logits.backends.gluon import BACKEND, cdna, common  # noqa: E402
 from paged_mqa_logits.backends.gluon.register_mma_kernel import register_mma_logits_kernel  # noqa: E402
-from paged_mqa_logits.compile import (  # noqa: E402
-    amd_resources, check_records, compile_spec, compile_specs, max_waves_per_simd)
+from paged_mqa_logits.compile import amd_resources, check_records, compile_specs  # noqa: E402
 from paged_mqa_logits.op import build_launch_args  # noqa: E402
 from paged_mqa_logits.reference import make_inputs  # noqa: E402
 
@@ -149,57 +148,6 @@ def test_lds_use_matches_the_staging_knob(compiled):
         scan = SCAN_SCRATCH_BYTES if r.knobs["Schedule"] == "balanced" else 0
         staged = rows * r.knobs["heads"] * 132 if r.knobs["QInLDS"] else 0
         assert staged <= r.lds_bytes <= staged + scan + (staged // 8), r.name
-
-
-# ----------------------------------------------------------------------------- ISA parsing
-@pytest.fixture(scope="module")
-def one_kernel(tmp_path_factory):
-    cfg = dict(heads=64, next_n=2, kv_block_size=64, preshuffle=True, ChunkK=128, WavePerEU=2, ReuseKV=1, QInLDS=1,
-               Schedule="split")
-    spec = MFMA.compile_specs("gfx942", [cfg])[0]
-    record = compile_spec(spec, str(tmp_path_factory.mktemp("one")))
-    return record, open(record.isa).read()
-
-
-def _yaml(isa: str, key: str) -> int:
-    return int(re.search(rf"^\s+\.{key}:\s+(\d+)", isa, re.M).group(1))
-
-
-def test_amd_resources_agree_with_the_code_object_metadata(one_kernel):
-    record, isa = one_kernel
-    res = amd_resources(isa)
-    assert res["vgprs"] == _yaml(isa, "vgpr_count")  # TotalNumVgprs: arch VGPRs + AGPRs
-    assert res["sgprs"] == _yaml(isa, "sgpr_count")
-    assert res["scratch_bytes"] == _yaml(isa, "private_segment_fixed_size") == 0
-    assert res["spill_count"] == _yaml(isa, "vgpr_spill_count") + _yaml(isa, "sgpr_spill_count") == 0
-    assert res["occupancy"] == 2  # waves_per_eu=2 caps the occupancy at exactly 2
-    assert res["mma_instructions"] == ["v_mfma_f32_32x32x16_fp8_fp8"]
-    assert record.lds_bytes == 2 * 64 * 132  # two staged rows: fp8 Q + fp32 weights (dynamic LDS)
-    assert os.path.getsize(record.binary) > 0 and record.binary.endswith(".hsaco")
-
-
-def test_check_records_flags_each_violation(one_kernel):
-    record, _ = one_kernel
-    assert check_records([record]) == []
-    cases = {
-        "failed to compile": dict(ok=False, error="boom"),
-        "scratch": dict(scratch_bytes=16),
-        "register spills": dict(spill_count=3),
-        "no native fp8": dict(mma_instructions=["v_mfma_f32_32x32x8_f16"]),
-        "non-fp8 MFMA": dict(mma_instructions=["v_mfma_f32_32x32x16_fp8_fp8", "v_mfma_f32_32x32x8_f16"]),
-        "waves/SIMD": dict(vgprs=257),
-        "compiler occupancy": dict(occupancy=1),
-        "per CU": dict(lds_bytes=40 * 1024),
-        "LDS/shared memory": dict(lds_bytes=70 * 1024, knobs=dict(record.knobs, WavePerEU=None)),
-    }
-    for needle, change in cases.items():
-        bad = dataclasses.replace(record, **change)
-        messages = check_records([bad])
-        assert any(needle in m for m in messages), (needle, messages)
-
-
-def test_vgpr_budget_formula():
-    assert [max_waves_per_simd(v) for v in (1, 64, 128, 129, 136, 256, 257, 512)] == [8, 8, 4, 3, 3, 2, 1, 1]
 
 
 # ----------------------------------------------------------------------------- host side

@@ -108,14 +108,6 @@ def test_resources_agree_with_ptxas(compiled, tmp_path):
     assert res["vgprs"] == regs and record.lds_bytes >= res["shared_static"]
 
 
-def test_check_records_flags_spills(compiled):
-    _, records = compiled
-    bad = dataclasses.replace(records[0], scratch_bytes=24, spill_count=1)
-    assert any("scratch" in m for m in check_records([bad]))
-    bad = dataclasses.replace(records[0], mma_instructions=["HMMA.16816.F32"])
-    assert any("no native fp8" in m for m in check_records([bad]))
-
-
 # ----------------------------------------------------------------------------- host side
 def test_candidates_fit_and_default_is_a_candidate():
     for shape in SHAPES:
