@@ -18,6 +18,8 @@ from paged_mqa_logits.backends.flydsl.backend import BACKEND as FLYDSL
 from paged_mqa_logits.backends.gluon import cdna
 from paged_mqa_logits.problem import Problem
 
+MFMA = cdna.VARIANT
+
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 UPSTREAM_WAVES = 4  # upstream's gluon pick for batch * next_n < 128
 
@@ -30,7 +32,7 @@ def _rows(arch):
 
 def _problem(row):
     return Problem(row.arch, row.cu_num, row.batch, row.next_n, row.heads, row.head_dim, row.kv_block_size,
-                   row.preshuffle, row.context, True, cdna.FP8[row.arch], "cuda", 8192, hypothetical=True)
+                   row.preshuffle, row.context, True, MFMA.fp8[row.arch], "cuda", 8192, hypothetical=True)
 
 
 @pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
@@ -52,16 +54,17 @@ def test_gluon_priors_keep_q_in_vgprs_with_prefetch(arch, monkeypatch):
         if row.backend != "gluon":
             continue
         problem = _problem(row)
-        chunk, waves, _, _, _, q_lds, prefetch = cdna._knobs(problem, row.knobs)
-        assert cdna.fits(problem, row.knobs), row.source
+        knobs = MFMA.knobs(problem, row.knobs)
+        chunk, waves, q_lds, prefetch = (knobs[k] for k in ("ChunkK", "WavePerEU", "QInLDS", "Prefetch"))
+        assert MFMA.admits(problem, row.knobs), row.source
         assert (q_lds, prefetch) == (0, 1), f"{row.source}: {row.knobs} stages Q in LDS or drops the prefetch"
         assert f"ChunkK {chunk}/WavePerEU {waves}" in row.provenance, row.source
         if waves != UPSTREAM_WAVES:
             moved += 1
             assert row.provenance.startswith("prior:static-proxy "), row.source
             # and upstream's occupancy really would have changed the kernel
-            upstream = cdna._knobs(problem, {**row.knobs, "WavePerEU": UPSTREAM_WAVES})
-            assert upstream[5:] != (0, 1), row.source
+            upstream = MFMA.knobs(problem, {**row.knobs, "WavePerEU": UPSTREAM_WAVES})
+            assert (upstream["QInLDS"], upstream["Prefetch"]) != (0, 1), row.source
     assert moved > 0  # H 64 at ChunkK 256: upstream's WavePerEU 4 does not carry over
 
 

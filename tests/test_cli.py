@@ -8,8 +8,7 @@ import sys
 import pytest
 
 from paged_mqa_logits import __main__ as pml_cli
-from paged_mqa_logits import cli, compile as compile_mod
-from paged_mqa_logits.compile import CompileRecord
+from paged_mqa_logits import cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -172,26 +171,6 @@ def test_debug_shows_the_traceback():
     assert plain.returncode == 2 and plain.stderr.count("\n") == 1 and "Traceback" not in plain.stderr
     with pytest.raises(cli.CliError):
         pml_cli.main(["--debug", "explain", "--arch", "gfx942", "--next-n", "9"])
-
-
-# ----------------------------------------------------------------------------- compile's summary
-def _record(name, ok, mma=("v_mfma_f32_16x16x32_fp8_fp8",)):
-    return CompileRecord(name=name, backend="gluon", arch="gfx942", knobs={}, ok=ok, error=None if ok else "boom",
-                         mma_instructions=list(mma), vgprs=64, scratch_bytes=0, spill_count=0, seconds=1.0)
-
-
-@pytest.mark.parametrize("records,rc,summary", [
-    ([_record("a", True), _record("b", True)], 0, "2/2 kernels built, 0 checks failed"),
-    ([_record("a", True), _record("b", False)], 1, "1/2 kernels built, 1 checks failed"),
-    ([_record("a", True, mma=("v_mfma_f32_16x16x16_f16",))], 1, "1/1 kernels built, 1 checks failed"),
-    ([], 0, "0/0 kernels built, 0 checks failed"),
-])
-def test_compile_ends_with_one_summary_line_matching_its_status(capsys, monkeypatch, records, rc, summary):
-    monkeypatch.setattr(compile_mod, "compile_all", lambda *a, **k: records)
-    got, out, _ = run_main(capsys, "compile", "--backend", "gluon", "--arch", "gfx942")
-    last = out.strip().splitlines()[-1]
-    assert got == rc and last.startswith("compile: ") and summary in last
-    assert last.endswith("OK" if rc == 0 else "FAILED")
 
 
 # ----------------------------------------------------------------------------- help

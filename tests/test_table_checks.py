@@ -41,12 +41,14 @@ def test_bad_rows_are_rejected_at_load_naming_file_line(tmp_path, row, message):
 
 
 def test_combinations_are_judged_by_the_variant_knob_parser(tmp_path):
-    """RowsPerMMA 8 x 64 heads exceeds wgmma's N of 256: only _knobs knows, for the row's heads."""
+    """RowsPerMMA 8 x 64 heads exceeds wgmma's N of 256: only the variant's knob parser knows, for
+    the row's heads; its message names the knob, what it expects and what it got."""
     header = HEADER.replace("variant", "variant,RowsPerMMA")
     ok = write(tmp_path, ["sm_90,132,32,128,64,0,8,8,any,gluon,64,,0,4,wgmma,8,10,p"], header, "ok_tuned.csv")
     assert table.parse_file(ok)[0].knobs["RowsPerMMA"] == 8
     bad = write(tmp_path, ["sm_90,132,64,128,64,0,8,8,any,gluon,64,,0,4,wgmma,8,10,p"], header)
-    with pytest.raises(table.TableError, match=r":2: gluon/wgmma: unsupported knobs .* for heads=64 \(allowed: ChunkK"):
+    with pytest.raises(table.TableError, match=r":2: gluon/wgmma knob RowsPerMMA=8: expected RowsPerMMA x heads "
+                                               r"<= 256 .*, got 8 x 64 heads \(allowed: ChunkK"):
         table.parse_file(bad)
 
 

@@ -17,7 +17,9 @@ from paged_mqa_logits.op import build_launch_args, launch
 from paged_mqa_logits.reference import check_logits, make_inputs, reference_logits
 from paged_mqa_logits.schedule import locate, share, tile_counts
 
-gluon_common = pytest.importorskip("paged_mqa_logits.backends.gluon.common")
+pytestmark = pytest.mark.gpu
+
+gluon_device = pytest.importorskip("paged_mqa_logits.backends.gluon.device")
 from triton.experimental import gluon  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
 
@@ -27,9 +29,9 @@ def _gluon_shares_kernel(lens_ptr, out_ptr, batch, stride_b, stride_j, max_model
                          NEXT_N: gl.constexpr, KV_BLOCK: gl.constexpr, CHUNK: gl.constexpr, THREADS: gl.constexpr):
     """Each program stores the ``(start, stop, seq, tile)`` the Gluon kernels start from."""
     p = gl.program_id(0)
-    start, stop, seq, tile = gluon_common.balanced_share(
+    start, stop, seq, tile = gluon_device.balanced_share(
         lens_ptr, batch, stride_b, stride_j, max_model_len, max_blocks, p, gl.num_programs(0), NEXT_N, True,
-        KV_BLOCK, CHUNK, gluon_common.scan_layout(THREADS, gl.num_warps()))
+        KV_BLOCK, CHUNK, gluon_device.scan_layout(THREADS, gl.num_warps()))
     gl.store(out_ptr + p * 4 + 0, start)
     gl.store(out_ptr + p * 4 + 1, stop)
     gl.store(out_ptr + p * 4 + 2, seq)
@@ -106,10 +108,10 @@ def _run(inp: dict, backend: str, config: dict):
 
         variant = get("gluon").variant(args.problem, knobs)
         if variant.unsupported(args.problem) is not None:
-            _skip(f"{variant.VARIANT}: {variant.unsupported(args.problem)}")
+            _skip(f"{variant.name}: {variant.unsupported(args.problem)}")
         knobs = {**variant.default_config(args.problem), **knobs}
-        if knobs.get("Consumers", 1) > 1 and not variant.fits(args.problem, *variant._knobs(args.problem, knobs)[:5]):
-            _skip(f"{variant.VARIANT}: {knobs} do not fit {args.problem.describe()}")
+        if knobs.get("Consumers", 1) > 1 and not variant.admits(args.problem, knobs):
+            _skip(f"{variant.name}: {knobs} do not fit {args.problem.describe()}")
     before = inp["out_logits"].clone()
     launch(args, backend=backend, config=knobs)
     torch.cuda.synchronize()

@@ -1,24 +1,28 @@
-"""``gluon`` backend: hand-laid-out Gluon kernels, one *variant module* per kernel family.
+"""``gluon`` backend: hand-laid-out Gluon kernels, one *variant* per kernel family.
 
-=================  ===========  =============================================================
-module             VARIANT      archs / kernel
-=================  ===========  =============================================================
-``cdna.py``        ``mfma``     gfx942, gfx950: register MFMA, buffer loads
-``hopper_mma.py``  ``mma_v2``   sm_90: the same kernel body with ``mma_v2`` atoms
-``hopper_wgmma``   ``wgmma``    sm_90: wgmma on cp.async-staged key tiles (peak speed)
-``hopper_wgmma_ws`` ``wgmma_ws`` sm_90: the same, copies in a producer warpgroup (mbarriers)
-=================  ===========  =============================================================
+====================  ============  ==========================================================
+module                variant       archs / kernel
+====================  ============  ==========================================================
+``cdna.py``           ``mfma``      gfx942, gfx950: register MFMA, buffer loads
+``hopper_mma.py``     ``mma_v2``    sm_90: the same kernel body with ``mma_v2`` atoms
+``hopper_wgmma.py``   ``wgmma``     sm_90: wgmma on cp.async-staged key tiles (peak speed)
+``hopper_wgmma_ws``   ``wgmma_ws``  sm_90: the same, copies in a producer warpgroup (mbarriers)
+====================  ============  ==========================================================
 
-A variant module exports ``VARIANT``, ``ARCHS``, ``unsupported(problem)``,
-``candidates(problem)`` (dicts carrying ``"variant"``), ``default_config(problem)``,
-``check_config(config, problem=None)`` (its ``KNOB_SPACE`` and knob parser ``_knobs``),
-``launch(args, config)`` and ``compile_specs(arch, configs=None)``. This package aggregates
-them: the backend serves a problem when any variant does, its candidates are the union, and
-``launch`` dispatches on ``config["variant"]`` (the arch's default variant when absent).
-A variant may set ``TUNED = False`` to keep its candidates out of the tuner (and so out of
-the tables) while staying launchable. Variant modules are imported here once; one that fails to import (a Triton without some Gluon
-API, a module still being written) is simply absent and its import error is reported by
-``unsupported``. Importing this package needs Triton, not a GPU.
+Each variant module defines ``VARIANT``, an instance of a
+:class:`~.variant.GluonVariant` subclass holding the family's atoms (knob space, resource
+rules, candidate groups, launch plan, kernel); the base class owns knob validation, candidate
+enumeration, the launch-plan cache, launch and compile specs. The other modules:
+``register_mma_kernel.py`` (the register-MMA kernel body ``mfma`` and ``mma_v2`` run) and
+``register_mma.py`` (their shared host side), ``device.py`` (device helpers every kernel
+shares), ``common.py`` (host helpers every variant shares), ``variant.py`` (the base).
+
+This package aggregates the variants: the backend serves a problem when any variant does, its
+candidates are the union (less those of a variant with ``tuned = False``: it stays launchable
+by name and as a fallback), and ``launch`` dispatches on ``config["variant"]`` (the arch's
+default variant when absent). Variant modules are imported here once; one that fails to
+import (a Triton without some Gluon API, a module still being written) is simply absent and
+its import error is reported by ``unsupported``. Importing this package needs Triton, not a GPU.
 """
 
 from __future__ import annotations
@@ -27,32 +31,28 @@ import importlib
 
 from ...problem import LaunchArgs, Problem
 from ..base import CompileSpec
+from .variant import GluonVariant
 
 #: variant modules, in preference order for an arch's default variant
 VARIANT_MODULES = ("hopper_wgmma", "hopper_wgmma_ws", "hopper_mma", "cdna")
 
-#: what a variant module must define
-INTERFACE = ("VARIANT", "ARCHS", "unsupported", "candidates", "default_config", "check_config", "launch",
-             "compile_specs")
-
-_MODULES = []
+_VARIANTS: list[GluonVariant] = []
 _IMPORT_ERRORS: dict[str, str] = {}
 for _name in VARIANT_MODULES:
     try:
-        _module = importlib.import_module(f"{__name__}.{_name}")
+        _variant = importlib.import_module(f"{__name__}.{_name}").VARIANT
     except Exception as exc:  # an unfinished or incompatible variant must not break the others
         _IMPORT_ERRORS[_name] = f"{type(exc).__name__}: {exc}"
         continue
-    _missing = [attr for attr in INTERFACE if not hasattr(_module, attr)]
-    if _missing:
-        _IMPORT_ERRORS[_name] = f"lacks {', '.join(_missing)}"
+    if isinstance(_variant, GluonVariant):
+        _VARIANTS.append(_variant)
     else:
-        _MODULES.append(_module)
+        _IMPORT_ERRORS[_name] = f"its VARIANT is a {type(_variant).__name__}, not a GluonVariant"
 
 
-def variant_modules() -> list:
-    """The variant modules that imported, in :data:`VARIANT_MODULES` order."""
-    return list(_MODULES)
+def variants() -> list[GluonVariant]:
+    """The variants whose modules imported, in :data:`VARIANT_MODULES` order."""
+    return list(_VARIANTS)
 
 
 def import_errors() -> dict[str, str]:
@@ -65,26 +65,26 @@ class GluonBackend:
     @property
     def knobs(self) -> tuple[str, ...]:
         out = ["variant"]
-        for module in _MODULES:
-            out += [k for k in getattr(module, "KNOBS", ()) if k not in out]
+        for variant in _VARIANTS:
+            out += [k for k in variant.knob_space if k not in out]
         return tuple(out)
 
-    def _serving(self, problem: Problem) -> list:
-        return [m for m in _MODULES if m.unsupported(problem) is None]
+    def _serving(self, problem: Problem) -> list[GluonVariant]:
+        return [v for v in _VARIANTS if v.unsupported(problem) is None]
 
     def unsupported(self, problem: Problem) -> str | None:
         if problem.device_type == "cpu" and not problem.hypothetical:
             return "gluon kernels run on GPU tensors only, got CPU tensors"
         if self._serving(problem):
             return None
-        reasons = [f"{m.VARIANT}: {m.unsupported(problem)}" for m in _MODULES]
+        reasons = [f"{v.name}: {v.unsupported(problem)}" for v in _VARIANTS]
         reasons += [f"{name}: not importable ({err})" for name, err in _IMPORT_ERRORS.items()]
         return "no gluon variant serves this problem (" + "; ".join(reasons) + ")"
 
     def candidates(self, problem: Problem) -> list[dict]:
         """The serving variants' candidates, less those of a variant that declares itself
-        ``TUNED = False`` (it stays launchable by name and as a fallback)."""
-        return [c for m in self._serving(problem) if getattr(m, "TUNED", True) for c in m.candidates(problem)]
+        ``tuned = False`` (it stays launchable by name and as a fallback)."""
+        return [c for v in self._serving(problem) if v.tuned for c in v.candidates(problem)]
 
     def default_config(self, problem: Problem) -> dict:
         serving = self._serving(problem)
@@ -97,30 +97,30 @@ class GluonBackend:
         ``problem``, or any variant when no problem is given)."""
         name = config.get("variant")
         if name is not None:
-            module = next((m for m in _MODULES if m.VARIANT == name), None)
-            if module is None:
+            variant = next((v for v in _VARIANTS if v.name == name), None)
+            if variant is None:
                 return (f"gluon knob variant={name!r}: expected one of "
-                        f"{', '.join(m.VARIANT for m in _MODULES) or 'none (no variant imported)'}")
-            return module.check_config(config, problem)
-        modules = self._serving(problem)[:1] if problem is not None else list(_MODULES)
-        if not modules:
+                        f"{', '.join(v.name for v in _VARIANTS) or 'none (no variant imported)'}")
+            return variant.check_config(config, problem)
+        serving = self._serving(problem)[:1] if problem is not None else list(_VARIANTS)
+        if not serving:
             return None if problem is not None else "gluon: no variant imported"
-        errors = [m.check_config(config, problem) for m in modules]
+        errors = [v.check_config(config, problem) for v in serving]
         return None if None in errors else "; ".join(errors)
 
-    def variant(self, problem: Problem, config: dict):
-        """The module that runs ``config`` (its ``variant``, else the arch's default variant)."""
+    def variant(self, problem: Problem, config: dict) -> GluonVariant:
+        """The variant that runs ``config`` (its ``variant``, else the arch's default variant)."""
         name = config.get("variant")
         if name is None:
             serving = self._serving(problem)
             if not serving:
                 raise ValueError(f"gluon: {self.unsupported(problem)}")
             return serving[0]
-        for module in _MODULES:
-            if module.VARIANT == name:
-                return module
+        for variant in _VARIANTS:
+            if variant.name == name:
+                return variant
         raise ValueError(f"gluon: unknown or unavailable variant {name!r} "
-                         f"(available: {', '.join(m.VARIANT for m in _MODULES)}; import errors: {_IMPORT_ERRORS})")
+                         f"(available: {', '.join(v.name for v in _VARIANTS)}; import errors: {_IMPORT_ERRORS})")
 
     def launch(self, args: LaunchArgs, config: dict) -> None:
         self.variant(args.problem, config).launch(args, config)
@@ -129,19 +129,19 @@ class GluonBackend:
         """Specs of every variant that targets ``arch``: its whole compile matrix (``configs``
         ``None``), or the given table configs (row fields merged with knobs), each built by the
         variant it names (default: the arch's first variant)."""
-        modules = [m for m in _MODULES if arch in m.ARCHS]
-        if not modules:
+        targeting = [v for v in _VARIANTS if arch in v.archs]
+        if not targeting:
             raise ValueError(f"no gluon variant targets {arch} (import errors: {import_errors()})")
         if configs is None:
-            return [spec for module in modules for spec in module.compile_specs(arch)]
+            return [spec for variant in targeting for spec in variant.compile_specs(arch)]
         by_variant: dict[str, list[dict]] = {}
         for config in configs:
-            by_variant.setdefault(config.get("variant") or modules[0].VARIANT, []).append(config)
+            by_variant.setdefault(config.get("variant") or targeting[0].name, []).append(config)
         specs: list[CompileSpec] = []
-        for module in modules:
-            chosen = by_variant.pop(module.VARIANT, [])
+        for variant in targeting:
+            chosen = by_variant.pop(variant.name, [])
             if chosen:
-                specs += module.compile_specs(arch, _distinct_kernels(chosen))
+                specs += variant.compile_specs(arch, _distinct_kernels(chosen))
         if by_variant:
             raise ValueError(f"the table names gluon variants with no module for {arch}: {', '.join(by_variant)}")
         return specs

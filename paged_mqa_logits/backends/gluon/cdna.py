@@ -1,7 +1,7 @@
 """gfx942 / gfx950 (CDNA3 / CDNA4) variant of the ``gluon`` backend: fp8 MFMA, buffer loads.
 
-The kernel body is :func:`common.register_mma_logits_kernel`; this module supplies its AMD
-atoms and the host side (knobs, candidates, launch, compile specs).
+The kernel body is :func:`register_mma_kernel.register_mma_logits_kernel`; this module supplies
+its AMD atoms and the rules of the host side (knobs, resource fits, candidates, compile layouts).
 
 Atoms:
 
@@ -25,32 +25,25 @@ which re-reads the keys from L2; 1: a program per sequence scores every next_n r
 each key tile it reads once), ``Mfma`` (gfx950), ``QInLDS`` (query rows and weights staged in
 LDS and read per tile, 64 heads per MFMA, instead of held in VGPRs), ``Prefetch`` (keys of the
 next tile in flight while this one is scored, or one tile per wave). ``candidates`` offers every
-(ChunkK, WavePerEU, ReuseKV/QInLDS, Mfma) that :func:`fits`, with Prefetch where it fits.
+(ChunkK, WavePerEU, ReuseKV/QInLDS, Mfma) that :meth:`MfmaVariant.admits`, with Prefetch where
+it fits.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import sys
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from ... import _triton_compat as compat
 from ..._triton_compat import AMD_VGPR_MARGIN
-from ...arch import ARCH_SPECS, native_fp8
-from ...problem import LaunchArgs, Problem
-from ...schedule import derive_split_kv
+from ...arch import ARCH_SPECS
+from ...problem import Problem
 from ..base import MAX_SPLIT_KV, CompileSpec
 from . import common
+from .register_mma import CHUNK_SIZES, RegisterMmaVariant, rows_per_program
+from .register_mma_kernel import register_mma_logits_kernel
 
-VARIANT = "mfma"
-ARCHS = ("gfx942", "gfx950")
-KNOBS = ("ChunkK", "WavePerEU", "SplitKV", "ReuseKV", "Mfma", "QInLDS", "Prefetch", "Schedule")
-#: allowed values per knob (combinations, e.g. Mfma per arch, are judged by :func:`_knobs`)
-KNOB_SPACE = {"ChunkK": (64, 128, 256), "WavePerEU": (1, 2, 4), "SplitKV": range(0, MAX_SPLIT_KV + 1), "ReuseKV": (0, 1),
-              "Mfma": ("fp8", "f8f6f4"), "QInLDS": (0, 1), "Prefetch": (0, 1), "Schedule": common.SCHEDULES}
-FP8 = {arch: native_fp8(arch) for arch in ARCHS}
 #: MFMA families per arch, default first
 MFMA_KINDS = {"gfx942": ("fp8",), "gfx950": ("f8f6f4", "fp8")}
 WAVES_PER_EU = (1, 2, 4)
@@ -95,44 +88,13 @@ def mfma_layout(arch: str, heads: int, chunk: int, kind: str) -> gl.amd.AMDMFMAL
                                 transposed=False, warps_per_cta=[1, NUM_WARPS])
 
 
-# ----------------------------------------------------------------------------- knobs
-def _knobs(problem: Problem, config: dict) -> tuple[int, int, int, int, str, int, int]:
-    """``(ChunkK, WavePerEU, SplitKV, ReuseKV, Mfma, QInLDS, Prefetch)`` with backend defaults.
 
-    An unset ``QInLDS`` / ``Prefetch`` takes the first setting that :func:`fits` the other
-    knobs (Q in VGPRs for a per-row program, then in LDS; prefetch, then none), so a table row
-    that names only the common knobs (e.g. upstream's ChunkK 256 / WavePerEU 4) still gets a
-    kernel that reaches its occupancy without spilling, when one exists."""
-    chunk = int(config.get("ChunkK") or 128)
-    waves = int(config.get("WavePerEU") or 2)
-    split = int(config.get("SplitKV") or 0)
-    reuse = int(config.get("ReuseKV") or 0)
-    kind = config.get("Mfma") or MFMA_KINDS[problem.arch][0]
-    if chunk not in common.CHUNK_SIZES or waves not in WAVES_PER_EU or kind not in MFMA_KINDS[problem.arch]:
-        raise ValueError(f"gluon/{VARIANT}: unsupported knobs {config} on {problem.arch}")
-    common.schedule_of(problem, config)  # raises on an unknown schedule
-    rows = common.rows_per_program(problem.next_n, reuse)
-    q_options = [int(config["QInLDS"])] if config.get("QInLDS") is not None else ([0, 1] if rows == 1 else [1])
-    prefetch_options = [int(config["Prefetch"])] if config.get("Prefetch") is not None else [1, 0]
-    settings = [(q, pf) for q in q_options for pf in prefetch_options]
-    balanced = common.schedule_of(problem, config) == common.BALANCED
-    q_lds, prefetch = next((s for s in settings if _fits(problem, chunk, waves, rows, *s, balanced)), settings[0])
-    return chunk, waves, split, reuse, kind, q_lds, prefetch
-
-
+# ----------------------------------------------------------------------------- resource rules
 def lds_bytes(rows: int, heads: int, q_lds: int, head_dim: int = 128) -> int:
     """Shared memory of one program: the staged query rows and their weights."""
     return rows * heads * (head_dim + 4) if q_lds else 0
 
 
-def fits(problem: Problem, config: dict) -> bool:
-    """Whether a knob set reaches the occupancy ``WavePerEU`` asks for, with no spills.
-
-    LDS: ``WavePerEU`` programs (4 waves each: one per SIMD) share the CU's LDS (64 KiB
-    gfx942, 160 KiB gfx950). VGPRs: ``512 / WavePerEU`` per lane against :func:`vgpr_estimate`."""
-    chunk, waves, _, reuse, _, q_lds, prefetch = _knobs(problem, config)
-    balanced = common.schedule_of(problem, config) == common.BALANCED
-    return _fits(problem, chunk, waves, common.rows_per_program(problem.next_n, reuse), q_lds, prefetch, balanced)
 
 
 #: VGPRs the balanced schedule's segment loop keeps live on top of a split program's (its
@@ -198,91 +160,9 @@ def vgpr_estimate(heads: int, chunk: int, rows: int, q_lds: int, aligned: bool =
     return need
 
 
-# ----------------------------------------------------------------------------- interface
-def check_config(config: dict, problem: Problem | None = None) -> str | None:
-    return common.check_variant_config(sys.modules[__name__], config, problem)
 
 
-def unsupported(problem: Problem) -> str | None:
-    return common.shape_reason(problem, ARCHS, FP8)
-
-
-def candidates(problem: Problem) -> list[dict]:
-    out = []
-    for schedule in common.SCHEDULES:
-        for kind in MFMA_KINDS[problem.arch]:
-            # per-row programs with Q in VGPRs or in LDS; shared-KV programs stage Q in LDS
-            for reuse, q_lds in ((0, 0), (0, 1), (1, 1)) if problem.next_n > 1 else ((0, 0), (0, 1)):
-                for chunk in common.CHUNK_SIZES:
-                    for waves in WAVES_PER_EU:
-                        # register-double-buffered tiles where they fit, else one tile per wave
-                        for prefetch in (1, 0):
-                            cand = {"variant": VARIANT, "ChunkK": chunk, "WavePerEU": waves, "SplitKV": 0,
-                                    "ReuseKV": reuse, "Mfma": kind, "QInLDS": q_lds, "Prefetch": prefetch,
-                                    "Schedule": schedule}
-                            if fits(problem, cand):
-                                out.append(cand)
-                                break
-    return out
-
-
-def default_config(problem: Problem) -> dict:
-    """Upstream's fixed default (ChunkK 256, WavePerEU 2) where it fits, per-row programs."""
-    for chunk, waves in ((256, 2), (128, 2), (128, 1), (64, 1)):
-        config = {"variant": VARIANT, "ChunkK": chunk, "WavePerEU": waves, "SplitKV": 0, "ReuseKV": 0,
-                  "Mfma": MFMA_KINDS[problem.arch][0], "QInLDS": 0, "Prefetch": 1,
-                  "Schedule": common.default_schedule(problem)}
-        if fits(problem, config):
-            break
-    return config
-
-
-def constexprs(problem: Problem, config: dict, kv_32bit: bool) -> dict:
-    chunk, _, _, reuse, kind, q_lds, prefetch = _knobs(problem, config)
-    rows = common.rows_per_program(problem.next_n, reuse)
-    return dict(
-        NEXT_N=problem.next_n, HEADS=problem.heads, HEAD_DIM=problem.head_dim, KV_BLOCK=problem.kv_block_size,
-        CHUNK=chunk, ROWS=rows, PRESHUFFLE=problem.preshuffle, LENS_2D=problem.lens_2d, Q_IN_LDS=bool(q_lds),
-        HEAD_CHUNK=min(HEAD_CHUNK, problem.heads) if q_lds else problem.heads, PREFETCH=bool(prefetch),
-        KV_32BIT=kv_32bit, BALANCED=common.schedule_of(problem, config) == common.BALANCED,
-        ACC=mfma_layout(problem.arch, problem.heads, chunk, kind), K_WIDTH=16,
-        MMA=mfma_f8f6f4 if kind == "f8f6f4" else mfma_fp8, LOAD=buffer_gather, LOAD_KV=cache_gather,
-        THREADS_PER_WARP=THREADS_PER_WARP,
-    )
-
-
-def options(problem: Problem, config: dict) -> dict:
-    return {"num_warps": NUM_WARPS, "waves_per_eu": _knobs(problem, config)[1]}
-
-
-def num_splits(problem: Problem, config: dict) -> int:
-    chunk, waves, split, reuse = _knobs(problem, config)[:4]
-    if split > 0:
-        return split
-    groups = problem.next_n // common.rows_per_program(problem.next_n, reuse)
-    # WavePerEU waves per SIMD = WavePerEU programs of 4 waves per CU.
-    return derive_split_kv(problem.cu_num, problem.batch * groups, problem.work_context, chunk,
-                           ctas_per_cu=waves * 4 // NUM_WARPS)
-
-
-_PLANS: dict[tuple, tuple] = {}
-
-
-def launch(args: LaunchArgs, config: dict) -> None:
-    p = args.problem
-    kv_32bit = common.kv_fits_32bit(args.kv_cache)
-    key = (p, common.config_key(config), kv_32bit)
-    plan = _PLANS.get(key)
-    if plan is None:
-        rows = common.rows_per_program(p.next_n, _knobs(p, config)[3])
-        # WavePerEU waves per SIMD = WavePerEU programs of 4 waves per CU.
-        grid, splits = common.program_grid(p, config, num_splits(p, config), rows,
-                                           _knobs(p, config)[1] * 4 // NUM_WARPS)
-        plan = _PLANS[key] = (grid, splits, {**constexprs(p, config, kv_32bit), **options(p, config)})
-    grid, splits, kwargs = plan
-    common.register_mma_logits_kernel[grid](*common.kernel_arguments(args, splits), **kwargs)
-
-
+# ----------------------------------------------------------------------------- compile layouts
 #: cache layouts a compile config may name (``layout``), as Problem fields: packed blocks;
 #: block strides padded by 4 and 16 bytes; a base 4 bytes past 16-byte alignment; past 2 GiB
 #: (64-bit addresses), packed and padded
@@ -310,7 +190,7 @@ def layout_problem(problem: Problem, cfg: dict) -> Problem:
 def _layout_arguments(problem: Problem) -> tuple:
     """:func:`common.typical_arguments` with the problem's cache layout: the cache pointers'
     alignment and the block stride are what the JIT specialises on (16-byte divisibility)."""
-    names = [p.name for p in common.register_mma_logits_kernel.params if not p.is_constexpr]
+    names = [p.name for p in register_mma_logits_kernel.params if not p.is_constexpr]
     values = list(common.typical_arguments(problem, kv_32bit=problem.kv_32bit))
     for name in ("kv_ptr", "scale_ptr"):
         stand_in = values[names.index(name)]
@@ -319,40 +199,118 @@ def _layout_arguments(problem: Problem) -> tuple:
     return tuple(values)
 
 
-def compile_specs(arch: str, configs: list[dict] | None = None) -> list[CompileSpec]:
-    """One spec per config (problem fields + knobs + cache ``layout``, see ``compile_matrix``),
-    specialised as the JIT specialises a typical vLLM call (:func:`common.typical_arguments`)
-    on that cache layout."""
-    specs = []
-    for cfg in configs if configs is not None else compile_matrix(arch):
-        problem = layout_problem(common.problem_for(arch, FP8[arch], cfg), cfg)
-        kv_32bit = problem.kv_32bit
-        consts = constexprs(problem, cfg, kv_32bit)
-        signature, consts, attrs = common.specialise(common.register_mma_logits_kernel,
-                                                     _layout_arguments(problem), consts, compat.HIPBackend)
-        chunk, waves, split, reuse, kind, q_lds, prefetch = _knobs(problem, cfg)
-        knobs = {"variant": VARIANT, "ChunkK": chunk, "WavePerEU": waves, "SplitKV": split, "ReuseKV": reuse,
-                 "Mfma": kind, "QInLDS": q_lds, "Prefetch": prefetch, "Schedule": common.schedule_of(problem, cfg)}
+
+
+# ----------------------------------------------------------------------------- the variant
+class MfmaVariant(RegisterMmaVariant):
+    name = "mfma"
+    archs = ("gfx942", "gfx950")
+    #: allowed values per knob (combinations, e.g. Mfma per arch, are judged by :meth:`knobs`)
+    knob_space = {"ChunkK": CHUNK_SIZES, "WavePerEU": WAVES_PER_EU, "SplitKV": range(0, MAX_SPLIT_KV + 1),
+                  "ReuseKV": (0, 1), "Mfma": ("fp8", "f8f6f4"), "QInLDS": (0, 1), "Prefetch": (0, 1),
+                  "Schedule": common.SCHEDULES}
+    head_chunk = HEAD_CHUNK
+    kv_32bit_loads = True
+
+    def knobs(self, problem: Problem, config: dict) -> dict:
+        """Backend defaults for unset knobs.
+
+        An unset ``QInLDS`` / ``Prefetch`` takes the first setting that fits the other knobs
+        (Q in VGPRs for a per-row program, then in LDS; prefetch, then none), so a table row
+        that names only the common knobs (e.g. upstream's ChunkK 256 / WavePerEU 4) still gets a
+        kernel that reaches its occupancy without spilling, when one exists."""
+        chunk = int(config.get("ChunkK") or 128)
+        waves = int(config.get("WavePerEU") or 2)
+        split = int(config.get("SplitKV") or 0)
+        reuse = int(config.get("ReuseKV") or 0)
+        kind = config.get("Mfma") or MFMA_KINDS[problem.arch][0]
+        self.require_in("ChunkK", chunk, CHUNK_SIZES)
+        self.require_in("WavePerEU", waves, WAVES_PER_EU)
+        self.require(kind in MFMA_KINDS[problem.arch], "Mfma", kind,
+                     f"one of {', '.join(MFMA_KINDS[problem.arch])} on {problem.arch}")
+        schedule = self.schedule(problem, config)
+        rows = rows_per_program(problem.next_n, reuse)
+        q_options = [int(config["QInLDS"])] if config.get("QInLDS") is not None else ([0, 1] if rows == 1 else [1])
+        prefetch_options = [int(config["Prefetch"])] if config.get("Prefetch") is not None else [1, 0]
+        settings = [(q, pf) for q in q_options for pf in prefetch_options]
+        balanced = schedule == common.BALANCED
+        q_lds, prefetch = next((s for s in settings if _fits(problem, chunk, waves, rows, *s, balanced)), settings[0])
+        return {"ChunkK": chunk, "WavePerEU": waves, "SplitKV": split, "ReuseKV": reuse, "Mfma": kind,
+                "QInLDS": q_lds, "Prefetch": prefetch, "Schedule": schedule}
+
+    def admits(self, problem: Problem, config: dict) -> bool:
+        """Whether a knob set reaches the occupancy ``WavePerEU`` asks for, with no spills.
+
+        LDS: ``WavePerEU`` programs (4 waves each: one per SIMD) share the CU's LDS (64 KiB
+        gfx942, 160 KiB gfx950). VGPRs: ``512 / WavePerEU`` per lane against :func:`vgpr_estimate`."""
+        k = self.knobs(problem, config)
+        return _fits(problem, k["ChunkK"], k["WavePerEU"], self.rows(problem, k), k["QInLDS"], k["Prefetch"],
+                     k["Schedule"] == common.BALANCED)
+
+    def candidate_groups(self, problem: Problem):
+        for schedule in common.SCHEDULES:
+            for kind in MFMA_KINDS[problem.arch]:
+                # per-row programs with Q in VGPRs or in LDS; shared-KV programs stage Q in LDS
+                for reuse, q_lds in ((0, 0), (0, 1), (1, 1)) if problem.next_n > 1 else ((0, 0), (0, 1)):
+                    for chunk in CHUNK_SIZES:
+                        for waves in WAVES_PER_EU:
+                            # register-double-buffered tiles where they fit, else one tile per wave
+                            yield [{"ChunkK": chunk, "WavePerEU": waves, "SplitKV": 0, "ReuseKV": reuse, "Mfma": kind,
+                                    "QInLDS": q_lds, "Prefetch": prefetch, "Schedule": schedule}
+                                   for prefetch in (1, 0)]
+
+    def default_config(self, problem: Problem) -> dict:
+        """Upstream's fixed default (ChunkK 256, WavePerEU 2) where it fits, per-row programs."""
+        for chunk, waves in ((256, 2), (128, 2), (128, 1), (64, 1)):
+            config = {"variant": self.name, "ChunkK": chunk, "WavePerEU": waves, "SplitKV": 0, "ReuseKV": 0,
+                      "Mfma": MFMA_KINDS[problem.arch][0], "QInLDS": 0, "Prefetch": 1,
+                      "Schedule": common.default_schedule(problem)}
+            if self.admits(problem, config):
+                break
+        return config
+
+    def atoms(self, problem: Problem, knobs: dict) -> dict:
+        kind = knobs["Mfma"]
+        return dict(ACC=mfma_layout(problem.arch, problem.heads, knobs["ChunkK"], kind), K_WIDTH=16,
+                    MMA=mfma_f8f6f4 if kind == "f8f6f4" else mfma_fp8, LOAD=buffer_gather, LOAD_KV=cache_gather,
+                    THREADS_PER_WARP=THREADS_PER_WARP)
+
+    def programs_per_cu(self, knobs: dict) -> int:
+        # WavePerEU waves per SIMD = WavePerEU programs of 4 waves per CU.
+        return knobs["WavePerEU"] * 4 // NUM_WARPS
+
+    def options(self, problem: Problem, config: dict) -> dict:
+        return {"num_warps": NUM_WARPS, "waves_per_eu": self.knobs(problem, config)["WavePerEU"]}
+
+    # ------------------------------------------------------------------------- compile specs
+    def spec_problem(self, arch: str, cfg: dict) -> Problem:
+        """The config's problem on the cache ``layout`` it names (see :meth:`compile_matrix`)."""
+        return layout_problem(super().spec_problem(arch, cfg), cfg)
+
+    def spec_arguments(self, problem: Problem, cfg: dict) -> tuple[tuple, dict, dict]:
+        """Specialised as the JIT specialises a typical vLLM call on that cache layout."""
+        return _layout_arguments(problem), self.constexprs(problem, cfg, problem.kv_32bit), {}
+
+    def compile_spec(self, arch: str, cfg: dict) -> CompileSpec:
+        spec = super().compile_spec(arch, cfg)
+        problem = self.spec_problem(arch, cfg)
         layout = cfg.get("layout", "packed")
-        name = common.spec_name("gluon", VARIANT, arch, problem, knobs, kv_32bit)
-        specs.append(CompileSpec(
-            name=name if layout in ("packed", "kv64") else f"{name}_{layout}", backend="gluon", arch=arch,
-            knobs=dict(knobs, **common.problem_fields(problem), kv_32bit=kv_32bit, layout=layout,
-                       kv_aligned16=problem.kv_aligned16),
-            fn=common.register_mma_logits_kernel, signature=signature, constexprs=consts,
-            options=options(problem, cfg), gluon=True, attrs=attrs,
-        ))
-    return specs
+        if layout not in ("packed", "kv64"):
+            spec.name = f"{spec.name}_{layout}"
+        spec.knobs.update(kv_32bit=problem.kv_32bit, layout=layout, kv_aligned16=problem.kv_aligned16)
+        return spec
+
+    def compile_matrix(self, arch: str) -> list[dict]:
+        """Every candidate of a representative problem set (``common.representative_problems``),
+        plus every candidate of the DeepSeek decode shape on each other cache layout
+        (:data:`KV_LAYOUTS`; the index math is the same, the loads and registers are not)."""
+        out = super().compile_matrix(arch)
+        shape = {"heads": 64, "next_n": 1, "kv_block_size": 64, "preshuffle": True, "lens_2d": True}
+        for layout in KV_LAYOUTS:
+            if layout != "packed":
+                problem = layout_problem(common.problem_for(arch, self.fp8[arch], shape), {"layout": layout})
+                out += [dict(shape, **cand, layout=layout) for cand in self.candidates(problem)]
+        return out
 
 
-def compile_matrix(arch: str) -> list[dict]:
-    """Every candidate of a representative problem set (``common.representative_problems``),
-    plus every candidate of the DeepSeek decode shape on each other cache layout
-    (:data:`KV_LAYOUTS`; the index math is the same, the loads and registers are not)."""
-    out = common.candidate_matrix(arch, FP8[arch], candidates)
-    shape = {"heads": 64, "next_n": 1, "kv_block_size": 64, "preshuffle": True, "lens_2d": True}
-    for layout in KV_LAYOUTS:
-        if layout != "packed":
-            problem = layout_problem(common.problem_for(arch, FP8[arch], shape), {"layout": layout})
-            out += [dict(shape, **cand, layout=layout) for cand in candidates(problem)]
-    return out
+VARIANT = MfmaVariant()

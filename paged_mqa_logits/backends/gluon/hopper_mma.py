@@ -1,6 +1,6 @@
 """sm_90 register-MMA variant of the ``gluon`` backend: ``mma_v2`` (``mma.sync m16n8k32`` e4m3).
 
-The kernel body is :func:`common.register_mma_logits_kernel`, the one the AMD MFMA variant
+The kernel body is :func:`register_mma_kernel.register_mma_logits_kernel`, the one the AMD MFMA variant
 runs; this module supplies the NVIDIA atoms and the host side. Its purpose is to execute the
 AMD path's shared index, mask, gather and epilogue code on our H200 (see docs/VERIFICATION.md);
 the fast Hopper kernel is the ``wgmma`` variant.
@@ -32,29 +32,15 @@ flight while this one is scored; 0: one tile per warp, fewer registers).
 
 from __future__ import annotations
 
-import sys
-
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from ... import _triton_compat as compat
 from ..._triton_compat import mma_v2
-from ...arch import native_fp8
-from ...problem import LaunchArgs, Problem
-from ...schedule import derive_split_kv
-from ..base import MAX_SPLIT_KV, CompileSpec
+from ...problem import Problem
+from ..base import MAX_SPLIT_KV
 from . import common
+from .register_mma import CHUNK_SIZES, RegisterMmaVariant, rows_per_program
 
-VARIANT = "mma_v2"
-ARCHS = ("sm_90",)
-#: not a tuner candidate: on the H200 it ran at 0.09-0.2x of the wgmma variants on widely ragged
-#: batches (benchmarks/h200/). It exists to run the AMD kernel body on the H200 and as a fallback.
-TUNED = False
-KNOBS = ("ChunkK", "SplitKV", "ReuseKV", "num_warps", "QInLDS", "Prefetch", "Schedule")
-#: allowed values per knob (combinations are judged by :func:`_knobs`)
-KNOB_SPACE = {"ChunkK": (64, 128, 256), "SplitKV": range(0, MAX_SPLIT_KV + 1), "ReuseKV": (0, 1), "num_warps": (4, 8),
-              "QInLDS": (0, 1), "Prefetch": (0, 1), "Schedule": common.SCHEDULES}
-FP8 = {arch: native_fp8(arch) for arch in ARCHS}
 NUM_WARPS = (4, 8)
 THREADS_PER_WARP = 32
 HEAD_CHUNK = 32
@@ -85,39 +71,11 @@ def mma_layout(num_warps: int) -> gl.NVMMADistributedLayout:
     return gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, num_warps], instr_shape=[16, 8])
 
 
-# ----------------------------------------------------------------------------- knobs
-def _knobs(problem: Problem, config: dict) -> tuple[int, int, int, int, int, int]:
-    """``(ChunkK, num_warps, SplitKV, ReuseKV, QInLDS, Prefetch)`` with backend defaults (an
-    unset ``Prefetch`` is on where it :func:`fits`, else off)."""
-    chunk = int(config.get("ChunkK") or 64)
-    warps = int(config.get("num_warps") or 4)
-    split = int(config.get("SplitKV") or 0)
-    reuse = int(config.get("ReuseKV") or 0)
-    q_lds = config.get("QInLDS")
-    q_lds = 1 if q_lds is None else int(q_lds)
-    if chunk not in common.CHUNK_SIZES or warps not in NUM_WARPS:
-        raise ValueError(f"gluon/{VARIANT}: unsupported knobs {config}")
-    common.schedule_of(problem, config)  # raises on an unknown schedule
-    rows = common.rows_per_program(problem.next_n, reuse)
-    balanced = common.schedule_of(problem, config) == common.BALANCED
-    if config.get("Prefetch") is not None:
-        prefetch = int(config["Prefetch"])
-    else:
-        prefetch = 1 if _fits(problem, chunk, warps, rows, 1, balanced) or \
-            not _fits(problem, chunk, warps, rows, 0, balanced) else 0
-    return chunk, warps, split, reuse, q_lds, prefetch
-
-
-def fits(problem: Problem, config: dict) -> bool:
+# ----------------------------------------------------------------------------- resource rules
+def _fits(problem: Problem, chunk: int, warps: int, rows: int, prefetch: int, balanced: bool = False) -> bool:
     """No spills (measured; the f16-unpacked operands make registers the limit): at most 16
     tokens per warp per tile; 32 when a warp holds one tile (``Prefetch = 0``) of 16-byte
     aligned blocks for a single row."""
-    chunk, warps, _, reuse, _, prefetch = _knobs(problem, config)
-    balanced = common.schedule_of(problem, config) == common.BALANCED
-    return _fits(problem, chunk, warps, common.rows_per_program(problem.next_n, reuse), prefetch, balanced)
-
-
-def _fits(problem: Problem, chunk: int, warps: int, rows: int, prefetch: int, balanced: bool = False) -> bool:
     tokens = chunk // warps
     if balanced:
         # The segment loop keeps the share's cursor live across the tile loop: measured over
@@ -128,101 +86,75 @@ def _fits(problem: Problem, chunk: int, warps: int, rows: int, prefetch: int, ba
     return tokens == 2 * MAX_TOKENS_PER_WARP and not prefetch and rows == 1 and problem.kv_block_size % 4 == 0
 
 
-# ----------------------------------------------------------------------------- interface
-def check_config(config: dict, problem: Problem | None = None) -> str | None:
-    return common.check_variant_config(sys.modules[__name__], config, problem)
+# ----------------------------------------------------------------------------- the variant
+class MmaV2Variant(RegisterMmaVariant):
+    name = "mma_v2"
+    archs = ("sm_90",)
+    knob_space = {"ChunkK": CHUNK_SIZES, "SplitKV": range(0, MAX_SPLIT_KV + 1), "ReuseKV": (0, 1),
+                  "num_warps": NUM_WARPS, "QInLDS": (0, 1), "Prefetch": (0, 1), "Schedule": common.SCHEDULES}
+    #: not a tuner candidate: on the H200 it ran at 0.09-0.2x of the wgmma variants on widely ragged
+    #: batches (benchmarks/h200/). It exists to run the AMD kernel body on the H200 and as a fallback.
+    tuned = False
+    head_chunk = HEAD_CHUNK
+
+    def knobs(self, problem: Problem, config: dict) -> dict:
+        """Backend defaults for unset knobs; an unset ``Prefetch`` is on where it fits, else off."""
+        chunk = int(config.get("ChunkK") or 64)
+        warps = int(config.get("num_warps") or 4)
+        split = int(config.get("SplitKV") or 0)
+        reuse = int(config.get("ReuseKV") or 0)
+        q_lds = config.get("QInLDS")
+        q_lds = 1 if q_lds is None else int(q_lds)
+        self.require_in("ChunkK", chunk, CHUNK_SIZES)
+        self.require_in("num_warps", warps, NUM_WARPS)
+        schedule = self.schedule(problem, config)
+        rows = rows_per_program(problem.next_n, reuse)
+        balanced = schedule == common.BALANCED
+        if config.get("Prefetch") is not None:
+            prefetch = int(config["Prefetch"])
+        else:
+            prefetch = 1 if _fits(problem, chunk, warps, rows, 1, balanced) or \
+                not _fits(problem, chunk, warps, rows, 0, balanced) else 0
+        return {"ChunkK": chunk, "SplitKV": split, "ReuseKV": reuse, "num_warps": warps, "QInLDS": q_lds,
+                "Prefetch": prefetch, "Schedule": schedule}
+
+    def admits(self, problem: Problem, config: dict) -> bool:
+        knobs = self.knobs(problem, config)
+        return _fits(problem, knobs["ChunkK"], knobs["num_warps"], self.rows(problem, knobs), knobs["Prefetch"],
+                     knobs["Schedule"] == common.BALANCED)
+
+    def candidate_groups(self, problem: Problem):
+        for schedule in common.SCHEDULES:
+            for reuse in ((0, 1) if problem.next_n > 1 else (0,)):
+                for chunk in CHUNK_SIZES:
+                    for warps in NUM_WARPS:
+                        # register-double-buffered tiles where they fit, else one tile per warp
+                        yield [{"ChunkK": chunk, "SplitKV": 0, "ReuseKV": reuse, "num_warps": warps, "QInLDS": 1,
+                                "Prefetch": prefetch, "Schedule": schedule} for prefetch in (1, 0)]
+
+    def default_config(self, problem: Problem) -> dict:
+        schedule = common.default_schedule(problem)
+        return {"variant": self.name, "ChunkK": 128, "SplitKV": 0, "ReuseKV": 1 if problem.next_n > 1 else 0,
+                "num_warps": 8, "QInLDS": 1, "Prefetch": int(schedule == common.SPLIT), "Schedule": schedule}
+
+    def atoms(self, problem: Problem, knobs: dict) -> dict:
+        return dict(ACC=mma_layout(knobs["num_warps"]), K_WIDTH=K_WIDTH, MMA=mma_e4m3, LOAD=global_gather,
+                    LOAD_KV=cache_gather, THREADS_PER_WARP=THREADS_PER_WARP)
+
+    def programs_per_cu(self, knobs: dict) -> int:
+        return CTAS_PER_SM
+
+    def options(self, problem: Problem, config: dict) -> dict:
+        return {"num_warps": self.knobs(problem, config)["num_warps"]}
+
+    def compile_matrix(self, arch: str) -> list[dict]:
+        """Every candidate of ``common.representative_problems``, plus the register-Q path."""
+        out = super().compile_matrix(arch)
+        for heads in (32, 64):
+            out.append({"heads": heads, "next_n": 2, "kv_block_size": 64, "preshuffle": False, "lens_2d": True,
+                        "variant": self.name, "ChunkK": 64, "SplitKV": 0, "ReuseKV": 0, "num_warps": 8, "QInLDS": 0,
+                        "Prefetch": 1, "Schedule": common.BALANCED})
+        return out
 
 
-def unsupported(problem: Problem) -> str | None:
-    return common.shape_reason(problem, ARCHS, FP8)
-
-
-def candidates(problem: Problem) -> list[dict]:
-    out = []
-    for schedule in common.SCHEDULES:
-        for reuse in ((0, 1) if problem.next_n > 1 else (0,)):
-            for chunk in common.CHUNK_SIZES:
-                for warps in NUM_WARPS:
-                    # register-double-buffered tiles where they fit, else one tile per warp
-                    for prefetch in (1, 0):
-                        cand = {"variant": VARIANT, "ChunkK": chunk, "SplitKV": 0, "ReuseKV": reuse,
-                                "num_warps": warps, "QInLDS": 1, "Prefetch": prefetch, "Schedule": schedule}
-                        if fits(problem, cand):
-                            out.append(cand)
-                            break
-    return out
-
-
-def default_config(problem: Problem) -> dict:
-    schedule = common.default_schedule(problem)
-    return {"variant": VARIANT, "ChunkK": 128, "SplitKV": 0, "ReuseKV": 1 if problem.next_n > 1 else 0,
-            "num_warps": 8, "QInLDS": 1, "Prefetch": int(schedule == common.SPLIT), "Schedule": schedule}
-
-
-def constexprs(problem: Problem, config: dict) -> dict:
-    chunk, warps, _, reuse, q_lds, prefetch = _knobs(problem, config)
-    return dict(
-        NEXT_N=problem.next_n, HEADS=problem.heads, HEAD_DIM=problem.head_dim, KV_BLOCK=problem.kv_block_size,
-        CHUNK=chunk, ROWS=common.rows_per_program(problem.next_n, reuse), PRESHUFFLE=problem.preshuffle,
-        LENS_2D=problem.lens_2d, Q_IN_LDS=bool(q_lds),
-        HEAD_CHUNK=min(HEAD_CHUNK, problem.heads) if q_lds else problem.heads, PREFETCH=bool(prefetch), KV_32BIT=False,
-        BALANCED=common.schedule_of(problem, config) == common.BALANCED,
-        ACC=mma_layout(warps), K_WIDTH=K_WIDTH, MMA=mma_e4m3, LOAD=global_gather, LOAD_KV=cache_gather,
-        THREADS_PER_WARP=THREADS_PER_WARP,
-    )
-
-
-def options(problem: Problem, config: dict) -> dict:
-    return {"num_warps": _knobs(problem, config)[1]}
-
-
-def num_splits(problem: Problem, config: dict) -> int:
-    chunk, _, split, reuse = _knobs(problem, config)[:4]
-    if split > 0:
-        return split
-    groups = problem.next_n // common.rows_per_program(problem.next_n, reuse)
-    return derive_split_kv(problem.cu_num, problem.batch * groups, problem.work_context, chunk, CTAS_PER_SM)
-
-
-_PLANS: dict[tuple, tuple] = {}
-
-
-def launch(args: LaunchArgs, config: dict) -> None:
-    p = args.problem
-    key = (p, common.config_key(config))
-    plan = _PLANS.get(key)
-    if plan is None:
-        rows = common.rows_per_program(p.next_n, _knobs(p, config)[3])
-        grid, splits = common.program_grid(p, config, num_splits(p, config), rows, CTAS_PER_SM)
-        plan = _PLANS[key] = (grid, splits, {**constexprs(p, config), **options(p, config)})
-    grid, splits, kwargs = plan
-    common.register_mma_logits_kernel[grid](*common.kernel_arguments(args, splits), **kwargs)
-
-
-def compile_specs(arch: str, configs: list[dict] | None = None) -> list[CompileSpec]:
-    """One spec per config (problem fields + knobs), specialised like a typical vLLM call."""
-    specs = []
-    for cfg in configs if configs is not None else compile_matrix(arch):
-        problem = common.problem_for(arch, FP8[arch], cfg)
-        signature, consts, attrs = common.specialise(common.register_mma_logits_kernel,
-                                                     common.typical_arguments(problem), constexprs(problem, cfg),
-                                                     compat.CUDABackend)
-        chunk, warps, split, reuse, q_lds, prefetch = _knobs(problem, cfg)
-        knobs = {"variant": VARIANT, "ChunkK": chunk, "SplitKV": split, "ReuseKV": reuse, "num_warps": warps,
-                 "QInLDS": q_lds, "Prefetch": prefetch, "Schedule": common.schedule_of(problem, cfg)}
-        specs.append(CompileSpec(
-            name=common.spec_name("gluon", VARIANT, arch, problem, knobs, True), backend="gluon", arch=arch,
-            knobs=dict(knobs, **common.problem_fields(problem)), fn=common.register_mma_logits_kernel,
-            signature=signature, constexprs=consts, options=options(problem, cfg), gluon=True, attrs=attrs,
-        ))
-    return specs
-
-
-def compile_matrix(arch: str) -> list[dict]:
-    """Every candidate of ``common.representative_problems``, plus the register-Q path."""
-    out = common.candidate_matrix(arch, FP8[arch], candidates)
-    for heads in (32, 64):
-        out.append({"heads": heads, "next_n": 2, "kv_block_size": 64, "preshuffle": False, "lens_2d": True,
-                    "variant": VARIANT, "ChunkK": 64, "SplitKV": 0, "ReuseKV": 0, "num_warps": 8, "QInLDS": 0,
-                    "Prefetch": 1, "Schedule": common.BALANCED})
-    return out
+VARIANT = MmaV2Variant()

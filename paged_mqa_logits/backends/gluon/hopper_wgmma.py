@@ -29,7 +29,7 @@ Design (and why):
   hint, so on a batch of widely spread lengths the short sequences' programs idle.
   ``Schedule=balanced``: one persistent wave of ``SMs x programs per SM`` programs (the
   compiled kernel's own occupancy, :func:`resident_programs`), each taking an equal share of
-  the batch's tiles from an in-kernel prefix sum over the lengths (``common.balanced_share``)
+  the batch's tiles from an in-kernel prefix sum over the lengths (``device.balanced_share``)
   and walking it as segments, one sequence each (:func:`_score_segment`: the ring restarts,
   Q and the weights are reloaded, at every sequence boundary). In steady state the table
   entries of the next tile to issue are prefetched one iteration ahead either way.
@@ -63,28 +63,19 @@ balanced), ``num_warps`` (always 4).
 from __future__ import annotations
 
 import math
-import sys
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from ..._triton_compat import (CUDABackend, async_copy, fence_async_shared, thread_barrier, warpgroup_mma,
-                               warpgroup_mma_wait)
+from ..._triton_compat import async_copy, fence_async_shared, thread_barrier, warpgroup_mma, warpgroup_mma_wait
 from ...arch import lds_limit
 from ...problem import LaunchArgs, Problem
 from ...schedule import persistent_programs
-from .. import MAX_SPLIT_KV
-from ..base import CompileSpec
-from . import common
+from ..base import MAX_SPLIT_KV
+from . import common, device
+from .common import DYNAMIC_PARAMS
+from .variant import GluonVariant
 
-VARIANT = "wgmma"
-ARCHS = ("sm_90",)
-KNOBS = ("ChunkK", "RowsPerMMA", "num_stages", "SplitKV", "CtasPerSM", "num_warps", "Schedule")
-#: allowed values per knob (combinations are judged by :func:`_knobs`)
-KNOB_SPACE = {"ChunkK": (64, 128, 256), "RowsPerMMA": (1, 2, 4, 8), "num_stages": range(2, 9),
-              "SplitKV": range(0, MAX_SPLIT_KV + 1), "CtasPerSM": range(0, 9), "num_warps": (4,),
-              "Schedule": common.SCHEDULES}
-FP8 = {"sm_90": "fn"}
 CHUNK_SIZES = (64, 128, 256)
 NUM_WARPS = 4  # one warpgroup, wgmma's unit
 HEAD_DIM = 128
@@ -177,7 +168,7 @@ def _gather(base, offsets, mask, other):
 def _row_limits(lens_ptr, b, seq_len, end, stride_lens_b, stride_lens_j, j, NEXT_N: gl.constexpr,
                 LENS_2D: gl.constexpr):
     """First invisible position ``min(row_len(b, j), end)`` of query rows ``j`` (a tensor;
-    rows ``j >= NEXT_N`` get 0). Vector form of ``common.row_length``."""
+    rows ``j >= NEXT_N`` get 0). Vector form of ``device.row_length``."""
     if LENS_2D:
         row_len = gl.load(lens_ptr + b.to(gl.int64) * stride_lens_b + j * stride_lens_j, mask=j < NEXT_N, other=0)
     else:
@@ -216,7 +207,7 @@ def _load_weights(weights_ptr, b, stride_w, NEXT_N: gl.constexpr, NEXT_N_POW2: g
 def _key_offsets(pages, tokens, d, stride_block, KV_BLOCK: gl.constexpr, PRESHUFFLE: gl.constexpr):
     """int64 byte offsets ``[T, D]`` (token-major, the orientation of a wgmma A tile) of the key
     bytes of ``tokens`` (with cache blocks ``pages``) and dims ``d``."""
-    token_part, dim_part = common.key_offset_parts(pages, tokens, d, stride_block, KV_BLOCK, _D, PRESHUFFLE)
+    token_part, dim_part = device.key_offset_parts(pages, tokens, d, stride_block, KV_BLOCK, _D, PRESHUFFLE)
     return token_part[:, None] + dim_part[None, :]
 
 
@@ -228,8 +219,8 @@ def _tile_pages(table_row, tile, table_tokens, num_blocks, CHUNK: gl.constexpr, 
     (-1): those tokens are never copied."""
     key_tokens = tile * CHUNK + gl.arange(0, CHUNK, gl.SliceLayout(1, _copy_layout()))
     scale_tokens = tile * CHUNK + gl.arange(0, CHUNK, _scale_copy_layout())
-    return (common.tile_pages(table_row, key_tokens, table_tokens, num_blocks, KV_BLOCK, _gather),
-            common.tile_pages(table_row, scale_tokens, table_tokens, num_blocks, KV_BLOCK, _gather))
+    return (device.tile_pages(table_row, key_tokens, table_tokens, num_blocks, KV_BLOCK, _gather),
+            device.tile_pages(table_row, scale_tokens, table_tokens, num_blocks, KV_BLOCK, _gather))
 
 
 @gluon.jit
@@ -259,7 +250,7 @@ def _issue_scales(scale_dst, scale_ptr, scale_pages, tile, end, stride_block, CH
     """cp.async the fp32 scales of ``tile``'s tokens ``< end`` (the rest are zero-filled)."""
     scale_tokens = tile * CHUNK + gl.arange(0, CHUNK, _scale_copy_layout())
     async_copy.async_copy_global_to_shared(
-        scale_dst, scale_ptr + common.scale_offsets(scale_pages, scale_tokens, stride_block, KV_BLOCK, _D),
+        scale_dst, scale_ptr + device.scale_offsets(scale_pages, scale_tokens, stride_block, KV_BLOCK, _D),
         mask=scale_tokens < end)
 
 
@@ -427,8 +418,8 @@ def _score_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, tab
                                                  KV_BLOCK),)
 
     # 2. The lengths: this sequence's visible end (and, splitting, this program's tile count).
-    seq_len = common.sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
-    end = common.visible_end(seq_len, max_model_len, max_blocks, KV_BLOCK)
+    seq_len = device.sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
+    end = device.visible_end(seq_len, max_model_len, max_blocks, KV_BLOCK)
     if BALANCED:
         n = n_given
     else:
@@ -481,7 +472,7 @@ def _issue_end(i, n, end):
     return gl.where(i < n, end, 0)
 
 
-@gluon.jit(do_not_specialize=common.DYNAMIC_PARAMS)
+@gluon.jit(do_not_specialize=DYNAMIC_PARAMS)
 def wgmma_logits_kernel(
     q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, table_ptr,
     stride_q_b, stride_q_j, stride_q_h,
@@ -507,12 +498,12 @@ def wgmma_logits_kernel(
     limit_smem = gl.allocate_shared_memory(gl.int32, [NEXT_N_POW2], vec_smem)
 
     if BALANCED:
-        item, stop, b, tile = common.balanced_share(
+        item, stop, b, tile = device.balanced_share(
             lens_ptr, batch, stride_lens_b, stride_lens_j, max_model_len, max_blocks, gl.program_id(0),
-            gl.num_programs(0), NEXT_N, LENS_2D, KV_BLOCK, CHUNK, common.scan_layout(32, _WARPS))
+            gl.num_programs(0), NEXT_N, LENS_2D, KV_BLOCK, CHUNK, device.scan_layout(32, _WARPS))
         while item < stop:
-            seq_len = common.sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
-            tiles = gl.cdiv(common.visible_end(seq_len, max_model_len, max_blocks, KV_BLOCK), CHUNK)
+            seq_len = device.sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
+            tiles = gl.cdiv(device.visible_end(seq_len, max_model_len, max_blocks, KV_BLOCK), CHUNK)
             count = gl.minimum(tiles - tile, stop - item)
             if count > 0:  # zero-length sequences between long ones hold no items
                 _score_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, table_ptr,
@@ -541,23 +532,6 @@ def _pow2_floor(x: int) -> int:
 
 def max_rows_per_mma(heads: int) -> int:
     return max(1, min(8, MAX_MMA_N // heads))
-
-
-def _knobs(problem: Problem, config: dict) -> tuple[int, int, int, int, int]:
-    """``(ChunkK, RowsPerMMA, num_stages, SplitKV, CtasPerSM)``; ``None`` takes the default."""
-    default = default_config(problem) if any(config.get(k) is None for k in ("ChunkK", "RowsPerMMA", "num_stages")) \
-        else {}
-    chunk = int(config.get("ChunkK") or default["ChunkK"])
-    rows = int(config.get("RowsPerMMA") or default["RowsPerMMA"])
-    stages = int(config.get("num_stages") or default["num_stages"])
-    split = int(config.get("SplitKV") or 0)
-    ctas = int(config.get("CtasPerSM") or 0)
-    warps = int(config.get("num_warps") or NUM_WARPS)
-    if (chunk not in CHUNK_SIZES or rows < 1 or rows & (rows - 1) or rows * problem.heads > MAX_MMA_N
-            or not 2 <= stages <= 8 or split < 0 or ctas < 0 or warps != NUM_WARPS):
-        raise ValueError(f"gluon/{VARIANT}: unsupported knobs {config} for heads={problem.heads}")
-    common.schedule_of(problem, config)  # raises on an unknown schedule
-    return chunk, rows, stages, split, ctas
 
 
 def resources(problem: Problem, chunk: int, rows: int, stages: int) -> dict:
@@ -610,20 +584,6 @@ def derive_splits(cu_num: int, batch: int, context: int, chunk: int, ctas_per_sm
     return max(1, math.ceil(tiles / per_program))
 
 
-def programs_per_sm(problem: Problem, config: dict) -> int:
-    """``CtasPerSM``, or the programs an SM holds by :func:`resources` when it is 0."""
-    chunk, rows, stages, _, ctas = _knobs(problem, config)
-    return ctas or resources(problem, chunk, rows, stages)["ctas_per_sm"]
-
-
-def num_splits(problem: Problem, config: dict) -> int:
-    """``Schedule=split``: programs per sequence (``SplitKV``, or :func:`derive_splits`)."""
-    chunk, _, _, split, _ = _knobs(problem, config)
-    if split > 0:
-        return split
-    return derive_splits(problem.cu_num, problem.batch, problem.work_context, chunk, programs_per_sm(problem, config))
-
-
 def resident_programs(compiled) -> int | None:
     """Programs of a compiled kernel one SM holds at once, from its real register and shared
     memory use (``None`` when the kernel object does not say). The balanced schedule sizes its
@@ -642,26 +602,6 @@ def resident_programs(compiled) -> int | None:
     return max(1, min(by_regs, by_smem, 8))
 
 
-def grid(problem: Problem, config: dict, compiled=None) -> tuple[tuple[int, int], int]:
-    """``(grid, num_splits)``: one persistent wave of ``SMs * programs_per_sm`` programs
-    (balanced; the compiled kernel's own occupancy when ``CtasPerSM = 0`` and it is given),
-    or ``(splits, batch)`` programs (split)."""
-    if common.schedule_of(problem, config) == common.BALANCED:
-        per_sm = _knobs(problem, config)[4] or (compiled is not None and resident_programs(compiled)) \
-            or programs_per_sm(problem, config)
-        return (persistent_programs(problem.cu_num or SM_COUNT_H100, per_sm), 1), 1
-    splits = num_splits(problem, config)
-    return (splits, problem.batch), splits
-
-
-def constexprs(problem: Problem, config: dict) -> dict:
-    chunk, rows, stages, _, _ = _knobs(problem, config)
-    return dict(NEXT_N=problem.next_n, NEXT_N_POW2=triton_next_pow2(problem.next_n), HEADS=problem.heads,
-                KV_BLOCK=problem.kv_block_size, CHUNK=chunk, ROWS_PER_MMA=min(rows, _pow2_floor(problem.next_n)),
-                STAGES=stages, PRESHUFFLE=problem.preshuffle, LENS_2D=problem.lens_2d,
-                BALANCED=common.schedule_of(problem, config) == common.BALANCED)
-
-
 def alignment(q, kv) -> dict:
     """Per-call constexprs from the tensors' addresses and strides (what the JIT specialises on
     anyway, so they add no kernel variants): see :func:`alignment_of`."""
@@ -676,26 +616,6 @@ def alignment_of(q_address: int, q_strides, kv_address: int, kv_block_stride: in
     return {"KV_ALIGN": 16 if kv_aligned else 4, "Q_ASYNC": q_async}
 
 
-def options(problem: Problem, config: dict) -> dict:
-    return {"num_warps": NUM_WARPS}
-
-
-# ----------------------------------------------------------------------------- interface
-def check_config(config: dict, problem: Problem | None = None) -> str | None:
-    return common.check_variant_config(sys.modules[__name__], config, problem)
-
-
-def unsupported(problem: Problem) -> str | None:
-    reason = common.shape_reason(problem, ARCHS, FP8)
-    if reason is not None:
-        return reason
-    if problem.heads > MAX_MMA_N:
-        return f"heads must be <= {MAX_MMA_N} (one wgmma N covers all heads of a row), got {problem.heads}"
-    if not any(fits(problem, 64, 1, stages) for stages in (2, 3)):
-        return f"no tile configuration fits sm_90's registers and shared memory for {problem.describe()}"
-    return None
-
-
 def _rows_options(problem: Problem) -> list[int]:
     """RowsPerMMA values that change the kernel, widest first."""
     widest = min(max_rows_per_mma(problem.heads), _pow2_floor(problem.next_n))
@@ -707,112 +627,175 @@ def _stages_for(chunk: int) -> tuple[int, int]:
     return {64: (4, 6), 128: (3, 4), 256: (2, 3)}[chunk]
 
 
-def candidates(problem: Problem) -> list[dict]:
-    """The two widest row groupings that fit, x ChunkK 64/128 x a shallow and a deep ring; and,
-    where the derived split count is large (latency-bound shapes), half of it."""
-    out, groupings = [], 0
-    for rows in _rows_options(problem):
-        fitting = [(chunk, stages) for chunk in (64, 128) for stages in _stages_for(chunk)
-                   if fits(problem, chunk, rows, stages)]
-        for chunk, stages in fitting:
-            for schedule in (common.BALANCED, common.SPLIT):
-                out.append({"variant": VARIANT, "ChunkK": chunk, "RowsPerMMA": rows, "num_stages": stages,
-                            "SplitKV": 0, "CtasPerSM": 0, "num_warps": NUM_WARPS, "Schedule": schedule})
-        groupings += bool(fitting)
-        if groupings == 2:
-            break
-    base = dict(default_config(problem), Schedule=common.SPLIT)
-    derived = num_splits(problem, base)
-    if derived >= 8:
-        out.append(dict(base, SplitKV=derived // 2))
-    return out
+class WgmmaVariant(GluonVariant):
+    name = "wgmma"
+    archs = ("sm_90",)
+    #: allowed values per knob (combinations are judged by :meth:`knobs`)
+    knob_space = {"ChunkK": CHUNK_SIZES, "RowsPerMMA": (1, 2, 4, 8), "num_stages": range(2, 9),
+                  "SplitKV": range(0, MAX_SPLIT_KV + 1), "CtasPerSM": range(0, 9), "num_warps": (NUM_WARPS,),
+                  "Schedule": common.SCHEDULES}
+    kernel = wgmma_logits_kernel
 
+    # ------------------------------------------------------------------------- knobs
+    def tile_knobs(self, problem: Problem, config: dict,
+                   default_keys=("ChunkK", "RowsPerMMA", "num_stages")) -> tuple[dict, dict]:
+        """``ChunkK``, ``RowsPerMMA``, ``num_stages`` (the default config's where any of
+        ``default_keys`` is unset), checked against wgmma's limits for the problem's heads; and
+        the default config consulted (empty when every one of ``default_keys`` is set)."""
+        default = self.default_config(problem) if any(config.get(k) is None for k in default_keys) else {}
+        chunk = int(config.get("ChunkK") or default["ChunkK"])
+        rows = int(config.get("RowsPerMMA") or default["RowsPerMMA"])
+        stages = int(config.get("num_stages") or default["num_stages"])
+        self.require_in("ChunkK", chunk, self.knob_space["ChunkK"])
+        self.require(rows >= 1 and not rows & (rows - 1), "RowsPerMMA", rows, "a power of two")
+        self.require(rows * problem.heads <= MAX_MMA_N, "RowsPerMMA", rows,
+                     f"RowsPerMMA x heads <= {MAX_MMA_N} (wgmma's largest N), got {rows} x {problem.heads} heads")
+        self.require(2 <= stages <= 8, "num_stages", stages, "an integer in 2..8")
+        warps = int(config.get("num_warps") or NUM_WARPS)
+        self.require(warps == NUM_WARPS, "num_warps", warps, f"{NUM_WARPS} (one warpgroup)")
+        return {"ChunkK": chunk, "RowsPerMMA": rows, "num_stages": stages}, default
 
-def default_config(problem: Problem) -> dict:
-    """The widest row grouping that fits (one wgmma for all rows when N <= 256 allows it:
-    fewest A-tile reads, no second accumulator); 128-token tiles when a group is at most 64
-    columns wide (per-tile overheads dominate narrow tiles), else 64; the shallow ring."""
-    for rows in _rows_options(problem):
-        for chunk in ((128, 64) if rows * problem.heads <= 64 else (64, 128)):
-            for stages in _stages_for(chunk) + (2,):
-                if fits(problem, chunk, rows, stages):
-                    return {"variant": VARIANT, "ChunkK": chunk, "RowsPerMMA": rows, "num_stages": stages,
-                            "SplitKV": 0, "CtasPerSM": 0, "num_warps": NUM_WARPS,
-                            "Schedule": common.default_schedule(problem)}
-    raise ValueError(f"gluon/{VARIANT}: no configuration fits {problem.describe()}")
+    def knobs(self, problem: Problem, config: dict) -> dict:
+        """Unset knobs take the default config's values (``SplitKV``, ``CtasPerSM``: 0)."""
+        tile, _ = self.tile_knobs(problem, config)
+        split = int(config.get("SplitKV") or 0)
+        ctas = int(config.get("CtasPerSM") or 0)
+        self.require(split >= 0, "SplitKV", split, "an integer >= 0")
+        self.require(ctas >= 0, "CtasPerSM", ctas, "an integer >= 0")
+        return {**tile, "SplitKV": split, "CtasPerSM": ctas, "num_warps": NUM_WARPS,
+                "Schedule": self.schedule(problem, config)}
 
+    def admits(self, problem: Problem, config: dict) -> bool:
+        k = self.knobs(problem, config)
+        return fits(problem, k["ChunkK"], k["RowsPerMMA"], k["num_stages"])
 
-_PLANS: dict[tuple, tuple] = {}
+    def shape_reason(self, problem: Problem) -> str | None:
+        if problem.heads > MAX_MMA_N:
+            return f"heads must be <= {MAX_MMA_N} (one wgmma N covers all heads of a row), got {problem.heads}"
+        if not any(fits(problem, 64, 1, stages) for stages in (2, 3)):
+            return f"no tile configuration fits sm_90's registers and shared memory for {problem.describe()}"
+        return None
 
+    # ------------------------------------------------------------------------- candidates
+    def candidate_groups(self, problem: Problem):
+        """The two widest row groupings that fit, x ChunkK 64/128 x a shallow and a deep ring; and,
+        where the derived split count is large (latency-bound shapes), half of it."""
+        groupings = 0
+        for rows in _rows_options(problem):
+            fitting = [(chunk, stages) for chunk in (64, 128) for stages in _stages_for(chunk)
+                       if fits(problem, chunk, rows, stages)]
+            for chunk, stages in fitting:
+                for schedule in (common.BALANCED, common.SPLIT):
+                    yield [{"ChunkK": chunk, "RowsPerMMA": rows, "num_stages": stages, "SplitKV": 0, "CtasPerSM": 0,
+                            "num_warps": NUM_WARPS, "Schedule": schedule}]
+            groupings += bool(fitting)
+            if groupings == 2:
+                break
+        base = dict(self.default_config(problem), Schedule=common.SPLIT)
+        derived = self.num_splits(problem, base)
+        if derived >= 8:
+            yield [dict(base, SplitKV=derived // 2)]
 
-def launch(args: LaunchArgs, config: dict) -> None:
-    """Grid ``(splits, batch)``; per-(problem, config) launch parameters are cached, so a repeated
-    call only builds the argument tuple and launches. No host sync, no allocation."""
-    p = args.problem
-    key = (p, common.config_key(config))
-    plan = _PLANS.get(key)
-    if plan is None:
-        kwargs = {**constexprs(p, config), **options(p, config)}
+    def default_config(self, problem: Problem) -> dict:
+        """The widest row grouping that fits (one wgmma for all rows when N <= 256 allows it:
+        fewest A-tile reads, no second accumulator); 128-token tiles when a group is at most 64
+        columns wide (per-tile overheads dominate narrow tiles), else 64; the shallow ring."""
+        for rows in _rows_options(problem):
+            for chunk in ((128, 64) if rows * problem.heads <= 64 else (64, 128)):
+                for stages in _stages_for(chunk) + (2,):
+                    if fits(problem, chunk, rows, stages):
+                        return {"variant": self.name, "ChunkK": chunk, "RowsPerMMA": rows, "num_stages": stages,
+                                "SplitKV": 0, "CtasPerSM": 0, "num_warps": NUM_WARPS,
+                                "Schedule": common.default_schedule(problem)}
+        raise ValueError(f"{self.owner}: no configuration fits {problem.describe()}")
+
+    # ------------------------------------------------------------------------- launch plan
+    def programs_per_sm(self, problem: Problem, config: dict) -> int:
+        """``CtasPerSM``, or the programs an SM holds by :func:`resources` when it is 0."""
+        k = self.knobs(problem, config)
+        return k["CtasPerSM"] or resources(problem, k["ChunkK"], k["RowsPerMMA"], k["num_stages"])["ctas_per_sm"]
+
+    def num_splits(self, problem: Problem, config: dict) -> int:
+        """``Schedule=split``: programs per sequence (``SplitKV``, or :func:`derive_splits`)."""
+        k = self.knobs(problem, config)
+        if k["SplitKV"] > 0:
+            return k["SplitKV"]
+        return derive_splits(problem.cu_num, problem.batch, problem.work_context, k["ChunkK"],
+                             self.programs_per_sm(problem, config))
+
+    def grid(self, problem: Problem, config: dict, compiled=None) -> tuple[tuple[int, int], int]:
+        """``(grid, num_splits)``: one persistent wave of ``SMs * programs_per_sm`` programs
+        (balanced; the compiled kernel's own occupancy when ``CtasPerSM = 0`` and it is given),
+        or ``(splits, batch)`` programs (split)."""
+        k = self.knobs(problem, config)
+        if k["Schedule"] == common.BALANCED:
+            per_sm = k["CtasPerSM"] or (compiled is not None and resident_programs(compiled)) \
+                or self.programs_per_sm(problem, config)
+            return (persistent_programs(problem.cu_num or SM_COUNT_H100, per_sm), 1), 1
+        splits = self.num_splits(problem, config)
+        return (splits, problem.batch), splits
+
+    def constexprs(self, problem: Problem, config: dict) -> dict:
+        k = self.knobs(problem, config)
+        return dict(NEXT_N=problem.next_n, NEXT_N_POW2=triton_next_pow2(problem.next_n), HEADS=problem.heads,
+                    KV_BLOCK=problem.kv_block_size, CHUNK=k["ChunkK"],
+                    ROWS_PER_MMA=min(k["RowsPerMMA"], _pow2_floor(problem.next_n)), STAGES=k["num_stages"],
+                    PRESHUFFLE=problem.preshuffle, LENS_2D=problem.lens_2d,
+                    BALANCED=k["Schedule"] == common.BALANCED)
+
+    def options(self, problem: Problem, config: dict) -> dict:
+        return {"num_warps": NUM_WARPS}
+
+    def call_constexprs(self, args: LaunchArgs) -> dict:
+        return alignment(args.q, args.kv_cache)
+
+    def plan(self, args: LaunchArgs, config: dict) -> tuple[tuple, int, dict]:
+        """Grid ``(splits, batch)`` (split) or one persistent wave (balanced). No host sync, no
+        allocation at launch: the plan is cached by the base."""
+        p = args.problem
+        kwargs = {**self.constexprs(p, config), **self.options(p, config)}
         compiled = None
         if kwargs["BALANCED"]:  # the grid follows the compiled kernel's occupancy (compiled here once)
             try:
-                compiled = wgmma_logits_kernel.warmup(*common.kernel_arguments(args, 1), grid=(1,), **kwargs,
-                                                      **alignment(args.q, args.kv_cache))
+                compiled = self.kernel.warmup(*common.kernel_arguments(args, 1), grid=(1,), **kwargs,
+                                              **self.call_constexprs(args))
             except Exception:  # no loaded kernel to ask (a stand-in driver): the estimate sizes the grid
                 compiled = None
-        plan = _PLANS[key] = (*grid(p, config, compiled), kwargs)
-    launch_grid, splits, kwargs = plan
-    wgmma_logits_kernel[launch_grid](*common.kernel_arguments(args, splits), **kwargs, **alignment(args.q, args.kv_cache))
+        return (*self.grid(p, config, compiled), kwargs)
+
+    # ------------------------------------------------------------------------- compile specs
+    def spec_arguments(self, problem: Problem, cfg: dict) -> tuple[tuple, dict, dict]:
+        """A typical vLLM call of ``problem``: ``cfg``'s ``block_stride_pad`` pads the cache block
+        stride (4: not 16-byte aligned), ``q_misaligned`` puts q rows at an odd address (the
+        plain-load Q path). The alignment constexprs join the knobs (``kvalign``, ``qasync``), so
+        each path has its own spec name."""
+        runtime = list(common.typical_arguments(problem))
+        if cfg.get("block_stride_pad"):
+            runtime[10] += int(cfg["block_stride_pad"])
+        if cfg.get("q_misaligned"):
+            runtime[0] = common.StandIn(runtime[0].dtype, runtime[0].ptr_range(), aligned=False)
+        aligned = alignment_of(runtime[0].data_ptr(), runtime[7:10], runtime[1].data_ptr(), runtime[10])
+        return (tuple(runtime), {**self.constexprs(problem, cfg), **aligned},
+                {"kvalign": aligned["KV_ALIGN"], "qasync": int(aligned["Q_ASYNC"])})
+
+    def kernel_key(self, problem: Problem, cfg: dict) -> tuple:
+        """What makes two configs of one problem compile to the same kernel."""
+        return tuple(sorted(self.constexprs(problem, cfg).items()))
+
+    def matrix_candidates(self, problem: Problem) -> list[dict]:
+        return self.candidates(problem) + [self.default_config(problem)]
+
+    def compile_matrix(self, arch: str) -> list[dict]:
+        """Every candidate of ``common.representative_problems`` (deduplicated by kernel)."""
+        out, seen = [], set()
+        for fields in common.representative_problems(arch):
+            problem = common.problem_for(arch, self.fp8[arch], fields)
+            for cand in self.matrix_candidates(problem):
+                key = self.kernel_key(problem, cand)
+                if key not in seen:
+                    seen.add(key)
+                    out.append(dict(fields, **cand))
+        return out
 
 
-# ----------------------------------------------------------------------------- compile specs
-def compile_specs(arch: str, configs: list[dict] | None = None) -> list[CompileSpec]:
-    """One spec per config (problem fields + knobs), specialised like a typical vLLM call."""
-    specs = []
-    for cfg in configs if configs is not None else compile_matrix(arch):
-        problem = common.problem_for(arch, FP8[arch], cfg)
-        chunk, rows, stages, split, ctas = _knobs(problem, cfg)
-        knobs = {"variant": VARIANT, "ChunkK": chunk, "RowsPerMMA": rows, "num_stages": stages, "SplitKV": split,
-                 "CtasPerSM": ctas, "num_warps": NUM_WARPS, "Schedule": common.schedule_of(problem, cfg)}
-        specs.append(typical_spec(wgmma_logits_kernel, problem, cfg, knobs, constexprs(problem, cfg),
-                                  options(problem, cfg)))
-    return specs
-
-
-def typical_spec(kernel, problem: Problem, cfg: dict, knobs: dict, consts: dict, opts: dict,
-                 tail=None) -> CompileSpec:
-    """The compile spec of a wgmma-family ``kernel`` (the arguments of
-    ``common.kernel_arguments``) on a typical vLLM call of ``problem``: ``cfg``'s
-    ``block_stride_pad`` pads the cache block stride (4: not 16-byte aligned), ``q_misaligned``
-    puts q rows at an odd address (the plain-load Q path). The alignment constexprs join the
-    knobs (``kvalign``, ``qasync``), so each path has its own spec name. ``tail(alignment)``,
-    if given, returns the kernel's runtime arguments after those and constexprs that depend on
-    the alignment."""
-    runtime = list(common.typical_arguments(problem))
-    if cfg.get("block_stride_pad"):
-        runtime[10] += int(cfg["block_stride_pad"])
-    if cfg.get("q_misaligned"):
-        runtime[0] = common.StandIn(runtime[0].dtype, runtime[0].ptr_range(), aligned=False)
-    aligned = alignment_of(runtime[0].data_ptr(), runtime[7:10], runtime[1].data_ptr(), runtime[10])
-    extra_args, extra_consts = tail(aligned) if tail is not None else ((), {})
-    signature, consts, attrs = common.specialise(kernel, tuple(runtime) + tuple(extra_args),
-                                                 {**consts, **aligned, **extra_consts}, CUDABackend)
-    knobs = dict(knobs, kvalign=aligned["KV_ALIGN"], qasync=int(aligned["Q_ASYNC"]))
-    return CompileSpec(
-        name=common.spec_name("gluon", knobs["variant"], problem.arch, problem, knobs, True), backend="gluon",
-        arch=problem.arch, knobs=dict(knobs, **common.problem_fields(problem)), fn=kernel, signature=signature,
-        constexprs=consts, options=opts, gluon=True, attrs=attrs,
-    )
-
-
-def compile_matrix(arch: str) -> list[dict]:
-    """Every candidate of ``common.representative_problems`` (deduplicated by kernel)."""
-    out, seen = [], set()
-    for fields in common.representative_problems(arch):
-        problem = common.problem_for(arch, FP8[arch], fields)
-        for cand in candidates(problem) + [default_config(problem)]:
-            key = (tuple(sorted(constexprs(problem, cand).items())))
-            if key not in seen:
-                seen.add(key)
-                out.append(dict(fields, **cand))
-    return out
+VARIANT = WgmmaVariant()

@@ -55,16 +55,10 @@ from ..._triton_compat import TensorDescriptor, async_copy, fence_async_shared, 
 from ...arch import lds_limit
 from ...problem import LaunchArgs, Problem
 from ...schedule import persistent_programs
-from ..base import CompileSpec
-from . import common
+from . import common, device
 from . import hopper_wgmma as base
+from .common import DYNAMIC_PARAMS
 
-VARIANT = "wgmma_ws"
-ARCHS = ("sm_90",)
-KNOBS = ("ChunkK", "RowsPerMMA", "num_stages", "CtasPerSM", "Consumers", "KeyCopy", "num_warps", "Schedule")
-KNOB_SPACE = {"ChunkK": (64, 128), "RowsPerMMA": (1, 2, 4, 8), "num_stages": range(2, 9),
-              "CtasPerSM": (1, 2, 3), "Consumers": (1, 2, 3), "KeyCopy": ("gather", "tma"), "num_warps": (4,), "Schedule": (common.BALANCED,)}
-FP8 = base.FP8
 NUM_WARPS = base.NUM_WARPS  # the consumer warpgroup (the kernel's default partition)
 PRODUCER_WARPS = 4  # the copy layouts of hopper_wgmma cover one warpgroup
 #: producer registers per thread: tile addresses, the prefetched block ids, loop state
@@ -109,8 +103,8 @@ def _producer(kv_ptr, scale_ptr, lens_ptr, table_ptr, key_desc, key_ring, scale_
     table_tokens = max_blocks * KV_BLOCK
     k = 0
     while item < stop:
-        seq_len = common.sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
-        end = common.visible_end(seq_len, max_model_len, max_blocks, KV_BLOCK)
+        seq_len = device.sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
+        end = device.visible_end(seq_len, max_model_len, max_blocks, KV_BLOCK)
         count = gl.minimum(gl.cdiv(end, CHUNK) - tile, stop - item)
         table_row = table_ptr + b.to(gl.int64) * stride_table
         # The block ids of the next tile load while this one's slot is awaited and its copies
@@ -172,8 +166,8 @@ def _consumer(q_ptr, weights_ptr, out_ptr, lens_ptr, key_ring, scale_ring, q_sme
     limit_mine = limit_smem.index(ROLE)
     k = 0  # the program's tiles before this sequence's first, every consumer's
     while item < stop:
-        seq_len = common.sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
-        end = common.visible_end(seq_len, max_model_len, max_blocks, KV_BLOCK)
+        seq_len = device.sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
+        end = device.visible_end(seq_len, max_model_len, max_blocks, KV_BLOCK)
         count = gl.minimum(gl.cdiv(end, CHUNK) - tile, stop - item)
         first = (ROLE - k % CONSUMERS + CONSUMERS) % CONSUMERS  # this consumer's first tile here
         if count > first:  # sequences with no tile of this consumer's (or none at all) are skipped
@@ -196,7 +190,7 @@ def _consumer(q_ptr, weights_ptr, out_ptr, lens_ptr, key_ring, scale_ring, q_sme
 
 
 # ----------------------------------------------------------------------------- the kernel
-@gluon.jit(do_not_specialize=common.DYNAMIC_PARAMS)
+@gluon.jit(do_not_specialize=DYNAMIC_PARAMS)
 def wgmma_ws_logits_kernel(
     q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, table_ptr,
     stride_q_b, stride_q_j, stride_q_h,
@@ -226,9 +220,9 @@ def wgmma_ws_logits_kernel(
         mbarrier.init(full_bars.index(s), count=_PRODUCER_THREADS + (KEY_BOX > 0))
         mbarrier.init(empty_bars.index(s), count=1)  # one arrive by the consumer
 
-    item, stop, b, tile = common.balanced_share(
+    item, stop, b, tile = device.balanced_share(
         lens_ptr, batch, stride_lens_b, stride_lens_j, max_model_len, max_blocks, gl.program_id(0),
-        gl.num_programs(0), NEXT_N, LENS_2D, KV_BLOCK, CHUNK, common.scan_layout(32, base._WARPS))
+        gl.num_programs(0), NEXT_N, LENS_2D, KV_BLOCK, CHUNK, device.scan_layout(32, base._WARPS))
     # Partition arguments are spelled out per call: a tuple held in a variable would turn the
     # constexprs in it into tensors. The first consumer is the default partition (Triton gives
     # it the registers the workers leave); the others are worker warpgroups of CONSUMER_REGS.
@@ -286,35 +280,47 @@ def wgmma_ws_logits_kernel(
 
 
 # ============================================================================= host side
-def _knobs(problem: Problem, config: dict) -> tuple[int, int, int, int, int, str]:
-    """``(ChunkK, RowsPerMMA, num_stages, CtasPerSM, Consumers, KeyCopy)``; ``None`` takes the
-    default (``Consumers`` 1, ``KeyCopy`` gather)."""
-    default = default_config(problem) if any(config.get(k) is None for k in KNOBS[:4]) else {}
-    chunk = int(config.get("ChunkK") or default["ChunkK"])
-    rows = int(config.get("RowsPerMMA") or default["RowsPerMMA"])
-    stages = int(config.get("num_stages") or default["num_stages"])
-    ctas = int(config.get("CtasPerSM") or default["CtasPerSM"])
-    consumers = int(config.get("Consumers") or 1)
-    key_copy = config.get("KeyCopy") or "gather"
-    warps = int(config.get("num_warps") or NUM_WARPS)
-    schedule = config.get("Schedule") or common.BALANCED
-    if (chunk not in KNOB_SPACE["ChunkK"] or rows < 1 or rows & (rows - 1) or rows * problem.heads > base.MAX_MMA_N
-            or not 2 <= stages <= 8 or ctas not in KNOB_SPACE["CtasPerSM"]
-            or consumers not in KNOB_SPACE["Consumers"] or key_copy not in KNOB_SPACE["KeyCopy"]
-            or warps != NUM_WARPS or schedule != common.BALANCED or (key_copy == "tma" and consumers == 3)):
-        raise ValueError(f"gluon/{VARIANT}: unsupported knobs {config} for heads={problem.heads}"
-                         + (" (the warp-specialised kernel runs the balanced schedule only)"
-                            if schedule != common.BALANCED else "")
-                         + (" (KeyCopy=tma with Consumers=3 faulted on the H200, see docs/PERF_NOTES.md)"
-                            if key_copy == "tma" and consumers == 3 else ""))
-    return chunk, rows, stages, ctas, consumers, key_copy
+def max_registers(ctas: int, consumers: int = 1) -> int:
+    """``maxnreg`` for ``ctas`` programs of ``consumers`` consumer warpgroups and one producer
+    warpgroup per SM (a multiple of 8)."""
+    threads = (consumers * NUM_WARPS + PRODUCER_WARPS) * 32
+    return min(256, SM_REGISTERS // (ctas * threads) // 8 * 8)
 
 
-def key_box(problem: Problem, config: dict, kv_align: int) -> int:
+def consumer_registers(chunk: int, ctas: int, consumers: int = 1) -> int:
+    """What ``setmaxnreg`` gives each consumer warpgroup: the program's registers less the
+    producer's, shared equally (a multiple of 8, at most 256)."""
+    pool = (consumers + 1) * max_registers(ctas, consumers) - PRODUCER_REGS[chunk]
+    return min(256, pool // consumers // 8 * 8)
+
+
+def shared_bytes(problem: Problem, chunk: int, stages: int, consumers: int) -> int:
+    """The ring, one Q/weights/limits set per consumer, a full and an empty mbarrier per slot."""
+    pow2 = base.triton_next_pow2(problem.next_n)
+    per_consumer = pow2 * problem.heads * (base.HEAD_DIM + 4) + 4 * pow2  # Q and weights rows, limits
+    ring = stages * chunk * (base.HEAD_DIM + 4)
+    return ring + consumers * per_consumer + 2 * 8 * stages
+
+
+def fits(problem: Problem, chunk: int, rows: int, stages: int, ctas: int, consumers: int = 1) -> bool:
+    """The consumers' accumulators and epilogues fit their registers (``hopper_wgmma``'s
+    estimate; at most two row groups: with more, ptxas spills within a consumer's share; a
+    consumer under 128 registers holds 64-token tiles of at most 64 columns only, ptxas) and
+    ``ctas`` programs' shared memory fits an SM."""
+    r = base.resources(problem, chunk, rows, stages)
+    smem = shared_bytes(problem, chunk, stages, consumers)
+    groups = base.row_groups(problem.next_n, min(rows, base._pow2_floor(problem.next_n)))
+    regs = consumer_registers(chunk, ctas, consumers)
+    if regs < 128 and (chunk != 64 or max(n for _, n in groups) * problem.heads > 64):
+        return False
+    return (len(groups) <= 2 and r["acc_regs"] <= r["acc_budget"] and (regs < 128 or r["regs_estimate"] <= regs)
+            and smem <= lds_limit("sm_90") and ctas * (smem + 1024) <= SM_SHARED_BYTES)
+
+
+def key_box(problem: Problem, key_copy: str, chunk: int, kv_align: int) -> int:
     """Tokens per TMA box of the keys (``KeyCopy=tma``), 0 for the cp.async gather: TMA needs
     a 16-byte aligned cache base and block stride and token-major keys (not preshuffled), and
     a box of at least one 8-row swizzle atom."""
-    chunk, key_copy = _knobs(problem, config)[0], _knobs(problem, config)[5]
     if key_copy != "tma" or problem.preshuffle or kv_align != 16 or problem.kv_block_size < 8:
         return 0
     return min(problem.kv_block_size, chunk)
@@ -335,167 +341,138 @@ def key_descriptor(kv_cache, box: int):
     return TensorDescriptor(view, shape, strides, [1, box, base.HEAD_DIM], KEY_BOX_LAYOUT)
 
 
-def max_registers(ctas: int, consumers: int = 1) -> int:
-    """``maxnreg`` for ``ctas`` programs of ``consumers`` consumer warpgroups and one producer
-    warpgroup per SM (a multiple of 8)."""
-    threads = (consumers * NUM_WARPS + PRODUCER_WARPS) * 32
-    return min(256, SM_REGISTERS // (ctas * threads) // 8 * 8)
-
-
-def consumer_registers(chunk: int, ctas: int, consumers: int = 1) -> int:
-    """What ``setmaxnreg`` gives each consumer warpgroup: the program's registers less the
-    producer's, shared equally (a multiple of 8, at most 256)."""
-    pool = (consumers + 1) * max_registers(ctas, consumers) - PRODUCER_REGS[chunk]
-    return min(256, pool // consumers // 8 * 8)
-
-
-def shared_bytes(problem: Problem, chunk: int, rows: int, stages: int, consumers: int) -> int:
-    """The ring, one Q/weights/limits set per consumer, a full and an empty mbarrier per slot."""
-    pow2 = base.triton_next_pow2(problem.next_n)
-    per_consumer = pow2 * problem.heads * (base.HEAD_DIM + 4) + 4 * pow2  # Q and weights rows, limits
-    ring = stages * chunk * (base.HEAD_DIM + 4)
-    return ring + consumers * per_consumer + 2 * 8 * stages
-
-
-def fits(problem: Problem, chunk: int, rows: int, stages: int, ctas: int, consumers: int = 1) -> bool:
-    """The consumers' accumulators and epilogues fit their registers (``hopper_wgmma``'s
-    estimate; at most two row groups: with more, ptxas spills within a consumer's share; a
-    consumer under 128 registers holds 64-token tiles of at most 64 columns only, ptxas) and
-    ``ctas`` programs' shared memory fits an SM."""
-    r = base.resources(problem, chunk, rows, stages)
-    smem = shared_bytes(problem, chunk, rows, stages, consumers)
-    groups = base.row_groups(problem.next_n, min(rows, base._pow2_floor(problem.next_n)))
-    regs = consumer_registers(chunk, ctas, consumers)
-    if regs < 128 and (chunk != 64 or max(n for _, n in groups) * problem.heads > 64):
-        return False
-    return (len(groups) <= 2 and r["acc_regs"] <= r["acc_budget"] and (regs < 128 or r["regs_estimate"] <= regs)
-            and smem <= lds_limit("sm_90") and ctas * (smem + 1024) <= SM_SHARED_BYTES)
-
-
-def constexprs(problem: Problem, config: dict) -> dict:
-    chunk, rows, stages, ctas, consumers, _ = _knobs(problem, config)
-    return dict(NEXT_N=problem.next_n, NEXT_N_POW2=base.triton_next_pow2(problem.next_n), HEADS=problem.heads,
-                KV_BLOCK=problem.kv_block_size, CHUNK=chunk,
-                ROWS_PER_MMA=min(rows, base._pow2_floor(problem.next_n)), STAGES=stages,
-                PRESHUFFLE=problem.preshuffle, LENS_2D=problem.lens_2d, PRODUCER_REGS=PRODUCER_REGS[chunk],
-                CONSUMERS=consumers, CONSUMER_REGS=consumer_registers(chunk, ctas, consumers))
-
-
-def options(problem: Problem, config: dict) -> dict:
-    _, _, _, ctas, consumers, _ = _knobs(problem, config)
-    return {"num_warps": NUM_WARPS, "maxnreg": max_registers(ctas, consumers)}
-
-
-def grid(problem: Problem, config: dict) -> tuple[int, int]:
-    """One persistent wave: ``CtasPerSM`` programs per SM (registers and shared memory are sized
-    for exactly that many, see :func:`max_registers` and :func:`fits`)."""
-    ctas = _knobs(problem, config)[3]
-    return persistent_programs(problem.cu_num or base.SM_COUNT_H100, ctas), 1
-
-
-# ----------------------------------------------------------------------------- interface
-def check_config(config: dict, problem: Problem | None = None) -> str | None:
-    return common.check_variant_config(sys.modules[__name__], config, problem)
-
-
-def unsupported(problem: Problem) -> str | None:
-    reason = base.unsupported(problem)
-    if reason is not None:
-        return reason
-    if not candidates(problem):
-        return f"no warp-specialised configuration fits sm_90's registers and shared memory for {problem.describe()}"
-    return None
-
-
-def _config(chunk: int, rows: int, stages: int, ctas: int, consumers: int = 1, key_copy: str = "gather") -> dict:
-    return {"variant": VARIANT, "ChunkK": chunk, "RowsPerMMA": rows, "num_stages": stages, "CtasPerSM": ctas,
-            "Consumers": consumers, "KeyCopy": key_copy, "num_warps": NUM_WARPS, "Schedule": common.BALANCED}
-
-
 #: ring depths of the multi-consumer programs: one program per SM keeps every tile in flight
 MULTI_CONSUMER_STAGES = {64: 8, 128: 4}
 
 
-def candidates(problem: Problem) -> list[dict]:
-    """Per row grouping (the two widest that fit): ChunkK 64/128 x a shallow and a deep ring at
-    two programs per SM (one program of one consumer leaves the tensor cores idle during its
-    epilogue); three programs per SM where the consumer fits 104 registers; and one program
-    per SM with two or three consumer warpgroups sharing its producer and ring, which leaves
-    each consumer more registers than as many single-consumer programs would (152 against
-    104 for three). Where the cache allows TMA (see :func:`key_box`), each of one or two
-    consumers again with ``KeyCopy=tma``: one producer thread then moves a tile that the
-    gather spreads over a warpgroup, which is what lets one producer feed two consumers."""
-    out, groupings = [], 0
-    for rows in base._rows_options(problem):
-        fitting = [(chunk, stages) for chunk in (64, 128) for stages in base._stages_for(chunk)
-                   if fits(problem, chunk, rows, stages, 2)]
-        out += [_config(chunk, rows, stages, 2) for chunk, stages in fitting]
-        out += [_config(64, rows, stages, 3) for stages in base._stages_for(64) if fits(problem, 64, rows, stages, 3)]
-        out += [_config(chunk, rows, stages, 1, consumers) for consumers in (2, 3)
-                for chunk, stages in MULTI_CONSUMER_STAGES.items() if fits(problem, chunk, rows, stages, 1, consumers)]
-        groupings += bool(fitting)
-        if groupings == 2:
-            break
-    if key_box(problem, _config(64, 1, 4, 2, 1, "tma"), 16 if problem.kv_aligned16 else 4):
-        out += [dict(cfg, KeyCopy="tma") for cfg in out if cfg["Consumers"] < 3]
-    return out
+class WgmmaWsVariant(base.WgmmaVariant):
+    """``wgmma``'s knobs less ``SplitKV`` (balanced only), 1-3 programs per SM, 1-3 consumer
+    warpgroups per program, keys by cp.async gather or TMA; its kernel."""
+
+    name = "wgmma_ws"
+    knob_space = {"ChunkK": (64, 128), "RowsPerMMA": (1, 2, 4, 8), "num_stages": range(2, 9),
+                  "CtasPerSM": (1, 2, 3), "Consumers": (1, 2, 3), "KeyCopy": ("gather", "tma"),
+                  "num_warps": (NUM_WARPS,), "Schedule": (common.BALANCED,)}
+    kernel = wgmma_ws_logits_kernel
+
+    def knobs(self, problem: Problem, config: dict) -> dict:
+        """Unset knobs take the default config's values (``Consumers`` 1, ``KeyCopy`` gather)."""
+        tile, default = self.tile_knobs(problem, config,
+                                        default_keys=("ChunkK", "RowsPerMMA", "num_stages", "CtasPerSM"))
+        ctas = int(config.get("CtasPerSM") or default["CtasPerSM"])
+        self.require_in("CtasPerSM", ctas, self.knob_space["CtasPerSM"])
+        consumers = int(config.get("Consumers") or 1)
+        self.require_in("Consumers", consumers, self.knob_space["Consumers"])
+        key_copy = config.get("KeyCopy") or "gather"
+        self.require_in("KeyCopy", key_copy, self.knob_space["KeyCopy"])
+        self.require(not (key_copy == "tma" and consumers == 3), "KeyCopy", key_copy,
+                     "gather with Consumers=3 (TMA with three consumers faulted on the H200, see docs/PERF_NOTES.md)")
+        schedule = config.get("Schedule") or common.BALANCED
+        self.require(schedule == common.BALANCED, "Schedule", schedule,
+                     f"{common.BALANCED} (the warp-specialised kernel runs the balanced schedule only)")
+        return {**tile, "CtasPerSM": ctas, "Consumers": consumers, "KeyCopy": key_copy, "num_warps": NUM_WARPS,
+                "Schedule": schedule}
+
+    def admits(self, problem: Problem, config: dict) -> bool:
+        k = self.knobs(problem, config)
+        return fits(problem, k["ChunkK"], k["RowsPerMMA"], k["num_stages"], k["CtasPerSM"], k["Consumers"])
+
+    def shape_reason(self, problem: Problem) -> str | None:
+        reason = super().shape_reason(problem)
+        if reason is None and not self.candidates(problem):
+            reason = f"no warp-specialised configuration fits sm_90's registers and shared memory for " \
+                     f"{problem.describe()}"
+        return reason
+
+    @staticmethod
+    def _setting(chunk: int, rows: int, stages: int, ctas: int, consumers: int = 1, key_copy: str = "gather") -> dict:
+        return {"ChunkK": chunk, "RowsPerMMA": rows, "num_stages": stages, "CtasPerSM": ctas, "Consumers": consumers,
+                "KeyCopy": key_copy, "num_warps": NUM_WARPS, "Schedule": common.BALANCED}
+
+    def candidate_groups(self, problem: Problem):
+        """Per row grouping (the two widest that fit): ChunkK 64/128 x a shallow and a deep ring at
+        two programs per SM (one program of one consumer leaves the tensor cores idle during its
+        epilogue); three programs per SM where the consumer fits 104 registers; and one program
+        per SM with two or three consumer warpgroups sharing its producer and ring, which leaves
+        each consumer more registers than as many single-consumer programs would (152 against
+        104 for three). Where the cache allows TMA (see :func:`key_box`), each of one or two
+        consumers again with ``KeyCopy=tma``: one producer thread then moves a tile that the
+        gather spreads over a warpgroup, which is what lets one producer feed two consumers."""
+        settings, groupings = [], 0
+        for rows in base._rows_options(problem):
+            fitting = [(chunk, stages) for chunk in (64, 128) for stages in base._stages_for(chunk)
+                       if fits(problem, chunk, rows, stages, 2)]
+            settings += [self._setting(chunk, rows, stages, 2) for chunk, stages in fitting]
+            settings += [self._setting(64, rows, stages, 3) for stages in base._stages_for(64)]
+            settings += [self._setting(chunk, rows, stages, 1, consumers) for consumers in (2, 3)
+                         for chunk, stages in MULTI_CONSUMER_STAGES.items()]
+            groupings += bool(fitting)
+            if groupings == 2:
+                break
+        for setting in settings:
+            yield [setting]
+        if key_box(problem, "tma", 64, 16 if problem.kv_aligned16 else 4):
+            for setting in settings:
+                if setting["Consumers"] < 3:
+                    yield [dict(setting, KeyCopy="tma")]
+
+    def default_config(self, problem: Problem) -> dict:
+        """The widest row grouping that fits two programs per SM, 64-token tiles, the deep ring."""
+        for rows in base._rows_options(problem):
+            for chunk in (64, 128):
+                for stages in reversed(base._stages_for(chunk)):
+                    for ctas in (2, 1):
+                        if fits(problem, chunk, rows, stages, ctas):
+                            return {"variant": self.name, **self._setting(chunk, rows, stages, ctas)}
+        raise ValueError(f"{self.owner}: no configuration fits {problem.describe()}")
+
+    def constexprs(self, problem: Problem, config: dict) -> dict:
+        k = self.knobs(problem, config)
+        return dict(NEXT_N=problem.next_n, NEXT_N_POW2=base.triton_next_pow2(problem.next_n), HEADS=problem.heads,
+                    KV_BLOCK=problem.kv_block_size, CHUNK=k["ChunkK"],
+                    ROWS_PER_MMA=min(k["RowsPerMMA"], base._pow2_floor(problem.next_n)), STAGES=k["num_stages"],
+                    PRESHUFFLE=problem.preshuffle, LENS_2D=problem.lens_2d, PRODUCER_REGS=PRODUCER_REGS[k["ChunkK"]],
+                    CONSUMERS=k["Consumers"], CONSUMER_REGS=consumer_registers(k["ChunkK"], k["CtasPerSM"],
+                                                                               k["Consumers"]))
+
+    def options(self, problem: Problem, config: dict) -> dict:
+        k = self.knobs(problem, config)
+        return {"num_warps": NUM_WARPS, "maxnreg": max_registers(k["CtasPerSM"], k["Consumers"])}
+
+    def grid(self, problem: Problem, config: dict, compiled=None) -> tuple[int, int]:
+        """One persistent wave: ``CtasPerSM`` programs per SM (registers and shared memory are sized
+        for exactly that many, see :func:`max_registers` and :func:`fits`)."""
+        ctas = self.knobs(problem, config)["CtasPerSM"]
+        return persistent_programs(problem.cu_num or base.SM_COUNT_H100, ctas), 1
+
+    def plan(self, args: LaunchArgs, config: dict) -> tuple[tuple, int, dict]:
+        p = args.problem
+        return self.grid(p, config), 1, {**self.constexprs(p, config), **self.options(p, config)}
+
+    def call_parts(self, args: LaunchArgs, config: dict) -> tuple[tuple, dict]:
+        """The key descriptor (or ``None``) after the common arguments, the alignment and
+        ``KEY_BOX`` constexprs: whether a ``KeyCopy=tma`` config moves keys by TMA depends on
+        each call's cache address and stride."""
+        aligned = self.call_constexprs(args)
+        k = self.knobs(args.problem, config)
+        box = key_box(args.problem, k["KeyCopy"], k["ChunkK"], aligned["KV_ALIGN"]) if args.num_blocks > 0 else 0
+        return (key_descriptor(args.kv_cache, box) if box else None,), {**aligned, "KEY_BOX": box}
+
+    def spec_arguments(self, problem: Problem, cfg: dict) -> tuple[tuple, dict, dict]:
+        """``wgmma``'s typical call, plus the key descriptor over a small host cache of the
+        typical block layout where the config moves keys by TMA."""
+        runtime, consts, path = super().spec_arguments(problem, cfg)
+        k = self.knobs(problem, cfg)
+        box = key_box(problem, k["KeyCopy"], k["ChunkK"], consts["KV_ALIGN"])
+        cache = torch.empty((2, problem.kv_block_size, 1, base.HEAD_DIM + 4), dtype=torch.uint8)
+        return runtime + (key_descriptor(cache, box) if box else None,), {**consts, "KEY_BOX": box}, path
+
+    def kernel_key(self, problem: Problem, cfg: dict) -> tuple:
+        k = self.knobs(problem, cfg)
+        return tuple(sorted(self.constexprs(problem, cfg).items())), k["CtasPerSM"], k["KeyCopy"]
+
+    def matrix_candidates(self, problem: Problem) -> list[dict]:
+        return self.candidates(problem)
 
 
-def default_config(problem: Problem) -> dict:
-    """The widest row grouping that fits two programs per SM, 64-token tiles, the deep ring."""
-    for rows in base._rows_options(problem):
-        for chunk in (64, 128):
-            for stages in reversed(base._stages_for(chunk)):
-                for ctas in (2, 1):
-                    if fits(problem, chunk, rows, stages, ctas):
-                        return _config(chunk, rows, stages, ctas)
-    raise ValueError(f"gluon/{VARIANT}: no configuration fits {problem.describe()}")
-
-
-_PLANS: dict[tuple, tuple] = {}
-
-
-def launch(args: LaunchArgs, config: dict) -> None:
-    """One persistent wave; per-(problem, config) launch parameters are cached."""
-    p = args.problem
-    key = (p, common.config_key(config))
-    plan = _PLANS.get(key)
-    if plan is None:
-        plan = _PLANS[key] = (grid(p, config), {**constexprs(p, config), **options(p, config)})
-    launch_grid, kwargs = plan
-    aligned = base.alignment(args.q, args.kv_cache)
-    box = key_box(p, config, aligned["KV_ALIGN"]) if args.num_blocks > 0 else 0
-    wgmma_ws_logits_kernel[launch_grid](*common.kernel_arguments(args, 1), key_descriptor(args.kv_cache, box) if box
-                                        else None, **kwargs, **aligned, KEY_BOX=box)
-
-
-# ----------------------------------------------------------------------------- compile specs
-def compile_specs(arch: str, configs: list[dict] | None = None) -> list[CompileSpec]:
-    """One spec per config (problem fields + knobs), specialised like a typical vLLM call."""
-    specs = []
-    for cfg in configs if configs is not None else compile_matrix(arch):
-        problem = common.problem_for(arch, FP8[arch], cfg)
-        knobs = _config(*_knobs(problem, cfg))
-
-        def descriptor_and_box(aligned, problem=problem, cfg=cfg):
-            box = key_box(problem, cfg, aligned["KV_ALIGN"])
-            # a small host tensor of the typical block layout stands in for the cache
-            cache = torch.empty((2, problem.kv_block_size, 1, base.HEAD_DIM + 4), dtype=torch.uint8)
-            return (key_descriptor(cache, box) if box else None,), {"KEY_BOX": box}
-
-        specs.append(base.typical_spec(wgmma_ws_logits_kernel, problem, cfg, knobs, constexprs(problem, cfg),
-                                       options(problem, cfg), tail=descriptor_and_box))
-    return specs
-
-
-def compile_matrix(arch: str) -> list[dict]:
-    """Every candidate of ``common.representative_problems`` (deduplicated by kernel)."""
-    out, seen = [], set()
-    for fields in common.representative_problems(arch):
-        problem = common.problem_for(arch, FP8[arch], fields)
-        for cand in candidates(problem):
-            key = (tuple(sorted(constexprs(problem, cand).items())), _knobs(problem, cand)[3])
-            if key not in seen:
-                seen.add(key)
-                out.append(dict(fields, **cand))
-    return out
+VARIANT = WgmmaWsVariant()

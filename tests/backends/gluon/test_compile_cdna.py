@@ -4,10 +4,10 @@ parsing is checked on real compiler output; the real launch path (JIT binding, s
 grid) runs against a stand-in driver.
 
 Compile matrix (:func:`ci_matrix`; under Triton 3.6 gfx942 162 kernels, gfx950 350, a few minutes of
-wall time on 2 shared cores from a cold Triton cache; later compilers need more VGPRs, so ``cdna.fits``
+wall time on 2 shared cores from a cold Triton cache; later compilers need more VGPRs, so ``MFMA.admits``
 admits fewer WavePerEU 4 knob sets: ``_triton_compat.AMD_VGPR_MARGIN``): **every candidate** (ChunkK 64/128/256 x WavePerEU 1/2/4 x
 per-row with Q in VGPRs / per-row with Q in LDS / shared-KV, x both MFMA kinds on gfx950, each
-with Prefetch where it fits else without, as admitted by ``cdna.fits``) of five shapes chosen so
+with Prefetch where it fits else without, as admitted by ``MFMA.admits``) of five shapes chosen so
 that every code-generating constexpr takes each of its values at least once:
 
 =====  =====  =========  =========  =======  ===================================================
@@ -23,7 +23,7 @@ heads  next_n block      Preshuffle lengths  why
 plus, for the DeepSeek decode shape (the first), every candidate of every other cache layout
 (``cdna.KV_LAYOUTS``: block strides padded by 4 and by 16 bytes, a base pointer 4 bytes off
 16-byte alignment, the 64-bit ``global_load`` path packed and padded), each offered by
-``cdna.candidates`` for that layout: the selection sees the real stride, alignment and 32/64-bit
+``MFMA.candidates`` for that layout: the selection sees the real stride, alignment and 32/64-bit
 flag, so a knob set that would spill on a layout is not offered for it. Batch, context and CU
 count change only host-side numbers (grid, SplitKV), never the kernel, so they are not varied.
 """
@@ -42,10 +42,12 @@ pytest.importorskip("triton.experimental.gluon")
 from fake_gpu import compiled_kernels, fake_gpu  # noqa: E402
 from paged_mqa_logits._triton_compat import GPUTarget  # noqa: E402
 from paged_mqa_logits.backends.gluon import BACKEND, cdna, common  # noqa: E402
-from paged_mqa_logits.compile import (  # noqa: E402
-    amd_resources, check_records, compile_spec, compile_specs, max_waves_per_simd)
+from paged_mqa_logits.backends.gluon.register_mma_kernel import register_mma_logits_kernel  # noqa: E402
+from paged_mqa_logits.compile import amd_resources, check_records, compile_specs  # noqa: E402
 from paged_mqa_logits.op import build_launch_args  # noqa: E402
 from paged_mqa_logits.reference import make_inputs  # noqa: E402
+
+MFMA = cdna.VARIANT
 
 ARCHS = ("gfx942", "gfx950")
 SHAPES = (
@@ -60,8 +62,8 @@ SHAPES = (
 def ci_matrix(arch: str) -> list[dict]:
     configs = []
     for shape in SHAPES:
-        problem = common.problem_for(arch, cdna.FP8[arch], shape)
-        configs += [dict(shape, **cand) for cand in cdna.candidates(problem)]
+        problem = common.problem_for(arch, MFMA.fp8[arch], shape)
+        configs += [dict(shape, **cand) for cand in MFMA.candidates(problem)]
     configs += layout_matrix(arch)
     return configs
 
@@ -72,15 +74,15 @@ def layout_matrix(arch: str) -> list[dict]:
     for layout in cdna.KV_LAYOUTS:
         if layout == "packed":
             continue
-        problem = cdna.layout_problem(common.problem_for(arch, cdna.FP8[arch], SHAPES[0]), {"layout": layout})
-        configs += [dict(SHAPES[0], **cand, layout=layout) for cand in cdna.candidates(problem)]
+        problem = cdna.layout_problem(common.problem_for(arch, MFMA.fp8[arch], SHAPES[0]), {"layout": layout})
+        configs += [dict(SHAPES[0], **cand, layout=layout) for cand in MFMA.candidates(problem)]
     return configs
 
 
 @pytest.fixture(scope="module", params=ARCHS)
 def compiled(request, tmp_path_factory):
     arch = request.param
-    specs = cdna.compile_specs(arch, ci_matrix(arch))
+    specs = MFMA.compile_specs(arch, ci_matrix(arch))
     out_dir = str(tmp_path_factory.mktemp(f"cdna_{arch}"))
     records = compile_specs(specs, out_dir, jobs=min(2, os.cpu_count() or 1), progress=False)
     total = sum(r.seconds or 0 for r in records)
@@ -148,86 +150,35 @@ def test_lds_use_matches_the_staging_knob(compiled):
         assert staged <= r.lds_bytes <= staged + scan + (staged // 8), r.name
 
 
-# ----------------------------------------------------------------------------- ISA parsing
-@pytest.fixture(scope="module")
-def one_kernel(tmp_path_factory):
-    cfg = dict(heads=64, next_n=2, kv_block_size=64, preshuffle=True, ChunkK=128, WavePerEU=2, ReuseKV=1, QInLDS=1,
-               Schedule="split")
-    spec = cdna.compile_specs("gfx942", [cfg])[0]
-    record = compile_spec(spec, str(tmp_path_factory.mktemp("one")))
-    return record, open(record.isa).read()
-
-
-def _yaml(isa: str, key: str) -> int:
-    return int(re.search(rf"^\s+\.{key}:\s+(\d+)", isa, re.M).group(1))
-
-
-def test_amd_resources_agree_with_the_code_object_metadata(one_kernel):
-    record, isa = one_kernel
-    res = amd_resources(isa)
-    assert res["vgprs"] == _yaml(isa, "vgpr_count")  # TotalNumVgprs: arch VGPRs + AGPRs
-    assert res["sgprs"] == _yaml(isa, "sgpr_count")
-    assert res["scratch_bytes"] == _yaml(isa, "private_segment_fixed_size") == 0
-    assert res["spill_count"] == _yaml(isa, "vgpr_spill_count") + _yaml(isa, "sgpr_spill_count") == 0
-    assert res["occupancy"] == 2  # waves_per_eu=2 caps the occupancy at exactly 2
-    assert res["mma_instructions"] == ["v_mfma_f32_32x32x16_fp8_fp8"]
-    assert record.lds_bytes == 2 * 64 * 132  # two staged rows: fp8 Q + fp32 weights (dynamic LDS)
-    assert os.path.getsize(record.binary) > 0 and record.binary.endswith(".hsaco")
-
-
-def test_check_records_flags_each_violation(one_kernel):
-    record, _ = one_kernel
-    assert check_records([record]) == []
-    cases = {
-        "failed to compile": dict(ok=False, error="boom"),
-        "scratch": dict(scratch_bytes=16),
-        "register spills": dict(spill_count=3),
-        "no native fp8": dict(mma_instructions=["v_mfma_f32_32x32x8_f16"]),
-        "non-fp8 MFMA": dict(mma_instructions=["v_mfma_f32_32x32x16_fp8_fp8", "v_mfma_f32_32x32x8_f16"]),
-        "waves/SIMD": dict(vgprs=257),
-        "compiler occupancy": dict(occupancy=1),
-        "per CU": dict(lds_bytes=40 * 1024),
-        "LDS/shared memory": dict(lds_bytes=70 * 1024, knobs=dict(record.knobs, WavePerEU=None)),
-    }
-    for needle, change in cases.items():
-        bad = dataclasses.replace(record, **change)
-        messages = check_records([bad])
-        assert any(needle in m for m in messages), (needle, messages)
-
-
-def test_vgpr_budget_formula():
-    assert [max_waves_per_simd(v) for v in (1, 64, 128, 129, 136, 256, 257, 512)] == [8, 8, 4, 3, 3, 2, 1, 1]
-
-
 # ----------------------------------------------------------------------------- host side
 @pytest.mark.parametrize("arch", ARCHS)
 def test_candidates_fit_and_default_is_a_candidate(arch):
     for shape in SHAPES:
-        p = common.problem_for(arch, cdna.FP8[arch], shape)
-        cands = cdna.candidates(p)
-        assert cands and all(cdna.fits(p, c) and c["variant"] == "mfma" for c in cands)
-        assert cdna.default_config(p) in cands
+        p = common.problem_for(arch, MFMA.fp8[arch], shape)
+        cands = MFMA.candidates(p)
+        assert cands and all(MFMA.admits(p, c) and c["variant"] == "mfma" for c in cands)
+        assert MFMA.default_config(p) in cands
         assert len({common.config_key(c) for c in cands}) == len(cands)
         assert BACKEND.candidates(p) == cands  # the only gluon variant on AMD
 
 
 def test_unsupported_reasons():
     p = common.problem_for("gfx942", "fnuz", {})
-    assert cdna.unsupported(p) is None and BACKEND.unsupported(p) is None
-    assert "e4m3fnuz" in cdna.unsupported(dataclasses.replace(p, fp8="fn"))
-    assert "e4m3fn" in cdna.unsupported(common.problem_for("gfx950", "fnuz", {}))
-    assert "power of two" in cdna.unsupported(dataclasses.replace(p, heads=48))
-    assert "sm_90" in cdna.unsupported(common.problem_for("sm_90", "fn", {}))
+    assert MFMA.unsupported(p) is None and BACKEND.unsupported(p) is None
+    assert "e4m3fnuz" in MFMA.unsupported(dataclasses.replace(p, fp8="fn"))
+    assert "e4m3fn" in MFMA.unsupported(common.problem_for("gfx950", "fnuz", {}))
+    assert "power of two" in MFMA.unsupported(dataclasses.replace(p, heads=48))
+    assert "sm_90" in MFMA.unsupported(common.problem_for("sm_90", "fn", {}))
     cpu = dataclasses.replace(p, device_type="cpu", hypothetical=False)
-    assert "GPU" in BACKEND.unsupported(cpu) and "GPU" in cdna.unsupported(cpu)
+    assert "GPU" in BACKEND.unsupported(cpu) and "GPU" in MFMA.unsupported(cpu)
 
 
 def test_split_rule_uses_wave_per_eu_and_row_groups():
     p = common.problem_for("gfx950", "fn", dict(next_n=4, batch=8, cu_num=256, context=65536))
-    per_row = cdna.num_splits(p, {"ChunkK": 128, "WavePerEU": 4, "ReuseKV": 0})
-    shared = cdna.num_splits(p, {"ChunkK": 128, "WavePerEU": 4, "ReuseKV": 1})
+    per_row = MFMA.num_splits(p, {"ChunkK": 128, "WavePerEU": 4, "ReuseKV": 0})
+    shared = MFMA.num_splits(p, {"ChunkK": 128, "WavePerEU": 4, "ReuseKV": 1})
     assert per_row == 32 and shared == 128  # 256 CUs x 4 programs over 32 / 8 (sequence, row group)s
-    assert cdna.num_splits(p, {"ChunkK": 128, "WavePerEU": 4, "SplitKV": 5}) == 5
+    assert MFMA.num_splits(p, {"ChunkK": 128, "WavePerEU": 4, "SplitKV": 5}) == 5
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -240,7 +191,7 @@ def test_launch_path_binds_specialises_and_compiles(arch):
                              inputs["context_lens"], inputs["kv_indices"], inputs["max_model_len"], True, 16)
     args.problem = dataclasses.replace(args.problem, arch=arch, cu_num=304, device_type="cuda")
     config = {"variant": "mfma", "ChunkK": 64, "WavePerEU": 2, "SplitKV": 3, "ReuseKV": 0, "Schedule": "split"}
-    kernel = common.register_mma_logits_kernel
+    kernel = register_mma_logits_kernel
     with fake_gpu(GPUTarget("hip", arch, 64), [kernel]) as launches:
         BACKEND.launch(args, config)
         BACKEND.launch(args, config)  # second call: cached plan, cached kernel
@@ -261,7 +212,7 @@ def test_balanced_launch_is_one_persistent_wave_per_row_group(arch):
     the lengths (the kernel divides the work itself), and the same kernel for every batch."""
     fp8 = torch.float8_e4m3fnuz if arch == "gfx942" else torch.float8_e4m3fn
     config = {"variant": "mfma", "ChunkK": 64, "WavePerEU": 2, "ReuseKV": 0, "Schedule": "balanced"}
-    kernel = common.register_mma_logits_kernel
+    kernel = register_mma_logits_kernel
     with fake_gpu(GPUTarget("hip", arch, 64), [kernel]) as launches:
         for batch, lens in ((3, [100, 0, 37]), (5, [1, 2, 3, 4, 900])):
             inputs = make_inputs(batch, 2, 64, lens, kv_block_size=16, fp8_dtype=fp8, seed=1)
@@ -293,7 +244,7 @@ def test_launch_args_record_the_cache_layout():
 
 
 def _layout(arch, layout, **shape):
-    return cdna.layout_problem(common.problem_for(arch, cdna.FP8[arch], dict(SHAPES[0], **shape)), {"layout": layout})
+    return cdna.layout_problem(common.problem_for(arch, MFMA.fp8[arch], dict(SHAPES[0], **shape)), {"layout": layout})
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -305,23 +256,23 @@ def test_selection_uses_the_real_cache_layout(arch, monkeypatch):
     3.6's register allocation (later compilers' margin removes more knob sets on every layout)."""
     monkeypatch.setattr(cdna, "AMD_VGPR_MARGIN", 0)
     wide = {"ChunkK": 256, "WavePerEU": 2, "QInLDS": 0, "Prefetch": 1}
-    assert cdna.fits(_layout(arch, "packed"), wide) and cdna.fits(_layout(arch, "pad16"), wide)
+    assert MFMA.admits(_layout(arch, "packed"), wide) and MFMA.admits(_layout(arch, "pad16"), wide)
     for layout in ("pad4", "unaligned", "kv64_pad4"):
         problem = _layout(arch, layout)
-        assert not cdna.fits(problem, wide), layout
-        assert wide not in [{k: c[k] for k in wide} for c in cdna.candidates(problem)]
+        assert not MFMA.admits(problem, wide), layout
+        assert wide not in [{k: c[k] for k in wide} for c in MFMA.candidates(problem)]
     w4 = {"ChunkK": 128, "WavePerEU": 4, "QInLDS": 0, "Prefetch": 1}
-    assert cdna.fits(_layout(arch, "packed"), w4) and not cdna.fits(_layout(arch, "kv64"), w4)
-    resolved = cdna._knobs(_layout(arch, "kv64"), {"ChunkK": 128, "WavePerEU": 4})
-    assert cdna.fits(_layout(arch, "kv64"), {"ChunkK": 128, "WavePerEU": 4, "QInLDS": resolved[5],
-                                             "Prefetch": resolved[6]})
+    assert MFMA.admits(_layout(arch, "packed"), w4) and not MFMA.admits(_layout(arch, "kv64"), w4)
+    resolved = MFMA.knobs(_layout(arch, "kv64"), {"ChunkK": 128, "WavePerEU": 4})
+    assert MFMA.admits(_layout(arch, "kv64"), {"ChunkK": 128, "WavePerEU": 4, "QInLDS": resolved["QInLDS"],
+                                               "Prefetch": resolved["Prefetch"]})
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_layout_matrix_covers_every_chunk_and_occupancy_it_can(arch):
     """Every (ChunkK, WavePerEU) of the packed candidates is compiled on every layout, unless no
     Q/prefetch setting of it fits that layout (then it is not a candidate there)."""
-    packed = {(c["ChunkK"], c["WavePerEU"]) for c in cdna.candidates(_layout(arch, "packed"))}
+    packed = {(c["ChunkK"], c["WavePerEU"]) for c in MFMA.candidates(_layout(arch, "packed"))}
     matrix = layout_matrix(arch)
     for layout in cdna.KV_LAYOUTS:
         if layout == "packed":
@@ -329,6 +280,6 @@ def test_layout_matrix_covers_every_chunk_and_occupancy_it_can(arch):
         problem = _layout(arch, layout)
         compiled = {(c["ChunkK"], c["WavePerEU"]) for c in matrix if c["layout"] == layout}
         for chunk, waves in packed - compiled:
-            assert not any(cdna.fits(problem, {"ChunkK": chunk, "WavePerEU": waves, "QInLDS": q, "Prefetch": pf})
+            assert not any(MFMA.admits(problem, {"ChunkK": chunk, "WavePerEU": waves, "QInLDS": q, "Prefetch": pf})
                            for q in (0, 1) for pf in (0, 1)), (layout, chunk, waves)
         assert {chunk for chunk, _ in compiled} == {64, 128, 256}, layout

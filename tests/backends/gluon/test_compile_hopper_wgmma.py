@@ -34,6 +34,8 @@ from paged_mqa_logits.backends.gluon import hopper_wgmma as wg  # noqa: E402
 from paged_mqa_logits.compile import LDS_LIMIT_BYTES, check_records, compile_specs  # noqa: E402
 from paged_mqa_logits.problem import Problem  # noqa: E402
 
+WG = wg.VARIANT
+
 ARCH = "sm_90"
 
 
@@ -57,12 +59,12 @@ def ci_matrix() -> list[dict]:
     for heads in (32, 64):
         for next_n in (1, 2, 4):
             p = problem(heads, next_n)
-            configs += [dict(shape_fields(p), **c) for c in wg.candidates(p) + [wg.default_config(p)]]
+            configs += [dict(shape_fields(p), **c) for c in WG.candidates(p) + [WG.default_config(p)]]
     others = [problem(h, n) for h in (32, 64) for n in (3, 5, 6, 7, 8)]
     others += [problem(64, 2, bs, pre) for bs in (1, 16, 32, 128, 256) for pre in (False, True) if not pre or bs % 16 == 0]
     others += [problem(32, 3, lens_2d=False), problem(64, 4, 16, True, lens_2d=False), problem(16, 4), problem(128, 2)]
-    configs += [dict(shape_fields(p), **wg.default_config(p)) for p in others]
-    configs.append(dict(shape_fields(problem(64, 2)), **wg.default_config(problem(64, 2)), block_stride_pad=4,
+    configs += [dict(shape_fields(p), **WG.default_config(p)) for p in others]
+    configs.append(dict(shape_fields(problem(64, 2)), **WG.default_config(problem(64, 2)), block_stride_pad=4,
                         q_misaligned=1))
     out, seen = [], set()
     for cfg in configs:
@@ -78,7 +80,7 @@ def compiled(tmp_path_factory):
     """(config, spec, record, ptxas log) for every kernel of :func:`ci_matrix`."""
     out_dir = str(tmp_path_factory.mktemp("wgmma_sm90"))
     configs = ci_matrix()
-    specs = wg.compile_specs(ARCH, configs)
+    specs = WG.compile_specs(ARCH, configs)
     records = compile_specs(specs, out_dir, jobs=min(2, os.cpu_count() or 1), progress=False)
     ptxas = ptxas_for(90)  # the one Triton assembles sm_90 with (its PTX version follows it)
 
@@ -156,12 +158,12 @@ def test_balanced_grid_follows_the_compiled_kernels_occupancy(compiled):
             pass
 
     p = problem(batch=64)
-    cfg = dict(wg.default_config(p), Schedule="balanced")
+    cfg = dict(WG.default_config(p), Schedule="balanced")
     assert wg.resident_programs(Compiled(151, 50712)) == 3  # 152 regs x 128 threads: 3 per 64K
     assert wg.resident_programs(Compiled(96, 50712)) == 4  # then shared memory: 228K / 51.7K
-    assert wg.grid(p, cfg, Compiled(151, 50712)) == ((132 * 3, 1), 1)
-    assert wg.grid(p, dict(cfg, CtasPerSM=2), Compiled(151, 50712)) == ((132 * 2, 1), 1)
-    assert wg.grid(p, dict(cfg, Schedule="split")) == ((wg.num_splits(p, cfg), 64), wg.num_splits(p, cfg))
+    assert WG.grid(p, cfg, Compiled(151, 50712)) == ((132 * 3, 1), 1)
+    assert WG.grid(p, dict(cfg, CtasPerSM=2), Compiled(151, 50712)) == ((132 * 2, 1), 1)
+    assert WG.grid(p, dict(cfg, Schedule="split")) == ((WG.num_splits(p, cfg), 64), WG.num_splits(p, cfg))
     for cfg, _, record, _ in compiled:  # every balanced kernel is resident at least once per SM
         if cfg.get("Schedule") == "balanced":
             assert wg.resident_programs(Compiled(record.vgprs, record.lds_bytes)) >= 1, record.name
@@ -169,14 +171,14 @@ def test_balanced_grid_follows_the_compiled_kernels_occupancy(compiled):
 
 # ----------------------------------------------------------------------------- host side
 def test_unsupported_says_why():
-    assert wg.unsupported(problem()) is None
-    assert wg.unsupported(problem(next_n=8, kv_block_size=1)) is None
-    assert "gfx950" in wg.unsupported(problem(arch="gfx950"))
-    assert "e4m3fnuz" in wg.unsupported(problem(fp8="fnuz"))
-    assert "device type" in wg.unsupported(problem(device_type="cpu"))
-    assert "power of two" in wg.unsupported(problem(heads=48))
-    assert "head_dim" in wg.unsupported(problem(head_dim=64))
-    assert wg.unsupported(problem(device_type="cpu", hypothetical=True)) is None
+    assert WG.unsupported(problem()) is None
+    assert WG.unsupported(problem(next_n=8, kv_block_size=1)) is None
+    assert "gfx950" in WG.unsupported(problem(arch="gfx950"))
+    assert "e4m3fnuz" in WG.unsupported(problem(fp8="fnuz"))
+    assert "device type" in WG.unsupported(problem(device_type="cpu"))
+    assert "power of two" in WG.unsupported(problem(heads=48))
+    assert "head_dim" in WG.unsupported(problem(head_dim=64))
+    assert WG.unsupported(problem(device_type="cpu", hypothetical=True)) is None
 
 
 @pytest.mark.parametrize("heads", (16, 32, 64, 128))
@@ -184,17 +186,17 @@ def test_unsupported_says_why():
 def test_candidates_and_default_fit(heads, next_n):
     p = problem(heads, next_n)
     if heads == 128 and next_n >= 3:  # beyond the contract (H 32/64): two rows of 128 heads max
-        assert "no tile configuration fits" in wg.unsupported(p)
+        assert "no tile configuration fits" in WG.unsupported(p)
         return
-    assert wg.unsupported(p) is None
-    default = wg.default_config(p)
-    cands = wg.candidates(p)
+    assert WG.unsupported(p) is None
+    default = WG.default_config(p)
+    cands = WG.candidates(p)
     assert cands
     for cfg in cands + [default]:
-        assert cfg["variant"] == wg.VARIANT
-        assert set(cfg) == {"variant", *wg.KNOBS}
+        assert cfg["variant"] == WG.name
+        assert set(cfg) == {"variant", *WG.knob_space}
         assert wg.fits(p, cfg["ChunkK"], cfg["RowsPerMMA"], cfg["num_stages"])
-        assert wg.num_splits(p, cfg) >= 1
+        assert WG.num_splits(p, cfg) >= 1
     assert len({tuple(sorted(c.items())) for c in cands}) == len(cands)
 
 
@@ -240,7 +242,7 @@ def test_launch_builds_the_kernels_arguments_on_meta_tensors():
                           kv_block_size=64, preshuffle=False, problem=p)
         sink = []
         with kernel_cache.record_launches(GPUTarget("cuda", 90, 32), sink):
-            wg.launch(args, wg.default_config(p))
+            WG.launch(args, WG.default_config(p))
         assert len(sink) == 1
         launch = sink[0]
         names = launch.kernel.arg_names

@@ -28,6 +28,7 @@ from paged_mqa_logits.backends.gluon import hopper_wgmma_ws as ws  # noqa: E402
 from paged_mqa_logits.compile import check_records, compile_specs  # noqa: E402
 from paged_mqa_logits.problem import Problem  # noqa: E402
 
+WS = ws.VARIANT
 ARCH = "sm_90"
 
 
@@ -53,18 +54,18 @@ def ci_matrix() -> list[dict]:
     configs = []
     for heads, next_n in ((h, n) for h in (32, 64) for n in (1, 2, 3, 4)):
         p = problem(heads, next_n)
-        configs += [dict(fields_of(p), **c) for c in ws.candidates(p)
+        configs += [dict(fields_of(p), **c) for c in WS.candidates(p)
                     if (heads, next_n) in FULL_SHAPES or (c["Consumers"] == 1 and c["KeyCopy"] == "gather")]
     others = [problem(64, 2, 1), problem(64, 2, 16, True), problem(32, 4, lens_2d=False), problem(32, 5),
               problem(32, 8)]
-    configs += [dict(fields_of(p), **ws.default_config(p)) for p in others]
+    configs += [dict(fields_of(p), **WS.default_config(p)) for p in others]
     # the 4-byte key copies and the plain-load Q path; there KeyCopy=tma falls back to the gather
     for key_copy in ("gather", "tma"):
-        configs.append(dict(fields_of(problem(64, 2)), **{**ws.default_config(problem(64, 2)), "KeyCopy": key_copy},
+        configs.append(dict(fields_of(problem(64, 2)), **{**WS.default_config(problem(64, 2)), "KeyCopy": key_copy},
                             block_stride_pad=4, q_misaligned=1))
     # TMA boxes of 16-token cache blocks (four per 64-token tile); none for a preshuffled cache
     for p in (problem(64, 2, 16), problem(64, 2, 64, True)):
-        configs.append(dict(fields_of(p), **{**ws.default_config(p), "KeyCopy": "tma"}))
+        configs.append(dict(fields_of(p), **{**WS.default_config(p), "KeyCopy": "tma"}))
     return configs
 
 
@@ -108,7 +109,8 @@ def test_partitions_and_handover(compiled):
     for cfg, record, _ in compiled:
         ptx = open(record.isa).read()
         p = common.problem_for(ARCH, "fn", cfg)
-        chunk, rows, _, ctas, consumers, _ = ws._knobs(p, cfg)
+        knobs = WS.knobs(p, cfg)
+        chunk, rows, ctas, consumers = (knobs[k] for k in ("ChunkK", "RowsPerMMA", "CtasPerSM", "Consumers"))
         found = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k32\.f32\.e4m3\.e4m3", ptx))
         groups = wg.row_groups(cfg["next_n"], min(rows, wg._pow2_floor(cfg["next_n"])))
         assert found == {str(n * cfg["heads"]) for _, n in groups}, record.name
@@ -131,8 +133,9 @@ def test_keys_by_tma_where_the_cache_allows(compiled):
     for cfg, record, _ in compiled:
         ptx = open(record.isa).read()
         p = common.problem_for(ARCH, "fn", cfg)
-        chunk = ws._knobs(p, cfg)[0]
-        box = ws.key_box(p, cfg, 4 if cfg.get("block_stride_pad") else 16)
+        knobs = WS.knobs(p, cfg)
+        chunk = knobs["ChunkK"]
+        box = ws.key_box(p, knobs["KeyCopy"], chunk, 4 if cfg.get("block_stride_pad") else 16)
         boxes = re.findall(r"cp\.async\.bulk\.tensor\.3d\.shared::cluster\.global\.mbarrier::complete_tx::bytes", ptx)
         inits = set(re.findall(r"mbarrier\.init\.shared::cta\.b64 \[%r\d+\], (\d+);", ptx))
         if box:
@@ -150,7 +153,8 @@ def test_programs_per_sm_fit(compiled):
     """``CtasPerSM`` programs of 8 warps at ``maxnreg`` fill at most the register file, and
     their shared memory (plus the driver's 1 KB each) fits an SM."""
     for cfg, record, _ in compiled:
-        _, _, _, ctas, consumers, _ = ws._knobs(common.problem_for(ARCH, "fn", cfg), cfg)
+        knobs = WS.knobs(common.problem_for(ARCH, "fn", cfg), cfg)
+        ctas, consumers = knobs["CtasPerSM"], knobs["Consumers"]
         threads = (consumers * ws.NUM_WARPS + ws.PRODUCER_WARPS) * 32
         assert ctas * threads * ws.max_registers(ctas, consumers) <= ws.SM_REGISTERS, record.name
         assert ctas * (record.lds_bytes + 1024) <= ws.SM_SHARED_BYTES, (record.name, record.lds_bytes)
@@ -159,10 +163,10 @@ def test_programs_per_sm_fit(compiled):
 # ----------------------------------------------------------------------------- host side
 def test_balanced_only_and_knob_errors_say_why():
     p = problem(64, 2)
-    assert ws.check_config(ws.default_config(p), p) is None
-    assert "expected one of balanced" in ws.check_config(dict(ws.default_config(p), Schedule="split"), p)
-    assert "CtasPerSM" in ws.check_config(dict(ws.default_config(p), CtasPerSM=4), p)
-    assert "Consumers" in ws.check_config(dict(ws.default_config(p), Consumers=4), p)
+    assert WS.check_config(WS.default_config(p), p) is None
+    assert "expected one of balanced" in WS.check_config(dict(WS.default_config(p), Schedule="split"), p)
+    assert "CtasPerSM" in WS.check_config(dict(WS.default_config(p), CtasPerSM=4), p)
+    assert "Consumers" in WS.check_config(dict(WS.default_config(p), Consumers=4), p)
 
 
 def test_consumers_share_the_register_file_equally():
@@ -181,15 +185,17 @@ def test_consumers_share_the_register_file_equally():
 @pytest.mark.parametrize("next_n", range(1, 9))
 def test_candidates_fit_and_grid_is_one_wave(heads, next_n):
     p = problem(heads, next_n)
-    if ws.unsupported(p) is not None:  # the wgmma variant serves these (more than two row groups)
+    if WS.unsupported(p) is not None:  # the wgmma variant serves these (more than two row groups)
         assert next_n >= 5
-        assert "no warp-specialised configuration fits" in ws.unsupported(p)
+        assert "no warp-specialised configuration fits" in WS.unsupported(p)
         return
-    for cfg in ws.candidates(p) + [ws.default_config(p)]:
-        assert set(cfg) == {"variant", *ws.KNOBS}
-        chunk, rows, stages, ctas, consumers = ws._knobs(p, cfg)[:5]
+    for cfg in WS.candidates(p) + [WS.default_config(p)]:
+        assert set(cfg) == {"variant", *WS.knob_space}
+        knobs = WS.knobs(p, cfg)
+        chunk, rows, stages, ctas, consumers = (knobs[k] for k in ("ChunkK", "RowsPerMMA", "num_stages", "CtasPerSM",
+                                                                   "Consumers"))
         assert ws.fits(p, chunk, rows, stages, ctas, consumers)
-        assert ws.grid(p, cfg) == (132 * ctas, 1)
+        assert WS.grid(p, cfg) == (132 * ctas, 1)
 
 
 def test_not_the_default_variant_but_a_tuner_candidate():

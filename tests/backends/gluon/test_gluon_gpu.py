@@ -14,7 +14,9 @@ Matrix: KVBlockSize 1/16/32/64/128/256, Preshuffle on/off, H 32/64, next_n 1/2/3
 strided block-table and output rows (``op_cases.random_case``); every candidate of three
 shapes; forced split counts and the register/LDS query paths; 1-D vs 2-D bit identity; a KV
 cache and an output past 2^31 bytes (64-bit offsets, and AMD's 64-bit gather path); CUDA-graph
-capture and replay.
+capture and replay (bit-identical to the eager call, no host sync in a warm launch); strided
+q / weights / 2-D lengths, block tables narrower than the longest sequence, block strides not
+16-byte aligned and next_n 5 / 7 (uneven wgmma row groups).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import torch
 from op_cases import build, random_case
 from paged_mqa_logits.op import build_launch_args
 from paged_mqa_logits.reference import check_logits, make_inputs, reference_logits
+
+pytestmark = pytest.mark.gpu
 
 VARIANTS = {"sm_90": ("mma_v2", "wgmma", "wgmma_ws"), "gfx942": ("mfma",), "gfx950": ("mfma",)}
 ALL_VARIANTS = ("mma_v2", "wgmma", "wgmma_ws", "mfma")
@@ -48,14 +52,15 @@ def fp8_dtype(arch: str):
 
 
 def variant_module(name: str):
+    """The variant object named ``name`` (skips when it does not target this GPU or did not import)."""
     arch = device_arch()
     if name not in VARIANTS.get(arch, ()):
         _skip(f"variant {name!r} does not target this GPU ({arch})")
-    from paged_mqa_logits.backends.gluon import import_errors, variant_modules
+    from paged_mqa_logits.backends.gluon import import_errors, variants
 
-    for module in variant_modules():
-        if module.VARIANT == name:
-            return module
+    for variant in variants():
+        if variant.name == name:
+            return variant
     _skip(f"variant {name!r} is not importable: {import_errors()}")
 
 
@@ -99,6 +104,7 @@ SHAPES = (
     dict(batch=3, next_n=1, heads=64, context_lens=[515, 0, 129], kv_block_size=64, preshuffle=True),
     dict(batch=2, next_n=4, heads=32, context_lens=[1000, 77], kv_block_size=16, preshuffle=False, lens_2d=False),
     dict(batch=2, next_n=8, heads=64, context_lens=[333, 9], kv_block_size=1, preshuffle=False),
+    dict(batch=2, next_n=4, heads=64, context_lens=[700, 33], kv_block_size=128, preshuffle=True),
 )
 
 
@@ -211,3 +217,88 @@ def test_cuda_graph_capture_and_replay(name):
                            inp["max_model_len"], kv_block_size=64, preshuffle=False)
     check = check_logits(inp["out_logits"], before, ref)
     assert check.ok, check.describe()
+
+
+#: (heads, next_n, kv_block_size, preshuffle, 2-D lengths, block stride pad, what else is odd)
+STRIDED = (
+    (64, 5, 64, True, True, 4, "narrow table"),  # pad 4: cache blocks not 16-byte aligned
+    (32, 7, 16, False, False, 132, "max_model_len clamps"),
+    (64, 3, 1, False, True, 0, "narrow table"),
+    (32, 2, 256, True, True, 16, ""),
+)
+
+
+def strided_inputs(index: int, arch: str) -> dict:
+    """``STRIDED[index]``: one long sequence among empty, single-token and odd ones, with q, the
+    weights and 2-D lengths as strided views of larger buffers, optionally a block table
+    narrower than the longest sequence (positions past it are never written) or a
+    ``max_model_len`` below it."""
+    heads, next_n, bs, pre, lens_2d, pad, odd = STRIDED[index]
+    lens = [1500, 0, 1, 333, next_n]
+    mml = 1000 if odd == "max_model_len clamps" else max(lens) + 37
+    inp = make_inputs(len(lens), next_n, heads, lens, kv_block_size=bs, preshuffle=pre, lens_2d=lens_2d,
+                      max_model_len=mml, device="cuda", fp8_dtype=fp8_dtype(arch), seed=20 + index,
+                      block_stride_pad=pad, table_pad=index % 2, table_row_pad=3, out_row_pad=2)
+    if odd == "narrow table":
+        inp["kv_indices"] = inp["kv_indices"][:, :-(-lens[0] // bs) - 2]
+    batch, dim = len(lens), inp["q_fp8"].shape[-1]
+    q = inp["q_fp8"]
+    qbuf = torch.zeros(batch, next_n, heads + 16, dim, dtype=torch.uint8, device="cuda").view(q.dtype)
+    qbuf[:, :, 3:3 + heads] = q
+    inp["q_fp8"] = qbuf[:, :, 3:3 + heads]
+    w = inp["weights"]
+    wbuf = torch.zeros(w.shape[0], heads + 5, device="cuda")
+    wbuf[:, :heads] = w
+    inp["weights"] = wbuf[:, :heads]
+    if lens_2d:
+        lbuf = torch.zeros(batch, next_n + 2, dtype=torch.int32, device="cuda")
+        lbuf[:, :next_n] = inp["context_lens"]
+        inp["context_lens"] = lbuf[:, :next_n]
+    return inp
+
+
+@pytest.mark.parametrize("name", ALL_VARIANTS)
+@pytest.mark.parametrize("index", range(len(STRIDED)))
+def test_strided_operands_narrow_tables_and_uneven_row_groups(name, index):
+    """The default config and one candidate (rotating with the case) on each ``STRIDED`` case."""
+    module = variant_module(name)
+    inp = strided_inputs(index, device_arch())
+    ref = reference_logits(inp["q_fp8"], inp["kv_cache"], inp["weights"], inp["context_lens"], inp["kv_indices"],
+                           inp["max_model_len"], kv_block_size=inp["kv_block_size"], preshuffle=inp["preshuffle"])
+    problem = launch_args(inp).problem
+    cands = module.candidates(problem)
+    configs = [module.default_config(problem)] + cands[index % len(cands):][:1]
+    failures = []
+    for config in configs:
+        inp["out_logits"].fill_(float("nan"))
+        check, _ = run_checked(module, inp, config, reference=ref)
+        if not check.ok:
+            failures.append(f"{STRIDED[index]} {config}: {check.describe()}")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("name", ALL_VARIANTS)
+@pytest.mark.parametrize("heads,next_n,kv_block_size,preshuffle", [(64, 4, 64, False), (32, 3, 16, True)])
+def test_graph_replay_is_bit_identical_to_eager_and_never_syncs(name, heads, next_n, kv_block_size, preshuffle):
+    """After a warm-up call, a launch makes no host sync (``set_sync_debug_mode("error")``),
+    and a captured graph's replay writes exactly the eager call's bits."""
+    module = variant_module(name)
+    inp = make_inputs(3, next_n, heads, [900, 0, 511], kv_block_size=kv_block_size, preshuffle=preshuffle,
+                      device="cuda", fp8_dtype=fp8_dtype(device_arch()), seed=5)
+    args = launch_args(inp)
+    config = module.default_config(args.problem)
+    module.launch(args, config)  # warm-up: compile (and size a balanced grid) outside the checks
+    torch.cuda.synchronize()
+    eager = args.out.clone()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        module.launch(args, config)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        module.launch(args, config)
+    args.out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(args.out.view(torch.int32), eager.view(torch.int32))
