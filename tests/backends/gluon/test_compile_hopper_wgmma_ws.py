@@ -73,7 +73,7 @@ def ci_matrix() -> list[dict]:
 def compiled(tmp_path_factory):
     out_dir = str(tmp_path_factory.mktemp("wgmma_ws_sm90"))
     configs = ci_matrix()
-    records = compile_specs(ws.compile_specs(ARCH, configs), out_dir, jobs=min(2, os.cpu_count() or 1),
+    records = compile_specs(WS.compile_specs(ARCH, configs), out_dir, jobs=min(2, os.cpu_count() or 1),
                             progress=False)
     ptxas = ptxas_for(90)
 
