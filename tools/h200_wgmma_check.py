@@ -155,7 +155,7 @@ def _compile_worker(job):
     signature, constexprs, attrs, options, target = job
     import triton
 
-    from paged_mqa_logits._triton_compat import GluonASTSource
+    from paged_mqa_logits.triton_internals.compiler import GluonASTSource
     from paged_mqa_logits.backends.gluon.hopper_wgmma import wgmma_logits_kernel
 
     t0 = time.time()

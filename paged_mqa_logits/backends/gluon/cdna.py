@@ -36,11 +36,12 @@ import sys
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from ... import _triton_compat as compat
-from ..._triton_compat import AMD_VGPR_MARGIN
 from ...arch import ARCH_SPECS, native_fp8
 from ...problem import LaunchArgs, Problem
 from ...schedule import derive_split_kv
+from ...triton_internals.compiler import HIPBackend
+from ...triton_internals.specialise import StandIn, runtime_parameters, specialise
+from ...triton_internals.toolchain import AMD_VGPR_MARGIN
 from ..base import MAX_SPLIT_KV, CompileSpec
 from . import common
 
@@ -310,11 +311,11 @@ def layout_problem(problem: Problem, cfg: dict) -> Problem:
 def _layout_arguments(problem: Problem) -> tuple:
     """:func:`common.typical_arguments` with the problem's cache layout: the cache pointers'
     alignment and the block stride are what the JIT specialises on (16-byte divisibility)."""
-    names = [p.name for p in common.register_mma_logits_kernel.params if not p.is_constexpr]
+    names = runtime_parameters(common.register_mma_logits_kernel)
     values = list(common.typical_arguments(problem, kv_32bit=problem.kv_32bit))
     for name in ("kv_ptr", "scale_ptr"):
         stand_in = values[names.index(name)]
-        values[names.index(name)] = common.StandIn(stand_in.dtype, stand_in.ptr_range(), problem.kv_base_aligned)
+        values[names.index(name)] = StandIn(stand_in.dtype, stand_in.ptr_range(), problem.kv_base_aligned)
     values[names.index("stride_block")] = problem.kv_stride_bytes
     return tuple(values)
 
@@ -328,8 +329,8 @@ def compile_specs(arch: str, configs: list[dict] | None = None) -> list[CompileS
         problem = layout_problem(common.problem_for(arch, FP8[arch], cfg), cfg)
         kv_32bit = problem.kv_32bit
         consts = constexprs(problem, cfg, kv_32bit)
-        signature, consts, attrs = common.specialise(common.register_mma_logits_kernel,
-                                                     _layout_arguments(problem), consts, compat.HIPBackend)
+        signature, consts, attrs = specialise(common.register_mma_logits_kernel, _layout_arguments(problem), consts,
+                                              HIPBackend)
         chunk, waves, split, reuse, kind, q_lds, prefetch = _knobs(problem, cfg)
         knobs = {"variant": VARIANT, "ChunkK": chunk, "WavePerEU": waves, "SplitKV": split, "ReuseKV": reuse,
                  "Mfma": kind, "QInLDS": q_lds, "Prefetch": prefetch, "Schedule": common.schedule_of(problem, cfg)}

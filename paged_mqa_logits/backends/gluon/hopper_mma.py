@@ -37,11 +37,12 @@ import sys
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from ... import _triton_compat as compat
-from ..._triton_compat import mma_v2
 from ...arch import native_fp8
 from ...problem import LaunchArgs, Problem
 from ...schedule import derive_split_kv
+from ...triton_internals.compiler import CUDABackend
+from ...triton_internals.gluon_api import mma_v2
+from ...triton_internals.specialise import specialise
 from ..base import MAX_SPLIT_KV, CompileSpec
 from . import common
 
@@ -204,9 +205,8 @@ def compile_specs(arch: str, configs: list[dict] | None = None) -> list[CompileS
     specs = []
     for cfg in configs if configs is not None else compile_matrix(arch):
         problem = common.problem_for(arch, FP8[arch], cfg)
-        signature, consts, attrs = common.specialise(common.register_mma_logits_kernel,
-                                                     common.typical_arguments(problem), constexprs(problem, cfg),
-                                                     compat.CUDABackend)
+        signature, consts, attrs = specialise(common.register_mma_logits_kernel, common.typical_arguments(problem),
+                                              constexprs(problem, cfg), CUDABackend)
         chunk, warps, split, reuse, q_lds, prefetch = _knobs(problem, cfg)
         knobs = {"variant": VARIANT, "ChunkK": chunk, "SplitKV": split, "ReuseKV": reuse, "num_warps": warps,
                  "QInLDS": q_lds, "Prefetch": prefetch, "Schedule": common.schedule_of(problem, cfg)}

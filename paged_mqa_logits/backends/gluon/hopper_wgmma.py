@@ -68,12 +68,14 @@ import sys
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from ..._triton_compat import (CUDABackend, async_copy, fence_async_shared, thread_barrier, warpgroup_mma,
-                               warpgroup_mma_wait)
 from ...arch import lds_limit
 from ...problem import LaunchArgs, Problem
 from ...schedule import persistent_programs
 from .. import MAX_SPLIT_KV
+from ...triton_internals.compiler import CUDABackend
+from ...triton_internals.gluon_api import (async_copy, fence_async_shared, thread_barrier, warpgroup_mma,
+                                            warpgroup_mma_wait)
+from ...triton_internals.specialise import StandIn, specialise
 from ..base import CompileSpec
 from . import common
 
@@ -782,9 +784,9 @@ def typical_spec(kernel, problem: Problem, cfg: dict, knobs: dict, consts: dict,
     if cfg.get("block_stride_pad"):
         runtime[10] += int(cfg["block_stride_pad"])
     if cfg.get("q_misaligned"):
-        runtime[0] = common.StandIn(runtime[0].dtype, runtime[0].ptr_range(), aligned=False)
+        runtime[0] = StandIn(runtime[0].dtype, runtime[0].ptr_range(), aligned=False)
     aligned = alignment_of(runtime[0].data_ptr(), runtime[7:10], runtime[1].data_ptr(), runtime[10])
-    signature, consts, attrs = common.specialise(kernel, tuple(runtime), {**consts, **aligned}, CUDABackend)
+    signature, consts, attrs = specialise(kernel, tuple(runtime), {**consts, **aligned}, CUDABackend)
     knobs = dict(knobs, kvalign=aligned["KV_ALIGN"], qasync=int(aligned["Q_ASYNC"]))
     return CompileSpec(
         name=common.spec_name("gluon", knobs["variant"], problem.arch, problem, knobs, True), backend="gluon",

@@ -36,10 +36,10 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
-from ..._triton_compat import async_copy, fence_async_shared, thread_barrier
 from ...arch import lds_limit
 from ...problem import LaunchArgs, Problem
 from ...schedule import persistent_programs
+from ...triton_internals.gluon_api import async_copy, fence_async_shared, thread_barrier
 from ..base import CompileSpec
 from . import common
 from . import hopper_wgmma as base
