@@ -13,7 +13,7 @@ Public surface:
 docs/CONTRACT.md is the contract every backend implements.
 """
 
-from ._triton_compat import warn_if_untested
+from .triton_internals.version import warn_if_untested
 from .dispatch import reload_tuned_table
 from .op import PagedMQAArgumentError
 from .torch_op import paged_mqa_logits

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import _triton_compat as compat
+from .triton_internals import compiler
 from .errors import PagedMQAEnvironmentError
 
 ENV_ARCH = "PAGED_MQA_LOGITS_ARCH"
@@ -78,9 +78,9 @@ def triton_target(arch: str):
     """Triton's ``GPUTarget`` for ``sm_90`` / ``gfx942`` / ``gfx950`` / ... (what the driver reports)."""
     arch = normalise_arch(arch)
     if arch.startswith("sm_"):
-        return compat.GPUTarget("cuda", int(arch[3:]), 32)
+        return compiler.GPUTarget("cuda", int(arch[3:]), 32)
     if arch.startswith("gfx"):
-        return compat.GPUTarget("hip", arch, 64)
+        return compiler.GPUTarget("hip", arch, 64)
     raise ValueError(f"no Triton target for arch {arch!r} (expected sm_XX or gfxNNN)")
 
 

@@ -26,11 +26,12 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 
 import triton
 
-from . import _triton_compat as compat
 from .arch import ARCH_SPECS, normalise_arch, triton_target
 from .backends import registry
 from .backends.base import CompileRecord, CompileSpec, SelfCompiled, SpecCompiled
 from .cli import ArgumentParser
+from .triton_internals.compiler import ASTSource, GluonASTSource
+from .triton_internals.toolchain import nvidia_tool
 from . import table
 
 ARCHS = ("gfx942", "gfx950", "sm_90")
@@ -93,7 +94,7 @@ def nvidia_resources(cubin_path: str) -> dict:
     """Registers, shared and stack/local bytes per thread from ``cuobjdump --dump-resource-usage``
     (the Triton wheel ships it), plus the SASS text (``cuobjdump -sass``) when it works."""
     out: dict = {}
-    tool = compat.nvidia_tool("cuobjdump")
+    tool = nvidia_tool("cuobjdump")
     if tool is None:
         return out
     usage = subprocess.run([tool, "--dump-resource-usage", cubin_path], capture_output=True, text=True)
@@ -116,7 +117,7 @@ def compile_spec(spec: CompileSpec, out_dir: str | None) -> CompileRecord:
         os.makedirs(out_dir, exist_ok=True)
     start = time.perf_counter()
     try:
-        source_cls = compat.GluonASTSource if spec.gluon else compat.ASTSource
+        source_cls = GluonASTSource if spec.gluon else ASTSource
         src = source_cls(spec.fn, spec.signature, spec.constexprs, spec.attrs)
         kernel = triton.compile(src, target=target(spec.arch), options=dict(spec.options))
     except Exception as exc:

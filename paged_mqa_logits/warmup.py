@@ -30,7 +30,8 @@ import torch
 from tqdm import tqdm
 
 from . import backends, dispatch
-from ._triton_compat import current_device
+from .triton_internals.device import current_device
+from .triton_internals.specialise import in_jit_cache
 from .aot import launches, overlay
 from .arch import detect
 from .op import launch
@@ -316,8 +317,7 @@ def _not_in_jit_cache(predicted: dict) -> list[str]:
     device = current_device()
     missing = []
     for (_, key), kernel in predicted.items():
-        caches = getattr(kernel, "device_caches", {})
-        if device not in caches or key not in caches[device][0]:
+        if not in_jit_cache(kernel, device, key):
             missing.append(f"{kernel.fn.__qualname__}: {key[:160]}")
     return missing
 

@@ -15,7 +15,8 @@ import torch
 from paged_mqa_logits import kernel_cache as kc
 from paged_mqa_logits.aot import overlay
 from paged_mqa_logits import reload_tuned_table
-from paged_mqa_logits._triton_compat import per_kernel_launchers
+from paged_mqa_logits.triton_internals.compiler import cache_invalidating_env
+from paged_mqa_logits.triton_internals.launchers import per_kernel_launchers
 from paged_mqa_logits.problem import Problem
 from paged_mqa_logits.warmup import warm_inputs
 
@@ -48,10 +49,9 @@ def valid_manifest(files: dict) -> dict:
     import sysconfig
 
     import triton
-    from triton._C.libtriton import get_cache_invalidating_env_vars
 
     return {"triton_version": triton.__version__, "python_ext_suffix": sysconfig.get_config_var("EXT_SUFFIX"),
-            "cache_invalidating_env": dict(get_cache_invalidating_env_vars()), "kernels": [], "files": files}
+            "cache_invalidating_env": cache_invalidating_env(), "kernels": [], "files": files}
 
 
 def _problem(arch, **kw):
@@ -69,7 +69,7 @@ def test_recorded_keys_equal_the_keys_of_a_real_jit_launch(arch, lens_2d):
     from triton import knobs
 
     from paged_mqa_logits import backends
-    from paged_mqa_logits._triton_compat import ASTSource, compile_cache_hash, make_backend
+    from paged_mqa_logits.triton_internals.compiler import ASTSource, compile_cache_hash, make_backend
 
     target = kc.gpu_target(arch)
     problem = _problem(arch, lens_2d=lens_2d, batch=1 if lens_2d else 3)
@@ -85,16 +85,12 @@ def test_recorded_keys_equal_the_keys_of_a_real_jit_launch(arch, lens_2d):
         return True  # the JIT then skips compiling and launching
 
     kernel = recorded[0].kernel
-    saved = dict(kernel.device_caches)
-    kernel.device_caches.clear()
     knobs.runtime.jit_cache_hook = hook
     try:
-        with kc.simulated_device(target, kc.VerifyResult()):
+        with kc.simulated_device(target, kc.VerifyResult(), [kernel]):
             backends.get("triton").launch(real, config)
     finally:
         knobs.runtime.jit_cache_hook = None
-        kernel.device_caches.clear()
-        kernel.device_caches.update(saved)
     (jit_key, compile_args), = seen
     assert recorded[0].jit_key == jit_key
     # the on-disk key triton.compile would file the JIT's kernel under, from the JIT's own data
@@ -120,7 +116,7 @@ def test_meta_inputs_specialise_like_real_inputs():
 
 def _cli(*args, env=None):
     """The CLI in a fresh process: compiling must not share a process with the Triton interpreter
-    the CPU tests run (it leaves triton.language patched; see backends/_interpret.py)."""
+    the CPU tests run (it leaves triton.language patched; see triton_internals/interpreter.py)."""
     done = subprocess.run([sys.executable, "-m", "paged_mqa_logits.kernel_cache", *args], capture_output=True,
                           text=True, cwd=REPO, env=dict(os.environ, **(env or {})))
     return done.returncode, done.stdout + done.stderr

@@ -27,7 +27,7 @@ def test_readme_commands_and_ci_agree():
 
 
 def test_ci_installs_cpu_torch_and_both_ends_of_the_supported_triton_range():
-    from paged_mqa_logits._triton_compat import TESTED_TRITON, parse_version
+    from paged_mqa_logits.triton_internals.version import TESTED_TRITON, parse_version
 
     ci = read(".ci/run")
     assert "torch==2.13.0" in ci and "download.pytorch.org/whl/cpu" in ci and '-e ".[test]"' in ci

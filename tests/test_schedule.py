@@ -81,7 +81,7 @@ def test_tile_counts_and_split_segments():
 triton = pytest.importorskip("triton")
 tl = triton.language
 
-from paged_mqa_logits.backends._interpret import interpreted  # noqa: E402
+from paged_mqa_logits.triton_internals.interpreter import interpreted  # noqa: E402
 from paged_mqa_logits.backends.triton_portable import _balanced_share  # noqa: E402
 
 

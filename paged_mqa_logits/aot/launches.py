@@ -2,9 +2,10 @@
 would run on a target -- computed by Triton's own binder on meta tensors, so no GPU is needed.
 
 The ahead-of-time cache never recomputes the JIT's cache hash itself: :func:`record_launches`
-runs the real backend ``launch`` while ``JITFunction.run`` is replaced by a recorder that calls
-Triton's binder and specialisation for the requested target -- the same calls the JIT makes on
-a device. :mod:`~paged_mqa_logits.warmup` uses it to predict the kernels a warm-up compiles;
+runs the real backend ``launch`` while every JIT launch is recorded instead of compiled
+(:func:`~paged_mqa_logits.triton_internals.specialise.recording_jit_launches`: Triton's binder
+and specialisation for the requested target -- the same calls the JIT makes on a device).
+:mod:`~paged_mqa_logits.warmup` uses it to predict the kernels a warm-up compiles;
 :mod:`~paged_mqa_logits.aot.precompile` and :mod:`~paged_mqa_logits.aot.verify` build on it.
 """
 
@@ -12,15 +13,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import threading
 from dataclasses import dataclass
 
 import torch
 
-from .. import _triton_compat as compat
 from ..arch import triton_target
 from ..backends import registry
 from ..backends.registry import TRITON_BACKENDS  # their launches go through JITFunctions: recordable
+from ..triton_internals import compiler, device
+from ..triton_internals.specialise import recording_jit_launches
 
 
 # ============================================================================ targets
@@ -35,7 +36,7 @@ def arch_of_target(target) -> str:
 
 def current_target():
     """The target the JIT compiles for on this process's current GPU."""
-    return compat.current_target()
+    return device.current_target()
 
 
 # ============================================================================ recording launches
@@ -56,18 +57,13 @@ class KernelLaunch:
         return self.kernel.fn.__qualname__
 
     def source(self):
-
-        source_cls = compat.GluonASTSource if self.kernel.is_gluon() else compat.ASTSource
+        source_cls = compiler.GluonASTSource if self.kernel.is_gluon() else compiler.ASTSource
         return source_cls(self.kernel, self.signature, self.constexprs, self.attrs)
 
     def disk_key(self) -> str:
         """The hash ``triton.compile`` files this kernel under (same env vars as now)."""
-
-        backend = compat.make_backend(self.target)
-        return compat.compile_cache_hash(self.source(), backend, backend.parse_options(dict(self.options.__dict__)))
-
-
-_RECORD_LOCK = threading.Lock()
+        backend = compiler.make_backend(self.target)
+        return compiler.compile_cache_hash(self.source(), backend, backend.parse_options(dict(self.options.__dict__)))
 
 
 @contextlib.contextmanager
@@ -76,24 +72,12 @@ def record_launches(target, sink: list):
     to ``sink`` instead of compiling or launching. The specialisation is computed by Triton's own
     binder for ``target``, so tensors may be meta tensors and no GPU is needed."""
 
-    backend = compat.make_backend(target)
-    binders: dict[int, object] = {}
+    def record(kernel, spec):
+        sink.append(KernelLaunch(kernel, target, spec.jit_key, spec.signature, spec.constexprs, spec.attrs,
+                                 spec.options))
 
-    def recording_run(self, *args, grid, warmup, **kwargs):
-        binder = binders.get(id(self))
-        if binder is None:
-            binder = binders[id(self)] = compat.jit_binder(self, backend)
-        jit_key, options, signature, constexprs, attrs = compat.jit_specialisation(self, backend, binder, args, kwargs)
-        sink.append(KernelLaunch(self, target, jit_key, signature, constexprs, attrs, options))
-        return None
-
-    with _RECORD_LOCK:
-        original = compat.JITFunction.run
-        compat.JITFunction.run = recording_run
-        try:
-            yield sink
-        finally:
-            compat.JITFunction.run = original
+    with recording_jit_launches(target, record):
+        yield sink
 
 
 def meta_mirror(t: torch.Tensor) -> torch.Tensor:

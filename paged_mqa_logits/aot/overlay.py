@@ -22,8 +22,8 @@ Run-time rule (documented in the README):
   launcher stubs) and the same cache-invalidating env vars (``AMDGCN_USE_BUFFER_OPS``, ...).
 
 The backend registry activates the overlay before the first Triton-based backend loads, so this
-module sits below the backends: it imports nothing of the package but the Triton compatibility
-layer.
+module sits below the backends: it imports nothing of the package but
+:mod:`paged_mqa_logits.triton_internals`.
 """
 
 from __future__ import annotations
@@ -38,8 +38,9 @@ import tempfile
 import threading
 from pathlib import Path
 
-from .. import _triton_compat as compat
-from .._triton_compat import cache_invalidating_env, installed_version
+from ..triton_internals import compiler
+from ..triton_internals.compiler import cache_invalidating_env
+from ..triton_internals.version import installed_version
 
 ENV_CACHE = "PAGED_MQA_LOGITS_KERNEL_CACHE"
 MANIFEST = "manifest.json"
@@ -73,7 +74,7 @@ def cache_dirs() -> list[str]:
 
 def _overlay_class():
 
-    class PrecompiledOverlayCacheManager(compat.FileCacheManager):
+    class PrecompiledOverlayCacheManager(compiler.FileCacheManager):
         """Triton's file cache, plus read-only lookups in the precompiled dirs.
 
         Group files written at precompile time hold absolute child paths of the build machine;

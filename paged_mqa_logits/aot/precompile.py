@@ -17,10 +17,8 @@ import contextlib
 import dataclasses
 import os
 import sysconfig
-import tempfile
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 import triton
@@ -28,10 +26,11 @@ from tqdm import tqdm
 from triton import knobs
 
 from .. import dispatch
-from .._triton_compat import (build_shared_library, cache_invalidating_env, installed_version, libcuda_dirs,
-                              prebuild_driver_utils, prebuild_launcher)
 from ..arch import ARCH_SPECS
 from ..table import loaded_files
+from ..triton_internals.compiler import cache_invalidating_env
+from ..triton_internals.launchers import prebuild_driver_utils, prebuild_launcher
+from ..triton_internals.version import installed_version
 from ..warmup import WARMUP_DEFAULT_MAX_MODEL_LEN, enumerate_calls, table_families, warm_inputs
 from ..backends.registry import TRITON_BACKENDS
 from .launches import KernelLaunch, arch_of_target, gpu_target, launches_of
@@ -58,29 +57,6 @@ def compile_launch(launch: KernelLaunch, out_dir: str):
         return triton.compile(launch.source(), target=launch.target, options=launch.options.__dict__)
 
 
-_STUB_LIBCUDA: str | None = None
-
-
-def _libcuda_dir() -> str:
-    """Where the launcher link finds ``libcuda.so.1``: the real one when installed, else an
-    empty stub (the stub is only a link-time placeholder; the real driver resolves the symbols
-    when the stub-linked launcher is loaded on a GPU machine)."""
-    global _STUB_LIBCUDA
-
-    try:
-        return libcuda_dirs()[0]
-    except Exception:
-        pass
-    if _STUB_LIBCUDA is None:
-        stub = tempfile.mkdtemp(prefix="paged_mqa_libcuda_stub_")
-        src = os.path.join(stub, "stub.c")
-        Path(src).write_text("/* link-time placeholder for libcuda.so.1 */\n")
-        built = build_shared_library("libcuda_stub", src, stub)
-        os.replace(built, os.path.join(stub, "libcuda.so.1"))
-        _STUB_LIBCUDA = stub
-    return _STUB_LIBCUDA
-
-
 def build_launcher(compiled, out_dir: str) -> bool:
     """Prebuild, into ``out_dir``, the C launcher stub the driver builds on a kernel's first
     launch (Triton 3.6 builds one per kernel signature; later versions have none). Returns
@@ -88,9 +64,11 @@ def build_launcher(compiled, out_dir: str) -> bool:
 
     The HIP stub embeds the path of the HIP runtime it will dlopen, so it can only be prebuilt
     where that runtime is installed (the AMD machine or image itself); elsewhere this raises.
+    The CUDA stub links against the real ``libcuda`` where installed, else against an empty
+    placeholder (the real driver resolves the symbols when it is loaded on a GPU machine).
     """
     with _writing_to(out_dir):
-        return prebuild_launcher(compiled, _libcuda_dir() if compiled.metadata.target.backend == "cuda" else "")
+        return prebuild_launcher(compiled)
 
 
 def build_driver_utils(target, out_dir: str) -> bool:
@@ -98,9 +76,8 @@ def build_driver_utils(target, out_dir: str) -> bool:
     ROCm's ``hip_utils`` embeds the path of the local HIP runtime, so it is left to the machine."""
     if target.backend != "cuda":
         return False
-    libcuda = _libcuda_dir()
     with _writing_to(out_dir):
-        return prebuild_driver_utils(target, libcuda, libcuda != _STUB_LIBCUDA)
+        return prebuild_driver_utils(target)
 
 
 @dataclass

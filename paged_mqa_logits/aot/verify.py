@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 import torch
 from triton import knobs
 
-from .._triton_compat import cuda_launcher_class, per_kernel_launchers, simulated_driver
 from ..backends import registry
 from ..problem import Problem
+from ..triton_internals import device
+from ..triton_internals.device import LauncherStubMissing, LauncherStubs
 from ..warmup import warm_inputs
 from .launches import gpu_target, launches_of, meta_launch_args
 from .overlay import ENV_CACHE, ManifestError, activate, cache_dirs, deactivate, read_manifest
-from .precompile import _libcuda_dir
 
 # ============================================================================ verifying
 @dataclass
@@ -44,72 +44,19 @@ class VerifyResult:
                          + [f"  launcher built: {c}" for c in self.launchers_built] + [f"  ERROR: {e}" for e in self.errors])
 
 
-class _SimulatedDriver:
-    """Just enough of a Triton GPU driver for ``JITFunction.run`` to go through its whole path
-    (specialise, look up the caches, load, build the launcher, launch) without a GPU."""
-
-    def __init__(self, target, launcher_cls, on_launch):
-        self.target = target
-        self.launcher_cls = launcher_cls
-        self.utils = type("Utils", (), {})()
-        # no module handle: a CompiledKernel collected after the real driver is back must not
-        # ask that driver (there may be none) to unload it
-        self.utils.load_binary = lambda name, binary, shared, device: (None, 1, 0, 0, 1024)
-        self.utils.get_device_properties = lambda device: {"max_shared_mem": 1 << 30, "multiprocessor_count": 1}
-        self.on_launch = on_launch
-
-    def get_current_target(self):
-        return self.target
-
-    def get_current_device(self):
-        return 0
-
-    def get_current_stream(self, device=None):
-        return 0
-
-    def get_active_torch_device(self):
-        return torch.device("cpu")
-
-
 @contextlib.contextmanager
-def simulated_device(target, result: VerifyResult):
+def simulated_device(target, result: VerifyResult, jit_functions=()):
     """Run Triton launches as on a ``target`` GPU: cache lookups are real, binaries are not
     loaded and nothing executes. Per-kernel CUDA launcher stubs (Triton 3.6) are looked up for
-    real and their builds are refused and recorded instead."""
-    class _Stub:
-        @staticmethod
-        def launch(*args, **kwargs):
-            return None
-
-    def load_module(name, path):
-        result.launchers_found += 1
-        return _Stub
-
-    def refuse_build(name, src, srcdir, *a, **k):
-        result.launchers_built.append(name)
-        raise _LauncherMiss(name)
-
-    if target.backend == "cuda" and per_kernel_launchers():
-        launcher_cls, libcuda = cuda_launcher_class(), _libcuda_dir()
-    else:
-        # HIP stubs need the local HIP runtime (see build_launcher); from Triton 3.7 on the
-        # generic launcher lives in the driver utils this stand-in replaces
-        launcher_cls, libcuda = _RecordingLauncher, None
-    with simulated_driver(_SimulatedDriver(target, launcher_cls, None), on_module_load=load_module,
-                          on_module_build=refuse_build, libcuda_dir=libcuda):
-        yield
-
-
-class _LauncherMiss(RuntimeError):
-    pass
-
-
-class _RecordingLauncher:
-    def __init__(self, src, metadata):
-        pass
-
-    def __call__(self, *args, **kwargs):
-        return None
+    real; the ones found and the builds refused instead are counted in ``result``.
+    ``jit_functions`` start with empty in-memory caches (restored afterwards)."""
+    stubs = LauncherStubs()
+    try:
+        with device.simulated_device(target, jit_functions, launcher_stubs=stubs):
+            yield
+    finally:
+        result.launchers_found += stubs.found
+        result.launchers_built += stubs.missing
 
 
 def verify(directory: str | None = None, *, archs=None) -> VerifyResult:
@@ -134,7 +81,6 @@ def verify(directory: str | None = None, *, archs=None) -> VerifyResult:
         else:
             result.compiled.append(f"{metadata['name']} for {metadata['target']}")
 
-    saved_caches = {}
     with tempfile.TemporaryDirectory() as empty, knobs.cache.scope(), knobs.compilation.scope():
         deactivate()
         saved_env = os.environ.get(ENV_CACHE)
@@ -152,21 +98,16 @@ def verify(directory: str | None = None, *, archs=None) -> VerifyResult:
                 backend = registry.get(entry["backend"])
                 result.kernels += 1
                 # the JIT functions this launch uses start with an empty in-memory cache
-                for launch in launches_of(entry["backend"], meta_launch_args(args), entry["config"], target):
-                    kernel = launch.kernel
-                    saved_caches.setdefault(id(kernel), (kernel, dict(kernel.device_caches)))
-                    kernel.device_caches.clear()
-                with simulated_device(target, result):
+                kernels = [launch.kernel for launch in launches_of(entry["backend"], meta_launch_args(args),
+                                                                   entry["config"], target)]
+                with simulated_device(target, result, kernels):
                     try:
                         backend.launch(args, entry["config"])
-                    except _LauncherMiss:
+                    except LauncherStubMissing:
                         pass
                     except Exception as exc:
                         result.errors.append(f"{entry['arch']} {entry['backend']} {entry['kernel']}: {type(exc).__name__}: {exc}")
         finally:
-            for kernel, caches in saved_caches.values():
-                kernel.device_caches.clear()
-                kernel.device_caches.update(caches)
             if saved_env is None:
                 os.environ.pop(ENV_CACHE, None)
             else:

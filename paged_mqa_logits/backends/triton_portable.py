@@ -27,7 +27,7 @@ import triton.language as tl
 from ..problem import LaunchArgs, Problem
 from ..schedule import BALANCED, SCHEDULES, SPLIT, derive_split_kv, persistent_programs
 from . import MAX_SPLIT_KV, check_knob_space
-from ._interpret import interpreted
+from ..triton_internals.interpreter import interpreted
 
 #: programs per SM the balanced schedule's persistent grid is sized for
 PROGRAMS_PER_SM = 2

@@ -148,7 +148,7 @@ def stage_synced(body: list[str], i: int) -> bool:
 def llvm_isa():
     """LLVM's lowering of the intrinsic per (arch, bytes): the two kernels above."""
     pytest.importorskip("triton")
-    from paged_mqa_logits._triton_compat import amdgcn_from_llvm_ir
+    from paged_mqa_logits.triton_internals.toolchain import amdgcn_from_llvm_ir
 
     return {(arch, nbytes): {name: instructions(amdgcn_from_llvm_ir(ir.replace("BYTES", str(nbytes)), arch))
                              for name, ir in (("copy_only", _COPY_ONLY), ("copy_then_read", _COPY_THEN_READ))}

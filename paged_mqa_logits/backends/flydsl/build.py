@@ -8,7 +8,7 @@ processes (``python -m paged_mqa_logits.backends.flydsl.build``) with its own en
 * ``ARCH`` and ``FLYDSL_GPU_ARCH``: the target (FlyDSL's own arch query would answer gfx942);
 * ``ROCM_PATH``: FlyDSL links the code object with ``$ROCM_PATH/llvm/bin/ld.lld``. Without a
   ROCm install we point it at a temporary directory holding a stand-in ``ld.lld`` that calls
-  Triton's in-process linker (``_triton_compat.link_hsaco``), for the compile only;
+  Triton's in-process linker (``triton_internals.toolchain.link_hsaco``), for the compile only;
 * ``FLYDSL_DEBUG_DUMP_ASM=1`` + ``FLYDSL_DUMP_DIR``: FlyDSL writes the final ISA.
 
 Per kernel the child writes ``<name>.hsaco`` (the code object, taken from the compiled module's
@@ -29,7 +29,7 @@ import threading
 import time
 from dataclasses import asdict
 
-from ... import _triton_compat
+from ... import triton_internals
 from ...arch import native_fp8, normalise_arch
 from ...problem import Problem
 from ..base import CompileRecord
@@ -129,21 +129,26 @@ def _linker_stand_in(directory: str) -> str | None:
     os.makedirs(bin_dir, exist_ok=True)
     script = os.path.join(bin_dir, "ld.lld")
     with open(script, "w") as f:
-        f.write(f"#!{sys.executable}\nCOMPAT_PATH = {_COMPAT_PATH!r}\n" + _STAND_IN_SOURCE)
+        f.write(f"#!{sys.executable}\nINTERNALS_DIR = {_INTERNALS_DIR!r}\n" + _STAND_IN_SOURCE)
     os.chmod(script, 0o755)
     return directory
 
 
-#: the package's Triton compatibility module; the stand-in loads it by path, since importing
-#: the package would import torch for every link
-_COMPAT_PATH = os.path.abspath(_triton_compat.__file__)
+#: the package's Triton internals package; the stand-in loads it by path (it imports nothing else
+#: of the package), since importing the package would import torch for every link
+_INTERNALS_DIR = os.path.dirname(os.path.abspath(triton_internals.__file__))
 _STAND_IN_SOURCE = '''"""ld.lld stand-in for FlyDSL compile-only builds: ld.lld -shared IN.o -o OUT.hsaco."""
+import importlib
 import importlib.util
+import os
 import sys
 
-spec = importlib.util.spec_from_file_location("paged_mqa_logits_triton_compat", COMPAT_PATH)
-compat = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(compat)
+spec = importlib.util.spec_from_file_location("paged_mqa_logits_triton_internals",
+                                              os.path.join(INTERNALS_DIR, "__init__.py"),
+                                              submodule_search_locations=[INTERNALS_DIR])
+sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(sys.modules[spec.name])
+toolchain = importlib.import_module(spec.name + ".toolchain")
 
 args, inputs, output = sys.argv[1:], [], None
 i = 0
@@ -156,7 +161,7 @@ while i < len(args):
     i += 1
 if output is None or len(inputs) != 1:
     sys.exit(f"ld.lld stand-in: expected `-shared IN.o -o OUT`, got {args}")
-compat.link_hsaco(inputs[0], output)
+toolchain.link_hsaco(inputs[0], output)
 '''
 
 

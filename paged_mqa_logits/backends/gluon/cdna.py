@@ -36,9 +36,10 @@ import dataclasses
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from ..._triton_compat import AMD_VGPR_MARGIN
 from ...arch import ARCH_SPECS
 from ...problem import Problem
+from ...triton_internals.specialise import StandIn
+from ...triton_internals.toolchain import AMD_VGPR_MARGIN
 from ..base import MAX_SPLIT_KV, CompileSpec
 from . import common
 from .register_mma import CHUNK_SIZES, RegisterMmaVariant, rows_per_program
@@ -194,7 +195,7 @@ def _layout_arguments(problem: Problem) -> tuple:
     values = list(common.typical_arguments(problem, kv_32bit=problem.kv_32bit))
     for name in ("kv_ptr", "scale_ptr"):
         stand_in = values[names.index(name)]
-        values[names.index(name)] = common.StandIn(stand_in.dtype, stand_in.ptr_range(), problem.kv_base_aligned)
+        values[names.index(name)] = StandIn(stand_in.dtype, stand_in.ptr_range(), problem.kv_base_aligned)
     values[names.index("stride_block")] = problem.kv_stride_bytes
     return tuple(values)
 

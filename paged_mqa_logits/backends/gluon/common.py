@@ -4,8 +4,8 @@ the kernel modules).
 * the schedule a config runs (``Schedule``, its default per arch) and the shape rules every
   Gluon kernel has (:func:`shape_reason`);
 * the runtime arguments of a launch (:func:`kernel_arguments`: every Gluon kernel takes the
-  same ones, in the same order) and their compile-time stand-ins (:class:`StandIn`,
-  :func:`typical_arguments`, :func:`specialise`);
+  same ones, in the same order) and their compile-time stand-ins (:func:`typical_arguments`,
+  of ``triton_internals.specialise.StandIn``);
 * compile configs: the hypothetical problem a config describes, spec names, the
   representative problem set the compile matrices cover.
 """
@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import torch
 
-from ... import _triton_compat as compat
 from ...problem import Problem, kv_fits_32bit  # noqa: F401  (the 32-bit cache rule; launchers use it from here)
 from ...schedule import BALANCED, BALANCED_MIN_BATCH, SCHEDULES, SPLIT  # noqa: F401  (the variants' spelling)
+from ...triton_internals.specialise import StandIn
 
 #: kernel parameters that change from call to call without changing the code: never
 #: specialised, so a warm-up compile serves every later call (and CI compiles what runs)
@@ -79,22 +79,6 @@ def kernel_arguments(args, num_splits: int) -> tuple:
     )
 
 
-class StandIn:
-    """A tensor stand-in for compile specs: what the JIT's specialisation looks at (dtype,
-    16-byte alignment of the address, and on AMD whether it spans less than 2 GiB)."""
-
-    def __init__(self, dtype, nbytes: int, aligned: bool = True):
-        self.dtype = dtype
-        self._nbytes = nbytes
-        self._address = 1 << 20 if aligned else (1 << 20) + 4
-
-    def data_ptr(self) -> int:
-        return self._address
-
-    def ptr_range(self) -> int:
-        return self._nbytes
-
-
 def typical_arguments(problem, *, kv_32bit: bool = True, num_splits: int = 2) -> tuple:
     """Stand-ins for what :func:`kernel_arguments` passes on a typical vLLM call of ``problem``:
     contiguous q / weights / lengths, packed cache blocks, an output as wide as
@@ -114,34 +98,6 @@ def typical_arguments(problem, *, kv_32bit: bool = True, num_splits: int = 2) ->
         n if problem.lens_2d else 1, 1, max_blocks,
         width, max_blocks, num_splits, b, cache_bytes // block_bytes,
     )
-
-
-def specialise(fn, runtime_args: tuple, constexprs: dict, backend_cls) -> tuple[dict, dict, dict]:
-    """``(signature, constexprs, attrs)`` exactly as the JIT builds them when ``fn`` is launched
-    with ``runtime_args`` (values or :class:`StandIn`) and ``constexprs``: ints equal to 1
-    become constexprs, 16-divisible ints and 16-aligned pointers get ``tt.divisibility``,
-    AMD pointers spanning < 2 GiB get ``tt.pointer_range``."""
-    names = [p.name for p in fn.params]
-    runtime_names = [p.name for p in fn.params if not p.is_constexpr]
-    if len(runtime_names) != len(runtime_args):
-        raise ValueError(f"{fn.__name__} takes {len(runtime_names)} runtime arguments, got {len(runtime_args)}")
-    values = dict(zip(runtime_names, runtime_args), **constexprs)
-    signature, consts, attrs = {}, {}, {}
-    for index, param in enumerate(fn.params):
-        value = values[param.name]
-        if param.is_constexpr:
-            signature[param.name], consts[param.name] = "constexpr", value
-            continue
-        specialise_it = param.name not in DYNAMIC_PARAMS
-        kind, attr = compat.specialize_impl(backend_cls, value, False, specialise_it, specialise_it)
-        if kind == "constexpr":
-            signature[param.name], consts[param.name] = "constexpr", attr
-            continue
-        signature[param.name] = kind
-        if isinstance(attr, str) and attr:
-            attrs[(index,)] = backend_cls.parse_attr(attr)
-    assert list(signature) == names
-    return signature, consts, attrs
 
 
 # ----------------------------------------------------------------------------- compile specs

@@ -35,8 +35,8 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from ..._triton_compat import mma_v2
 from ...problem import Problem
+from ...triton_internals.gluon_api import mma_v2
 from ..base import MAX_SPLIT_KV
 from . import common
 from .register_mma import CHUNK_SIZES, RegisterMmaVariant, rows_per_program

@@ -67,10 +67,12 @@ import math
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from ..._triton_compat import async_copy, fence_async_shared, thread_barrier, warpgroup_mma, warpgroup_mma_wait
 from ...arch import lds_limit
 from ...problem import LaunchArgs, Problem
 from ...schedule import persistent_programs
+from ...triton_internals.gluon_api import (async_copy, fence_async_shared, thread_barrier, warpgroup_mma,
+                                            warpgroup_mma_wait)
+from ...triton_internals.specialise import StandIn
 from ..base import MAX_SPLIT_KV
 from . import common, device
 from .common import DYNAMIC_PARAMS
@@ -773,7 +775,7 @@ class WgmmaVariant(GluonVariant):
         if cfg.get("block_stride_pad"):
             runtime[10] += int(cfg["block_stride_pad"])
         if cfg.get("q_misaligned"):
-            runtime[0] = common.StandIn(runtime[0].dtype, runtime[0].ptr_range(), aligned=False)
+            runtime[0] = StandIn(runtime[0].dtype, runtime[0].ptr_range(), aligned=False)
         aligned = alignment_of(runtime[0].data_ptr(), runtime[7:10], runtime[1].data_ptr(), runtime[10])
         return (tuple(runtime), {**self.constexprs(problem, cfg), **aligned},
                 {"kvalign": aligned["KV_ALIGN"], "qasync": int(aligned["Q_ASYNC"])})

@@ -51,10 +51,10 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
-from ..._triton_compat import TensorDescriptor, async_copy, fence_async_shared, thread_barrier, tma
 from ...arch import lds_limit
 from ...problem import LaunchArgs, Problem
 from ...schedule import persistent_programs
+from ...triton_internals.gluon_api import TensorDescriptor, async_copy, fence_async_shared, thread_barrier, tma
 from . import common, device
 from . import hopper_wgmma as base
 from .common import DYNAMIC_PARAMS

@@ -22,9 +22,10 @@ rules (:meth:`~GluonVariant.admits`), the candidate groups, the launch plan and 
 
 from __future__ import annotations
 
-from ... import _triton_compat as compat
 from ...arch import native_fp8
 from ...problem import LaunchArgs, Problem
+from ...triton_internals import compiler
+from ...triton_internals.specialise import specialise
 from ..base import CompileSpec, check_knob_space, describe_allowed
 from . import common
 
@@ -187,8 +188,8 @@ class GluonVariant:
         """One config (problem fields + knobs) specialised as the JIT specialises a typical call."""
         problem = self.spec_problem(arch, cfg)
         runtime, consts, path = self.spec_arguments(problem, cfg)
-        backend_cls = compat.HIPBackend if arch.startswith("gfx") else compat.CUDABackend  # loaded when used
-        signature, consts, attrs = common.specialise(self.kernel, runtime, consts, backend_cls)
+        backend_cls = compiler.HIPBackend if arch.startswith("gfx") else compiler.CUDABackend  # loaded when used
+        signature, consts, attrs = specialise(self.kernel, runtime, consts, backend_cls)
         knobs = dict({"variant": self.name, **self.knobs(problem, cfg)}, **path)
         return CompileSpec(
             name=common.spec_name("gluon", self.name, arch, problem, knobs, problem.kv_32bit), backend="gluon",

@@ -1,11 +1,11 @@
 """CPU CI for the gfx942 / gfx950 ``mfma`` variant (backends/gluon/cdna.py): every candidate of
 a representative problem set is cross-compiled and must pass ``compile.check_records``; the ISA
 parsing is checked on real compiler output; the real launch path (JIT binding, specialisation,
-grid) runs against a stand-in driver.
+grid) runs on a simulated device.
 
 Compile matrix (:func:`ci_matrix`; under Triton 3.6 gfx942 162 kernels, gfx950 350, a few minutes of
 wall time on 2 shared cores from a cold Triton cache; later compilers need more VGPRs, so ``MFMA.admits``
-admits fewer WavePerEU 4 knob sets: ``_triton_compat.AMD_VGPR_MARGIN``): **every candidate** (ChunkK 64/128/256 x WavePerEU 1/2/4 x
+admits fewer WavePerEU 4 knob sets: ``triton_internals.toolchain.AMD_VGPR_MARGIN``): **every candidate** (ChunkK 64/128/256 x WavePerEU 1/2/4 x
 per-row with Q in VGPRs / per-row with Q in LDS / shared-KV, x both MFMA kinds on gfx950, each
 with Prefetch where it fits else without, as admitted by ``MFMA.admits``) of five shapes chosen so
 that every code-generating constexpr takes each of its values at least once:
@@ -39,8 +39,9 @@ import torch
 
 pytest.importorskip("triton.experimental.gluon")
 
-from fake_gpu import compiled_kernels, fake_gpu  # noqa: E402
-from paged_mqa_logits._triton_compat import GPUTarget  # noqa: E402
+from paged_mqa_logits.triton_internals.compiler import GPUTarget  # noqa: E402
+from paged_mqa_logits.triton_internals.device import simulated_device  # noqa: E402
+from paged_mqa_logits.triton_internals.specialise import compiled_kernels  # noqa: E402
 from paged_mqa_logits.backends.gluon import BACKEND, cdna, common  # noqa: E402
 from paged_mqa_logits.backends.gluon.register_mma_kernel import register_mma_logits_kernel  # noqa: E402
 from paged_mqa_logits.compile import amd_resources, check_records, compile_specs  # noqa: E402
@@ -192,7 +193,7 @@ def test_launch_path_binds_specialises_and_compiles(arch):
     args.problem = dataclasses.replace(args.problem, arch=arch, cu_num=304, device_type="cuda")
     config = {"variant": "mfma", "ChunkK": 64, "WavePerEU": 2, "SplitKV": 3, "ReuseKV": 0, "Schedule": "split"}
     kernel = register_mma_logits_kernel
-    with fake_gpu(GPUTarget("hip", arch, 64), [kernel]) as launches:
+    with simulated_device(GPUTarget("hip", arch, 64), [kernel]) as launches:
         BACKEND.launch(args, config)
         BACKEND.launch(args, config)  # second call: cached plan, cached kernel
         kernels = compiled_kernels(kernel)
@@ -213,7 +214,7 @@ def test_balanced_launch_is_one_persistent_wave_per_row_group(arch):
     fp8 = torch.float8_e4m3fnuz if arch == "gfx942" else torch.float8_e4m3fn
     config = {"variant": "mfma", "ChunkK": 64, "WavePerEU": 2, "ReuseKV": 0, "Schedule": "balanced"}
     kernel = register_mma_logits_kernel
-    with fake_gpu(GPUTarget("hip", arch, 64), [kernel]) as launches:
+    with simulated_device(GPUTarget("hip", arch, 64), [kernel]) as launches:
         for batch, lens in ((3, [100, 0, 37]), (5, [1, 2, 3, 4, 900])):
             inputs = make_inputs(batch, 2, 64, lens, kv_block_size=16, fp8_dtype=fp8, seed=1)
             args = build_launch_args(inputs["q_fp8"], inputs["kv_cache"], inputs["weights"], inputs["out_logits"],

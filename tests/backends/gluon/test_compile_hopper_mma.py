@@ -2,7 +2,7 @@
 the same five shapes as the CDNA CI (see test_compile_cdna.py for why they cover every
 code-generating constexpr) plus the register-resident Q path is cross-compiled for sm_90 and
 must pass ``compile.check_records``; resource parsing is cross-checked against ``ptxas -v``;
-the real launch path runs against a stand-in driver.
+the real launch path runs on a simulated device.
 
 36 kernels, about 20 s of wall time on 2 cores from a cold Triton cache (ptxas dominates).
 """
@@ -19,9 +19,11 @@ import torch
 
 pytest.importorskip("triton.experimental.gluon")
 
-from fake_gpu import compiled_kernels, fake_gpu  # noqa: E402
 from test_compile_cdna import SHAPES  # noqa: E402
-from paged_mqa_logits._triton_compat import GPUTarget, nvidia_tool, ptxas_for  # noqa: E402
+from paged_mqa_logits.triton_internals.compiler import GPUTarget  # noqa: E402
+from paged_mqa_logits.triton_internals.device import simulated_device  # noqa: E402
+from paged_mqa_logits.triton_internals.specialise import compiled_kernels  # noqa: E402
+from paged_mqa_logits.triton_internals.toolchain import nvidia_tool, ptxas_for  # noqa: E402
 from paged_mqa_logits.backends.gluon import BACKEND, common, hopper_mma  # noqa: E402
 from paged_mqa_logits.backends.gluon.register_mma_kernel import register_mma_logits_kernel  # noqa: E402
 from paged_mqa_logits.compile import check_records, compile_specs, nvidia_resources  # noqa: E402
@@ -137,7 +139,7 @@ def test_launch_path_binds_specialises_and_compiles(lens_2d):
     args.problem = dataclasses.replace(args.problem, arch=ARCH, cu_num=132, device_type="cuda")
     config = {"variant": "mma_v2", "ChunkK": 64, "num_warps": 4, "SplitKV": 2, "ReuseKV": 1}
     kernel = register_mma_logits_kernel
-    with fake_gpu(GPUTarget("cuda", 90, 32), [kernel]) as launches:
+    with simulated_device(GPUTarget("cuda", 90, 32), [kernel]) as launches:
         BACKEND.launch(args, config)
         kernels = compiled_kernels(kernel)
     assert len(launches) == 1 and len(kernels) == 1
@@ -146,4 +148,4 @@ def test_launch_path_binds_specialises_and_compiles(lens_2d):
     runtime = common.kernel_arguments(args, 2)
     assert launches[0].args[7:len(runtime)] == runtime[7:]
     assert "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32" in kernels[0].asm["ptx"]
-    assert torch.isnan(inputs["out_logits"]).all()  # nothing ran: the fake driver only records
+    assert torch.isnan(inputs["out_logits"]).all()  # nothing ran: the simulated device only records

@@ -28,7 +28,8 @@ import pytest
 
 pytest.importorskip("triton.experimental.gluon")
 
-from paged_mqa_logits._triton_compat import GPUTarget, ptxas_for  # noqa: E402
+from paged_mqa_logits.triton_internals.compiler import GPUTarget  # noqa: E402
+from paged_mqa_logits.triton_internals.toolchain import ptxas_for  # noqa: E402
 from paged_mqa_logits.backends.gluon import common  # noqa: E402
 from paged_mqa_logits.backends.gluon import hopper_wgmma as wg  # noqa: E402
 from paged_mqa_logits.compile import LDS_LIMIT_BYTES, check_records, compile_specs  # noqa: E402

@@ -21,7 +21,7 @@ import pytest
 
 pytest.importorskip("triton.experimental.gluon")
 
-from paged_mqa_logits._triton_compat import ptxas_for  # noqa: E402
+from paged_mqa_logits.triton_internals.toolchain import ptxas_for  # noqa: E402
 from paged_mqa_logits.backends.gluon import common  # noqa: E402
 from paged_mqa_logits.backends.gluon import hopper_wgmma as wg  # noqa: E402
 from paged_mqa_logits.backends.gluon import hopper_wgmma_ws as ws  # noqa: E402

@@ -1,0 +1,71 @@
+"""What ``triton.compile`` takes and where it files its output: targets, backends, compile
+sources and the on-disk cache.
+
+* :data:`GPUTarget`, :data:`make_backend`, :data:`CUDABackend`, :data:`HIPBackend`: the
+  target an arch compiles for and the backend that compiles it;
+* :data:`ASTSource`, :data:`GluonASTSource`: a kernel specialised for one signature, ready to
+  compile (``GluonASTSource`` is exported by ``triton.experimental.gluon`` from 3.9 on, and
+  lives in its private ``_runtime`` module before);
+* :data:`FileCacheManager`, :func:`cache_invalidating_env`, :func:`compile_cache_hash`: the
+  on-disk cache the JIT and ``triton.compile`` share, and the key a compile is filed under.
+
+Triton internals touched: ``triton.compiler.compiler`` (``ASTSource``, ``make_backend``),
+``triton.backends.compiler`` / ``.nvidia.compiler`` / ``.amd.compiler``,
+``triton.experimental.gluon._runtime`` (before 3.9), ``triton.runtime.cache``
+(``FileCacheManager``, ``get_cache_key``), ``triton._C.libtriton``
+(``get_cache_invalidating_env_vars``). Verified on Triton 3.6.0 and 3.9.0.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+
+
+def _gluon_ast_source():
+    gluon = importlib.import_module("triton.experimental.gluon")
+    if hasattr(gluon, "GluonASTSource"):  # public from 3.9 on
+        return gluon.GluonASTSource
+    return importlib.import_module("triton.experimental.gluon._runtime").GluonASTSource
+
+
+def _attribute(module: str, name: str):
+    return lambda: getattr(importlib.import_module(module), name)
+
+
+_LAZY = {
+    "GPUTarget": _attribute("triton.backends.compiler", "GPUTarget"),
+    "make_backend": _attribute("triton.compiler.compiler", "make_backend"),
+    "CUDABackend": _attribute("triton.backends.nvidia.compiler", "CUDABackend"),
+    "HIPBackend": _attribute("triton.backends.amd.compiler", "HIPBackend"),
+    "ASTSource": _attribute("triton.compiler.compiler", "ASTSource"),
+    "GluonASTSource": _gluon_ast_source,
+    "FileCacheManager": _attribute("triton.runtime.cache", "FileCacheManager"),
+}
+
+__all__ = sorted(_LAZY) + ["cache_invalidating_env", "compile_cache_hash"]
+
+
+def __getattr__(name: str):
+    loader = _LAZY.get(name)
+    if loader is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = loader()
+    globals()[name] = value  # resolved once
+    return value
+
+
+def cache_invalidating_env() -> dict:
+    """The environment variables Triton keys its caches on, with their current values."""
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+
+    return dict(get_cache_invalidating_env_vars())
+
+
+def compile_cache_hash(src, backend, options) -> str:
+    """The directory name ``triton.compile`` files ``src`` under for ``backend`` / ``options``
+    (with the current cache-invalidating env vars)."""
+    from triton.runtime.cache import get_cache_key
+
+    key = get_cache_key(src, backend, options, env_vars=cache_invalidating_env())
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()

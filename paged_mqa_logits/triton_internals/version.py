@@ -1,0 +1,79 @@
+"""The Triton versions the package is tested with, and the warning outside them.
+
+Triton internals touched: none (``triton.__version__`` and the installed distributions'
+metadata). Verified on Triton 3.6.0 and 3.9.0.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import warnings
+from importlib import metadata
+
+#: Triton minor versions the package is tested with, oldest and newest (CI runs both)
+TESTED_TRITON = ((3, 6), (3, 9))
+#: distributions that install the ``triton`` package (upstream wheels; PyTorch's ROCm builds)
+TRITON_DISTRIBUTIONS = ("triton", "pytorch-triton-rocm", "pytorch-triton")
+
+
+def parse_version(text: str) -> tuple[int, int]:
+    """``(major, minor)`` of a version string such as ``3.9.0`` or ``3.6.0+git1234``."""
+    match = re.match(r"\s*(\d+)\.(\d+)", text or "")
+    if match is None:
+        raise ValueError(f"not a Triton version: {text!r}")
+    return int(match.group(1)), int(match.group(2))
+
+
+def installed_version() -> str | None:
+    """The Triton version of this environment, without importing Triton when it is not yet
+    imported (``None`` when none is installed)."""
+    module = sys.modules.get("triton")
+    if module is not None and getattr(module, "__version__", None):
+        return module.__version__
+    for dist in TRITON_DISTRIBUTIONS:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def version() -> tuple[int, int]:
+    """``(major, minor)`` of the imported Triton (imports it)."""
+    import triton
+
+    return parse_version(triton.__version__)
+
+
+def tested_range_text() -> str:
+    (lo_major, lo_minor), (hi_major, hi_minor) = TESTED_TRITON
+    return f"{lo_major}.{lo_minor} to {hi_major}.{hi_minor}"
+
+
+def is_tested(text: str) -> bool:
+    return TESTED_TRITON[0] <= parse_version(text) <= TESTED_TRITON[1]
+
+
+_WARNED_UNTESTED = False
+
+
+def warn_if_untested(text: str | None = None) -> bool:
+    """Warn (once per process) when the installed Triton is outside :data:`TESTED_TRITON`.
+    Returns whether this call warned."""
+    global _WARNED_UNTESTED
+    if _WARNED_UNTESTED:
+        return False
+    text = text if text is not None else installed_version()
+    if text is None:
+        return False
+    try:
+        tested = is_tested(text)
+    except ValueError:
+        tested = False
+    if tested:
+        return False
+    _WARNED_UNTESTED = True
+    warnings.warn(f"paged_mqa_logits is tested with Triton {tested_range_text()}; this environment has Triton "
+                  f"{text}: kernels may fail to compile or compile differently", RuntimeWarning, stacklevel=3)
+    return True
