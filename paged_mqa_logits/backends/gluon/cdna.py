@@ -38,7 +38,7 @@ from triton.experimental.gluon import language as gl
 
 from ...arch import ARCH_SPECS
 from ...problem import Problem
-from ...triton_internals.specialise import StandIn
+from ...triton_internals.specialise import StandIn, runtime_parameters
 from ...triton_internals.toolchain import AMD_VGPR_MARGIN
 from ..base import MAX_SPLIT_KV, CompileSpec
 from . import common
@@ -191,7 +191,7 @@ def layout_problem(problem: Problem, cfg: dict) -> Problem:
 def _layout_arguments(problem: Problem) -> tuple:
     """:func:`common.typical_arguments` with the problem's cache layout: the cache pointers'
     alignment and the block stride are what the JIT specialises on (16-byte divisibility)."""
-    names = [p.name for p in register_mma_logits_kernel.params if not p.is_constexpr]
+    names = runtime_parameters(register_mma_logits_kernel)
     values = list(common.typical_arguments(problem, kv_32bit=problem.kv_32bit))
     for name in ("kv_ptr", "scale_ptr"):
         stand_in = values[names.index(name)]
