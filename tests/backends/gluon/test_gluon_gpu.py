@@ -266,6 +266,8 @@ def test_strided_operands_narrow_tables_and_uneven_row_groups(name, index):
     ref = reference_logits(inp["q_fp8"], inp["kv_cache"], inp["weights"], inp["context_lens"], inp["kv_indices"],
                            inp["max_model_len"], kv_block_size=inp["kv_block_size"], preshuffle=inp["preshuffle"])
     problem = launch_args(inp).problem
+    if module.unsupported(problem) is not None:  # e.g. wgmma_ws at next_n 7: more than two row groups
+        pytest.skip(f"{module.name}: {module.unsupported(problem)}")
     cands = module.candidates(problem)
     configs = [module.default_config(problem)] + cands[index % len(cands):][:1]
     failures = []
