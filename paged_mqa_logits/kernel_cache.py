@@ -12,7 +12,7 @@ import sys
 from .aot.cli import PROG, main
 from .aot.launches import (KernelLaunch, arch_of_target, current_target, gpu_target, launches_of,
                            meta_launch_args, meta_mirror, record_launches)
-from .aot.overlay import (ENV_CACHE, MANIFEST, ManifestError, activate, cache_dirs, cache_files, deactivate,
+from .triton_internals.cache_overlay import (ENV_CACHE, MANIFEST, ManifestError, activate, cache_dirs, cache_files, deactivate,
                           default_dirs, file_matches, read_manifest, sha256_of, unsafe_reason,
                           write_manifest_atomically)
 from .aot.precompile import (DEFAULT_CU_NUM, PrecompileSummary, build_driver_utils, build_launcher, compile_launch,

@@ -6,7 +6,8 @@ import torch
 
 from . import backends, dispatch
 from .problem import LaunchArgs, row_lengths
-from .validate import PagedMQAArgumentError, build_launch_args, check_options
+from . import validate
+from .validate import PagedMQAArgumentError, build_launch_args
 
 __all__ = ["paged_mqa_logits", "build_launch_args", "launch", "PagedMQAArgumentError"]
 
@@ -60,6 +61,11 @@ def paged_mqa_logits(
     )
     _launch(args, backend, config, clean_logits)
     return out_logits
+
+
+def check_options(context_hint, clean_logits, backend, config) -> None:
+    """:func:`validate.check_options` against the registered backends."""
+    validate.check_options(context_hint, clean_logits, backend, config, backends.names())
 
 
 def launch(args: LaunchArgs, *, backend: str | None = None, config: dict | None = None, clean_logits: bool = False) -> None:

@@ -17,7 +17,6 @@ import os
 import torch
 
 from . import arch as arch_mod
-from .backends import registry
 from .errors import PagedMQAArgumentError, env_flag
 from .problem import HEAD_DIM, MAX_NEXT_N, SUPPORTED_KV_BLOCK_SIZES, LaunchArgs, Problem, fp8_flavour, kv_fits_32bit
 
@@ -292,16 +291,17 @@ def check_block_ids(context_lens: torch.Tensor, kv_indices: torch.Tensor, next_n
 
 
 # ----------------------------------------------------------------------------- host options
-def check_options(context_hint, clean_logits, backend, config) -> None:
+def check_options(context_hint, clean_logits, backend, config, backend_names) -> None:
     """The keyword options, checked alike on the eager and the ``torch.ops`` paths (the public
-    entry point checks them before choosing a path). A ``SymInt`` hint is left to the real
-    implementation, which sees a plain int."""
+    entry point checks them before choosing a path); ``backend`` must be one of
+    ``backend_names`` (the registry's, passed in: validation sits below the backends). A
+    ``SymInt`` hint is left to the real implementation, which sees a plain int."""
     if context_hint is not None and not isinstance(context_hint, torch.SymInt):
         _host_int("context_hint", context_hint, 0)
     if not isinstance(clean_logits, bool):
         _fail("clean_logits", "a bool", repr(clean_logits))
-    if backend is not None and (not isinstance(backend, str) or backend not in registry.names()):
-        _fail("backend", "None or one of " + ", ".join(map(repr, registry.names())), repr(backend))
+    if backend is not None and (not isinstance(backend, str) or backend not in backend_names):
+        _fail("backend", "None or one of " + ", ".join(map(repr, backend_names)), repr(backend))
     if config is not None:
         if not isinstance(config, dict):
             _fail("config", "a dict of knobs", type(config).__name__)

@@ -32,7 +32,8 @@ from tqdm import tqdm
 from . import backends, dispatch
 from .triton_internals.device import current_device
 from .triton_internals.specialise import in_jit_cache
-from .aot import launches, overlay
+from .aot import launches
+from .triton_internals import cache_overlay as overlay
 from .arch import detect
 from .op import launch
 from .problem import HEAD_DIM, LaunchArgs, Problem, ShapeKey, Target, fp8_dtype

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from paged_mqa_logits import kernel_cache as kc
-from paged_mqa_logits.aot import overlay
+from paged_mqa_logits.triton_internals import cache_overlay as overlay
 from paged_mqa_logits import reload_tuned_table
 from paged_mqa_logits.triton_internals.compiler import cache_invalidating_env
 from paged_mqa_logits.triton_internals.launchers import per_kernel_launchers

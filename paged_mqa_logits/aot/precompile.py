@@ -8,7 +8,7 @@ would otherwise build with gcc on the first call are prebuilt too: the per-signa
 stubs of Triton 3.6 (later versions have one generic launcher) and ``cuda_utils`` (from Triton
 3.8 on only where the real ``libcuda`` is installed: its cache key includes the libcuda
 directory). Build the cache in the environment that will run it (the CMake ``precompile``
-target); :mod:`.overlay` describes the run-time rule and :mod:`.verify` proves a cache.
+target); ``triton_internals.cache_overlay`` describes the run-time rule and :mod:`.verify` proves a cache.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from ..triton_internals.version import installed_version
 from ..warmup import WARMUP_DEFAULT_MAX_MODEL_LEN, enumerate_calls, table_families, warm_inputs
 from ..backends.registry import TRITON_BACKENDS
 from .launches import KernelLaunch, arch_of_target, gpu_target, launches_of
-from .overlay import _read_manifest_or_empty, cache_files, write_manifest_atomically
+from ..triton_internals.cache_overlay import _read_manifest_or_empty, cache_files, write_manifest_atomically
 
 #: CU/SM count assumed for families the table does not describe (only dispatch reads it)
 DEFAULT_CU_NUM = {name: spec.usual_cu_num for name, spec in ARCH_SPECS.items()}

@@ -18,7 +18,7 @@ from ..triton_internals import device
 from ..triton_internals.device import LauncherStubMissing, LauncherStubs
 from ..warmup import warm_inputs
 from .launches import gpu_target, launches_of, meta_launch_args
-from .overlay import ENV_CACHE, ManifestError, activate, cache_dirs, deactivate, read_manifest
+from ..triton_internals.cache_overlay import ENV_CACHE, ManifestError, activate, cache_dirs, deactivate, read_manifest
 
 # ============================================================================ verifying
 @dataclass

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 
-from ..aot import overlay
+from ..triton_internals import cache_overlay as overlay
 from ..problem import Problem
 from .base import Backend
 

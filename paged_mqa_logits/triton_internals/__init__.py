@@ -20,7 +20,9 @@ One module per concern, each verified on Triton 3.6.0 and 3.9.0:
 * :mod:`.device`: the current device, and one simulated device on which the real launch path
   runs with no GPU;
 * :mod:`.toolchain`: ``ptxas``, AMDGCN from LLVM IR, the AMD linker, per-version codegen margins;
-* :mod:`.interpreter`: interpreter twins of ``@triton.jit`` kernels for CPU tensors.
+* :mod:`.interpreter`: interpreter twins of ``@triton.jit`` kernels for CPU tensors;
+* :mod:`.cache_overlay`: the precompiled-kernel cache directories, their manifests and the
+  read-only overlay on Triton's file cache (the run-time half of ``aot/``).
 
 Importing this package or any of its modules does not import Triton (the package's import
 stays light); Triton is imported on first use. It imports nothing from the rest of

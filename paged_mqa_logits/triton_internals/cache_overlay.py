@@ -38,9 +38,9 @@ import tempfile
 import threading
 from pathlib import Path
 
-from ..triton_internals import compiler
-from ..triton_internals.compiler import cache_invalidating_env
-from ..triton_internals.version import installed_version
+from . import compiler
+from .compiler import cache_invalidating_env
+from .version import installed_version
 
 ENV_CACHE = "PAGED_MQA_LOGITS_KERNEL_CACHE"
 MANIFEST = "manifest.json"

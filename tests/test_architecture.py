@@ -1,0 +1,151 @@
+"""The package's imports flow one way (docs/ARCHITECTURE.md): no cycle, every module-level
+import points to the same or a lower layer, and a package module is imported inside a function
+only where there is a reason that is not a cycle (a CLI subcommand, an optional dependency, a
+process that must not load torch before it forks). Read from the sources with ``ast``: no
+module is imported to check it."""
+
+from __future__ import annotations
+
+import ast
+import os
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGES = ("paged_mqa_logits", "tuner")
+
+#: lowest first; a module may import its own layer and the ones before it
+LAYERS = (
+    ("base", ("errors", "arch", "problem", "schedule", "triton_internals", "cli")),
+    ("validation", ("validate", "reference")),
+    ("backends", ("backends",)),
+    ("dispatch", ("table", "dispatch")),
+    ("op", ("op", "torch_op", "compat")),
+    ("tools", ("warmup", "aot", "compile", "bench", "explain", "kernel_cache", "__main__")),
+    ("facade", ("__init__",)),  # the package root re-exports the public API
+)
+
+#: module -> why it imports package modules inside functions
+LATE_IMPORTS = {
+    "paged_mqa_logits.__main__": "each CLI subcommand loads only what it runs",
+    "paged_mqa_logits.backends.flydsl.backend": "the kernel module needs the optional flydsl package",
+    "paged_mqa_logits.backends.flydsl.build": "the kernel module needs the optional flydsl package",
+    "tuner.__main__": "each subcommand loads only what it runs",
+    "tuner.search": "the coordinator loads torch (through arch) only once it runs",
+    "tuner.recheck": "the coordinator loads torch (through arch) only once it runs",
+    "tuner.worker": "a worker process loads torch and the package after it starts",
+}
+
+
+def _modules() -> dict[str, str]:
+    out = {}
+    for package in PACKAGES:
+        for directory, _, files in os.walk(os.path.join(ROOT, package)):
+            for name in files:
+                if name.endswith(".py"):
+                    path = os.path.join(directory, name)
+                    dotted = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
+                    out[dotted[: -len(".__init__")] if dotted.endswith(".__init__") else dotted] = path
+    return out
+
+
+def _targets(module: str, path: str, node, modules: dict) -> list[str]:
+    if isinstance(node, ast.Import):
+        names = [alias.name for alias in node.names]
+    else:
+        if node.level:
+            parts = module.split(".") if path.endswith("__init__.py") else module.split(".")[:-1]
+            parts = parts[: len(parts) - node.level + 1]
+            base = ".".join(parts + ([node.module] if node.module else []))
+        else:
+            base = node.module or ""
+        names = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
+    return [name for name in names if name.split(".")[0] in PACKAGES and name in modules]
+
+
+def _imports() -> tuple[dict[str, set], list[tuple[str, str]], dict]:
+    """Module-level import edges, function-level ``(module, target)`` pairs, the modules."""
+    modules = _modules()
+    edges, late = {m: set() for m in modules}, []
+    for module, path in modules.items():
+        tree = ast.parse(open(path).read(), path)
+        in_functions = {id(inner) for fn in ast.walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+                        for inner in ast.walk(fn)}
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                for target in _targets(module, path, node, modules):
+                    if id(node) in in_functions:
+                        late.append((module, target))
+                    elif target != module:
+                        edges[module].add(target)
+    return edges, late, modules
+
+
+def _layer(module: str) -> int:
+    if module.startswith("tuner"):
+        return len(LAYERS)
+    head = module.split(".")[1] if "." in module else "__init__"
+    for index, (_, names) in enumerate(LAYERS):
+        if head in names:
+            return index
+    raise AssertionError(f"{module} is in no layer of tests/test_architecture.py: add it")
+
+
+def _cycles(edges: dict[str, set]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on_stack, found, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in edges:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_scan_sees_the_package():
+    edges, _, modules = _imports()
+    assert len(modules) > 60
+    assert "paged_mqa_logits.dispatch" in edges["paged_mqa_logits.op"]
+    assert "paged_mqa_logits.triton_internals.cache_overlay" in edges["paged_mqa_logits.backends.registry"]
+
+
+def test_no_import_cycle():
+    edges, _, _ = _imports()
+    assert _cycles(edges) == []
+
+
+def test_a_cycle_would_be_found():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_imports_flow_from_higher_layers_to_lower():
+    edges, _, _ = _imports()
+    upward = [f"{m} ({LAYERS[_layer(m)][0] if _layer(m) < len(LAYERS) else 'tuner'}) imports {t} "
+              f"({LAYERS[_layer(t)][0] if _layer(t) < len(LAYERS) else 'tuner'})"
+              for m, targets in edges.items() for t in targets if _layer(t) > _layer(m)]
+    assert not upward, "\n".join(sorted(upward))
+
+
+def test_function_level_imports_have_a_reason():
+    _, late, _ = _imports()
+    unexplained = sorted({f"{m} imports {t} inside a function" for m, t in late if m not in LATE_IMPORTS})
+    assert not unexplained, "\n".join(unexplained)
