@@ -42,8 +42,8 @@ LDS_LIMIT_BYTES = {arch: ARCH_SPECS[arch].lds_bytes for arch in ARCHS}
 #: come from one 512-entry file per SIMD lane)
 VGPR_GRANULE = 8
 
-__all__ = ["ARCHS", "CompileRecord", "CompileSpec", "LDS_LIMIT_BYTES", "backend_specs", "check_records",
-           "compile_all", "compile_spec", "compile_specs", "main", "summary_line", "summary_table"]
+__all__ = ["ARCHS", "CompileRecord", "CompileSpec", "LDS_LIMIT_BYTES", "amd_loop_instructions", "backend_specs",
+           "check_records", "compile_all", "compile_spec", "compile_specs", "main", "summary_line", "summary_table"]
 
 
 def target(arch: str):
@@ -79,6 +79,35 @@ def amd_resources(isa: str) -> dict:
         "occupancy": _field(isa, r"; Occupancy: (\d+)"),
         "mma_instructions": sorted(set(re.findall(r"^\s+(v_mfma\w*)", isa, re.MULTILINE))),
     }
+
+
+def amd_loop_instructions(isa: str) -> dict[str, int]:
+    """Mnemonic counts of the hottest loop of AMDGPU assembly: the loop (blocks LLVM marks
+    ``Loop Header`` / ``in Loop: Header=X``, not counting nested loops) holding the most MFMAs;
+    ``s_waitcnt`` is counted per operand (``s_waitcnt vmcnt(0)``, ``s_waitcnt lgkmcnt(0)``, ...).
+    Empty when the kernel has no loop with an MFMA."""
+    loops: dict[str, dict[str, int]] = {}
+    block = current = None
+    for line in isa.splitlines():
+        label = re.match(r"^(\.LBB\w+|; %bb\.\d+):", line)
+        if label:  # a block starts; LLVM names its loop on this line or on the comment lines after it
+            block, current = label.group(1).removeprefix(".L").removeprefix("; %"), None
+        if label or line.lstrip().startswith(";"):
+            inside = re.search(r"in Loop: Header=(BB\w+)", line)
+            if inside:
+                current = inside.group(1)
+            elif "Loop Header" in line:  # "=>This (Inner) Loop Header": the block heads its loop
+                current = block
+            continue
+        m = re.match(r"^\t([a-z_][\w]*)\s*(.*)", line)
+        if current is None or not m or m.group(1).startswith("."):
+            continue
+        counts = loops.setdefault(current, {})
+        names = [f"s_waitcnt {w}" for w in m.group(2).split()] if m.group(1) == "s_waitcnt" else [m.group(1)]
+        for name in names:
+            counts[name] = counts.get(name, 0) + 1
+    hot = max(loops.values(), key=lambda c: sum(n for k, n in c.items() if k.startswith("v_mfma")), default={})
+    return hot if any(k.startswith("v_mfma") for k in hot) else {}
 
 
 def ptx_mma_instructions(ptx: str) -> list[str]:

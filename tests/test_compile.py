@@ -18,7 +18,7 @@ from paged_mqa_logits import compile as compile_mod  # noqa: E402
 from paged_mqa_logits import table  # noqa: E402
 from paged_mqa_logits.backends.gluon import cdna  # noqa: E402
 from paged_mqa_logits.compile import (  # noqa: E402
-    CompileRecord, amd_resources, backend_specs, check_records, compile_spec, max_waves_per_simd,
+    CompileRecord, amd_loop_instructions, amd_resources, backend_specs, check_records, compile_spec, max_waves_per_simd,
     ptx_mma_instructions, sass_mma_instructions, summary_line, summary_table, table_kernel_configs, target)
 
 
@@ -47,6 +47,36 @@ def test_amd_resources_agree_with_the_code_object_metadata(one_kernel):
     assert res["mma_instructions"] == ["v_mfma_f32_32x32x16_fp8_fp8"]
     assert record.lds_bytes == 2 * 64 * 132  # two staged rows: fp8 Q + fp32 weights (dynamic LDS)
     assert os.path.getsize(record.binary) > 0 and record.binary.endswith(".hsaco")
+
+
+def test_loop_instructions_are_the_tile_loops(one_kernel):
+    """The parser's hot loop is the tile loop: per 32-token wave tile, 2 rows x 2 head tiles of 32 x
+    8 k-steps of 16 dims = 32 MFMAs, and nothing of the kernel's prologue or end."""
+    _, isa = one_kernel
+    loop = amd_loop_instructions(isa)
+    assert loop["v_mfma_f32_32x32x16_fp8_fp8"] == 2 * 2 * 8
+    assert loop.get("s_endpgm", 0) == 0 and loop.get("s_load_dwordx2", 0) == 0
+    assert amd_loop_instructions("\ts_endpgm\n") == {}
+
+
+def test_loop_of_a_block_is_read_from_the_comments_after_its_label():
+    """LLVM names a block's loop on its label line, or on the comment lines after it when the
+    label carries another comment (``%.loopexit``, ``Parent Loop``): both belong to the loop."""
+    isa = ("\ts_load_dwordx2 s[0:1], s[0:1], 0x0\n"
+           ".LBB0_2:                                ; =>This Loop Header: Depth=1\n"
+           "\tv_mfma_f32_32x32x16_fp8_fp8 a[0:15], v[0:1], v[2:3], 0\n"
+           ".LBB0_3:                                ; %.loopexit\n"
+           "                                        ;   Parent Loop BB0_2 Depth=1\n"
+           "                                        ; =>  This Inner Loop Header: Depth=2\n"
+           "\tv_mfma_f32_32x32x16_fp8_fp8 a[0:15], v[0:1], v[2:3], a[0:15]\n"
+           "\tv_mfma_f32_32x32x16_fp8_fp8 a[0:15], v[0:1], v[2:3], a[0:15]\n"
+           "\ts_waitcnt vmcnt(0) lgkmcnt(0)\n"
+           "; %bb.4:                                ;   in Loop: Header=BB0_2 Depth=1\n"
+           "\ts_barrier\n"
+           ".LBB0_5:\n"
+           "\ts_endpgm\n")
+    assert amd_loop_instructions(isa) == {"v_mfma_f32_32x32x16_fp8_fp8": 2, "s_waitcnt vmcnt(0)": 1,
+                                          "s_waitcnt lgkmcnt(0)": 1}
 
 
 def test_ptx_and_sass_matrix_instructions_are_found_once_each():

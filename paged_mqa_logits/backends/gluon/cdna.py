@@ -24,9 +24,11 @@ register budget, and the programs per CU that ``SplitKV = 0`` sizes the grid for
 which re-reads the keys from L2; 1: a program per sequence scores every next_n row against
 each key tile it reads once), ``Mfma`` (gfx950), ``QInLDS`` (query rows and weights staged in
 LDS and read per tile, 64 heads per MFMA, instead of held in VGPRs), ``Prefetch`` (keys of the
-next tile in flight while this one is scored, or one tile per wave). ``candidates`` offers every
-(ChunkK, WavePerEU, ReuseKV/QInLDS, Mfma) that :meth:`MfmaVariant.admits`, with Prefetch where
-it fits.
+next tile in flight while this one is scored, or one tile per wave), ``KeyLoad`` (plain caches:
+keys gathered straight into the MFMA operand, or in whole rows and converted through LDS;
+``cdna_keys.py``). ``candidates`` offers every (ChunkK, WavePerEU, ReuseKV/QInLDS, Mfma) that
+:meth:`MfmaVariant.admits`, with Prefetch where it fits, then the same with ``KeyLoad=lds`` for
+plain caches.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from ...problem import Problem
 from ...triton_internals.specialise import StandIn, runtime_parameters
 from ...triton_internals.toolchain import AMD_VGPR_MARGIN
 from ..base import MAX_SPLIT_KV, CompileSpec
-from . import common
+from . import cdna_keys, common
 from .register_mma import CHUNK_SIZES, RegisterMmaVariant, rows_per_program
 from .register_mma_kernel import register_mma_logits_kernel
 
@@ -104,8 +106,9 @@ BALANCED_VGPRS = 24
 
 
 def _fits(problem: Problem, chunk: int, waves: int, rows: int, q_lds: int, prefetch: int,
-          balanced: bool = False) -> bool:
-    if lds_bytes(rows, problem.heads, q_lds) * waves > ARCH_SPECS[problem.arch].lds_bytes:
+          balanced: bool = False, key_load: str = cdna_keys.DIRECT) -> bool:
+    lds = lds_bytes(rows, problem.heads, q_lds) + cdna_keys.lds_bytes(chunk, key_load, problem.head_dim)
+    if lds * waves > ARCH_SPECS[problem.arch].lds_bytes:
         return False
     if balanced and prefetch and (waves >= 4 or not problem.kv_aligned16 or not problem.kv_32bit):
         # measured: the segment loop and a prefetched tile do not fit together at 128 VGPRs, nor
@@ -115,7 +118,7 @@ def _fits(problem: Problem, chunk: int, waves: int, rows: int, q_lds: int, prefe
     # the cache layout of the call: the JIT proves 16-byte key gathers only when the base and the
     # real block stride are 16-byte multiples; caches past 2 GiB take 64-bit addresses
     need = vgpr_estimate(problem.heads, chunk, rows, q_lds, problem.kv_aligned16, prefetch, problem.kv_32bit) \
-        + AMD_VGPR_MARGIN + (BALANCED_VGPRS if balanced else 0)
+        + AMD_VGPR_MARGIN + (BALANCED_VGPRS if balanced else 0) + cdna_keys.vgprs(chunk, key_load, prefetch, NUM_WARPS)
     return need <= ARCH_SPECS[problem.arch].vgprs_per_simd // waves
 
 
@@ -209,7 +212,7 @@ class MfmaVariant(RegisterMmaVariant):
     #: allowed values per knob (combinations, e.g. Mfma per arch, are judged by :meth:`knobs`)
     knob_space = {"ChunkK": CHUNK_SIZES, "WavePerEU": WAVES_PER_EU, "SplitKV": range(0, MAX_SPLIT_KV + 1),
                   "ReuseKV": (0, 1), "Mfma": ("fp8", "f8f6f4"), "QInLDS": (0, 1), "Prefetch": (0, 1),
-                  "Schedule": common.SCHEDULES}
+                  "Schedule": common.SCHEDULES, cdna_keys.KNOB: cdna_keys.KEY_LOADS}
     head_chunk = HEAD_CHUNK
     kv_32bit_loads = True
 
@@ -219,7 +222,9 @@ class MfmaVariant(RegisterMmaVariant):
         An unset ``QInLDS`` / ``Prefetch`` takes the first setting that fits the other knobs
         (Q in VGPRs for a per-row program, then in LDS; prefetch, then none), so a table row
         that names only the common knobs (e.g. upstream's ChunkK 256 / WavePerEU 4) still gets a
-        kernel that reaches its occupancy without spilling, when one exists."""
+        kernel that reaches its occupancy without spilling, when one exists. ``KeyLoad`` is
+        there only when it is not ``direct``, so direct configs, the names of their compiled
+        kernels and the tuned rows are what they were before the knob existed."""
         chunk = int(config.get("ChunkK") or 128)
         waves = int(config.get("WavePerEU") or 2)
         split = int(config.get("SplitKV") or 0)
@@ -230,25 +235,42 @@ class MfmaVariant(RegisterMmaVariant):
         self.require(kind in MFMA_KINDS[problem.arch], "Mfma", kind,
                      f"one of {', '.join(MFMA_KINDS[problem.arch])} on {problem.arch}")
         schedule = self.schedule(problem, config)
+        key_load = config.get(cdna_keys.KNOB) or cdna_keys.DIRECT
+        self.require_in(cdna_keys.KNOB, key_load, cdna_keys.KEY_LOADS)
+        self.require(key_load in cdna_keys.key_loads(problem.preshuffle), cdna_keys.KNOB, key_load,
+                     f"{cdna_keys.DIRECT} on a Preshuffle cache (already stored in the MFMA operand's order)")
         rows = rows_per_program(problem.next_n, reuse)
         q_options = [int(config["QInLDS"])] if config.get("QInLDS") is not None else ([0, 1] if rows == 1 else [1])
         prefetch_options = [int(config["Prefetch"])] if config.get("Prefetch") is not None else [1, 0]
         settings = [(q, pf) for q in q_options for pf in prefetch_options]
         balanced = schedule == common.BALANCED
-        q_lds, prefetch = next((s for s in settings if _fits(problem, chunk, waves, rows, *s, balanced)), settings[0])
+        q_lds, prefetch = next((s for s in settings if _fits(problem, chunk, waves, rows, *s, balanced, key_load)),
+                               settings[0])
         return {"ChunkK": chunk, "WavePerEU": waves, "SplitKV": split, "ReuseKV": reuse, "Mfma": kind,
-                "QInLDS": q_lds, "Prefetch": prefetch, "Schedule": schedule}
+                "QInLDS": q_lds, "Prefetch": prefetch, "Schedule": schedule,
+                **({cdna_keys.KNOB: key_load} if key_load != cdna_keys.DIRECT else {})}
 
     def admits(self, problem: Problem, config: dict) -> bool:
         """Whether a knob set reaches the occupancy ``WavePerEU`` asks for, with no spills.
 
         LDS: ``WavePerEU`` programs (4 waves each: one per SIMD) share the CU's LDS (64 KiB
-        gfx942, 160 KiB gfx950). VGPRs: ``512 / WavePerEU`` per lane against :func:`vgpr_estimate`."""
+        gfx942, 160 KiB gfx950), plus the key conversion's LDS with ``KeyLoad=lds``. VGPRs:
+        ``512 / WavePerEU`` per lane against :func:`vgpr_estimate` (plus ``cdna_keys.vgprs``)."""
         k = self.knobs(problem, config)
         return _fits(problem, k["ChunkK"], k["WavePerEU"], self.rows(problem, k), k["QInLDS"], k["Prefetch"],
-                     k["Schedule"] == common.BALANCED)
+                     k["Schedule"] == common.BALANCED, k.get(cdna_keys.KNOB, cdna_keys.DIRECT))
 
     def candidate_groups(self, problem: Problem):
+        """The direct groups, then (plain caches) the same groups with ``KeyLoad=lds``: the direct
+        candidates come first and keep no ``KeyLoad`` key. A conversion through LDS only adds
+        LDS and VGPRs, so an ``lds`` group admits nothing its direct twin does not, and its
+        first admitted setting is the twin's or one without Prefetch."""
+        for key_load in cdna_keys.key_loads(problem.preshuffle):
+            extra = {} if key_load == cdna_keys.DIRECT else {cdna_keys.KNOB: key_load}
+            for group in self._direct_groups(problem):
+                yield [dict(setting, **extra) for setting in group]
+
+    def _direct_groups(self, problem: Problem):
         for schedule in common.SCHEDULES:
             for kind in MFMA_KINDS[problem.arch]:
                 # per-row programs with Q in VGPRs or in LDS; shared-KV programs stage Q in LDS
@@ -274,7 +296,17 @@ class MfmaVariant(RegisterMmaVariant):
         kind = knobs["Mfma"]
         return dict(ACC=mfma_layout(problem.arch, problem.heads, knobs["ChunkK"], kind), K_WIDTH=16,
                     MMA=mfma_f8f6f4 if kind == "f8f6f4" else mfma_fp8, LOAD=buffer_gather, LOAD_KV=cache_gather,
-                    THREADS_PER_WARP=THREADS_PER_WARP)
+                    THREADS_PER_WARP=THREADS_PER_WARP, **self.key_atoms(problem, knobs))
+
+    def key_atoms(self, problem: Problem, knobs: dict) -> dict:
+        """``KeyLoad=lds``: the gather layout and the conversion to the operand (``cdna_keys.py``);
+        ``direct`` passes neither, so the kernel gathers into the operand layout itself."""
+        if knobs.get(cdna_keys.KNOB, cdna_keys.DIRECT) == cdna_keys.DIRECT:
+            return {}
+        # tokens of one wave's MFMA column group: what a wave gathers per group
+        tile = mfma_layout(problem.arch, problem.heads, knobs["ChunkK"], knobs["Mfma"]).instr_shape[1]
+        return dict(KEY_LAYOUT=cdna_keys.gather_layout(tile, NUM_WARPS, THREADS_PER_WARP),
+                    KEY_OPERAND=cdna_keys.keys_to_operand if tile == 32 else cdna_keys.keys_through_lds)
 
     def programs_per_cu(self, knobs: dict) -> int:
         # WavePerEU waves per SIMD = WavePerEU programs of 4 waves per CU.

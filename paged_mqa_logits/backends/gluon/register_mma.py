@@ -13,7 +13,7 @@ from __future__ import annotations
 from ...problem import LaunchArgs, Problem
 from ...schedule import derive_split_kv, persistent_programs
 from . import common
-from .register_mma_kernel import register_mma_logits_kernel
+from .register_mma_kernel import register_mma_logits_kernel, register_mma_logits_kernel_key_layout
 from .variant import GluonVariant
 
 #: tokens per tile (``ChunkK``)
@@ -37,8 +37,12 @@ class RegisterMmaVariant(GluonVariant):
     # ------------------------------------------------------------------------- arch atoms
     def atoms(self, problem: Problem, knobs: dict) -> dict:
         """The kernel's arch constexprs: ``ACC``, ``K_WIDTH``, ``MMA``, ``LOAD``, ``LOAD_KV``,
-        ``THREADS_PER_WARP``."""
+        ``THREADS_PER_WARP``; plus ``KEY_LAYOUT`` / ``KEY_OPERAND`` where the keys are gathered in
+        another layout than the B operand (then :meth:`kernel_for` picks the kernel taking them)."""
         raise NotImplementedError
+
+    def kernel_for(self, constexprs: dict):
+        return register_mma_logits_kernel_key_layout if "KEY_LAYOUT" in constexprs else register_mma_logits_kernel
 
     def programs_per_cu(self, knobs: dict) -> int:
         """Programs one CU (SM) runs at once: what ``SplitKV = 0`` and the balanced grid size for."""

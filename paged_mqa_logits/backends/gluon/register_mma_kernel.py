@@ -16,6 +16,13 @@ sm_90. Everything an arch changes comes in as constexpr *arch atoms*:
   else ``gl.load`` on 64-bit addresses; NVIDIA: ``gl.load``);
 * ``THREADS_PER_WARP``: 64 (AMD) or 32 (NVIDIA), for the staging layouts.
 
+Keys are gathered straight into the MMA's B operand layout. An arch that gathers them in
+another layout takes the second entry point, :func:`register_mma_logits_kernel_key_layout`, the
+same body with two more atoms: ``KEY_LAYOUT`` (the layout key tiles and their block ids are
+gathered in) and ``KEY_OPERAND(keys, B_LAYOUT)`` (turns such a tile into the B operand; AMD
+``KeyLoad=lds``, ``cdna_keys.py``). A separate entry point rather than defaulted parameters keeps
+:func:`register_mma_logits_kernel`'s parameters, and so every kernel compiled from it, as they are.
+
 Everything else (row lengths, the split's chunk range, block-table walk, paged key / scale
 byte offsets, Preshuffle, the ReLU-weight head reduction, the masked stores) is the code
 below, so the H200 runs of the ``mma_v2`` variant execute exactly the index, mask and epilogue
@@ -98,6 +105,13 @@ def load_tile_pages(table_row, tile, end, num_blocks, CHUNK: gl.constexpr, KV_BL
             tile_pages(table_row, t_s, end, num_blocks, KV_BLOCK, LOAD))
 
 
+@gluon.constexpr_function
+def key_gather_layout(key_layout, b_layout):
+    """The layout key tiles are gathered in: the MMA's B operand itself (``key_layout`` None),
+    or an arch's own gather layout whose tiles ``KEY_OPERAND`` turns into the operand."""
+    return b_layout if key_layout is None else key_layout
+
+
 # ----------------------------------------------------------------------------- query rows
 @gluon.jit
 def load_query(q_ptr, b, j, stride_q_b, stride_q_j, stride_q_h, HEADS: gl.constexpr, HEAD_DIM: gl.constexpr,
@@ -167,11 +181,13 @@ def score_rows_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr,
                        CHUNK: gl.constexpr, ROWS: gl.constexpr, PRESHUFFLE: gl.constexpr, LENS_2D: gl.constexpr,
                        Q_IN_LDS: gl.constexpr, HEAD_CHUNK: gl.constexpr, PREFETCH: gl.constexpr,
                        KV_32BIT: gl.constexpr, ACC: gl.constexpr, K_WIDTH: gl.constexpr, MMA: gl.constexpr,
-                       LOAD: gl.constexpr, LOAD_KV: gl.constexpr, THREADS_PER_WARP: gl.constexpr):
+                       LOAD: gl.constexpr, LOAD_KV: gl.constexpr, THREADS_PER_WARP: gl.constexpr,
+                       KEY_LAYOUT: gl.constexpr, KEY_OPERAND: gl.constexpr):
     """Tiles ``[first, stop)`` of sequence ``b`` scored against its rows ``group*ROWS ..
     + ROWS``: Q and the weights loaded once, then the (prefetching) tile loop."""
     A_LAYOUT: gl.constexpr = gl.DotOperandLayout(0, ACC, K_WIDTH)
     B_LAYOUT: gl.constexpr = gl.DotOperandLayout(1, ACC, K_WIDTH)
+    KEYS: gl.constexpr = key_gather_layout(KEY_LAYOUT, B_LAYOUT)  # the layout keys are gathered in
     TOKENS: gl.constexpr = gl.SliceLayout(0, ACC)  # scales, logits, output columns
     HEADS_L: gl.constexpr = gl.SliceLayout(1, ACC)  # weights
     seq_len = sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
@@ -207,30 +223,34 @@ def score_rows_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr,
         table_row = table_ptr + b.to(gl.int64) * stride_table
         if PREFETCH:
             # Prologue: keys of tile `first`, blocks of tile `first + 1`.
-            pages_k, pages_s = load_tile_pages(table_row, first, end, num_blocks, CHUNK, KV_BLOCK, B_LAYOUT, TOKENS, LOAD)
+            pages_k, pages_s = load_tile_pages(table_row, first, end, num_blocks, CHUNK, KV_BLOCK, KEYS, TOKENS, LOAD)
             keys, scales = load_tile(kv_ptr, scale_ptr, pages_k, pages_s, first, stride_block, CHUNK, KV_BLOCK,
-                                     HEAD_DIM, PRESHUFFLE, B_LAYOUT, TOKENS, LOAD_KV, KV_32BIT)
-            pages_k, pages_s = load_tile_pages(table_row, first + 1, end, num_blocks, CHUNK, KV_BLOCK, B_LAYOUT, TOKENS, LOAD)
+                                     HEAD_DIM, PRESHUFFLE, KEYS, TOKENS, LOAD_KV, KV_32BIT)
+            pages_k, pages_s = load_tile_pages(table_row, first + 1, end, num_blocks, CHUNK, KV_BLOCK, KEYS, TOKENS, LOAD)
         for tile in range(first, stop):
             if PREFETCH:
                 # In flight while this tile is scored: keys of tile + 1, blocks of tile + 2 (tiles
                 # past the range read block 0 or the next split's blocks; never stored).
                 next_keys, next_scales = load_tile(kv_ptr, scale_ptr, pages_k, pages_s, tile + 1, stride_block, CHUNK,
-                                                   KV_BLOCK, HEAD_DIM, PRESHUFFLE, B_LAYOUT, TOKENS, LOAD_KV, KV_32BIT)
-                pages_k, pages_s = load_tile_pages(table_row, tile + 2, end, num_blocks, CHUNK, KV_BLOCK, B_LAYOUT, TOKENS, LOAD)
+                                                   KV_BLOCK, HEAD_DIM, PRESHUFFLE, KEYS, TOKENS, LOAD_KV, KV_32BIT)
+                pages_k, pages_s = load_tile_pages(table_row, tile + 2, end, num_blocks, CHUNK, KV_BLOCK, KEYS, TOKENS, LOAD)
             else:
                 # One tile of keys in registers: other waves of the CU hide the load latency.
-                tile_pages_k, tile_pages_s = load_tile_pages(table_row, tile, end, num_blocks, CHUNK, KV_BLOCK, B_LAYOUT, TOKENS,
+                tile_pages_k, tile_pages_s = load_tile_pages(table_row, tile, end, num_blocks, CHUNK, KV_BLOCK, KEYS, TOKENS,
                                                              LOAD)
                 keys, scales = load_tile(kv_ptr, scale_ptr, tile_pages_k, tile_pages_s, tile, stride_block, CHUNK,
-                                         KV_BLOCK, HEAD_DIM, PRESHUFFLE, B_LAYOUT, TOKENS, LOAD_KV, KV_32BIT)
+                                         KV_BLOCK, HEAD_DIM, PRESHUFFLE, KEYS, TOKENS, LOAD_KV, KV_32BIT)
             tokens = tile * CHUNK + gl.arange(0, CHUNK, TOKENS)
+            if KEY_OPERAND is None:
+                operand = keys
+            else:
+                operand = KEY_OPERAND(keys, B_LAYOUT)
             for r in gl.static_range(ROWS):
                 if Q_IN_LDS:
-                    score_staged_row(q_smem.index(r), w_smem.index(r), keys, scales, out_ptr, row0 + r, stride_out,
+                    score_staged_row(q_smem.index(r), w_smem.index(r), operand, scales, out_ptr, row0 + r, stride_out,
                                      tokens, row_ends[r], HEADS, HEAD_CHUNK, CHUNK, ACC, K_WIDTH, MMA)
                 else:
-                    score_row(qs[r], keys, scales, ws[r], out_ptr, row0 + r, stride_out, tokens, row_ends[r],
+                    score_row(qs[r], operand, scales, ws[r], out_ptr, row0 + r, stride_out, tokens, row_ends[r],
                               HEADS, CHUNK, ACC, MMA)
             if PREFETCH:
                 keys = next_keys
@@ -239,8 +259,8 @@ def score_rows_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr,
             thread_barrier()  # every warp is done with this segment's Q before the next one's
 
 
-@gluon.jit(do_not_specialize=DYNAMIC_PARAMS)
-def register_mma_logits_kernel(
+@gluon.jit
+def logits_programs(
     q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, table_ptr,
     stride_q_b, stride_q_j, stride_q_h,
     stride_block,  # bytes between cache blocks (multiple of 4)
@@ -253,6 +273,7 @@ def register_mma_logits_kernel(
     # arch atoms
     ACC: gl.constexpr, K_WIDTH: gl.constexpr, MMA: gl.constexpr, LOAD: gl.constexpr, LOAD_KV: gl.constexpr,
     THREADS_PER_WARP: gl.constexpr,
+    KEY_LAYOUT: gl.constexpr, KEY_OPERAND: gl.constexpr,
 ):
     """Balanced: program ``p`` (of a persistent grid, row group fastest) scores its equal share
     of the batch's tiles (``schedule.py``) for row group ``p % ROW_GROUPS``, segment by segment.
@@ -284,7 +305,8 @@ def register_mma_logits_kernel(
                                stride_q_b, stride_q_j, stride_q_h, stride_block, stride_w, stride_out, stride_lens_b,
                                stride_lens_j, stride_table, max_model_len, max_blocks, num_blocks,
                                NEXT_N, HEADS, HEAD_DIM, KV_BLOCK, CHUNK, ROWS, PRESHUFFLE, LENS_2D, Q_IN_LDS,
-                               HEAD_CHUNK, PREFETCH, KV_32BIT, ACC, K_WIDTH, MMA, LOAD, LOAD_KV, THREADS_PER_WARP)
+                               HEAD_CHUNK, PREFETCH, KV_32BIT, ACC, K_WIDTH, MMA, LOAD, LOAD_KV, THREADS_PER_WARP,
+                               KEY_LAYOUT, KEY_OPERAND)
             item += gl.maximum(count, 0)  # zero-length sequences between long ones hold no items
             b += 1
             tile = tile * 0
@@ -299,4 +321,55 @@ def register_mma_logits_kernel(
                            stride_q_b, stride_q_j, stride_q_h, stride_block, stride_w, stride_out, stride_lens_b,
                            stride_lens_j, stride_table, max_model_len, max_blocks, num_blocks,
                            NEXT_N, HEADS, HEAD_DIM, KV_BLOCK, CHUNK, ROWS, PRESHUFFLE, LENS_2D, Q_IN_LDS,
-                           HEAD_CHUNK, PREFETCH, KV_32BIT, ACC, K_WIDTH, MMA, LOAD, LOAD_KV, THREADS_PER_WARP)
+                           HEAD_CHUNK, PREFETCH, KV_32BIT, ACC, K_WIDTH, MMA, LOAD, LOAD_KV, THREADS_PER_WARP,
+                           KEY_LAYOUT, KEY_OPERAND)
+
+
+@gluon.jit(do_not_specialize=DYNAMIC_PARAMS)
+def register_mma_logits_kernel(
+    q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, table_ptr,
+    stride_q_b, stride_q_j, stride_q_h,
+    stride_block,  # bytes between cache blocks (multiple of 4)
+    stride_w, stride_out, stride_lens_b, stride_lens_j, stride_table,
+    max_model_len, max_blocks, num_splits, batch, num_blocks,
+    NEXT_N: gl.constexpr, HEADS: gl.constexpr, HEAD_DIM: gl.constexpr, KV_BLOCK: gl.constexpr,
+    CHUNK: gl.constexpr, ROWS: gl.constexpr, PRESHUFFLE: gl.constexpr, LENS_2D: gl.constexpr,
+    Q_IN_LDS: gl.constexpr, HEAD_CHUNK: gl.constexpr, PREFETCH: gl.constexpr, KV_32BIT: gl.constexpr,
+    BALANCED: gl.constexpr,
+    # arch atoms
+    ACC: gl.constexpr, K_WIDTH: gl.constexpr, MMA: gl.constexpr, LOAD: gl.constexpr, LOAD_KV: gl.constexpr,
+    THREADS_PER_WARP: gl.constexpr,
+):
+    """The kernel: keys gathered straight into the MMA's B operand (:func:`logits_programs`)."""
+    logits_programs(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, table_ptr,
+                    stride_q_b, stride_q_j, stride_q_h, stride_block, stride_w, stride_out, stride_lens_b,
+                    stride_lens_j, stride_table, max_model_len, max_blocks, num_splits, batch, num_blocks,
+                    NEXT_N, HEADS, HEAD_DIM, KV_BLOCK, CHUNK, ROWS, PRESHUFFLE, LENS_2D, Q_IN_LDS, HEAD_CHUNK,
+                    PREFETCH, KV_32BIT, BALANCED, ACC, K_WIDTH, MMA, LOAD, LOAD_KV, THREADS_PER_WARP,
+                    None, None)
+
+
+@gluon.jit(do_not_specialize=DYNAMIC_PARAMS)
+def register_mma_logits_kernel_key_layout(
+    q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, table_ptr,
+    stride_q_b, stride_q_j, stride_q_h,
+    stride_block,  # bytes between cache blocks (multiple of 4)
+    stride_w, stride_out, stride_lens_b, stride_lens_j, stride_table,
+    max_model_len, max_blocks, num_splits, batch, num_blocks,
+    NEXT_N: gl.constexpr, HEADS: gl.constexpr, HEAD_DIM: gl.constexpr, KV_BLOCK: gl.constexpr,
+    CHUNK: gl.constexpr, ROWS: gl.constexpr, PRESHUFFLE: gl.constexpr, LENS_2D: gl.constexpr,
+    Q_IN_LDS: gl.constexpr, HEAD_CHUNK: gl.constexpr, PREFETCH: gl.constexpr, KV_32BIT: gl.constexpr,
+    BALANCED: gl.constexpr,
+    # arch atoms
+    ACC: gl.constexpr, K_WIDTH: gl.constexpr, MMA: gl.constexpr, LOAD: gl.constexpr, LOAD_KV: gl.constexpr,
+    THREADS_PER_WARP: gl.constexpr,
+    KEY_LAYOUT: gl.constexpr, KEY_OPERAND: gl.constexpr,
+):
+    """The kernel with keys gathered in ``KEY_LAYOUT`` and turned into the B operand by
+    ``KEY_OPERAND`` (see the module docstring; :func:`logits_programs`)."""
+    logits_programs(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, table_ptr,
+                    stride_q_b, stride_q_j, stride_q_h, stride_block, stride_w, stride_out, stride_lens_b,
+                    stride_lens_j, stride_table, max_model_len, max_blocks, num_splits, batch, num_blocks,
+                    NEXT_N, HEADS, HEAD_DIM, KV_BLOCK, CHUNK, ROWS, PRESHUFFLE, LENS_2D, Q_IN_LDS, HEAD_CHUNK,
+                    PREFETCH, KV_32BIT, BALANCED, ACC, K_WIDTH, MMA, LOAD, LOAD_KV, THREADS_PER_WARP,
+                    KEY_LAYOUT, KEY_OPERAND)

@@ -89,6 +89,11 @@ class GluonVariant:
         """``(grid, num_splits, kernel keyword arguments)`` of a launch of ``config``."""
         raise NotImplementedError
 
+    def kernel_for(self, constexprs: dict):
+        """The ``@gluon.jit`` kernel a launch with these constexprs runs: :attr:`kernel`, unless
+        the family has a second entry point for some of its configs."""
+        return self.kernel
+
     def compile_matrix(self, arch: str) -> list[dict]:
         """The compile configs (problem fields + knobs) ``compile`` builds for ``arch`` by default."""
         raise NotImplementedError
@@ -168,7 +173,7 @@ class GluonVariant:
             plan = self._plans[key] = self.plan(args, config)
         grid, splits, kwargs = plan
         extra, per_call = self.call_parts(args, config)
-        self.kernel[grid](*common.kernel_arguments(args, splits), *extra, **kwargs, **per_call)
+        self.kernel_for(kwargs)[grid](*common.kernel_arguments(args, splits), *extra, **kwargs, **per_call)
 
     def clear_plans(self) -> None:
         """Forget the cached launch plans (after a change to what they were computed from)."""
@@ -188,12 +193,13 @@ class GluonVariant:
         """One config (problem fields + knobs) specialised as the JIT specialises a typical call."""
         problem = self.spec_problem(arch, cfg)
         runtime, consts, path = self.spec_arguments(problem, cfg)
+        kernel = self.kernel_for(consts)
         backend_cls = compiler.HIPBackend if arch.startswith("gfx") else compiler.CUDABackend  # loaded when used
-        signature, consts, attrs = specialise(self.kernel, runtime, consts, backend_cls)
+        signature, consts, attrs = specialise(kernel, runtime, consts, backend_cls)
         knobs = dict({"variant": self.name, **self.knobs(problem, cfg)}, **path)
         return CompileSpec(
             name=common.spec_name("gluon", self.name, arch, problem, knobs, problem.kv_32bit), backend="gluon",
-            arch=arch, knobs=dict(knobs, **common.problem_fields(problem)), fn=self.kernel, signature=signature,
+            arch=arch, knobs=dict(knobs, **common.problem_fields(problem)), fn=kernel, signature=signature,
             constexprs=consts, options=self.options(problem, cfg), gluon=True, attrs=attrs,
         )
 

@@ -3,11 +3,13 @@ a representative problem set is cross-compiled and must pass ``compile.check_rec
 parsing is checked on real compiler output; the real launch path (JIT binding, specialisation,
 grid) runs on a simulated device.
 
-Compile matrix (:func:`ci_matrix`; under Triton 3.6 gfx942 162 kernels, gfx950 350, a few minutes of
-wall time on 2 shared cores from a cold Triton cache; later compilers need more VGPRs, so ``MFMA.admits``
+Compile matrix (:func:`ci_matrix`; under Triton 3.6 gfx942 412 kernels, 99 of them ``KeyLoad=lds``,
+gfx950 918 with 244, about a quarter of an hour of wall time on 2 shared cores from a cold Triton cache
+(estimated: the 343 ``lds`` kernels took 4.5 minutes); later compilers need more VGPRs, so ``MFMA.admits``
 admits fewer WavePerEU 4 knob sets: ``triton_internals.toolchain.AMD_VGPR_MARGIN``): **every candidate** (ChunkK 64/128/256 x WavePerEU 1/2/4 x
-per-row with Q in VGPRs / per-row with Q in LDS / shared-KV, x both MFMA kinds on gfx950, each
-with Prefetch where it fits else without, as admitted by ``MFMA.admits``) of five shapes chosen so
+per-row with Q in VGPRs / per-row with Q in LDS / shared-KV, x both MFMA kinds on gfx950, x both
+schedules, each with Prefetch where it fits else without, and for plain caches all of that again
+with ``KeyLoad=lds``, as admitted by ``MFMA.admits``) of five shapes chosen so
 that every code-generating constexpr takes each of its values at least once:
 
 =====  =====  =========  =========  =======  ===================================================
@@ -42,9 +44,10 @@ pytest.importorskip("triton.experimental.gluon")
 from paged_mqa_logits.triton_internals.compiler import GPUTarget  # noqa: E402
 from paged_mqa_logits.triton_internals.device import simulated_device  # noqa: E402
 from paged_mqa_logits.triton_internals.specialise import compiled_kernels  # noqa: E402
-from paged_mqa_logits.backends.gluon import BACKEND, cdna, common  # noqa: E402
-from paged_mqa_logits.backends.gluon.register_mma_kernel import register_mma_logits_kernel  # noqa: E402
-from paged_mqa_logits.compile import amd_resources, check_records, compile_specs  # noqa: E402
+from paged_mqa_logits.backends.gluon import BACKEND, cdna, cdna_keys, common  # noqa: E402
+from paged_mqa_logits.backends.gluon.register_mma_kernel import (  # noqa: E402
+    register_mma_logits_kernel, register_mma_logits_kernel_key_layout)
+from paged_mqa_logits.compile import amd_loop_instructions, amd_resources, check_records, compile_specs  # noqa: E402
 from paged_mqa_logits.op import build_launch_args  # noqa: E402
 from paged_mqa_logits.reference import make_inputs  # noqa: E402
 
@@ -107,6 +110,31 @@ def test_matrix_covers_every_knob_value(compiled):
     assert seen["ReuseKV"] == {0, 1} and seen["QInLDS"] == {0, 1} and seen["kv_32bit"] == {True, False}
     assert seen["Mfma"] == set(cdna.MFMA_KINDS[arch])
     assert seen["heads"] == {32, 64} and seen["preshuffle"] == {True, False} and seen["lens_2d"] == {True, False}
+    lds = [r.knobs for r in records if r.knobs.get("KeyLoad") == "lds"]
+    assert lds and not any(k["preshuffle"] for k in lds)
+    assert {k["ChunkK"] for k in lds} == {64, 128, 256} and {k["WavePerEU"] for k in lds} == {1, 2, 4}
+
+
+def test_key_loads_issue_what_they_claim(compiled):
+    """In the tile loop, per wave (``T = ChunkK / 4`` tokens): ``KeyLoad=lds`` gathers the keys with
+    ``T/8`` 16-byte loads (aligned caches), writes them to LDS with ``T/8`` ``ds_write_b128``, reads
+    them back with at least as many ``ds_read_b128`` and has a barrier; ``direct`` gathers as many
+    16-byte loads and writes nothing to LDS (with Q in VGPRs it reads nothing from LDS either)."""
+    _, _, records = compiled
+    for r in records:
+        loop = amd_loop_instructions(open(r.isa).read())
+        tile_loads = r.knobs["ChunkK"] // 4 // 8
+        wide = "buffer_load_dwordx4" if r.knobs["kv_32bit"] else "global_load_dwordx4"
+        writes = sum(n for k, n in loop.items() if k.startswith("ds_write"))
+        reads = sum(n for k, n in loop.items() if k.startswith("ds_read"))
+        if r.knobs["kv_aligned16"]:
+            assert loop.get(wide) == tile_loads, (r.name, loop.get(wide))
+        if r.knobs.get("KeyLoad") == "lds":
+            assert loop.get("ds_write_b128") == writes == tile_loads, (r.name, loop)
+            assert loop.get("ds_read_b128", 0) >= tile_loads and loop.get("s_barrier", 0) >= 1, (r.name, loop)
+        else:
+            assert writes == 0, (r.name, loop)
+            assert r.knobs["QInLDS"] or reads == 0, (r.name, loop)
 
 
 def test_mfma_instructions_match_the_knob(compiled):
@@ -148,6 +176,7 @@ def test_lds_use_matches_the_staging_knob(compiled):
         rows = r.knobs["next_n"] if r.knobs["ReuseKV"] else 1
         scan = SCAN_SCRATCH_BYTES if r.knobs["Schedule"] == "balanced" else 0
         staged = rows * r.knobs["heads"] * 132 if r.knobs["QInLDS"] else 0
+        staged += cdna_keys.lds_bytes(r.knobs["ChunkK"], r.knobs.get("KeyLoad", "direct"))
         assert staged <= r.lds_bytes <= staged + scan + (staged // 8), r.name
 
 
@@ -284,3 +313,74 @@ def test_layout_matrix_covers_every_chunk_and_occupancy_it_can(arch):
             assert not any(MFMA.admits(problem, {"ChunkK": chunk, "WavePerEU": waves, "QInLDS": q, "Prefetch": pf})
                            for q in (0, 1) for pf in (0, 1)), (layout, chunk, waves)
         assert {chunk for chunk, _ in compiled} == {64, 128, 256}, layout
+
+
+# ----------------------------------------------------------------------------- KeyLoad
+def _plain(arch, **shape):
+    return common.problem_for(arch, MFMA.fp8[arch], dict(dict(SHAPES[1], preshuffle=False), **shape))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_key_load_candidates_and_fit(arch):
+    """``lds`` candidates exist for plain caches only; the direct candidates come first and are
+    the ones without the knob; LDS per CU and VGPRs count the conversion."""
+    plain, pre = _plain(arch), _plain(arch, preshuffle=True)
+    cands = MFMA.candidates(plain)
+    direct = [c for c in cands if "KeyLoad" not in c]
+    assert cands[:len(direct)] == direct and any(c.get("KeyLoad") == "lds" for c in cands)
+    assert not any("KeyLoad" in c for c in MFMA.candidates(pre))
+    # Q staged in LDS (8448 B) plus 16 KiB of conversion scratch, x 4 programs: over gfx942's 64 KiB
+    staged = {"ChunkK": 128, "WavePerEU": 4, "QInLDS": 1, "Prefetch": 0, "ReuseKV": 0}
+    assert cdna_keys.lds_bytes(128, "lds") == cdna_keys.lds_bytes(256, "lds") == 16 * 1024
+    assert (cdna.lds_bytes(1, 64, 1) + 16 * 1024) * 4 > 64 * 1024
+    p64 = _plain(arch, heads=64, next_n=1)
+    assert MFMA.admits(p64, staged) and MFMA.admits(p64, dict(staged, KeyLoad="lds")) == (arch == "gfx950")
+    small = {"ChunkK": 128, "WavePerEU": 4, "QInLDS": 0, "Prefetch": 1, "ReuseKV": 0}
+    assert MFMA.admits(p64, small) and not MFMA.admits(p64, dict(small, KeyLoad="lds"))  # spilled (measured)
+
+
+def test_key_load_knob_errors():
+    plain, pre = _plain("gfx942"), _plain("gfx942", preshuffle=True)
+    message = MFMA.check_config({"KeyLoad": "shared"}, plain)
+    assert "KeyLoad" in message and "direct, lds" in message and "'shared'" in message
+    message = MFMA.check_config({"KeyLoad": "lds"}, pre)
+    assert "KeyLoad='lds'" in message and "Preshuffle" in message
+    assert MFMA.check_config({"KeyLoad": "lds"}, plain) is None and MFMA.check_config({"KeyLoad": "lds"}) is None
+    assert MFMA.check_config({"KeyLoad": "direct"}, pre) is None
+    with pytest.raises(ValueError, match="KeyLoad"):
+        MFMA.constexprs(pre, {"KeyLoad": "lds"}, True)
+
+
+def test_cache_lines_per_key_load():
+    """One 16-byte key load of a wave: the MFMA operand layout touches 32 rows x 32 bytes (32x32
+    tiles) or 16 x 64 (16x16); the gather layout 8 whole 128-byte rows."""
+    from triton.experimental.gluon import language as gl
+
+    for chunk, direct in ((64, (16, 16)), (128, (32, 32)), (256, (32, 32))):
+        operand = gl.DotOperandLayout(1, cdna.mfma_layout("gfx942", 64, chunk, "fp8"), 16)
+        assert tuple(cdna_keys.cache_lines_per_load(operand, "direct", chunk, size) for size in (64, 128)) == direct
+        assert tuple(cdna_keys.cache_lines_per_load(operand, "lds", chunk, size) for size in (64, 128)) == (16, 8)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_key_load_picks_the_kernel_with_the_key_atoms(arch):
+    """``KeyLoad=lds`` launches and compiles the entry point that takes ``KEY_LAYOUT`` /
+    ``KEY_OPERAND``; ``direct`` the kernel without them, whose parameters are as before the knob."""
+    fp8 = torch.float8_e4m3fnuz if arch == "gfx942" else torch.float8_e4m3fn
+    inputs = make_inputs(2, 1, 64, [300, 45], kv_block_size=64, fp8_dtype=fp8, seed=3)
+    args = build_launch_args(inputs["q_fp8"], inputs["kv_cache"], inputs["weights"], inputs["out_logits"],
+                             inputs["context_lens"], inputs["kv_indices"], inputs["max_model_len"], False, 64)
+    args.problem = dataclasses.replace(args.problem, arch=arch, cu_num=304, device_type="cuda")
+    config = {"variant": "mfma", "ChunkK": 64, "WavePerEU": 2, "SplitKV": 2, "ReuseKV": 0, "QInLDS": 0,
+              "Schedule": "split", "KeyLoad": "lds"}
+    kernels = [register_mma_logits_kernel, register_mma_logits_kernel_key_layout]
+    with simulated_device(GPUTarget("hip", arch, 64), kernels) as launches:
+        BACKEND.launch(args, config)
+        direct, lds = (compiled_kernels(kernel) for kernel in kernels)
+    assert len(launches) == 1 and not direct and len(lds) == 1
+    assert amd_resources(lds[0].asm["amdgcn"])["scratch_bytes"] == 0
+    assert "ds_write_b128" in amd_loop_instructions(lds[0].asm["amdgcn"])
+    spec = MFMA.compile_spec(arch, dict(SHAPES[1], **config))
+    assert spec.fn is register_mma_logits_kernel_key_layout and "KeyLoadlds" in spec.name
+    spec = MFMA.compile_spec(arch, dict(SHAPES[1], **dict(config, KeyLoad="direct")))
+    assert spec.fn is register_mma_logits_kernel and "KeyLoad" not in spec.name and "KEY_LAYOUT" not in spec.signature

@@ -304,3 +304,32 @@ def test_graph_replay_is_bit_identical_to_eager_and_never_syncs(name, heads, nex
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(args.out.view(torch.int32), eager.view(torch.int32))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_gathered_key_tiles_on_the_register_mma_twin(seed):
+    """The shared kernel body's ``KeyLoad=lds`` path (``cdna_keys``: keys gathered in whole rows,
+    pages in that layout, ``gl.convert_layout`` to the operand) run with the ``mma_v2`` atoms on
+    sm_90, so the H200 executes the index and conversion code the AMD ``lds`` kernels compile."""
+    module = variant_module("mma_v2")
+    from paged_mqa_logits.backends.gluon import cdna_keys, common
+    from paged_mqa_logits.backends.gluon.register_mma_kernel import register_mma_logits_kernel_key_layout
+
+    arch = device_arch()
+    case = random_case(9500 + seed, heads=(32, 64), max_context=700, max_batch=4, block_sizes=(1, 16, 64, 256))
+    case["preshuffle"] = False
+    inp = build(case, device="cuda", fp8_dtype=fp8_dtype(arch))
+    args = launch_args(inp)
+    p = args.problem
+    config = [c for c in module.candidates(p) if c["Schedule"] == "split"][seed % 3]
+    grid, splits = module.program_grid(p, config)
+    warps = module.options(p, config)["num_warps"]
+    kwargs = dict(module.constexprs(p, config), **module.options(p, config),
+                  KEY_LAYOUT=cdna_keys.gather_layout(8, warps, 32), KEY_OPERAND=cdna_keys.keys_to_operand)
+    before = inp["out_logits"].clone()
+    register_mma_logits_kernel_key_layout[grid](*common.kernel_arguments(args, splits), **kwargs)
+    torch.cuda.synchronize()
+    ref = reference_logits(inp["q_fp8"], inp["kv_cache"], inp["weights"], inp["context_lens"], inp["kv_indices"],
+                           inp["max_model_len"], kv_block_size=inp["kv_block_size"], preshuffle=False)
+    check = check_logits(inp["out_logits"], before, ref)
+    assert check.ok, f"{case} {config}: {check.describe()}"
