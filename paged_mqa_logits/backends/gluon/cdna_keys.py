@@ -44,6 +44,8 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
+from ...triton_internals.layouts import linear_bases
+
 KNOB = "KeyLoad"
 DIRECT = "direct"
 LDS = "lds"
@@ -124,16 +126,11 @@ def cache_lines_per_load(operand_layout, key_load: str, chunk: int, line_bytes: 
     (``operand_layout``, the MFMA B operand, for ``direct``): lane ``l``'s register group ``i``
     holds 16 bytes at ``(dim, token)``; a plain cache row is ``head_dim`` contiguous bytes and
     the tokens of a tile are consecutive rows of a block (``kv_block_size >= 32``)."""
-    from triton._C.libtriton import gluon_ir, ir  # the layout algebra needs an MLIR context, not a GPU
-
     if key_load == DIRECT:
         layout = operand_layout
     else:
         layout = gather_layout(operand_layout.parent.instr_shape[1], num_warps, threads_per_warp)
-    context = ir.context()
-    ir.load_dialects(context)
-    builder = gluon_ir.GluonOpBuilder(context)
-    linear = builder.to_linear_layout(layout._to_ir(builder), [head_dim, chunk])
+    linear = linear_bases(layout, [head_dim, chunk])
     vector = [[1, 0], [2, 0], [4, 0], [8, 0]]  # 16 consecutive dims (bytes) per register group
     if linear.reg_bases[:4] != vector:
         raise ValueError(f"{layout} does not give a lane 16 contiguous key bytes per register group")
