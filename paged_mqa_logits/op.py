@@ -12,7 +12,7 @@ from .validate import PagedMQAArgumentError, build_launch_args
 __all__ = ["paged_mqa_logits", "build_launch_args", "launch", "PagedMQAArgumentError"]
 
 
-def paged_mqa_logits(
+def paged_mqa_logits_eager(
     q_fp8: torch.Tensor,
     kv_cache: torch.Tensor,
     weights: torch.Tensor,

@@ -49,7 +49,7 @@ EAGER_VIA_OP = os.environ.get("PAGED_MQA_LOGITS_EAGER_VIA_OP", "0") not in ("", 
 
 def _impl(q_fp8, kv_cache, weights, out_logits, context_lens, kv_indices, max_model_len, Preshuffle=False,
           KVBlockSize=1, *, context_hint=NO_HINT, clean_logits=False, backend=None, config=None) -> None:
-    _op.paged_mqa_logits(
+    _op.paged_mqa_logits_eager(
         q_fp8, kv_cache, weights, out_logits, context_lens, kv_indices, max_model_len, Preshuffle, KVBlockSize,
         context_hint=None if context_hint == NO_HINT else context_hint, clean_logits=clean_logits,
         backend=backend, config=None if config is None else json.loads(config),
@@ -100,7 +100,7 @@ def paged_mqa_logits(
     config: dict | None = None,
 ) -> torch.Tensor:
     """FP8 paged MQA logits, written into ``out_logits`` (returned). Same contract and arguments
-    as :func:`paged_mqa_logits.op.paged_mqa_logits`; works under ``torch.compile(fullgraph=True)``
+    as :func:`paged_mqa_logits.op.paged_mqa_logits_eager`; works under ``torch.compile(fullgraph=True)``
     and inside CUDA/HIP graph capture."""
     _op.check_options(context_hint, clean_logits, backend, config)
     if torch.compiler.is_compiling() or _must_use_op(out_logits):
@@ -108,12 +108,12 @@ def paged_mqa_logits(
            context_hint=NO_HINT if context_hint is None else context_hint, clean_logits=clean_logits,
            backend=backend, config=None if config is None else json.dumps(config, sort_keys=True))
         return out_logits
-    return _op.paged_mqa_logits(
+    return _op.paged_mqa_logits_eager(
         q_fp8, kv_cache, weights, out_logits, context_lens, kv_indices, max_model_len, Preshuffle, KVBlockSize,
         context_hint=context_hint, clean_logits=clean_logits, backend=backend, config=config,
     )
 
 
-paged_mqa_logits.__doc__ += "\n\n" + (_op.paged_mqa_logits.__doc__ or "")
+paged_mqa_logits.__doc__ += "\n\n" + (_op.paged_mqa_logits_eager.__doc__ or "")
 
 __all__ = ["paged_mqa_logits", "op", "SCHEMA", "EAGER_VIA_OP"]

@@ -6,7 +6,7 @@ import torch
 
 from paged_mqa_logits import torch_op
 from paged_mqa_logits.op import PagedMQAArgumentError
-from paged_mqa_logits.op import paged_mqa_logits as direct
+from paged_mqa_logits.op import paged_mqa_logits_eager as direct
 from paged_mqa_logits.reference import check_logits, make_inputs, reference_logits
 
 ARG_NAMES = ("q_fp8", "kv_cache", "weights", "out_logits", "context_lens", "kv_indices", "max_model_len")

@@ -18,6 +18,7 @@ Per kernel the child writes ``<name>.hsaco`` (the code object, taken from the co
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -183,7 +184,8 @@ def compile_plans(arch: str, plans: list[KernelPlan], out_dir: str | None, worke
         rocm = _linker_stand_in(os.path.join(tmp, "rocm"))
         if rocm is not None:
             env["ROCM_PATH"] = rocm
-        package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+        # the workers import this package from where this process found it
+        package_root = os.path.dirname(importlib.util.find_spec("paged_mqa_logits").submodule_search_locations[0])
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
         procs = []
         for w in range(workers):
