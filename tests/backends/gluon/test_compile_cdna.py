@@ -3,9 +3,9 @@ a representative problem set is cross-compiled and must pass ``compile.check_rec
 parsing is checked on real compiler output; the real launch path (JIT binding, specialisation,
 grid) runs on a simulated device.
 
-Compile matrix (:func:`ci_matrix`; under Triton 3.6 gfx942 412 kernels, 99 of them ``KeyLoad=lds``,
-gfx950 918 with 244, about a quarter of an hour of wall time on 2 shared cores from a cold Triton cache
-(estimated: the 343 ``lds`` kernels took 4.5 minutes); later compilers need more VGPRs, so ``MFMA.admits``
+Compile matrix (:func:`ci_matrix`; under Triton 3.6 gfx942 359 kernels, 46 of them ``KeyLoad=lds``,
+gfx950 778 with 104 (``LDS_PER_SHAPE``: every ``lds`` candidate of one plain shape, a few of the
+others; ``tools/cdna_key_loads.py`` compiles all of them); later compilers need more VGPRs, so ``MFMA.admits``
 admits fewer WavePerEU 4 knob sets: ``triton_internals.toolchain.AMD_VGPR_MARGIN``): **every candidate** (ChunkK 64/128/256 x WavePerEU 1/2/4 x
 per-row with Q in VGPRs / per-row with Q in LDS / shared-KV, x both MFMA kinds on gfx950, x both
 schedules, each with Prefetch where it fits else without, and for plain caches all of that again
@@ -63,11 +63,21 @@ SHAPES = (
 )
 
 
+#: ``KeyLoad=lds`` candidates compiled per shape: every one of the plain 64-token-block shape
+#: (they span every ChunkK and WavePerEU), the first few elsewhere (the lds twins cost as much
+#: compile time as the direct candidates and share their code paths but the key load)
+LDS_PER_SHAPE = {1: None}
+LDS_ELSEWHERE = 4
+
+
 def ci_matrix(arch: str) -> list[dict]:
     configs = []
-    for shape in SHAPES:
+    for index, shape in enumerate(SHAPES):
         problem = common.problem_for(arch, MFMA.fp8[arch], shape)
-        configs += [dict(shape, **cand) for cand in MFMA.candidates(problem)]
+        candidates = MFMA.candidates(problem)
+        direct = [c for c in candidates if c.get("KeyLoad") != "lds"]
+        lds = [c for c in candidates if c.get("KeyLoad") == "lds"]
+        configs += [dict(shape, **cand) for cand in direct + lds[:LDS_PER_SHAPE.get(index, LDS_ELSEWHERE)]]
     configs += layout_matrix(arch)
     return configs
 
