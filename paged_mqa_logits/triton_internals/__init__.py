@@ -22,6 +22,7 @@ One module per concern, each verified on Triton 3.6.0 and 3.9.0:
 * :mod:`.toolchain`: ``ptxas``, AMDGCN from LLVM IR, the AMD linker, per-version codegen margins;
 * :mod:`.interpreter`: interpreter twins of ``@triton.jit`` kernels for CPU tensors;
 * :mod:`.layouts`: Gluon layouts as linear layouts on the host (which bits land where);
+* :mod:`.lazy`: the first-use name resolution the other modules share;
 * :mod:`.cache_overlay`: the precompiled-kernel cache directories, their manifests and the
   read-only overlay on Triton's file cache (the run-time half of ``aot/``).
 

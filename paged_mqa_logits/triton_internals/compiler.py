@@ -21,6 +21,8 @@ from __future__ import annotations
 import hashlib
 import importlib
 
+from .lazy import attribute, module_getattr
+
 
 def _gluon_ast_source():
     gluon = importlib.import_module("triton.experimental.gluon")
@@ -29,30 +31,20 @@ def _gluon_ast_source():
     return importlib.import_module("triton.experimental.gluon._runtime").GluonASTSource
 
 
-def _attribute(module: str, name: str):
-    return lambda: getattr(importlib.import_module(module), name)
-
-
 _LAZY = {
-    "GPUTarget": _attribute("triton.backends.compiler", "GPUTarget"),
-    "make_backend": _attribute("triton.compiler.compiler", "make_backend"),
-    "CUDABackend": _attribute("triton.backends.nvidia.compiler", "CUDABackend"),
-    "HIPBackend": _attribute("triton.backends.amd.compiler", "HIPBackend"),
-    "ASTSource": _attribute("triton.compiler.compiler", "ASTSource"),
+    "GPUTarget": attribute("triton.backends.compiler", "GPUTarget"),
+    "make_backend": attribute("triton.compiler.compiler", "make_backend"),
+    "CUDABackend": attribute("triton.backends.nvidia.compiler", "CUDABackend"),
+    "HIPBackend": attribute("triton.backends.amd.compiler", "HIPBackend"),
+    "ASTSource": attribute("triton.compiler.compiler", "ASTSource"),
     "GluonASTSource": _gluon_ast_source,
-    "FileCacheManager": _attribute("triton.runtime.cache", "FileCacheManager"),
+    "FileCacheManager": attribute("triton.runtime.cache", "FileCacheManager"),
 }
 
 __all__ = sorted(_LAZY) + ["cache_invalidating_env", "compile_cache_hash"]
 
 
-def __getattr__(name: str):
-    loader = _LAZY.get(name)
-    if loader is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = loader()
-    globals()[name] = value  # resolved once
-    return value
+__getattr__ = module_getattr(__name__, globals(), _LAZY)
 
 
 def cache_invalidating_env() -> dict:

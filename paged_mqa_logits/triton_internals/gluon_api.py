@@ -20,6 +20,8 @@ from __future__ import annotations
 import importlib
 import types
 
+from .lazy import attribute, module_getattr
+
 _AMPERE = "triton.experimental.gluon.language.nvidia.ampere"
 _HOPPER = "triton.experimental.gluon.language.nvidia.hopper"
 
@@ -54,29 +56,19 @@ def _thread_barrier():
     return getattr(gl, "barrier", None) or gl.thread_barrier
 
 
-def _attribute(module: str, name: str):
-    return lambda: getattr(importlib.import_module(module), name)
-
-
 _LAZY = {
     "async_copy": _async_copy,
     "thread_barrier": _thread_barrier,
-    "fence_async_shared": _attribute(_HOPPER, "fence_async_shared"),
-    "warpgroup_mma": _attribute(_HOPPER, "warpgroup_mma"),
-    "warpgroup_mma_wait": _attribute(_HOPPER, "warpgroup_mma_wait"),
-    "mma_v2": _attribute(_AMPERE, "mma_v2"),
+    "fence_async_shared": attribute(_HOPPER, "fence_async_shared"),
+    "warpgroup_mma": attribute(_HOPPER, "warpgroup_mma"),
+    "warpgroup_mma_wait": attribute(_HOPPER, "warpgroup_mma_wait"),
+    "mma_v2": attribute(_AMPERE, "mma_v2"),
     "tma": _tma,
     #: the host-side TMA descriptor a kernel takes as an argument
-    "TensorDescriptor": _attribute("triton.experimental.gluon.nvidia.hopper", "TensorDescriptor"),
+    "TensorDescriptor": attribute("triton.experimental.gluon.nvidia.hopper", "TensorDescriptor"),
 }
 
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name: str):
-    loader = _LAZY.get(name)
-    if loader is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = loader()
-    globals()[name] = value  # resolved once
-    return value
+__getattr__ = module_getattr(__name__, globals(), _LAZY)
