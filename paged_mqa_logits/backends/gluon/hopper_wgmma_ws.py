@@ -89,7 +89,8 @@ def _issue_keys_tma(key_desc, key_dst, full_bar, table_row, tile, end, num_block
         if part * KEY_BOX >= KV_BLOCK:  # a later cache block of the same tile
             block = gl.load(table_row + token // KV_BLOCK, mask=token < end, other=first_block)
             block = gl.maximum(gl.minimum(block, num_blocks - 1), 0)
-        box = key_dst.slice(part * KEY_BOX, KEY_BOX)._reinterpret(gl.float8e4nv, [1, KEY_BOX, _D], key_desc.layout)
+        # a [1, KEY_BOX, 128] view of the slot rows (reshape, then slice: Triton reshapes no subslice)
+        box = key_dst.reshape([1, CHUNK, _D]).slice(part * KEY_BOX, KEY_BOX, dim=1)
         tma.async_copy_global_to_shared(key_desc, [block, token % KV_BLOCK, 0], full_bar, box)
 
 

@@ -44,6 +44,7 @@ pytest.importorskip("triton.experimental.gluon")
 from paged_mqa_logits.triton_internals.compiler import GPUTarget  # noqa: E402
 from paged_mqa_logits.triton_internals.device import simulated_device  # noqa: E402
 from paged_mqa_logits.triton_internals.specialise import compiled_kernels  # noqa: E402
+from paged_mqa_logits.triton_internals.toolchain import AMD_VGPR_MARGIN  # noqa: E402
 from paged_mqa_logits.backends.gluon import BACKEND, cdna, cdna_keys, common  # noqa: E402
 from paged_mqa_logits.backends.gluon.register_mma_kernel import (  # noqa: E402
     register_mma_logits_kernel, register_mma_logits_kernel_key_layout)
@@ -346,7 +347,9 @@ def test_key_load_candidates_and_fit(arch):
     p64 = _plain(arch, heads=64, next_n=1)
     assert MFMA.admits(p64, staged) and MFMA.admits(p64, dict(staged, KeyLoad="lds")) == (arch == "gfx950")
     small = {"ChunkK": 128, "WavePerEU": 4, "QInLDS": 0, "Prefetch": 1, "ReuseKV": 0}
-    assert MFMA.admits(p64, small) and not MFMA.admits(p64, dict(small, KeyLoad="lds"))  # spilled (measured)
+    assert not MFMA.admits(p64, dict(small, KeyLoad="lds"))  # spilled (measured)
+    # the direct twin fits under Triton 3.6's compiler; later ones need a VGPR margin it lacks
+    assert MFMA.admits(p64, small) == (AMD_VGPR_MARGIN == 0)
 
 
 def test_key_load_knob_errors():
