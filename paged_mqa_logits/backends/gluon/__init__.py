@@ -1,20 +1,23 @@
 """``gluon`` backend: hand-laid-out Gluon kernels, one *variant* per kernel family.
 
-====================  ============  ==========================================================
-module                variant       archs / kernel
-====================  ============  ==========================================================
-``cdna.py``           ``mfma``      gfx942, gfx950: register MFMA, buffer loads
-``hopper_mma.py``     ``mma_v2``    sm_90: the same kernel body with ``mma_v2`` atoms
-``hopper_wgmma.py``   ``wgmma``     sm_90: wgmma on cp.async-staged key tiles (peak speed)
-``hopper_wgmma_ws``   ``wgmma_ws``  sm_90: the same, copies in a producer warpgroup (mbarriers)
-====================  ============  ==========================================================
+===========================  ============  ===================================================
+module                       variant       archs / kernel
+===========================  ============  ===================================================
+``cdna.py``                  ``mfma``      gfx942, gfx950: register MFMA, buffer loads
+``hopper_mma.py``            ``mma_v2``    sm_90: the same kernel body with ``mma_v2`` atoms
+``hopper_wgmma_host.py``     ``wgmma``     sm_90: wgmma on cp.async-staged key tiles (peak
+                                           speed; kernel: ``hopper_wgmma.py``)
+``hopper_wgmma_ws_host.py``  ``wgmma_ws``  sm_90: the same, copies in a producer warpgroup
+                                           (mbarriers; kernel: ``hopper_wgmma_ws.py``)
+===========================  ============  ===================================================
 
 Each variant module defines ``VARIANT``, an instance of a
 :class:`~.variant.GluonVariant` subclass holding the family's atoms (knob space, resource
 rules, candidate groups, launch plan, kernel); the base class owns knob validation, candidate
 enumeration, the launch-plan cache, launch and compile specs. The other modules:
 ``register_mma_kernel.py`` (the register-MMA kernel body ``mfma`` and ``mma_v2`` run) and
-``register_mma.py`` (their shared host side), ``device.py`` (device helpers every kernel
+``register_mma.py`` (their shared host side), ``hopper_wgmma.py`` and ``hopper_wgmma_ws.py`` (the
+sm_90 wgmma kernels and their device helpers), ``device.py`` (device helpers every kernel
 shares), ``common.py`` (host helpers every variant shares), ``variant.py`` (the base).
 
 This package aggregates the variants: the backend serves a problem when any variant does, its
@@ -34,7 +37,7 @@ from ..base import CompileSpec
 from .variant import GluonVariant
 
 #: variant modules, in preference order for an arch's default variant
-VARIANT_MODULES = ("hopper_wgmma", "hopper_wgmma_ws", "hopper_mma", "cdna")
+VARIANT_MODULES = ("hopper_wgmma_host", "hopper_wgmma_ws_host", "hopper_mma", "cdna")
 
 _VARIANTS: list[GluonVariant] = []
 _IMPORT_ERRORS: dict[str, str] = {}

@@ -25,14 +25,15 @@ Design (and why):
   ``split, split + num_splits, ...`` of sequence ``b`` (round-robin); its first tiles do not
   depend on the lengths, so their block-table entries, Q and the weights load *in parallel*
   with the lengths (the chain before the first key copy is one memory latency, not two);
-  ``SplitKV = 0`` sizes the grid for one wave (:func:`derive_splits`) from the host's context
-  hint, so on a batch of widely spread lengths the short sequences' programs idle.
+  ``SplitKV = 0`` sizes the grid for one wave (``hopper_wgmma_host.derive_splits``) from the
+  host's context hint, so on a batch of widely spread lengths the short sequences' programs idle.
   ``Schedule=balanced``: one persistent wave of ``SMs x programs per SM`` programs (the
-  compiled kernel's own occupancy, :func:`resident_programs`), each taking an equal share of
-  the batch's tiles from an in-kernel prefix sum over the lengths (``device.balanced_share``)
-  and walking it as segments, one sequence each (:func:`_score_segment`: the ring restarts,
-  Q and the weights are reloaded, at every sequence boundary). In steady state the table
-  entries of the next tile to issue are prefetched one iteration ahead either way.
+  compiled kernel's own occupancy, ``hopper_wgmma_host.resident_programs``), each taking an
+  equal share of the batch's tiles from an in-kernel prefix sum over the lengths
+  (``device.balanced_share``) and walking it as segments, one sequence each
+  (:func:`_score_segment`: the ring restarts, Q and the weights are reloaded, at every sequence
+  boundary). In steady state the table entries of the next tile to issue are prefetched one
+  iteration ahead either way.
 * **One warpgroup per program** (4 warps).
 
 Ring protocol (iteration ``i``, tile ``i`` in slot ``i % S``, one cp.async group per tile, Q in
@@ -51,42 +52,25 @@ width)``; nothing else of ``out`` is written; cache and output offsets are 64-bi
 are clamped into ``[0, num_blocks)``. The key scale is factored out of the ReLU (exact for the
 non-negative scales of fp8 quantisation).
 
-Knobs: ``ChunkK`` (64/128 tokens per tile in the candidates; 256 accepted), ``RowsPerMMA``
-(1/2/4/8 next_n rows per wgmma),
-``num_stages`` (ring depth, >= 2), ``Schedule`` (``split`` or ``balanced``; unset:
-``common.default_schedule``),
-``SplitKV`` (split: 0 = derived on the host), ``CtasPerSM`` (programs per SM the grid is
-sized for; 0 = the kernel's resources: estimated for split, read from the compiled kernel for
-balanced), ``num_warps`` (always 4).
+This module is the device side: the kernel, its layouts and device helpers (the warp-specialised
+variant, ``hopper_wgmma_ws.py``, reuses them). The knobs, the resource rules and the launch
+plan are the host side, ``hopper_wgmma_host.py``.
 """
 
 from __future__ import annotations
 
-import math
-
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from ...arch import lds_limit
-from ...problem import LaunchArgs, Problem
-from ...schedule import persistent_programs
 from ...triton_internals.gluon_api import (async_copy, fence_async_shared, thread_barrier, warpgroup_mma,
                                             warpgroup_mma_wait)
-from ...triton_internals.specialise import StandIn
-from ..base import MAX_SPLIT_KV
-from . import common, device
+from . import device
 from .common import DYNAMIC_PARAMS
-from .variant import GluonVariant
 
-CHUNK_SIZES = (64, 128, 256)
+# The facts both sides read (the host module imports them from here: the kernel never imports
+# the host side).
 NUM_WARPS = 4  # one warpgroup, wgmma's unit
 HEAD_DIM = 128
-MAX_MMA_N = 256  # wgmma's largest N
-#: fp32 registers per thread the live accumulators may take (of the 255 ptxas allows)
-ACC_REG_BUDGET = 128
-SM_REGISTERS = 65536
-SM_SHARED_BYTES = 228 * 1024  # per SM; one program may use lds_limit("sm_90")
-SM_COUNT_H100 = 132  # used only when a problem carries no SM count (hypothetical problems)
 # Device-side copies of constants (jitted code may only read constexpr globals).
 _D = gl.constexpr(HEAD_DIM)
 _WARPS = gl.constexpr(NUM_WARPS)
@@ -526,278 +510,3 @@ def wgmma_logits_kernel(
                        NEXT_N, NEXT_N_POW2, HEADS, KV_BLOCK, CHUNK, ROWS_PER_MMA, STAGES, PRESHUFFLE,
                        LENS_2D, KV_ALIGN, Q_ASYNC, BALANCED)
 
-
-# ============================================================================= host side
-def _pow2_floor(x: int) -> int:
-    return 1 << (max(int(x), 1).bit_length() - 1)
-
-
-def max_rows_per_mma(heads: int) -> int:
-    return max(1, min(8, MAX_MMA_N // heads))
-
-
-def resources(problem: Problem, chunk: int, rows: int, stages: int) -> dict:
-    """Host-side estimate of a program's footprint, calibrated on ptxas's reports for every
-    (heads, next_n, RowsPerMMA, ChunkK) of the contract (tests/backends/gluon/
-    test_compile_hopper_wgmma.py checks the candidates never spill):
-
-    * ``acc_regs``: fp32 accumulator registers per thread that are live at once (one group, or
-      two consecutive groups while one is reduced and the next computed);
-    * ``acc_budget``: what ``acc_regs`` may reach without spills: 128, but 64 from three row
-      groups on (ptxas then keeps more of the unrolled epilogues' state live);
-    * ``regs_estimate``: accumulators, the weights when one group keeps them in registers, ~36
-      of addresses and loop state, ~12 per row group beyond two (fit to ptxas, +-20);
-    * ``smem``: the key/scale ring, Q, the weights and the row limits;
-    * ``ctas_per_sm``: programs an SM holds (registers, shared memory), for ``SplitKV = 0``.
-    """
-    groups = row_groups(problem.next_n, min(rows, _pow2_floor(problem.next_n)))
-    widths = [r * problem.heads * (chunk // 64) for _, r in groups]  # accumulator columns x M repeats
-    if len(groups) == 1:
-        acc_regs = widths[0] // 2
-    else:
-        acc_regs = max(a + b for a, b in zip(widths, widths[1:])) // 2
-    weight_regs = groups[0][1] * problem.heads // 4 if len(groups) == 1 else 0  # kept in registers
-    regs = min(255, acc_regs + weight_regs + 36 + (12 * len(groups) if len(groups) > 2 else 0))
-    q_rows = triton_next_pow2(problem.next_n) * problem.heads
-    smem = stages * chunk * (HEAD_DIM + 4) + q_rows * (HEAD_DIM + 4) + 4 * triton_next_pow2(problem.next_n)
-    by_regs = SM_REGISTERS // ((-(-regs // 8) * 8) * 32 * NUM_WARPS)
-    by_smem = SM_SHARED_BYTES // (smem + 1024)  # the driver reserves 1 KB per program
-    return {"acc_regs": acc_regs, "acc_budget": ACC_REG_BUDGET if len(groups) <= 2 else ACC_REG_BUDGET // 2,
-            "regs_estimate": regs, "smem": smem, "ctas_per_sm": max(1, min(by_regs, by_smem, 8))}
-
-
-def triton_next_pow2(x: int) -> int:
-    return 1 << (max(int(x), 1) - 1).bit_length()
-
-
-def fits(problem: Problem, chunk: int, rows: int, stages: int) -> bool:
-    r = resources(problem, chunk, rows, stages)
-    return r["acc_regs"] <= r["acc_budget"] and r["smem"] <= lds_limit("sm_90")
-
-
-def derive_splits(cu_num: int, batch: int, context: int, chunk: int, ctas_per_sm: int) -> int:
-    """``SplitKV = 0``: programs per sequence for one wave of ``cu_num * ctas_per_sm`` programs,
-    with equal tile counts: the most splits the wave allows, then as few as give the same
-    tiles per program (a partial extra wave or unequal shares would set the time)."""
-    tiles = max(1, math.ceil(max(context, 1) / chunk))
-    slots = max(1, cu_num or SM_COUNT_H100) * max(1, ctas_per_sm)
-    most = max(1, min(tiles, slots // max(batch, 1)))
-    per_program = math.ceil(tiles / most)
-    return max(1, math.ceil(tiles / per_program))
-
-
-def resident_programs(compiled) -> int | None:
-    """Programs of a compiled kernel one SM holds at once, from its real register and shared
-    memory use (``None`` when the kernel object does not say). The balanced schedule sizes its
-    persistent grid with it: a grid one program per SM too large runs a second, almost empty
-    wave that doubles the time, and the estimate of :func:`resources` is only a fit."""
-    try:
-        compiled._init_handles()
-        regs, shared = int(compiled.n_regs), int(compiled.metadata.shared)
-    except Exception:  # a kernel object of another Triton version, or a stand-in
-        return None
-    if regs <= 0:
-        return None
-    warp_regs = -(-regs * 32 // 256) * 256  # registers are allocated per warp, 256 at a time
-    by_regs = SM_REGISTERS // (warp_regs * NUM_WARPS)
-    by_smem = SM_SHARED_BYTES // (shared + 1024)  # the driver reserves 1 KB per program
-    return max(1, min(by_regs, by_smem, 8))
-
-
-def alignment(q, kv) -> dict:
-    """Per-call constexprs from the tensors' addresses and strides (what the JIT specialises on
-    anyway, so they add no kernel variants): see :func:`alignment_of`."""
-    return alignment_of(q.data_ptr(), q.stride()[:3], kv.data_ptr(), kv.stride(0))
-
-
-def alignment_of(q_address: int, q_strides, kv_address: int, kv_block_stride: int) -> dict:
-    """``KV_ALIGN`` 16 or 4 (see :func:`_issue_tile`), ``Q_ASYNC`` when every q row starts
-    16-byte aligned."""
-    kv_aligned = kv_address % 16 == 0 and kv_block_stride % 16 == 0
-    q_async = q_address % 16 == 0 and all(s % 16 == 0 for s in q_strides)
-    return {"KV_ALIGN": 16 if kv_aligned else 4, "Q_ASYNC": q_async}
-
-
-def _rows_options(problem: Problem) -> list[int]:
-    """RowsPerMMA values that change the kernel, widest first."""
-    widest = min(max_rows_per_mma(problem.heads), _pow2_floor(problem.next_n))
-    return [widest >> k for k in range(widest.bit_length())]
-
-
-def _stages_for(chunk: int) -> tuple[int, int]:
-    """A shallow and a deep ring per tile size: >= 2 tiles in flight while one is scored."""
-    return {64: (4, 6), 128: (3, 4), 256: (2, 3)}[chunk]
-
-
-class WgmmaVariant(GluonVariant):
-    name = "wgmma"
-    archs = ("sm_90",)
-    #: allowed values per knob (combinations are judged by :meth:`knobs`)
-    knob_space = {"ChunkK": CHUNK_SIZES, "RowsPerMMA": (1, 2, 4, 8), "num_stages": range(2, 9),
-                  "SplitKV": range(0, MAX_SPLIT_KV + 1), "CtasPerSM": range(0, 9), "num_warps": (NUM_WARPS,),
-                  "Schedule": common.SCHEDULES}
-    kernel = wgmma_logits_kernel
-
-    # ------------------------------------------------------------------------- knobs
-    def tile_knobs(self, problem: Problem, config: dict,
-                   default_keys=("ChunkK", "RowsPerMMA", "num_stages")) -> tuple[dict, dict]:
-        """``ChunkK``, ``RowsPerMMA``, ``num_stages`` (the default config's where any of
-        ``default_keys`` is unset), checked against wgmma's limits for the problem's heads; and
-        the default config consulted (empty when every one of ``default_keys`` is set)."""
-        default = self.default_config(problem) if any(config.get(k) is None for k in default_keys) else {}
-        chunk = int(config.get("ChunkK") or default["ChunkK"])
-        rows = int(config.get("RowsPerMMA") or default["RowsPerMMA"])
-        stages = int(config.get("num_stages") or default["num_stages"])
-        self.require_in("ChunkK", chunk, self.knob_space["ChunkK"])
-        self.require(rows >= 1 and not rows & (rows - 1), "RowsPerMMA", rows, "a power of two")
-        self.require(rows * problem.heads <= MAX_MMA_N, "RowsPerMMA", rows,
-                     f"RowsPerMMA x heads <= {MAX_MMA_N} (wgmma's largest N), got {rows} x {problem.heads} heads")
-        self.require(2 <= stages <= 8, "num_stages", stages, "an integer in 2..8")
-        warps = int(config.get("num_warps") or NUM_WARPS)
-        self.require(warps == NUM_WARPS, "num_warps", warps, f"{NUM_WARPS} (one warpgroup)")
-        return {"ChunkK": chunk, "RowsPerMMA": rows, "num_stages": stages}, default
-
-    def knobs(self, problem: Problem, config: dict) -> dict:
-        """Unset knobs take the default config's values (``SplitKV``, ``CtasPerSM``: 0)."""
-        tile, _ = self.tile_knobs(problem, config)
-        split = int(config.get("SplitKV") or 0)
-        ctas = int(config.get("CtasPerSM") or 0)
-        self.require(split >= 0, "SplitKV", split, "an integer >= 0")
-        self.require(ctas >= 0, "CtasPerSM", ctas, "an integer >= 0")
-        return {**tile, "SplitKV": split, "CtasPerSM": ctas, "num_warps": NUM_WARPS,
-                "Schedule": self.schedule(problem, config)}
-
-    def admits(self, problem: Problem, config: dict) -> bool:
-        k = self.knobs(problem, config)
-        return fits(problem, k["ChunkK"], k["RowsPerMMA"], k["num_stages"])
-
-    def shape_reason(self, problem: Problem) -> str | None:
-        if problem.heads > MAX_MMA_N:
-            return f"heads must be <= {MAX_MMA_N} (one wgmma N covers all heads of a row), got {problem.heads}"
-        if not any(fits(problem, 64, 1, stages) for stages in (2, 3)):
-            return f"no tile configuration fits sm_90's registers and shared memory for {problem.describe()}"
-        return None
-
-    # ------------------------------------------------------------------------- candidates
-    def candidate_groups(self, problem: Problem):
-        """The two widest row groupings that fit, x ChunkK 64/128 x a shallow and a deep ring; and,
-        where the derived split count is large (latency-bound shapes), half of it."""
-        groupings = 0
-        for rows in _rows_options(problem):
-            fitting = [(chunk, stages) for chunk in (64, 128) for stages in _stages_for(chunk)
-                       if fits(problem, chunk, rows, stages)]
-            for chunk, stages in fitting:
-                for schedule in (common.BALANCED, common.SPLIT):
-                    yield [{"ChunkK": chunk, "RowsPerMMA": rows, "num_stages": stages, "SplitKV": 0, "CtasPerSM": 0,
-                            "num_warps": NUM_WARPS, "Schedule": schedule}]
-            groupings += bool(fitting)
-            if groupings == 2:
-                break
-        base = dict(self.default_config(problem), Schedule=common.SPLIT)
-        derived = self.num_splits(problem, base)
-        if derived >= 8:
-            yield [dict(base, SplitKV=derived // 2)]
-
-    def default_config(self, problem: Problem) -> dict:
-        """The widest row grouping that fits (one wgmma for all rows when N <= 256 allows it:
-        fewest A-tile reads, no second accumulator); 128-token tiles when a group is at most 64
-        columns wide (per-tile overheads dominate narrow tiles), else 64; the shallow ring."""
-        for rows in _rows_options(problem):
-            for chunk in ((128, 64) if rows * problem.heads <= 64 else (64, 128)):
-                for stages in _stages_for(chunk) + (2,):
-                    if fits(problem, chunk, rows, stages):
-                        return {"variant": self.name, "ChunkK": chunk, "RowsPerMMA": rows, "num_stages": stages,
-                                "SplitKV": 0, "CtasPerSM": 0, "num_warps": NUM_WARPS,
-                                "Schedule": common.default_schedule(problem)}
-        raise ValueError(f"{self.owner}: no configuration fits {problem.describe()}")
-
-    # ------------------------------------------------------------------------- launch plan
-    def programs_per_sm(self, problem: Problem, config: dict) -> int:
-        """``CtasPerSM``, or the programs an SM holds by :func:`resources` when it is 0."""
-        k = self.knobs(problem, config)
-        return k["CtasPerSM"] or resources(problem, k["ChunkK"], k["RowsPerMMA"], k["num_stages"])["ctas_per_sm"]
-
-    def num_splits(self, problem: Problem, config: dict) -> int:
-        """``Schedule=split``: programs per sequence (``SplitKV``, or :func:`derive_splits`)."""
-        k = self.knobs(problem, config)
-        if k["SplitKV"] > 0:
-            return k["SplitKV"]
-        return derive_splits(problem.cu_num, problem.batch, problem.work_context, k["ChunkK"],
-                             self.programs_per_sm(problem, config))
-
-    def grid(self, problem: Problem, config: dict, compiled=None) -> tuple[tuple[int, int], int]:
-        """``(grid, num_splits)``: one persistent wave of ``SMs * programs_per_sm`` programs
-        (balanced; the compiled kernel's own occupancy when ``CtasPerSM = 0`` and it is given),
-        or ``(splits, batch)`` programs (split)."""
-        k = self.knobs(problem, config)
-        if k["Schedule"] == common.BALANCED:
-            per_sm = k["CtasPerSM"] or (compiled is not None and resident_programs(compiled)) \
-                or self.programs_per_sm(problem, config)
-            return (persistent_programs(problem.cu_num or SM_COUNT_H100, per_sm), 1), 1
-        splits = self.num_splits(problem, config)
-        return (splits, problem.batch), splits
-
-    def constexprs(self, problem: Problem, config: dict) -> dict:
-        k = self.knobs(problem, config)
-        return dict(NEXT_N=problem.next_n, NEXT_N_POW2=triton_next_pow2(problem.next_n), HEADS=problem.heads,
-                    KV_BLOCK=problem.kv_block_size, CHUNK=k["ChunkK"],
-                    ROWS_PER_MMA=min(k["RowsPerMMA"], _pow2_floor(problem.next_n)), STAGES=k["num_stages"],
-                    PRESHUFFLE=problem.preshuffle, LENS_2D=problem.lens_2d,
-                    BALANCED=k["Schedule"] == common.BALANCED)
-
-    def options(self, problem: Problem, config: dict) -> dict:
-        return {"num_warps": NUM_WARPS}
-
-    def call_constexprs(self, args: LaunchArgs) -> dict:
-        return alignment(args.q, args.kv_cache)
-
-    def plan(self, args: LaunchArgs, config: dict) -> tuple[tuple, int, dict]:
-        """Grid ``(splits, batch)`` (split) or one persistent wave (balanced). No host sync, no
-        allocation at launch: the plan is cached by the base."""
-        p = args.problem
-        kwargs = {**self.constexprs(p, config), **self.options(p, config)}
-        compiled = None
-        if kwargs["BALANCED"]:  # the grid follows the compiled kernel's occupancy (compiled here once)
-            try:
-                compiled = self.kernel.warmup(*common.kernel_arguments(args, 1), grid=(1,), **kwargs,
-                                              **self.call_constexprs(args))
-            except Exception:  # no loaded kernel to ask (a stand-in driver): the estimate sizes the grid
-                compiled = None
-        return (*self.grid(p, config, compiled), kwargs)
-
-    # ------------------------------------------------------------------------- compile specs
-    def spec_arguments(self, problem: Problem, cfg: dict) -> tuple[tuple, dict, dict]:
-        """A typical vLLM call of ``problem``: ``cfg``'s ``block_stride_pad`` pads the cache block
-        stride (4: not 16-byte aligned), ``q_misaligned`` puts q rows at an odd address (the
-        plain-load Q path). The alignment constexprs join the knobs (``kvalign``, ``qasync``), so
-        each path has its own spec name."""
-        runtime = list(common.typical_arguments(problem))
-        if cfg.get("block_stride_pad"):
-            runtime[10] += int(cfg["block_stride_pad"])
-        if cfg.get("q_misaligned"):
-            runtime[0] = StandIn(runtime[0].dtype, runtime[0].ptr_range(), aligned=False)
-        aligned = alignment_of(runtime[0].data_ptr(), runtime[7:10], runtime[1].data_ptr(), runtime[10])
-        return (tuple(runtime), {**self.constexprs(problem, cfg), **aligned},
-                {"kvalign": aligned["KV_ALIGN"], "qasync": int(aligned["Q_ASYNC"])})
-
-    def kernel_key(self, problem: Problem, cfg: dict) -> tuple:
-        """What makes two configs of one problem compile to the same kernel."""
-        return tuple(sorted(self.constexprs(problem, cfg).items()))
-
-    def matrix_candidates(self, problem: Problem) -> list[dict]:
-        return self.candidates(problem) + [self.default_config(problem)]
-
-    def compile_matrix(self, arch: str) -> list[dict]:
-        """Every candidate of ``common.representative_problems`` (deduplicated by kernel)."""
-        out, seen = [], set()
-        for fields in common.representative_problems(arch):
-            problem = common.problem_for(arch, self.fp8[arch], fields)
-            for cand in self.matrix_candidates(problem):
-                key = self.kernel_key(problem, cand)
-                if key not in seen:
-                    seen.add(key)
-                    out.append(dict(fields, **cand))
-        return out
-
-
-VARIANT = WgmmaVariant()

@@ -1,8 +1,10 @@
-"""CPU CI for the sm_90 warp-specialised ``wgmma_ws`` variant (backends/gluon/hopper_wgmma_ws.py):
+"""CPU CI for the sm_90 warp-specialised ``wgmma_ws`` kernel (backends/gluon/hopper_wgmma_ws.py):
 every candidate of the benchmark grid's shapes (H 32/64 x next_n 1-4, KVBlockSize 64) and the
 default of other code paths (KVBlockSize 1/16 Preshuffle, 1-D lengths, next_n 5 and 8 at H 32)
 and a cache block stride / q rows that are not 16-byte aligned (4-byte copies, plain-load Q)
-is cross-compiled for sm_90 and inspected; the host side is checked without a GPU.
+is cross-compiled for sm_90 and inspected against what the host side
+(backends/gluon/hopper_wgmma_ws_host.py) assumes; the rest of the host side is tested without
+compiling in test_hopper_wgmma_ws_host.py.
 
 Each kernel must compile; hold fp8 wgmmas of exactly its row groups' widths; fork into a
 consumer and a producer partition with the register split the host assumes (``setmaxnreg``);
@@ -23,21 +25,12 @@ pytest.importorskip("triton.experimental.gluon")
 
 from paged_mqa_logits.triton_internals.toolchain import ptxas_for  # noqa: E402
 from paged_mqa_logits.backends.gluon import common  # noqa: E402
-from paged_mqa_logits.backends.gluon import hopper_wgmma as wg  # noqa: E402
-from paged_mqa_logits.backends.gluon import hopper_wgmma_ws as ws  # noqa: E402
+from paged_mqa_logits.backends.gluon import hopper_wgmma_host as wg  # noqa: E402
+from paged_mqa_logits.backends.gluon import hopper_wgmma_ws_host as ws  # noqa: E402
+from paged_mqa_logits.backends.gluon.hopper_wgmma import row_groups  # noqa: E402
 from paged_mqa_logits.compile import check_records, compile_specs  # noqa: E402
 from paged_mqa_logits.problem import Problem  # noqa: E402
-
-WS = ws.VARIANT
-ARCH = "sm_90"
-
-
-def problem(heads=64, next_n=1, kv_block_size=64, preshuffle=False, lens_2d=True, batch=64, **overrides) -> Problem:
-    fields = dict(arch=ARCH, cu_num=132, batch=batch, next_n=next_n, heads=heads, head_dim=128,
-                  kv_block_size=kv_block_size, preshuffle=preshuffle, context=8192, lens_2d=lens_2d, fp8="fn",
-                  device_type="cuda", max_model_len=8192)
-    fields.update(overrides)
-    return Problem(**fields)
+from test_hopper_wgmma_ws_host import ARCH, WS, problem  # noqa: E402
 
 
 def fields_of(p: Problem) -> dict:
@@ -112,7 +105,7 @@ def test_partitions_and_handover(compiled):
         knobs = WS.knobs(p, cfg)
         chunk, rows, ctas, consumers = (knobs[k] for k in ("ChunkK", "RowsPerMMA", "CtasPerSM", "Consumers"))
         found = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k32\.f32\.e4m3\.e4m3", ptx))
-        groups = wg.row_groups(cfg["next_n"], min(rows, wg._pow2_floor(cfg["next_n"])))
+        groups = row_groups(cfg["next_n"], min(rows, wg._pow2_floor(cfg["next_n"])))
         assert found == {str(n * cfg["heads"]) for _, n in groups}, record.name
         assert f".maxnreg {ws.max_registers(ctas, consumers)}" in ptx, record.name
         regs = {int(r) for r in re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)}
@@ -159,52 +152,5 @@ def test_programs_per_sm_fit(compiled):
         knobs = WS.knobs(common.problem_for(ARCH, "fn", cfg), cfg)
         ctas, consumers = knobs["CtasPerSM"], knobs["Consumers"]
         threads = (consumers * ws.NUM_WARPS + ws.PRODUCER_WARPS) * 32
-        assert ctas * threads * ws.max_registers(ctas, consumers) <= ws.SM_REGISTERS, record.name
-        assert ctas * (record.lds_bytes + 1024) <= ws.SM_SHARED_BYTES, (record.name, record.lds_bytes)
-
-
-# ----------------------------------------------------------------------------- host side
-def test_balanced_only_and_knob_errors_say_why():
-    p = problem(64, 2)
-    assert WS.check_config(WS.default_config(p), p) is None
-    assert "expected one of balanced" in WS.check_config(dict(WS.default_config(p), Schedule="split"), p)
-    assert "CtasPerSM" in WS.check_config(dict(WS.default_config(p), CtasPerSM=4), p)
-    assert "Consumers" in WS.check_config(dict(WS.default_config(p), Consumers=4), p)
-
-
-def test_consumers_share_the_register_file_equally():
-    """One program of ``Consumers`` consumer warpgroups and a producer fills the register file;
-    each consumer gets more registers than as many single-consumer programs would."""
-    for consumers in (2, 3):
-        for chunk in (64, 128):
-            pool = (consumers + 1) * ws.max_registers(1, consumers)
-            per = ws.consumer_registers(chunk, 1, consumers)
-            assert consumers * per + ws.PRODUCER_REGS[chunk] <= pool
-            assert per > ws.consumer_registers(chunk, consumers, 1)
-    assert ws.consumer_registers(64, 1, 3) == 152 and ws.consumer_registers(64, 3, 1) == 104
-
-
-@pytest.mark.parametrize("heads", (32, 64))
-@pytest.mark.parametrize("next_n", range(1, 9))
-def test_candidates_fit_and_grid_is_one_wave(heads, next_n):
-    p = problem(heads, next_n)
-    if WS.unsupported(p) is not None:  # the wgmma variant serves these (more than two row groups)
-        assert next_n >= 5
-        assert "no warp-specialised configuration fits" in WS.unsupported(p)
-        return
-    for cfg in WS.candidates(p) + [WS.default_config(p)]:
-        assert set(cfg) == {"variant", *WS.knob_space}
-        knobs = WS.knobs(p, cfg)
-        chunk, rows, stages, ctas, consumers = (knobs[k] for k in ("ChunkK", "RowsPerMMA", "num_stages", "CtasPerSM",
-                                                                   "Consumers"))
-        assert ws.fits(p, chunk, rows, stages, ctas, consumers)
-        assert WS.grid(p, cfg) == (132 * ctas, 1)
-
-
-def test_not_the_default_variant_but_a_tuner_candidate():
-    from paged_mqa_logits.backends.gluon import BACKEND
-
-    p = problem(64, 4)
-    assert BACKEND.default_config(p)["variant"] == "wgmma"
-    assert any(c["variant"] == "wgmma_ws" for c in BACKEND.candidates(p))
-    assert not any(c["variant"] == "mma_v2" for c in BACKEND.candidates(p))
+        assert ctas * threads * ws.max_registers(ctas, consumers) <= wg.SM_REGISTERS, record.name
+        assert ctas * (record.lds_bytes + 1024) <= wg.SM_SHARED_BYTES, (record.name, record.lds_bytes)

@@ -1,0 +1,220 @@
+"""Host side of the sm_90 warp-specialised ``wgmma_ws`` variant (its kernel:
+``hopper_wgmma_ws.py``): the register split between the consumer and producer warpgroups, the
+resource rules, the TMA key box and descriptor, the knobs and candidates and the launch plan.
+
+Knobs: ``hopper_wgmma_host``'s ``ChunkK`` (64/128), ``RowsPerMMA``, ``num_stages`` and
+``CtasPerSM`` (1-3: the register split and shared memory are sized for exactly that many), less
+``SplitKV`` (the balanced schedule only); plus ``Consumers`` (1-3 consumer warpgroups per
+program) and ``KeyCopy`` (``gather``: cp.async; ``tma``: one TMA box per cache block where the
+call's cache allows it, see :func:`key_box`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ...arch import lds_limit
+from ...problem import LaunchArgs, Problem
+from ...schedule import persistent_programs
+from ...triton_internals.gluon_api import TensorDescriptor
+from . import common
+from . import hopper_wgmma_host as wg
+from .hopper_wgmma import HEAD_DIM, row_groups
+from .hopper_wgmma_ws import KEY_BOX_LAYOUT, NUM_WARPS, PRODUCER_WARPS, wgmma_ws_logits_kernel
+
+#: producer registers per thread: tile addresses, the prefetched block ids, loop state
+PRODUCER_REGS = {64: 56, 128: 88}
+
+
+def max_registers(ctas: int, consumers: int = 1) -> int:
+    """``maxnreg`` for ``ctas`` programs of ``consumers`` consumer warpgroups and one producer
+    warpgroup per SM (a multiple of 8)."""
+    threads = (consumers * NUM_WARPS + PRODUCER_WARPS) * 32
+    return min(256, wg.SM_REGISTERS // (ctas * threads) // 8 * 8)
+
+
+def consumer_registers(chunk: int, ctas: int, consumers: int = 1) -> int:
+    """What ``setmaxnreg`` gives each consumer warpgroup: the program's registers less the
+    producer's, shared equally (a multiple of 8, at most 256)."""
+    pool = (consumers + 1) * max_registers(ctas, consumers) - PRODUCER_REGS[chunk]
+    return min(256, pool // consumers // 8 * 8)
+
+
+def shared_bytes(problem: Problem, chunk: int, stages: int, consumers: int) -> int:
+    """The ring, one Q/weights/limits set per consumer, a full and an empty mbarrier per slot."""
+    pow2 = wg.triton_next_pow2(problem.next_n)
+    per_consumer = pow2 * problem.heads * (HEAD_DIM + 4) + 4 * pow2  # Q and weights rows, limits
+    ring = stages * chunk * (HEAD_DIM + 4)
+    return ring + consumers * per_consumer + 2 * 8 * stages
+
+
+def fits(problem: Problem, chunk: int, rows: int, stages: int, ctas: int, consumers: int = 1) -> bool:
+    """The consumers' accumulators and epilogues fit their registers (``hopper_wgmma_host``'s
+    estimate; at most two row groups: with more, ptxas spills within a consumer's share; a
+    consumer under 128 registers holds 64-token tiles of at most 64 columns only, ptxas) and
+    ``ctas`` programs' shared memory fits an SM."""
+    r = wg.resources(problem, chunk, rows, stages)
+    smem = shared_bytes(problem, chunk, stages, consumers)
+    groups = row_groups(problem.next_n, min(rows, wg._pow2_floor(problem.next_n)))
+    regs = consumer_registers(chunk, ctas, consumers)
+    if regs < 128 and (chunk != 64 or max(n for _, n in groups) * problem.heads > 64):
+        return False
+    return (len(groups) <= 2 and r["acc_regs"] <= r["acc_budget"] and (regs < 128 or r["regs_estimate"] <= regs)
+            and smem <= lds_limit("sm_90") and ctas * (smem + 1024) <= wg.SM_SHARED_BYTES)
+
+
+def key_box(problem: Problem, key_copy: str, chunk: int, kv_align: int) -> int:
+    """Tokens per TMA box of the keys (``KeyCopy=tma``), 0 for the cp.async gather: TMA needs
+    a 16-byte aligned cache base and block stride and token-major keys (not preshuffled), and
+    a box of at least one 8-row swizzle atom."""
+    if key_copy != "tma" or problem.preshuffle or kv_align != 16 or problem.kv_block_size < 8:
+        return 0
+    return min(problem.kv_block_size, chunk)
+
+
+def key_descriptor(kv_cache, box: int):
+    """A TMA descriptor over the keys of ``kv_cache`` (``[num_blocks, KV_BLOCK, 1, D + 4]``
+    uint8): ``[num_blocks, KV_BLOCK, D]`` fp8 with the cache's block stride, boxes of
+    ``[1, box, D]`` (zero-filled past the cache: no box reads outside it)."""
+    num_blocks, kv_block = kv_cache.shape[0], kv_cache.shape[1]
+    keys = kv_cache.view(torch.float8_e4m3fn)
+    shape, strides = [num_blocks, kv_block, HEAD_DIM], [kv_cache.stride(0), HEAD_DIM, 1]
+    view = torch.as_strided(keys, shape, strides, keys.storage_offset())
+    return TensorDescriptor(view, shape, strides, [1, box, HEAD_DIM], KEY_BOX_LAYOUT)
+
+
+#: ring depths of the multi-consumer programs: one program per SM keeps every tile in flight
+MULTI_CONSUMER_STAGES = {64: 8, 128: 4}
+
+
+class WgmmaWsVariant(wg.WgmmaVariant):
+    """``wgmma``'s knobs less ``SplitKV`` (balanced only), 1-3 programs per SM, 1-3 consumer
+    warpgroups per program, keys by cp.async gather or TMA; its kernel."""
+
+    name = "wgmma_ws"
+    knob_space = {"ChunkK": (64, 128), "RowsPerMMA": (1, 2, 4, 8), "num_stages": range(2, 9),
+                  "CtasPerSM": (1, 2, 3), "Consumers": (1, 2, 3), "KeyCopy": ("gather", "tma"),
+                  "num_warps": (NUM_WARPS,), "Schedule": (common.BALANCED,)}
+    kernel = wgmma_ws_logits_kernel
+
+    def knobs(self, problem: Problem, config: dict) -> dict:
+        """Unset knobs take the default config's values (``Consumers`` 1, ``KeyCopy`` gather)."""
+        tile, default = self.tile_knobs(problem, config,
+                                        default_keys=("ChunkK", "RowsPerMMA", "num_stages", "CtasPerSM"))
+        ctas = int(config.get("CtasPerSM") or default["CtasPerSM"])
+        self.require_in("CtasPerSM", ctas, self.knob_space["CtasPerSM"])
+        consumers = int(config.get("Consumers") or 1)
+        self.require_in("Consumers", consumers, self.knob_space["Consumers"])
+        key_copy = config.get("KeyCopy") or "gather"
+        self.require_in("KeyCopy", key_copy, self.knob_space["KeyCopy"])
+        self.require(not (key_copy == "tma" and consumers == 3), "KeyCopy", key_copy,
+                     "gather with Consumers=3 (TMA with three consumers faulted on the H200, see docs/PERF_NOTES.md)")
+        schedule = config.get("Schedule") or common.BALANCED
+        self.require(schedule == common.BALANCED, "Schedule", schedule,
+                     f"{common.BALANCED} (the warp-specialised kernel runs the balanced schedule only)")
+        return {**tile, "CtasPerSM": ctas, "Consumers": consumers, "KeyCopy": key_copy, "num_warps": NUM_WARPS,
+                "Schedule": schedule}
+
+    def admits(self, problem: Problem, config: dict) -> bool:
+        k = self.knobs(problem, config)
+        return fits(problem, k["ChunkK"], k["RowsPerMMA"], k["num_stages"], k["CtasPerSM"], k["Consumers"])
+
+    def shape_reason(self, problem: Problem) -> str | None:
+        reason = super().shape_reason(problem)
+        if reason is None and not self.candidates(problem):
+            reason = f"no warp-specialised configuration fits sm_90's registers and shared memory for " \
+                     f"{problem.describe()}"
+        return reason
+
+    @staticmethod
+    def _setting(chunk: int, rows: int, stages: int, ctas: int, consumers: int = 1, key_copy: str = "gather") -> dict:
+        return {"ChunkK": chunk, "RowsPerMMA": rows, "num_stages": stages, "CtasPerSM": ctas, "Consumers": consumers,
+                "KeyCopy": key_copy, "num_warps": NUM_WARPS, "Schedule": common.BALANCED}
+
+    def candidate_groups(self, problem: Problem):
+        """Per row grouping (the two widest that fit): ChunkK 64/128 x a shallow and a deep ring at
+        two programs per SM (one program of one consumer leaves the tensor cores idle during its
+        epilogue); three programs per SM where the consumer fits 104 registers; and one program
+        per SM with two or three consumer warpgroups sharing its producer and ring, which leaves
+        each consumer more registers than as many single-consumer programs would (152 against
+        104 for three). Where the cache allows TMA (see :func:`key_box`), each of one or two
+        consumers again with ``KeyCopy=tma``: one producer thread then moves a tile that the
+        gather spreads over a warpgroup, which is what lets one producer feed two consumers."""
+        settings, groupings = [], 0
+        for rows in wg._rows_options(problem):
+            fitting = [(chunk, stages) for chunk in (64, 128) for stages in wg._stages_for(chunk)
+                       if fits(problem, chunk, rows, stages, 2)]
+            settings += [self._setting(chunk, rows, stages, 2) for chunk, stages in fitting]
+            settings += [self._setting(64, rows, stages, 3) for stages in wg._stages_for(64)]
+            settings += [self._setting(chunk, rows, stages, 1, consumers) for consumers in (2, 3)
+                         for chunk, stages in MULTI_CONSUMER_STAGES.items()]
+            groupings += bool(fitting)
+            if groupings == 2:
+                break
+        for setting in settings:
+            yield [setting]
+        if key_box(problem, "tma", 64, 16 if problem.kv_aligned16 else 4):
+            for setting in settings:
+                if setting["Consumers"] < 3:
+                    yield [dict(setting, KeyCopy="tma")]
+
+    def default_config(self, problem: Problem) -> dict:
+        """The widest row grouping that fits two programs per SM, 64-token tiles, the deep ring."""
+        for rows in wg._rows_options(problem):
+            for chunk in (64, 128):
+                for stages in reversed(wg._stages_for(chunk)):
+                    for ctas in (2, 1):
+                        if fits(problem, chunk, rows, stages, ctas):
+                            return {"variant": self.name, **self._setting(chunk, rows, stages, ctas)}
+        raise ValueError(f"{self.owner}: no configuration fits {problem.describe()}")
+
+    def constexprs(self, problem: Problem, config: dict) -> dict:
+        k = self.knobs(problem, config)
+        return dict(NEXT_N=problem.next_n, NEXT_N_POW2=wg.triton_next_pow2(problem.next_n), HEADS=problem.heads,
+                    KV_BLOCK=problem.kv_block_size, CHUNK=k["ChunkK"],
+                    ROWS_PER_MMA=min(k["RowsPerMMA"], wg._pow2_floor(problem.next_n)), STAGES=k["num_stages"],
+                    PRESHUFFLE=problem.preshuffle, LENS_2D=problem.lens_2d, PRODUCER_REGS=PRODUCER_REGS[k["ChunkK"]],
+                    CONSUMERS=k["Consumers"], CONSUMER_REGS=consumer_registers(k["ChunkK"], k["CtasPerSM"],
+                                                                               k["Consumers"]))
+
+    def options(self, problem: Problem, config: dict) -> dict:
+        k = self.knobs(problem, config)
+        return {"num_warps": NUM_WARPS, "maxnreg": max_registers(k["CtasPerSM"], k["Consumers"])}
+
+    def grid(self, problem: Problem, config: dict, compiled=None) -> tuple[int, int]:
+        """One persistent wave: ``CtasPerSM`` programs per SM (registers and shared memory are sized
+        for exactly that many, see :func:`max_registers` and :func:`fits`)."""
+        ctas = self.knobs(problem, config)["CtasPerSM"]
+        return persistent_programs(problem.cu_num or wg.SM_COUNT_H100, ctas), 1
+
+    def plan(self, args: LaunchArgs, config: dict) -> tuple[tuple, int, dict]:
+        p = args.problem
+        return self.grid(p, config), 1, {**self.constexprs(p, config), **self.options(p, config)}
+
+    def call_parts(self, args: LaunchArgs, config: dict) -> tuple[tuple, dict]:
+        """The key descriptor (or ``None``) after the common arguments, the alignment and
+        ``KEY_BOX`` constexprs: whether a ``KeyCopy=tma`` config moves keys by TMA depends on
+        each call's cache address and stride."""
+        aligned = self.call_constexprs(args)
+        k = self.knobs(args.problem, config)
+        box = key_box(args.problem, k["KeyCopy"], k["ChunkK"], aligned["KV_ALIGN"]) if args.num_blocks > 0 else 0
+        return (key_descriptor(args.kv_cache, box) if box else None,), {**aligned, "KEY_BOX": box}
+
+    def spec_arguments(self, problem: Problem, cfg: dict) -> tuple[tuple, dict, dict]:
+        """``wgmma``'s typical call, plus the key descriptor over a small host cache of the
+        typical block layout where the config moves keys by TMA."""
+        runtime, consts, path = super().spec_arguments(problem, cfg)
+        k = self.knobs(problem, cfg)
+        box = key_box(problem, k["KeyCopy"], k["ChunkK"], consts["KV_ALIGN"])
+        cache = torch.empty((2, problem.kv_block_size, 1, HEAD_DIM + 4), dtype=torch.uint8)
+        return runtime + (key_descriptor(cache, box) if box else None,), {**consts, "KEY_BOX": box}, path
+
+    def kernel_key(self, problem: Problem, cfg: dict) -> tuple:
+        k = self.knobs(problem, cfg)
+        return tuple(sorted(self.constexprs(problem, cfg).items())), k["CtasPerSM"], k["KeyCopy"]
+
+    def matrix_candidates(self, problem: Problem) -> list[dict]:
+        return self.candidates(problem)
+
+
+VARIANT = WgmmaWsVariant()

@@ -1,0 +1,116 @@
+"""The host side of the sm_90 ``wgmma`` variant (backends/gluon/hopper_wgmma_host.py), without a
+GPU: support, candidates and their resource fit, the split rule, and the launch path, whose
+kernel arguments Triton's own binder specialises on meta tensors (``kernel_cache.record_launches``).
+The kernels themselves are cross-compiled in test_compile_hopper_wgmma.py."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("triton.experimental.gluon")
+
+import torch  # noqa: E402
+
+from paged_mqa_logits import kernel_cache  # noqa: E402
+from paged_mqa_logits.backends.gluon import hopper_wgmma_host as wg  # noqa: E402
+from paged_mqa_logits.problem import LaunchArgs, Problem  # noqa: E402
+from paged_mqa_logits.triton_internals.compiler import GPUTarget  # noqa: E402
+
+WG = wg.VARIANT
+ARCH = "sm_90"
+
+
+def problem(heads=64, next_n=1, kv_block_size=64, preshuffle=False, lens_2d=True, batch=32, context=8192,
+            **overrides) -> Problem:
+    fields = dict(arch=ARCH, cu_num=132, batch=batch, next_n=next_n, heads=heads, head_dim=128,
+                  kv_block_size=kv_block_size, preshuffle=preshuffle, context=context, lens_2d=lens_2d, fp8="fn",
+                  device_type="cuda", max_model_len=context)
+    fields.update(overrides)
+    return Problem(**fields)
+
+
+def meta_launch_args(p: Problem, block_pad: int = 0, num_blocks: int = 50, cache_offset: int = 0) -> LaunchArgs:
+    """A call of ``p`` on meta tensors: q a strided view (rows 16-byte aligned), the cache blocks
+    padded by ``block_pad`` bytes and the cache starting ``cache_offset`` bytes into its storage."""
+    block_bytes = p.kv_block_size * 132 + block_pad
+    kv = torch.empty(num_blocks * block_bytes + cache_offset, dtype=torch.uint8, device="meta").as_strided(
+        (num_blocks, p.kv_block_size, 1, 132), (block_bytes, 132, 132, 1), cache_offset)
+    q = torch.empty(p.batch, p.next_n, p.heads + 16, 128, dtype=torch.float8_e4m3fn, device="meta")[:, :, 8:p.heads + 8]
+    lens = torch.empty((p.batch, p.next_n) if p.lens_2d else (p.batch,), dtype=torch.int32, device="meta")
+    width = -(-p.max_model_len // 16) * 16
+    return LaunchArgs(q=q, kv_cache=kv, weights=torch.empty(p.batch * p.next_n, p.heads, device="meta"),
+                      out=torch.empty(p.batch * p.next_n, width, device="meta"), context_lens=lens,
+                      block_table=torch.empty(p.batch, -(-p.max_model_len // p.kv_block_size), dtype=torch.int32,
+                                              device="meta"),
+                      max_model_len=p.max_model_len, kv_block_size=p.kv_block_size, preshuffle=p.preshuffle, problem=p)
+
+
+def recorded_launches(variant, args: LaunchArgs, config: dict) -> list[dict]:
+    """The launches ``variant.launch(args, config)`` makes, each as ``{argument: constexpr value}``
+    plus ``"signature"``: specialised by Triton's binder for sm_90, nothing compiled."""
+    sink = []
+    with kernel_cache.record_launches(GPUTarget("cuda", 90, 32), sink):
+        variant.launch(args, config)
+    out = []
+    for launch in sink:
+        names = launch.kernel.arg_names
+        consts = {names[k[0]] if isinstance(k, tuple) else k: v for k, v in launch.constexprs.items()}
+        out.append(dict(consts, signature=launch.signature))
+    return out
+
+
+# ----------------------------------------------------------------------------- support and candidates
+def test_unsupported_says_why():
+    assert WG.unsupported(problem()) is None
+    assert WG.unsupported(problem(next_n=8, kv_block_size=1)) is None
+    assert "gfx950" in WG.unsupported(problem(arch="gfx950"))
+    assert "e4m3fnuz" in WG.unsupported(problem(fp8="fnuz"))
+    assert "device type" in WG.unsupported(problem(device_type="cpu"))
+    assert "power of two" in WG.unsupported(problem(heads=48))
+    assert "head_dim" in WG.unsupported(problem(head_dim=64))
+    assert WG.unsupported(problem(device_type="cpu", hypothetical=True)) is None
+
+
+@pytest.mark.parametrize("heads", (16, 32, 64, 128))
+@pytest.mark.parametrize("next_n", range(1, 9))
+def test_candidates_and_default_fit(heads, next_n):
+    p = problem(heads, next_n)
+    if heads == 128 and next_n >= 3:  # beyond the contract (H 32/64): two rows of 128 heads max
+        assert "no tile configuration fits" in WG.unsupported(p)
+        return
+    assert WG.unsupported(p) is None
+    default = WG.default_config(p)
+    cands = WG.candidates(p)
+    assert cands
+    for cfg in cands + [default]:
+        assert cfg["variant"] == WG.name
+        assert set(cfg) == {"variant", *WG.knob_space}
+        assert wg.fits(p, cfg["ChunkK"], cfg["RowsPerMMA"], cfg["num_stages"])
+        assert WG.num_splits(p, cfg) >= 1
+    assert len({tuple(sorted(c.items())) for c in cands}) == len(cands)
+
+
+def test_split_rule_one_wave_equal_shares():
+    # batch 1: one tile per program; batch 8 x 128 tiles with 264 slots: 32 programs of 4 tiles
+    assert wg.derive_splits(132, 1, 8192, 64, 2) == 128
+    assert wg.derive_splits(132, 8, 8192, 64, 2) == 32
+    for batch in (1, 3, 8, 32, 64, 128, 256, 1024):
+        for context in (100, 8192, 32768):
+            for ctas in (1, 2, 3):
+                splits = wg.derive_splits(132, batch, context, 64, ctas)
+                tiles = -(-context // 64)
+                assert 1 <= splits <= tiles
+                assert batch * splits <= max(132 * ctas, batch)  # never more than one wave (unless batch is)
+                per = -(-tiles // splits)
+                assert -(-tiles // per) == splits  # no split count with the same tiles per program is smaller
+
+
+# ----------------------------------------------------------------------------- launch
+def test_launch_builds_the_kernels_arguments_on_meta_tensors():
+    """The launch path on CPU: Triton's own binder specialises the kernel on meta copies of
+    real-looking arguments (strided q, padded cache blocks, 1-D and 2-D lengths)."""
+    for lens_2d, pad in ((True, 0), (False, 4)):
+        p = problem(64, 2, lens_2d=lens_2d, batch=3, context=1000)
+        (consts,) = recorded_launches(WG, meta_launch_args(p, block_pad=pad), WG.default_config(p))
+        assert consts["KV_ALIGN"] == (16 if pad == 0 else 4) and consts["Q_ASYNC"] is True
+        assert consts["LENS_2D"] is lens_2d and consts["NEXT_N"] == 2 and consts["HEADS"] == 64
