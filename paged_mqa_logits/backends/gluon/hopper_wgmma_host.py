@@ -117,12 +117,18 @@ def alignment(q, kv) -> dict:
     return alignment_of(q.data_ptr(), q.stride()[:3], kv.data_ptr(), kv.stride(0))
 
 
+#: the ``KV_ALIGN`` values of :func:`alignment_of`: 16-byte aligned cache blocks, else the 4 bytes
+#: the contract guarantees
+KV_ALIGNS = (16, 4)
+
+
 def alignment_of(q_address: int, q_strides, kv_address: int, kv_block_stride: int) -> dict:
     """``KV_ALIGN`` 16 or 4 (see ``hopper_wgmma._issue_tile``), ``Q_ASYNC`` when every q row starts
     16-byte aligned."""
     kv_aligned = kv_address % 16 == 0 and kv_block_stride % 16 == 0
     q_async = q_address % 16 == 0 and all(s % 16 == 0 for s in q_strides)
-    return {"KV_ALIGN": 16 if kv_aligned else 4, "Q_ASYNC": q_async}
+    aligned, least = KV_ALIGNS
+    return {"KV_ALIGN": aligned if kv_aligned else least, "Q_ASYNC": q_async}
 
 
 def _rows_options(problem: Problem) -> list[int]:

@@ -21,6 +21,7 @@ from . import common
 from . import hopper_wgmma_host as wg
 from .hopper_wgmma import HEAD_DIM, row_groups
 from .hopper_wgmma_ws import KEY_BOX_LAYOUT, NUM_WARPS, PRODUCER_WARPS, wgmma_ws_logits_kernel
+from .variant import LaunchPlan
 
 #: producer registers per thread: tile addresses, the prefetched block ids, loop state
 PRODUCER_REGS = {64: 56, 128: 88}
@@ -187,17 +188,21 @@ class WgmmaWsVariant(wg.WgmmaVariant):
         ctas = self.knobs(problem, config)["CtasPerSM"]
         return persistent_programs(problem.cu_num or wg.SM_COUNT_H100, ctas), 1
 
-    def plan(self, args: LaunchArgs, config: dict) -> tuple[tuple, int, dict]:
+    def plan(self, args: LaunchArgs, config: dict) -> LaunchPlan:
+        """One persistent wave; its ``call_inputs``: the ``KEY_BOX`` of a call per ``KV_ALIGN``
+        (:func:`key_box` of the config's ``KeyCopy`` and ``ChunkK``), so a launch resolves no knob."""
         p = args.problem
-        return self.grid(p, config), 1, {**self.constexprs(p, config), **self.options(p, config)}
+        k = self.knobs(p, config)
+        boxes = {kv_align: key_box(p, k["KeyCopy"], k["ChunkK"], kv_align) for kv_align in wg.KV_ALIGNS}
+        return LaunchPlan(self.grid(p, config), 1, {**self.constexprs(p, config), **self.options(p, config)}, boxes)
 
-    def call_parts(self, args: LaunchArgs, config: dict) -> tuple[tuple, dict]:
+    def call_parts(self, args: LaunchArgs, plan: LaunchPlan) -> tuple[tuple, dict]:
         """The key descriptor (or ``None``) after the common arguments, the alignment and
         ``KEY_BOX`` constexprs: whether a ``KeyCopy=tma`` config moves keys by TMA depends on
-        each call's cache address and stride."""
+        each call's cache address and stride (and a cache of no blocks gathers), and the
+        descriptor holds the cache's address and block count."""
         aligned = self.call_constexprs(args)
-        k = self.knobs(args.problem, config)
-        box = key_box(args.problem, k["KeyCopy"], k["ChunkK"], aligned["KV_ALIGN"]) if args.num_blocks > 0 else 0
+        box = plan.call_inputs[aligned["KV_ALIGN"]] if args.num_blocks > 0 else 0
         return (key_descriptor(args.kv_cache, box) if box else None,), {**aligned, "KEY_BOX": box}
 
     def spec_arguments(self, problem: Problem, cfg: dict) -> tuple[tuple, dict, dict]:

@@ -9,9 +9,11 @@ A variant is one kernel family of the backend (``mfma``, ``mma_v2``, ``wgmma``, 
   expects and what it got (:meth:`~GluonVariant.require`);
 * candidate enumeration: the first setting of each group the variant proposes that its
   resource rules admit;
-* the launch-plan cache: grid, split count and constexprs computed once per (problem,
-  config), so a repeated call only builds the argument tuple and launches. Filling it is
-  idempotent (two threads racing on a key compute the same plan; the dict assignment is
+* the launch-plan cache: grid, split count, constexprs and what the per-call parts need of
+  the config (a :class:`LaunchPlan`) computed once per (problem, config), so a repeated call
+  only takes what truly changes per call from its tensors (:meth:`~GluonVariant.call_parts`:
+  alignment, descriptors over its buffers), builds the argument tuple and launches. Filling it
+  is idempotent (two threads racing on a key compute the same plan; the dict assignment is
   atomic), so no lock is taken on the launch path;
 * compile specs: a hypothetical problem per compile config, the kernel specialised as the JIT
   specialises a typical vLLM call, a unique file name.
@@ -21,6 +23,8 @@ rules (:meth:`~GluonVariant.admits`), the candidate groups, the launch plan and 
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 from ...arch import native_fp8
 from ...problem import LaunchArgs, Problem
@@ -33,6 +37,20 @@ from . import common
 class KnobError(ValueError):
     """A knob value (or combination) a variant cannot run, naming the knob, what it expects and
     what it got."""
+
+
+class LaunchPlan(NamedTuple):
+    """What a launch of one config on one problem computes once (cached per
+    :meth:`GluonVariant.plan_key`); a ``(grid, num_splits, kwargs)`` tuple is one with no
+    ``call_inputs``."""
+
+    grid: tuple
+    num_splits: int
+    #: the kernel's constexprs and compile options (the same for every call)
+    kwargs: dict
+    #: what :meth:`GluonVariant.call_parts` needs of the config, resolved once (the variant's
+    #: own; ``None`` when it needs nothing)
+    call_inputs: object = None
 
 
 class GluonVariant:
@@ -52,7 +70,7 @@ class GluonVariant:
 
     def __init__(self) -> None:
         self.fp8 = {arch: native_fp8(arch) for arch in self.archs}
-        self._plans: dict[tuple, tuple] = {}
+        self._plans: dict[tuple, LaunchPlan] = {}
 
     def __repr__(self) -> str:
         return f"<gluon variant {self.name}>"
@@ -85,8 +103,9 @@ class GluonVariant:
     def options(self, problem: Problem, config: dict) -> dict:
         raise NotImplementedError
 
-    def plan(self, args: LaunchArgs, config: dict) -> tuple[tuple, int, dict]:
-        """``(grid, num_splits, kernel keyword arguments)`` of a launch of ``config``."""
+    def plan(self, args: LaunchArgs, config: dict) -> LaunchPlan | tuple[tuple, int, dict]:
+        """The :class:`LaunchPlan` of a launch of ``config`` (or its ``(grid, num_splits, kernel
+        keyword arguments)`` when :meth:`call_parts` needs nothing of the config)."""
         raise NotImplementedError
 
     def kernel_for(self, constexprs: dict):
@@ -110,9 +129,10 @@ class GluonVariant:
         """Constexprs taken from each call's tensors (never cached: the JIT specialises on them anyway)."""
         return {}
 
-    def call_parts(self, args: LaunchArgs, config: dict) -> tuple[tuple, dict]:
+    def call_parts(self, args: LaunchArgs, plan: LaunchPlan) -> tuple[tuple, dict]:
         """``(runtime arguments after common.kernel_arguments', per-call constexprs)``: what a
-        launch takes from each call's tensors besides the cached plan."""
+        launch takes from each call's tensors besides the cached ``plan``. It runs on every
+        launch: what the config decides belongs in ``plan.call_inputs``, not here."""
         return (), self.call_constexprs(args)
 
     # ------------------------------------------------------------------------- knob helpers
@@ -170,10 +190,11 @@ class GluonVariant:
         key = self.plan_key(args, config)
         plan = self._plans.get(key)
         if plan is None:
-            plan = self._plans[key] = self.plan(args, config)
-        grid, splits, kwargs = plan
-        extra, per_call = self.call_parts(args, config)
-        self.kernel_for(kwargs)[grid](*common.kernel_arguments(args, splits), *extra, **kwargs, **per_call)
+            plan = self._plans[key] = LaunchPlan(*self.plan(args, config))
+        extra, per_call = self.call_parts(args, plan)
+        kwargs = plan.kwargs
+        self.kernel_for(kwargs)[plan.grid](*common.kernel_arguments(args, plan.num_splits), *extra, **kwargs,
+                                           **per_call)
 
     def clear_plans(self) -> None:
         """Forget the cached launch plans (after a change to what they were computed from)."""

@@ -59,6 +59,20 @@ def recorded_launches(variant, args: LaunchArgs, config: dict) -> list[dict]:
     return out
 
 
+class KnobCounter:
+    """Counts the calls of ``cls.knobs`` (patched through ``monkeypatch``, so undone after the test)."""
+
+    def __init__(self, monkeypatch, cls):
+        self.calls = 0
+        resolve = cls.knobs
+
+        def counted(variant, problem, config):
+            self.calls += 1
+            return resolve(variant, problem, config)
+
+        monkeypatch.setattr(cls, "knobs", counted)
+
+
 # ----------------------------------------------------------------------------- support and candidates
 def test_unsupported_says_why():
     assert WG.unsupported(problem()) is None
@@ -114,3 +128,29 @@ def test_launch_builds_the_kernels_arguments_on_meta_tensors():
         (consts,) = recorded_launches(WG, meta_launch_args(p, block_pad=pad), WG.default_config(p))
         assert consts["KV_ALIGN"] == (16 if pad == 0 else 4) and consts["Q_ASYNC"] is True
         assert consts["LENS_2D"] is lens_2d and consts["NEXT_N"] == 2 and consts["HEADS"] == 64
+
+
+def test_alignment_of_the_cache_and_q():
+    assert wg.alignment_of(256, (4096, 2048, 128), 512, 64 * 144) == {"KV_ALIGN": 16, "Q_ASYNC": True}
+    assert wg.alignment_of(256, (4096, 2048, 128), 516, 64 * 144) == {"KV_ALIGN": 4, "Q_ASYNC": True}
+    assert wg.alignment_of(256, (4096, 2048, 128), 512, 64 * 132 + 4) == {"KV_ALIGN": 4, "Q_ASYNC": True}
+    assert wg.alignment_of(264, (4096, 2048, 128), 512, 64 * 144)["Q_ASYNC"] is False
+    assert wg.alignment_of(256, (4104, 2048, 128), 512, 64 * 144)["Q_ASYNC"] is False
+    assert {wg.alignment_of(0, (16,), a, 16)["KV_ALIGN"] for a in (0, 4, 8)} == set(wg.KV_ALIGNS)
+
+
+def test_a_repeated_launch_resolves_no_knobs(monkeypatch):
+    """The cached launch plan holds everything the config decides: a second launch of the same
+    problem and config resolves no knob, and still takes each call's alignment from its tensors."""
+    p = problem(64, 2, batch=3, context=1000)
+    config = WG.default_config(p)
+    counter = KnobCounter(monkeypatch, wg.WgmmaVariant)
+    WG.clear_plans()
+    (first,) = recorded_launches(WG, meta_launch_args(p), config)
+    assert counter.calls > 0  # the plan was computed
+    planned = counter.calls
+    (again,) = recorded_launches(WG, meta_launch_args(p), config)
+    (offset,) = recorded_launches(WG, meta_launch_args(p, cache_offset=4), config)
+    assert counter.calls == planned
+    assert first == again and first["KV_ALIGN"] == 16 and offset["KV_ALIGN"] == 4
+    WG.clear_plans()

@@ -12,6 +12,7 @@ pytest.importorskip("triton.experimental.gluon")
 
 from paged_mqa_logits.backends.gluon import hopper_wgmma_ws_host as ws  # noqa: E402
 from paged_mqa_logits.problem import Problem  # noqa: E402
+from test_hopper_wgmma_host import KnobCounter, meta_launch_args, recorded_launches  # noqa: E402
 
 WS = ws.VARIANT
 ARCH = "sm_90"
@@ -69,3 +70,50 @@ def test_not_the_default_variant_but_a_tuner_candidate():
     assert BACKEND.default_config(p)["variant"] == "wgmma"
     assert any(c["variant"] == "wgmma_ws" for c in BACKEND.candidates(p))
     assert not any(c["variant"] == "mma_v2" for c in BACKEND.candidates(p))
+
+
+# ----------------------------------------------------------------------------- launch
+@pytest.mark.parametrize("key_copy, chunk, kv_block_size, preshuffle, block_pad, cache_offset, num_blocks, box", [
+    ("tma", 64, 64, False, 0, 0, 50, 64),  # one box per 64-token tile
+    ("tma", 128, 64, False, 0, 0, 50, 64),  # two boxes per tile: one per cache block
+    ("tma", 64, 16, False, 0, 0, 50, 16),
+    ("tma", 64, 256, False, 0, 0, 50, 64),  # a tile inside one cache block
+    ("tma", 64, 64, True, 0, 0, 50, 0),  # preshuffled keys are not token-major: gather
+    ("tma", 64, 64, False, 4, 0, 50, 0),  # block stride not 16-byte aligned: gather
+    ("tma", 64, 64, False, 0, 4, 50, 0),  # cache base not 16-byte aligned: gather
+    ("tma", 64, 64, False, 0, 0, 0, 0),  # no cache block to describe: gather
+    ("gather", 64, 64, False, 0, 0, 50, 0),
+])
+def test_key_box_of_each_call(key_copy, chunk, kv_block_size, preshuffle, block_pad, cache_offset, num_blocks, box):
+    """``KEY_BOX`` (and the key descriptor, whose boxes it sizes) as a launch passes them."""
+    p = problem(64, 2, kv_block_size, preshuffle, batch=3, max_model_len=1000, context=1000)
+    config = dict(WS.default_config(p), ChunkK=chunk, KeyCopy=key_copy)
+    args = meta_launch_args(p, block_pad=block_pad, num_blocks=num_blocks, cache_offset=cache_offset)
+    WS.clear_plans()
+    (launch,) = recorded_launches(WS, args, config)
+    assert launch["KEY_BOX"] == box
+    assert launch["KV_ALIGN"] == (4 if block_pad or cache_offset else 16)
+    if box:
+        assert launch["signature"]["key_desc"].startswith(f"tensordesc<fp8e4nv[1, {box}, 128]"), launch["signature"]
+    else:
+        assert launch["key_desc"] is None
+    WS.clear_plans()
+
+
+def test_a_repeated_launch_resolves_no_knobs(monkeypatch):
+    """The cached plan holds the config's ``KEY_BOX`` per alignment: later launches of the same
+    problem and config resolve no knob, and each still chooses TMA or the gather by its own
+    cache's alignment and block count."""
+    p = problem(64, 2, batch=3, max_model_len=1000, context=1000)
+    config = dict(WS.default_config(p), KeyCopy="tma")
+    counter = KnobCounter(monkeypatch, ws.WgmmaWsVariant)
+    WS.clear_plans()
+    (first,) = recorded_launches(WS, meta_launch_args(p), config)
+    assert counter.calls > 0  # the plan was computed
+    planned = counter.calls
+    boxes = [launch["KEY_BOX"] for args in (meta_launch_args(p), meta_launch_args(p, cache_offset=4),
+                                            meta_launch_args(p, num_blocks=0), meta_launch_args(p))
+             for launch in recorded_launches(WS, args, config)]
+    assert counter.calls == planned
+    assert first["KEY_BOX"] == 64 and boxes == [64, 0, 0, 64]
+    WS.clear_plans()
