@@ -113,7 +113,7 @@ def demo(argv: list[str]) -> int:
     sentinel = inputs["out_logits"].clone()
     print(f"problem : {args.problem.describe()} lens_2d={int(args.problem.lens_2d)} device={device}")
     if a.backend is None:
-        print(f"dispatch: {dispatch.choose(args.problem).describe()}")
+        print(f"dispatch: {dispatch.choose(args.problem, args.target).describe()}")
     else:
         print(f"dispatch: forced backend={a.backend}")
     launch(args, backend=a.backend)

@@ -4,8 +4,14 @@ A backend that cannot serve a call (unsupported shape, package missing, wrong ar
 skipped down the arch's fallback chain. Every backend implements the same contract, so a
 fallback changes speed, never the output.
 
+A decision is asked for a :class:`Problem` (what the call is) on a :class:`Target` (where it
+runs: the tensors' device type, or a call only described). Backends judge the problem; whether
+this machine can launch a backend's kernels is asked of the target, and not for a hypothetical
+one (``backends.registry.why_not``). Without a target, a call's own chip with its tensors on it
+(:meth:`Target.present`) is meant.
+
 A :class:`Dispatcher` owns what a decision needs and what it remembers: its backends (a
-registry, injected), its table source, its cache of decisions per :class:`Problem` and its
+registry, injected), its table source, its cache of decisions per (problem, target) and its
 record of launch failures. The op, ``explain``, warm-up, the AOT tools and the tuner use the
 default instance :data:`DEFAULT` through the module functions below (:func:`choose`,
 :func:`decide`, :func:`record_failure`, ...), which forward to it. With
@@ -13,8 +19,8 @@ default instance :data:`DEFAULT` through the module functions below (:func:`choo
 dispatcher caches logs one line saying which row or rule was used, from which file.
 
 A choice whose launch raised (a compile or launch error) is reported to
-:meth:`Dispatcher.record_failure` by the op: it logs one warning, remembers ``(problem, backend,
-knobs)`` so that choice is never made again by that dispatcher, and the next decision for the
+:meth:`Dispatcher.record_failure` by the op: it logs one warning, remembers ``(problem, target,
+backend, knobs)`` so that choice is never made again by that dispatcher, and the next decision for the
 key falls down the chain. Only decisions made from a fully loaded table are cached, and a
 decision that raced a :meth:`Dispatcher.reset` is not cached.
 """
@@ -30,7 +36,7 @@ from typing import Callable
 
 from . import table
 from .backends import registry
-from .problem import Problem
+from .problem import Problem, Target, resolve_target
 
 LOG_ENV = ("AITER_LOG_TUNED_CONFIG", "PAGED_MQA_LOGITS_LOG_TUNED_CONFIG")
 logger = logging.getLogger("paged_mqa_logits")
@@ -83,8 +89,8 @@ class Dispatcher:
     """Decides which backend and knobs serve a problem, caches the decision, and remembers the
     choices whose launch failed. Thread-safe: one lock guards the cache and the failure record.
 
-    ``backends``: an object with ``get(name)`` and ``why_not(name, problem)`` (the package's
-    registry by default); ``tables``: one with ``lookup(problem) -> table.Match`` and ``reset()``
+    ``backends``: an object with ``get(name)`` and ``why_not(name, problem, target)`` (the
+    package's registry by default); ``tables``: one with ``lookup(problem) -> table.Match`` and ``reset()``
     (the configured table files by default); ``fallback_chain``: arch -> backend names tried
     after the table's pick (:func:`arch_fallback_chain` by default). Two dispatchers share
     nothing but what they are given.
@@ -95,39 +101,42 @@ class Dispatcher:
         self.backends = backends
         self.tables = tables
         self.fallback_chain = fallback_chain
-        self._cache: dict[Problem, Choice] = {}
-        #: (problem, backend, knobs key) -> the error its launch raised
+        self._cache: dict[tuple[Problem, Target], Choice] = {}
+        #: (problem, target, backend, knobs key) -> the error its launch raised
         self._failed: dict[tuple, str] = {}
         self._lock = threading.Lock()
         self._generation = 0  # bumped by reset(): a decision begun before it is not cached
 
-    def choose(self, problem: Problem) -> Choice:
-        """Cached: the backend and knobs that serve ``problem``."""
-        choice = self._cache.get(problem)
+    def choose(self, problem: Problem, target: Target | None = None) -> Choice:
+        """Cached: the backend and knobs that serve ``problem`` on ``target``."""
+        key = (problem, resolve_target(problem, target))
+        choice = self._cache.get(key)
         if choice is None:
             generation = self._generation
-            choice = self.decide(problem)  # loads the table (under its lock) before looking anything up
+            choice = self.decide(*key)  # loads the table (under its lock) before looking anything up
             with self._lock:
                 if generation != self._generation:
                     return choice
-                if problem in self._cache:  # another thread decided first: one decision per key
-                    return self._cache[problem]
-                self._cache[problem] = choice
+                if key in self._cache:  # another thread decided first: one decision per key
+                    return self._cache[key]
+                self._cache[key] = choice
             if _log_enabled():
                 _ensure_log_handler()
                 logger.info("%s -> %s", problem.describe(), choice.describe())
         return choice
 
-    def decide(self, problem: Problem) -> Choice:
-        """The decision for ``problem``, made now and not cached (:meth:`choose` caches it):
-        the table's row if its backend can serve, else the first link of the arch's fallback
-        chain that can. A choice whose launch failed before cannot serve."""
+    def decide(self, problem: Problem, target: Target | None = None) -> Choice:
+        """The decision for ``problem`` on ``target``, made now and not cached (:meth:`choose`
+        caches it): the table's row if its backend can serve, else the first link of the arch's
+        fallback chain that can. A choice whose launch failed before cannot serve."""
         backends = self.backends
+        target = resolve_target(problem, target)
         match = self.tables.lookup(problem)
         skipped: list[tuple[str, str]] = []
         if match.row is not None:
             row = match.row
-            reason = backends.why_not(row.backend, problem) or self._failure(problem, row.backend, row.knobs)
+            reason = (backends.why_not(row.backend, problem, target)
+                      or self._failure(problem, target, row.backend, row.knobs))
             if reason is None:
                 return Choice(row.backend, row.knobs, match.rule, row.source)
             skipped.append((row.backend, reason))
@@ -137,39 +146,41 @@ class Dispatcher:
         for name in self.fallback_chain(problem.arch):
             if any(name == s for s, _ in skipped):
                 continue
-            reason = backends.why_not(name, problem)
+            reason = backends.why_not(name, problem, target)
             if reason is None:
                 config = backends.get(name).default_config(problem)
-                reason = self._failure(problem, name, config)
+                reason = self._failure(problem, target, name, config)
                 if reason is None:
                     return Choice(name, config, rule, "defaults", skipped)
             skipped.append((name, reason))
         details = "; ".join(f"{n}: {r}" for n, r in skipped)
         raise RuntimeError(f"paged_mqa_logits: no backend can serve {problem.describe()} ({details})")
 
-    def _failure(self, problem: Problem, name: str, config: dict) -> str | None:
-        return self._failed.get((problem, name, knobs_key(config)))
+    def _failure(self, problem: Problem, target: Target, name: str, config: dict) -> str | None:
+        return self._failed.get((problem, target, name, knobs_key(config)))
 
-    def record_failure(self, problem: Problem, choice: Choice, error: BaseException) -> None:
-        """``choice`` raised ``error`` when launched: log one warning, never choose it again
-        for ``problem``, and forget the cached decision so the next one falls back."""
+    def record_failure(self, problem: Problem, choice: Choice, error: BaseException,
+                       target: Target | None = None) -> None:
+        """``choice`` raised ``error`` when launched on ``target``: log one warning, never choose
+        it again for ``problem`` there, and forget the cached decision so the next one falls back."""
+        target = resolve_target(problem, target)
         first_line = (str(error).strip().splitlines() or [""])[0][:300]
         reason = f"launch failed ({type(error).__name__}: {first_line})"
         with self._lock:
-            self._failed[(problem, choice.backend, knobs_key(choice.config))] = reason
-            if self._cache.get(problem) is choice:
-                del self._cache[problem]
+            self._failed[(problem, target, choice.backend, knobs_key(choice.config))] = reason
+            if self._cache.get((problem, target)) is choice:
+                del self._cache[(problem, target)]
         knobs = ", ".join(f"{k}={v}" for k, v in sorted(choice.config.items())) or "defaults"
         logger.warning("%s [%s] failed for %s: %s: %s; falling back (not retried for this key)",
                        choice.backend, knobs, problem.describe(), type(error).__name__, first_line)
 
-    def decisions(self) -> dict[Problem, Choice]:
-        """A copy of the cached decisions."""
+    def decisions(self) -> dict[tuple[Problem, Target], Choice]:
+        """A copy of the cached decisions, by (problem, target)."""
         with self._lock:
             return dict(self._cache)
 
     def failures(self) -> dict[tuple, str]:
-        """``(problem, backend, knobs key) -> reason`` of every launch failure remembered."""
+        """``(problem, target, backend, knobs key) -> reason`` of every launch failure remembered."""
         with self._lock:
             return dict(self._failed)
 
@@ -197,17 +208,17 @@ DEFAULT = Dispatcher()
 
 
 # Module functions: the default dispatcher's methods, for the op and the tooling.
-def choose(problem: Problem) -> Choice:
+def choose(problem: Problem, target: Target | None = None) -> Choice:
     """:meth:`Dispatcher.choose` of :data:`DEFAULT`."""
-    return DEFAULT.choose(problem)
+    return DEFAULT.choose(problem, target)
 
 
-def decide(problem: Problem, backends: registry.Registry | None = None) -> Choice:
+def decide(problem: Problem, backends: registry.Registry | None = None, target: Target | None = None) -> Choice:
     """:meth:`Dispatcher.decide` of :data:`DEFAULT`; with ``backends`` (a registry), of a
     dispatcher over those backends with the default's tables and fallback chain."""
     if backends is None:
-        return DEFAULT.decide(problem)
-    return Dispatcher(backends, DEFAULT.tables, DEFAULT.fallback_chain).decide(problem)
+        return DEFAULT.decide(problem, target)
+    return Dispatcher(backends, DEFAULT.tables, DEFAULT.fallback_chain).decide(problem, target)
 
 
 def fallback_chain(arch: str) -> tuple[str, ...]:
@@ -215,11 +226,11 @@ def fallback_chain(arch: str) -> tuple[str, ...]:
     return DEFAULT.fallback_chain(arch)
 
 
-def record_failure(problem: Problem, choice: Choice, error: BaseException) -> None:
-    DEFAULT.record_failure(problem, choice, error)
+def record_failure(problem: Problem, choice: Choice, error: BaseException, target: Target | None = None) -> None:
+    DEFAULT.record_failure(problem, choice, error, target)
 
 
-def decisions() -> dict[Problem, Choice]:
+def decisions() -> dict[tuple[Problem, Target], Choice]:
     return DEFAULT.decisions()
 
 

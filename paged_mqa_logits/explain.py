@@ -34,8 +34,9 @@ def describe_problem(
     the op's argument rules (:class:`~paged_mqa_logits.PagedMQAArgumentError` names the
     keyword that breaks one; ``arch`` must be one of :func:`known_archs`).
 
-    The problem is described as if its tensors lived on a GPU of ``arch`` (``cpu`` for CPU
-    tensors), so a CPU machine can ask what a gfx950 with 256 CUs would run.
+    A problem holds no device: :func:`explain` judges it on the described target of its chip
+    (:meth:`~paged_mqa_logits.problem.Target.described`), so a CPU machine can ask what a
+    gfx950 with 256 CUs would run.
     """
     arch = arch_mod.normalise_arch(arch)
     check_problem(arch=arch, cu_num=cu_num, batch=batch, next_n=next_n, heads=heads, head_dim=head_dim,
@@ -61,9 +62,11 @@ def explain(
     lens_2d: bool = True,
     max_model_len: int | None = None,
 ) -> dispatch.Choice:
-    """The :class:`~paged_mqa_logits.dispatch.Choice` a call with these properties gets (the
-    arguments and their rules are :func:`describe_problem`'s)."""
-    return dispatch.decide(describe_problem(
+    """The :class:`~paged_mqa_logits.dispatch.Choice` a call with these properties gets on a
+    described ``arch`` with ``cu_num`` CUs, judged on arch and shapes only, not on what this
+    machine could launch (the arguments and their rules are :func:`describe_problem`'s)."""
+    problem = describe_problem(
         arch=arch, cu_num=cu_num, batch=batch, next_n=next_n, heads=heads, head_dim=head_dim,
         kv_block_size=kv_block_size, preshuffle=preshuffle, context=context, lens_2d=lens_2d,
-        max_model_len=max_model_len))
+        max_model_len=max_model_len)
+    return dispatch.decide(problem, target=Target.described(problem.arch, problem.cu_num))

@@ -86,7 +86,7 @@ def _launch(args: LaunchArgs, backend: str | None, config: dict | None, clean_lo
     if backend is None:
         _launch_dispatched(args)
     else:
-        reason = backends.why_not(backend, args.problem)
+        reason = backends.why_not(backend, args.problem, args.target)
         if reason is not None:
             raise PagedMQAArgumentError(f"paged_mqa_logits: argument `backend`: {backend!r} cannot serve this call: {reason}")
         chosen = backends.get(backend)
@@ -103,7 +103,7 @@ def _launch(args: LaunchArgs, backend: str | None, config: dict | None, clean_lo
 
 
 def _capturing(args: LaunchArgs) -> bool:
-    return args.problem.device_type == "cuda" and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    return args.q.device.type == "cuda" and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 #: errors that say nothing about the backend (bad input, a transient lack of memory): raised, never
@@ -114,7 +114,8 @@ _NOT_A_BACKEND_FAILURE = (PagedMQAArgumentError, MemoryError, torch.OutOfMemoryE
 def _launch_dispatched(args: LaunchArgs) -> None:
     """Launch the dispatched choice; on a compile or launch error fall back down the chain
     (each failed choice is remembered, so the loop ends when the chain is exhausted)."""
-    choice = dispatch.choose(args.problem)
+    problem, target = args.problem, args.target
+    choice = dispatch.choose(problem, target)
     while True:
         try:
             backends.get(choice.backend).launch(args, choice.config)
@@ -124,9 +125,9 @@ def _launch_dispatched(args: LaunchArgs) -> None:
         except Exception as exc:
             if _capturing(args):
                 raise
-            dispatch.record_failure(args.problem, choice, exc)
+            dispatch.record_failure(problem, choice, exc, target)
             try:
-                choice = dispatch.choose(args.problem)
+                choice = dispatch.choose(problem, target)
             except RuntimeError as exhausted:  # every link of the chain has failed
                 raise exhausted from exc
 

@@ -4,9 +4,11 @@
   (heads, head_dim, kv_block_size, preshuffle, batch, next_n). The other keys (table rows,
   untuned keys, benchmarked shapes, problems) are composed from it: docs/ARCHITECTURE.md.
 * :class:`Target` -- where a problem is judged: the chip (arch, CU count), the tensors' device
-  type, and whether the call is only described (``hypothetical``).
-* :class:`Problem` -- one call: its shape key, its target, and the rest of what dispatch and the
-  backends read (context hint, lengths layout, fp8 flavour, max_model_len, cache layout).
+  type, and whether the call is only described (``hypothetical``). Dispatch asks backends
+  whether this machine can launch for it; backends never see it in a problem.
+* :class:`Problem` -- one call: its shape key, its chip (arch, CU count), and the rest of what
+  dispatch and the backends read (context hint, lengths layout, fp8 flavour, max_model_len,
+  cache layout).
 
 Everything here is built from tensor *metadata* (shapes, dtypes, strides, devices) and host
 ints. Nothing reads a device value, so building a problem never synchronises the device.
@@ -27,7 +29,7 @@ Row semantics shared by every backend (docs/CONTRACT.md):
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, astuple, dataclass, fields
+from dataclasses import asdict, astuple, dataclass, fields, replace
 
 import torch
 
@@ -146,8 +148,12 @@ class ShapeKeyFields:
 @dataclass(frozen=True)
 class Target:
     """Where a problem is judged: the chip, the tensors' device type, and whether the call is
-    only described (``explain``, ``compile --only-table``, the tuner's dry run, table checks):
-    backends then judge only arch and shapes, not whether this machine could run them."""
+    only described (``explain``, ``compile --only-table``, the tuner's dry run, table checks).
+
+    A :class:`Problem` keeps the chip (``arch``, ``cu_num``); the rest is tooling's and the
+    dispatcher's: a backend's ``unsupported(problem)`` judges the call, its
+    ``unavailable(target)`` whether this machine can launch its kernels there, asked only for a
+    target that is not ``hypothetical`` (``backends.registry.why_not``)."""
 
     arch: str  # "sm_90", "gfx942", "gfx950", "cpu", ...
     cu_num: int  # CUs (ROCm) or SMs (CUDA); 0 on CPU
@@ -155,20 +161,27 @@ class Target:
     hypothetical: bool = False
 
     @classmethod
+    def present(cls, arch: str, cu_num: int) -> "Target":
+        """A chip in this process, the tensors on it: ``cpu`` tensors for the ``cpu`` arch (what
+        CPU tensors always run as, ``arch.detect``), GPU tensors for any other."""
+        return cls(arch, cu_num, "cpu" if arch == "cpu" else "cuda")
+
+    @classmethod
     def described(cls, arch: str, cu_num: int) -> "Target":
         """A chip described rather than present: its tensors would live on it (``cpu`` for CPU)."""
-        return cls(arch, cu_num, "cpu" if arch == "cpu" else "cuda", hypothetical=True)
+        return replace(cls.present(arch, cu_num), hypothetical=True)
 
 
 @dataclass(frozen=True)
 class Problem:
-    """One call, as dispatch and the backends see it. Hashable: it is the dispatch-cache key, so
-    everything that can change a decision is in it, the :class:`Target` included.
+    """One call, as the backends judge it: what it is (shapes, fp8 flavour, cache layout) and
+    the chip it runs on. Hashable: with its :class:`Target` it is the dispatch-cache key.
 
     The fields are flat (backends read ``problem.heads``, ``problem.arch``, ...): those of its
-    :attr:`shape_key` and its :attr:`target` mean what they mean there. :meth:`of` builds a
+    :attr:`shape_key` and of a :class:`Target` mean what they mean there. :meth:`of` builds a
     problem from the two. ``context`` is the caller's host-side hint (longest context in the
-    batch) or ``None``.
+    batch) or ``None``. Where the tensors live and whether the call is only described are the
+    target's, not the problem's: backends judge a problem the same wherever it would run.
     """
 
     arch: str  # Target.arch
@@ -182,9 +195,7 @@ class Problem:
     context: int | None
     lens_2d: bool  # context_lens is [B, next_n] (else [B])
     fp8: str  # "fn" | "fnuz" (fp8_flavour of q)
-    device_type: str  # Target.device_type
     max_model_len: int
-    hypothetical: bool = False  # Target.hypothetical
     #: cache layout, as far as kernels compile differently for it: the block stride in bytes
     #: (``kv_cache.stride(0)``; 0 = packed, ``kv_block_size * (head_dim + 4)``), whether the
     #: cache's first byte is 16-byte aligned, and whether every cache byte lies within 2^31 of
@@ -198,24 +209,28 @@ class Problem:
     def of(cls, shape_key: ShapeKey, target: Target, *, max_model_len: int, context: int | None = None,
            lens_2d: bool = True, fp8: str | None = None, kv_block_stride: int = 0, kv_base_aligned: bool = True,
            kv_32bit: bool = True) -> "Problem":
-        """The problem of a call with ``shape_key`` on ``target`` (``fp8``: the arch's native
-        flavour unless given; the cache layout: packed, aligned, under 2 GiB unless given)."""
+        """The problem of a call with ``shape_key`` on ``target``'s chip (``fp8``: the arch's
+        native flavour unless given; the cache layout: packed, aligned, under 2 GiB unless
+        given). The target's device type and ``hypothetical`` stay with the target."""
         return cls(
             arch=target.arch, cu_num=target.cu_num, batch=shape_key.batch, next_n=shape_key.next_n,
             heads=shape_key.heads, head_dim=shape_key.head_dim, kv_block_size=shape_key.kv_block_size,
             preshuffle=shape_key.preshuffle, context=context, lens_2d=lens_2d, fp8=fp8 or native_fp8(target.arch),
-            device_type=target.device_type, max_model_len=max_model_len, hypothetical=target.hypothetical,
-            kv_block_stride=kv_block_stride, kv_base_aligned=kv_base_aligned, kv_32bit=kv_32bit,
+            max_model_len=max_model_len, kv_block_stride=kv_block_stride, kv_base_aligned=kv_base_aligned,
+            kv_32bit=kv_32bit,
         )
+
+    @classmethod
+    def from_record(cls, fields: Mapping) -> "Problem":
+        """The problem a stored record holds (``dataclasses.asdict`` of one, as AOT manifests
+        keep it). Records written while problems also carried their target's
+        :data:`TARGET_ONLY_FIELDS` load too: those keys are ignored."""
+        return cls(**{name: value for name, value in fields.items() if name not in TARGET_ONLY_FIELDS})
 
     @property
     def shape_key(self) -> ShapeKey:
         return ShapeKey(heads=self.heads, head_dim=self.head_dim, kv_block_size=self.kv_block_size,
                         preshuffle=self.preshuffle, batch=self.batch, next_n=self.next_n)
-
-    @property
-    def target(self) -> Target:
-        return Target(self.arch, self.cu_num, self.device_type, self.hypothetical)
 
     @property
     def kv_stride_bytes(self) -> int:
@@ -242,6 +257,16 @@ class Problem:
             f"heads={self.heads} head_dim={self.head_dim} kv_block_size={self.kv_block_size} "
             f"preshuffle={int(self.preshuffle)} context={ctx}"
         )
+
+
+def resolve_target(problem: Problem, target: Target | None) -> Target:
+    """``target``; ``None`` stands for the problem's own chip with the tensors on it
+    (:meth:`Target.present`), the target of a call validated in this process."""
+    return target if target is not None else Target.present(problem.arch, problem.cu_num)
+
+
+#: :class:`Target` fields a problem does not hold (older AOT records of problems have them)
+TARGET_ONLY_FIELDS = ("device_type", "hypothetical")
 
 
 def kv_fits_32bit(kv_cache) -> bool:
@@ -271,6 +296,11 @@ class LaunchArgs:
     kv_block_size: int
     preshuffle: bool
     problem: Problem
+
+    @property
+    def target(self) -> Target:
+        """Where this call runs: the problem's chip and the device type of the tensors."""
+        return Target(self.problem.arch, self.problem.cu_num, self.q.device.type)
 
     @property
     def max_blocks(self) -> int:

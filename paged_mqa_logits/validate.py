@@ -204,7 +204,7 @@ def build_launch_args(
     problem = Problem(
         arch=info.arch, cu_num=info.cu_num, batch=batch, next_n=next_n, heads=heads, head_dim=head_dim,
         kv_block_size=block_size, preshuffle=Preshuffle, context=context_hint, lens_2d=lens.dim() == 2,
-        fp8=flavour, device_type=device.type, max_model_len=max_model_len,
+        fp8=flavour, max_model_len=max_model_len,
         # a packed stride (or a single block) is the described default, 0: keys stay comparable
         kv_block_stride=0 if kv.shape[0] == 1 or kv.stride(0) == block_size * (head_dim + 4) else kv.stride(0),
         kv_base_aligned=kv.data_ptr() % 16 == 0, kv_32bit=kv_fits_32bit(kv),

@@ -81,12 +81,12 @@ def enumerate_calls(family: Family, *, arch: str, cu_num: int, fp8: str | None =
                 for hint in family.context_hints:
                     problem = Problem.of(shape_key, target, context=hint, lens_2d=lens_2d, fp8=fp8,
                                          max_model_len=family.max_model_len)
-                    choice = dispatch.choose(problem)
+                    choice = dispatch.choose(problem, target)
                     calls.append(Call(problem, choice.backend, dict(choice.config)))
                     if not include_fallbacks:
                         continue
                     for name in dispatch.fallback_chain(arch):
-                        if name != choice.backend and backends.why_not(name, problem) is None:
+                        if name != choice.backend and backends.why_not(name, problem, target) is None:
                             calls.append(Call(problem, name, dict(backends.get(name).default_config(problem)), "fallback"))
     return calls
 

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from op_cases import positional
-from paged_mqa_logits import dispatch, paged_mqa_logits, reload_tuned_table, table
+from paged_mqa_logits import backends, dispatch, paged_mqa_logits, reload_tuned_table, table
+from paged_mqa_logits.backends.flydsl.toolchain import NOT_INSTALLED
 from paged_mqa_logits.dispatch import Dispatcher
 from paged_mqa_logits.explain import explain
 from paged_mqa_logits.problem import Problem, ShapeKey, Target
@@ -82,9 +83,11 @@ def test_fallback_chains():
 
 
 def test_module_functions_forward_to_the_default_dispatcher():
-    problem = build_launch_args(*positional(make_inputs(2, 1, 32, [20, 9], kv_block_size=16))).problem
-    choice = dispatch.choose(problem)
-    assert dispatch.DEFAULT.choose(problem) is choice and dispatch.decisions() == {problem: choice}
+    args = build_launch_args(*positional(make_inputs(2, 1, 32, [20, 9], kv_block_size=16)))
+    problem = args.problem
+    choice = dispatch.choose(problem)  # no target: the call's own, CPU tensors on the cpu arch
+    assert dispatch.DEFAULT.choose(problem, args.target) is choice
+    assert dispatch.decisions() == {(problem, args.target): choice}
     assert dispatch.fallback_chain("gfx950") == dispatch.DEFAULT.fallback_chain("gfx950")
     dispatch.record_failure(problem, choice, RuntimeError("boom"))
     assert dispatch.failures() == dispatch.DEFAULT.failures() and len(dispatch.failures()) == 1
@@ -116,7 +119,7 @@ class FakeRegistry:
     def get(self, name):
         return self.by_name[name]
 
-    def why_not(self, name, problem):
+    def why_not(self, name, problem, target):
         backend = self.by_name.get(name)
         return f"{name} is not registered" if backend is None else backend.unsupported(problem)
 
@@ -142,6 +145,8 @@ class FakeTables:
 CHAIN = ("first", "second", "third")
 KEY = ShapeKey(heads=32, head_dim=128, kv_block_size=16, preshuffle=False, batch=2, next_n=1)
 PROBLEM = Problem.of(KEY, Target("nowhere", 0, "cpu"), max_model_len=64)
+#: the target a decision for PROBLEM without one is made for
+PRESENT = Target.present("nowhere", 0)
 
 
 def dispatcher(tables=None, first_serves=False):
@@ -184,8 +189,8 @@ def test_two_dispatchers_share_no_cache_and_no_failures():
     assert a.choose(PROBLEM).backend == "third" and b.choose(PROBLEM).backend == "second"
     assert len(a.failures()) == 1 and b.failures() == {}
     a.reset()
-    assert a.decisions() == {} and b.decisions() == {PROBLEM: choice_b}
-    assert PROBLEM not in dispatch.decisions() and not dispatch.failures()  # the default saw none of it
+    assert a.decisions() == {} and b.decisions() == {(PROBLEM, PRESENT): choice_b}
+    assert (PROBLEM, PRESENT) not in dispatch.decisions() and not dispatch.failures()  # the default saw none of it
 
 
 def test_reset_forgets_decisions_and_reload_forgets_failures_too():
@@ -212,3 +217,43 @@ def test_decide_with_a_registry_uses_those_backends(tmp_path, monkeypatch):
     assert choice.skipped == [("torch", "torch does not serve this")]
     assert dispatch.decide(problem).backend == "torch"  # the package's registry
     assert dispatch.decisions() == {}  # decide never caches
+
+
+# ----------------------------------------------------------------------------- targets
+def _gpu_problem(arch, cu_num):
+    key = ShapeKey(heads=64, head_dim=128, kv_block_size=64, preshuffle=True, batch=8, next_n=2)
+    return Problem.of(key, Target.present(arch, cu_num), context=8192, max_model_len=8192)
+
+
+@pytest.mark.parametrize("arch, cu_num", [("sm_90", 132), ("gfx942", 304), ("gfx950", 256)])
+def test_a_described_target_lets_a_gpu_backend_be_chosen_on_any_machine(arch, cu_num):
+    """explain, compile --only-table, the tuner's dry run: judged on arch and shapes only, so this
+    machine (no GPU, maybe no flydsl) does not matter."""
+    choice = Dispatcher(tables=FakeTables(None)).choose(_gpu_problem(arch, cu_num), Target.described(arch, cu_num))
+    assert (choice.backend, choice.skipped) == ("gluon", [])
+
+
+def test_a_cpu_target_skips_the_gpu_backends_with_why_they_cannot_launch():
+    problem, cpu, described = _gpu_problem("gfx950", 256), Target("gfx950", 256, "cpu"), Target.described("gfx950", 256)
+    d = Dispatcher(tables=FakeTables(None))
+    choice = d.choose(problem, cpu)
+    flydsl_reason = backends.get("flydsl").unavailable(cpu)
+    assert flydsl_reason in (NOT_INSTALLED, "no ROCm runtime: the tensors are on cpu")
+    assert choice.backend == "triton"  # the gfx chain's first link that runs on CPU tensors
+    assert choice.skipped == [("gluon", "gluon kernels run on GPU tensors only, got cpu tensors"),
+                              ("flydsl", flydsl_reason)]
+    # the backends judged the problem alike: it is the target that differs
+    assert all(backends.get(name).unsupported(problem) is None for name, _ in choice.skipped)
+    # the same problem described is another key of the cache, decided on its own
+    assert d.choose(problem, described).backend == "gluon"
+    assert set(d.decisions()) == {(problem, cpu), (problem, described)}
+    # and a launch failure on one target is not remembered for the other
+    d.record_failure(problem, choice, RuntimeError("boom"), cpu)
+    assert d.choose(problem, cpu).backend == "torch" and d.choose(problem, described).backend == "gluon"
+
+
+def test_without_a_target_a_problem_is_decided_as_called_on_its_chip():
+    problem = _gpu_problem("gfx950", 256)
+    d = Dispatcher(tables=FakeTables(None))
+    assert d.decide(problem) == d.decide(problem, Target.present("gfx950", 256))
+    assert d.choose(problem) is d.choose(problem, Target("gfx950", 256, "cuda"))

@@ -2,6 +2,7 @@
 choice remembered); a forced backend raises; graph capture propagates the error."""
 
 import logging
+import types
 
 import pytest
 import torch
@@ -71,9 +72,9 @@ def test_failed_launch_falls_back_once_with_one_warning(raising, caplog):
     assert len(warnings) == 1 and "\n" not in warnings[0].getMessage()
     assert "raising [defaults] failed for arch=cpu" in warnings[0].getMessage()
     assert "RuntimeError: PTX assembly aborted; falling back" in warnings[0].getMessage()
-    problem = op.build_launch_args(*positional(inp)).problem
-    assert dispatch.choose(problem).backend == "torch"
-    assert any(key[:2] == (problem, "raising") for key in dispatch.failures())
+    args = op.build_launch_args(*positional(inp))
+    assert dispatch.choose(args.problem, args.target).backend == "torch"
+    assert any(key[:3] == (args.problem, args.target, "raising") for key in dispatch.failures())
 
 
 def test_a_table_row_whose_launch_fails_falls_back_too(tmp_path, monkeypatch):
@@ -93,8 +94,9 @@ def test_a_table_row_whose_launch_fails_falls_back_too(tmp_path, monkeypatch):
     ref = reference_logits(inp["q_fp8"], inp["kv_cache"], inp["weights"], inp["context_lens"], inp["kv_indices"], 48,
                            kv_block_size=16)
     assert check_logits(inp["out_logits"], before, ref).ok
-    problem = op.build_launch_args(*positional(inp)).problem
-    assert (problem, "triton", dispatch.knobs_key({"ChunkK": 64})) in dispatch.failures()
+    args = op.build_launch_args(*positional(inp))
+    problem = args.problem
+    assert (problem, args.target, "triton", dispatch.knobs_key({"ChunkK": 64})) in dispatch.failures()
     choice = dispatch.choose(problem)
     assert choice.backend == "torch" and "launch failed (RuntimeError: PTX assembly aborted)" in choice.describe()
 
@@ -134,5 +136,5 @@ def test_capture_is_detected_only_on_cuda_devices(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert not op._capturing(args)  # CPU tensors are never captured
-    args.problem = args.problem.__class__(**{**args.problem.__dict__, "device_type": "cuda"})
+    args.q = types.SimpleNamespace(device=torch.device("cuda", 0))  # the tensors' device decides
     assert op._capturing(args)

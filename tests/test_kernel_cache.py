@@ -57,7 +57,7 @@ def valid_manifest(files: dict) -> dict:
 def _problem(arch, **kw):
     fields = dict(arch=arch, cu_num=132 if arch == "sm_90" else 256, batch=3, next_n=2, heads=64, head_dim=128,
                   kv_block_size=64, preshuffle=arch != "sm_90", context=None, lens_2d=True,
-                  fp8="fn", device_type="cuda", max_model_len=512)
+                  fp8="fn", max_model_len=512)
     fields.update(kw)
     return Problem(**fields)
 
@@ -143,6 +143,15 @@ def test_precompile_then_the_jit_finds_every_kernel_and_launcher(tiny_table, tmp
     # relocatable: the group files' absolute paths of the build dir are not needed
     moved = str(tmp_path / "installed" / "kernel_cache")
     shutil.move(out, moved)
+    assert kc.verify(moved).ok
+
+    # a manifest written while problems carried their target's device type and ``hypothetical``
+    # still verifies: those keys of its problem records are ignored
+    old = kc.read_manifest(moved)
+    for entry in old["kernels"]:
+        assert "device_type" not in entry["problem"] and "hypothetical" not in entry["problem"]
+        entry["problem"].update(device_type="cuda", hypothetical=True)
+    kc.write_manifest_atomically(moved, old)
     assert kc.verify(moved).ok
 
     # a cache-invalidating env var that differs from build time makes every kernel miss (the

@@ -7,8 +7,8 @@ import torch
 
 from op_cases import positional
 from paged_mqa_logits.bench import Shape
-from paged_mqa_logits.problem import (SHAPE_KEY_COLUMNS, Problem, ShapeKey, Target, fp8_dtype, fp8_flavour,
-                                      kv_fits_32bit, row_lengths)
+from paged_mqa_logits.problem import (SHAPE_KEY_COLUMNS, TARGET_ONLY_FIELDS, Problem, ShapeKey, Target, fp8_dtype,
+                                      fp8_flavour, kv_fits_32bit, row_lengths)
 from paged_mqa_logits.reference import make_inputs
 from paged_mqa_logits.table import KEY_COLUMNS, Row
 from paged_mqa_logits.validate import build_launch_args
@@ -82,7 +82,9 @@ def test_composed_keys_read_the_shape_key_fields_as_their_own():
 
 
 # ----------------------------------------------------------------------------- Target and Problem
-def test_described_target():
+def test_present_and_described_targets():
+    assert Target.present("gfx950", 256) == Target("gfx950", 256, "cuda", hypothetical=False)
+    assert Target.present("cpu", 0) == Target("cpu", 0, "cpu", hypothetical=False)
     assert Target.described("gfx950", 256) == Target("gfx950", 256, "cuda", hypothetical=True)
     assert Target.described("cpu", 0) == Target("cpu", 0, "cpu", hypothetical=True)
 
@@ -90,7 +92,7 @@ def test_described_target():
 def test_problem_of_a_key_and_a_target_round_trips():
     target = Target("gfx942", 304, "cuda")
     problem = Problem.of(KEY, target, context=4096, max_model_len=8192)
-    assert problem.shape_key == KEY and problem.target == target
+    assert problem.shape_key == KEY and (problem.arch, problem.cu_num) == ("gfx942", 304)
     assert problem.fp8 == "fnuz"  # the arch's native flavour unless given
     assert Problem.of(KEY, target, max_model_len=8192, fp8="fn").fp8 == "fn"
     assert (problem.context, problem.lens_2d, problem.max_model_len) == (4096, True, 8192)
@@ -98,20 +100,34 @@ def test_problem_of_a_key_and_a_target_round_trips():
     assert problem.rows == 16
 
 
-def test_the_target_is_part_of_the_dispatch_cache_key():
-    """A described problem and a called one may be decided differently (backends judge a
-    described one on arch and shapes only), so they must be different cache keys."""
-    present = Problem.of(KEY, Target("gfx950", 256, "cuda"), max_model_len=8192)
-    described = Problem.of(KEY, Target.described("gfx950", 256), max_model_len=8192)
-    assert present != described and hash(present) != hash(described)
-    assert present.target.hypothetical is False and described.target.hypothetical is True
+def test_a_problem_holds_the_chip_not_the_rest_of_the_target():
+    """Backends judge the problem, so the same call made on GPU tensors, on CPU tensors or only
+    described is one problem; the device type and ``hypothetical`` stay with the target (the
+    dispatch cache keys on both, tests/test_dispatch.py)."""
+    made = Problem.of(KEY, Target("gfx950", 256, "cuda"), max_model_len=8192)
+    for target in (Target.described("gfx950", 256), Target("gfx950", 256, "cpu"), Target("gfx950", 256, "meta", True)):
+        assert Problem.of(KEY, target, max_model_len=8192) == made
+    assert not {f.name for f in dataclasses.fields(Problem)} & set(TARGET_ONLY_FIELDS)
+    assert Problem.of(KEY, Target("gfx942", 256, "cuda"), max_model_len=8192) != made
 
 
-def test_a_called_problem_has_its_key_and_target():
+def test_problem_records_load_with_and_without_the_target_fields():
+    """AOT manifests store ``asdict(problem)``; those written while problems carried the device
+    type and ``hypothetical`` still load, with those keys ignored."""
+    problem = Problem.of(KEY, Target("gfx950", 256, "cuda"), context=4096, max_model_len=8192, kv_block_stride=8448)
+    record = dataclasses.asdict(problem)
+    assert Problem.from_record(record) == problem
+    assert Problem.from_record({**record, "device_type": "cuda", "hypothetical": True}) == problem
+    with pytest.raises(TypeError):
+        Problem.from_record({**record, "devices": 1})  # anything else is still an error
+
+
+def test_a_called_problem_has_its_key_and_the_call_its_target():
     inp = make_inputs(2, 2, 32, [20, 9], kv_block_size=16)
-    problem = build_launch_args(*positional(inp)).problem
-    assert problem.shape_key == ShapeKey(heads=32, head_dim=128, kv_block_size=16, preshuffle=False, batch=2, next_n=2)
-    assert problem.target == Target("cpu", 0, "cpu", hypothetical=False)
+    args = build_launch_args(*positional(inp))
+    assert args.problem.shape_key == ShapeKey(heads=32, head_dim=128, kv_block_size=16, preshuffle=False, batch=2,
+                                              next_n=2)
+    assert args.target == Target("cpu", 0, "cpu", hypothetical=False)  # the tensors' device type
 
 
 def test_problem_layout_and_context_properties():

@@ -9,7 +9,7 @@ from table_files import use, write
 
 def problem(arch="gfx950", cu=256, batch=64, next_n=1, heads=32, context=None, pre=True, bs=64):
     return Problem(arch=arch, cu_num=cu, batch=batch, next_n=next_n, heads=heads, head_dim=128, kv_block_size=bs,
-                   preshuffle=pre, context=context, lens_2d=True, fp8="fn", device_type="cuda", max_model_len=32768)
+                   preshuffle=pre, context=context, lens_2d=True, fp8="fn", max_model_len=32768)
 
 
 def test_parse_rows_comments_and_knobs(tmp_path):

@@ -55,8 +55,8 @@ def test_a_decision_racing_a_reload_is_not_cached(tmp_path, monkeypatch):
     problem = op.build_launch_args(*positional(make_inputs(2, 2, 32, [40, 17], kv_block_size=16))).problem
     decide = dispatch.DEFAULT.decide
 
-    def decide_then_reload(p):
-        choice = decide(p)
+    def decide_then_reload(p, target=None):
+        choice = decide(p, target)
         path = tmp_path / "new_tuned.csv"
         path.write_text(HEADER + "cpu,0,32,128,16,0,2,2,any,triton,32,,,1,p\n")
         monkeypatch.setenv(table.ENV_CONFIGS, str(path))

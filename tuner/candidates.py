@@ -1,6 +1,6 @@
 """Which backends and knob sets the tuner tries for a key.
 
-Every registered backend whose ``why_not(problem)`` is ``None`` at all of the key's contexts
+Every registered backend whose ``why_not(problem, target)`` is ``None`` at all of the key's contexts
 serves the key; its candidates are the union of ``candidates(problem)`` over the contexts plus
 its ``default_config`` (so the tuned pick is always compared with what an untuned table runs).
 
@@ -85,7 +85,7 @@ def candidates_for(key: TuneKey, target: Target, names: list[str] | None = None,
         names = [n for n in backends.names() if n != "torch" or target.device_type == "cpu"]
     for name in names:
         problems = [problem_for(key, target, c) for c in key.contexts]
-        reason = next((r for r in (backends.why_not(name, p) for p in problems) if r), None)
+        reason = next((r for r in (backends.why_not(name, p, target) for p in problems) if r), None)
         if reason:
             skipped[name] = reason
             continue

@@ -90,7 +90,7 @@ def verify(directory: str | None = None, *, archs=None) -> VerifyResult:
         try:
             activate()
             for entry in entries:
-                problem = Problem(**entry["problem"])
+                problem = Problem.from_record(entry["problem"])
                 target = gpu_target(entry["arch"])
                 rows = entry.get("workspace_rows", problem.rows)  # untouched memory: only its size matters
                 workspace = torch.empty((rows, problem.max_model_len), dtype=torch.float32)

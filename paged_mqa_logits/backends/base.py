@@ -1,9 +1,17 @@
 """The small interface every backend implements, and the shapes its tooling exchanges.
 
-A backend answers four questions and does one thing:
+A backend answers five questions and does one thing:
 
-* ``unsupported(problem) -> str | None``: why it cannot serve this problem (``None`` = it can).
-  Must be cheap, host-only, and must not import optional heavy packages at module import time.
+* ``unsupported(problem) -> str | None``: why it cannot serve this call (``None`` = it can),
+  judged from what the call *is*: arch, shapes, fp8 flavour, cache layout. A problem carries
+  nothing about this machine, so the verdict is the same for a call made here and one only
+  described (``explain``, ``compile --only-table``, the tuner's dry run, table checks). Must be
+  cheap, host-only, and must not import optional heavy packages at module import time.
+* ``unavailable(target) -> str | None``: why this machine cannot launch the backend's kernels
+  for ``target`` (a :class:`~paged_mqa_logits.problem.Target`: the chip and the tensors' device
+  type), e.g. GPU kernels for CPU tensors, a runtime or optional package missing; ``None`` =
+  it can. Dispatch asks it only for a target that is not ``hypothetical``, after
+  ``unsupported`` (``registry.why_not``); cheap and host-only as well.
 * ``candidates(problem) -> list[dict]``: the knob sets the tuner may time for this problem.
 * ``default_config(problem) -> dict``: knobs used when the table names the backend without
   knobs, or when dispatch falls back to this backend.
@@ -38,7 +46,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Protocol, runtime_checkable
 
-from ..problem import LaunchArgs, Problem
+from ..problem import LaunchArgs, Problem, Target
 
 
 class Backend(Protocol):
@@ -47,6 +55,8 @@ class Backend(Protocol):
     knobs: tuple[str, ...]
 
     def unsupported(self, problem: Problem) -> str | None: ...
+
+    def unavailable(self, target: Target) -> str | None: ...
 
     def candidates(self, problem: Problem) -> list[dict]: ...
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 
 from ..triton_internals import cache_overlay as overlay
-from ..problem import Problem
+from ..problem import Problem, Target, resolve_target
 from .base import Backend
 
 #: backends whose ``launch`` goes through Triton ``JITFunction``s: the precompiled-kernel overlay
@@ -67,12 +67,20 @@ def load_error(name: str) -> str | None:
     return _LOAD_ERRORS.get(name)
 
 
-def why_not(name: str, problem: Problem) -> str | None:
-    """``None`` if backend ``name`` can serve ``problem``, else the reason it cannot."""
+def why_not(name: str, problem: Problem, target: Target | None = None) -> str | None:
+    """``None`` if backend ``name`` can serve ``problem`` on ``target``, else the reason it cannot:
+    the backend's ``unsupported(problem)``, then, unless ``target`` is hypothetical (a call
+    described, not made), its ``unavailable(target)``. ``target`` defaults to the problem's chip
+    with the tensors on it (:meth:`Target.present`), as a call validated here has."""
     backend = get(name)
     if backend is None:
         return f"backend {name!r} is unavailable ({load_error(name)})"
-    return backend.unsupported(problem)
+    reason = backend.unsupported(problem)
+    target = resolve_target(problem, target)
+    if reason is not None or target.hypothetical:
+        return reason
+    unavailable = getattr(backend, "unavailable", None)  # out-of-tree backends written before it
+    return None if unavailable is None else unavailable(target)
 
 
 def check_config(name: str, config: dict, problem: Problem | None = None) -> str | None:
@@ -93,7 +101,8 @@ def check_config(name: str, config: dict, problem: Problem | None = None) -> str
 
 class Registry:
     """The registry as an object, for code that gets its backends injected (the dispatcher):
-    the module functions by default, any object with ``get`` and ``why_not`` in tests."""
+    the module functions by default, any object with ``get`` and ``why_not(name, problem,
+    target)`` in tests."""
 
     get = staticmethod(get)
     why_not = staticmethod(why_not)

@@ -16,7 +16,7 @@ What it computes is the contract of every backend (:func:`paged_mqa_logits.refer
 
 from __future__ import annotations
 
-from ..problem import LaunchArgs, Problem
+from ..problem import LaunchArgs, Problem, Target
 from ..reference import logits_into
 from . import check_knob_space
 
@@ -31,6 +31,9 @@ class TorchBackend:
 
     def unsupported(self, problem: Problem) -> str | None:
         return None
+
+    def unavailable(self, target: Target) -> str | None:
+        return None  # torch runs wherever the tensors are
 
     def candidates(self, problem: Problem) -> list[dict]:
         return [{}]

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..problem import LaunchArgs, Problem
+from ..problem import LaunchArgs, Problem, Target
 from ..schedule import BALANCED, SCHEDULES, SPLIT, derive_split_kv, persistent_programs
 from . import MAX_SPLIT_KV, check_knob_space
 from ..triton_internals.interpreter import interpreted
@@ -209,8 +209,8 @@ def _paged_mqa_logits_kernel(
                        NEXT_N, ROWS, HEADS, HEAD_DIM, KV_BLOCK, CHUNK, PRESHUFFLE, LENS_2D, DOT_DTYPE, NUM_STAGES)
 
 
-def _dot_dtype(problem: Problem):
-    if problem.device_type == "cpu":
+def _dot_dtype(problem: Problem, interpreter: bool):
+    if interpreter:
         return tl.float32
     native_fp8 = problem.arch.startswith("gfx") or (problem.arch.startswith("sm_") and int(problem.arch[3:]) >= 89)
     if native_fp8:
@@ -232,10 +232,13 @@ class TritonBackend:
     def unsupported(self, problem: Problem) -> str | None:
         if problem.heads & (problem.heads - 1):
             return f"heads must be a power of two for tl.arange, got {problem.heads}"
-        if problem.device_type not in ("cpu", "cuda"):
-            return f"device type {problem.device_type} is not a Triton target"
-        if problem.device_type == "cpu" and problem.fp8 == "fnuz":
+        if problem.arch == "cpu" and problem.fp8 == "fnuz":  # the cpu arch runs in the interpreter
             return "the Triton interpreter (CPU) cannot load e4m3fnuz (fp8e4b8) tensors"
+        return None
+
+    def unavailable(self, target: Target) -> str | None:
+        if target.device_type not in ("cpu", "cuda"):
+            return f"device type {target.device_type} is not a Triton target"
         return None
 
     def candidates(self, problem: Problem) -> list[dict]:
@@ -258,6 +261,10 @@ class TritonBackend:
 
     def launch(self, args: LaunchArgs, config: dict) -> None:
         p = args.problem
+        # The chip, not the tensors' device, picks the interpreter: CPU tensors always run as the
+        # cpu arch, and where they stand in for a GPU's memory (aot.verify's simulated device)
+        # the GPU kernel is what must run.
+        on_cpu = p.arch == "cpu"
         chunk = int(config.get("ChunkK") or 64)
         rows = min(int(config.get("RowsPerProgram") or 8), triton.next_power_of_2(p.next_n))
         row_groups = triton.cdiv(p.next_n, rows)
@@ -266,7 +273,7 @@ class TritonBackend:
             raise ValueError(f"triton: Schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
         splits = int(config.get("SplitKV") or 0)
         if schedule == BALANCED:
-            programs = CPU_PROGRAMS if p.device_type == "cpu" else persistent_programs(p.cu_num, PROGRAMS_PER_SM)
+            programs = CPU_PROGRAMS if on_cpu else persistent_programs(p.cu_num, PROGRAMS_PER_SM)
             grid = (row_groups, programs, 1)
             splits = 1
         else:
@@ -277,16 +284,16 @@ class TritonBackend:
         kv_f32 = args.kv_cache.view(torch.float32)
         lens = args.context_lens
         lens_strides = (lens.stride(0), lens.stride(1) if lens.dim() == 2 else 0)
-        kernel = interpreted(_paged_mqa_logits_kernel) if p.device_type == "cpu" else _paged_mqa_logits_kernel
+        kernel = interpreted(_paged_mqa_logits_kernel) if on_cpu else _paged_mqa_logits_kernel
         stages = int(config.get("num_stages") or 3)
-        options = {} if p.device_type == "cpu" else {"num_warps": int(config.get("num_warps") or 4), "num_stages": stages}
+        options = {} if on_cpu else {"num_warps": int(config.get("num_warps") or 4), "num_stages": stages}
         kernel[grid](
             args.q, kv_fp8, kv_f32, args.weights, args.out, lens, args.block_table,
             args.q.stride(0), args.q.stride(1), args.q.stride(2),
             args.kv_cache.stride(0), args.weights.stride(0), args.out.stride(0), *lens_strides,
             args.block_table.stride(0), args.max_model_len, args.max_blocks, splits, p.batch, args.num_blocks,
             NEXT_N=p.next_n, ROWS=rows, HEADS=p.heads, HEAD_DIM=p.head_dim, KV_BLOCK=args.kv_block_size,
-            CHUNK=chunk, PRESHUFFLE=args.preshuffle, LENS_2D=p.lens_2d, DOT_DTYPE=_dot_dtype(p),
+            CHUNK=chunk, PRESHUFFLE=args.preshuffle, LENS_2D=p.lens_2d, DOT_DTYPE=_dot_dtype(p, on_cpu),
             NUM_STAGES=stages, BALANCED=schedule == BALANCED, **options,
         )
 

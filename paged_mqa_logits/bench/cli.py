@@ -12,7 +12,7 @@ from tqdm import tqdm
 from .. import backends
 from ..problem import HEAD_DIM, Problem, Target
 from .deepgemm import deepgemm_available
-from .environment import Environment, environment
+from .environment import environment
 from .measure import DeviceLost, Impl, Measurement, Schedule, measure, parse_knobs
 from .report import load_anchor, print_table, summary, write_csv
 from .shapes import Shape, _int_list, grid_shapes, shapes_from_csv
@@ -23,17 +23,17 @@ def _bool_list(text: str) -> list[bool]:
     return [{"0": False, "1": True, "false": False, "true": True}[x.strip().lower()] for x in text.split(",")]
 
 
-def _impls(a, shape: Shape, problem) -> list[Impl]:
+def _impls(a, shape: Shape, problem: Problem, target: Target) -> list[Impl]:
 
     out = []
     if a.dispatch or not (a.backend or a.all_candidates):
         out.append(Impl("dispatch"))
     names = a.backend.split(",") if a.backend else []
     if a.all_candidates and not names:
-        names = [n for n in backends.names() if backends.why_not(n, problem) is None]
+        names = [n for n in backends.names() if backends.why_not(n, problem, target) is None]
     config = parse_knobs(a.config) if a.config else None
     for name in names:
-        if a.all_candidates and backends.why_not(name, problem) is None:
+        if a.all_candidates and backends.why_not(name, problem, target) is None:
             # --config narrows the candidates to those with these knob values
             out.extend(Impl.of(name, c) for c in backends.get(name).candidates(problem)
                        if all(str(c.get(k)) == str(v) for k, v in (config or {}).items()))
@@ -44,10 +44,10 @@ def _impls(a, shape: Shape, problem) -> list[Impl]:
     return list(dict.fromkeys(out))
 
 
-def _problem_for(shape: Shape, env: Environment, device):
+def _problem_for(shape: Shape, target: Target) -> Problem:
 
-    return Problem.of(shape.shape_key, Target(env.arch, env.cu_num, torch.device(device).type), context=shape.context,
-                      lens_2d=shape.lens_2d, max_model_len=shape.context)
+    return Problem.of(shape.shape_key, target, context=shape.context, lens_2d=shape.lens_2d,
+                      max_model_len=shape.context)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"note: --deepgemm: {deepgemm_available()}; DeepGEMM rows are marked skipped", file=sys.stderr)
 
     env = environment(device)
+    target = Target(env.arch, env.cu_num, torch.device(device).type)
     anchor = load_anchor(a.anchor)
     schedule = Schedule(replays=a.replays or (10 if device.type == "cuda" else 3))
     command = "python -m paged_mqa_logits bench " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -138,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     bar = tqdm(total=len(shapes), unit="shape", disable=a.quiet, file=sys.stderr, dynamic_ncols=True)
     failed = lost = False
     for shape in shapes:
-        impls = _impls(a, shape, _problem_for(shape, env, device))
+        impls = _impls(a, shape, _problem_for(shape, target), target)
         try:
             workload = build_workload(shape, device, copies=a.copies, max_copies=a.max_copies, seed=a.seed,
                                       context_hint=None if a.no_hint else "context", arch=env.arch)

@@ -242,12 +242,12 @@ def measure(impl: Impl, workload: Workload, schedule: Schedule | None = Schedule
             m.backend = "deepgemm-flat" if deepgemm_flattens(workload.shape) else "deepgemm"
         elif impl.kind == "dispatch":
 
-            choice = dispatch.choose(workload.args[0].problem)
+            choice = dispatch.choose(workload.args[0].problem, workload.args[0].target)
             m.backend, m.knobs = choice.backend, dict(choice.config)
         else:
 
             m.backend = impl.backend
-            reason = backends.why_not(impl.backend, workload.args[0].problem)
+            reason = backends.why_not(impl.backend, workload.args[0].problem, workload.args[0].target)
             if reason:
                 m.status = f"skipped: {reason}"
                 return m

@@ -106,7 +106,7 @@ def deepgemm_fp8_paged_mqa_logits(
     else:
         total_cu_count = _positive_int("TotalCuCount", TotalCuCount)
     problem = args.problem
-    choice = dispatch.choose(problem)
+    choice = dispatch.choose(problem, args.target)
     backend = backends.get(choice.backend)
     knobs = aiter_knobs(chunk_k=chunk_k, wave_per_eu=wave_per_eu, total_cu_count=total_cu_count,
                         batch=problem.batch, next_n=problem.next_n)

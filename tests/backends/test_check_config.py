@@ -18,8 +18,7 @@ def problems():
                 for bs, pre in ((1, False), (16, True), (64, False), (256, True)):
                     yield Problem(arch=arch, cu_num=0 if arch == "cpu" else 132, batch=8, next_n=next_n, heads=heads,
                                   head_dim=128, kv_block_size=bs, preshuffle=pre, context=8192, lens_2d=True, fp8=fp8,
-                                  device_type="cpu" if arch == "cpu" else "cuda", max_model_len=131072,
-                                  hypothetical=True)
+                                  max_model_len=131072)
 
 
 @pytest.mark.parametrize("name", ["torch", "triton", "gluon", "flydsl"])

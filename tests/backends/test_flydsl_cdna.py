@@ -1,8 +1,8 @@
 """The ``flydsl`` backend (gfx942 / gfx950).
 
 On a CPU machine: the package imports with and without flydsl and never imports it eagerly,
-the backend refuses with the right reason (missing package, no ROCm runtime, arch, fp8
-flavour, shapes), the launch path refuses before touching flydsl, the knob space is
+the backend refuses with the right reason (a problem: arch, fp8 flavour, shapes; a target:
+missing package, no ROCm runtime), the launch path refuses before touching flydsl, the knob space is
 consistent, and -- through the instruction-level emulator (``emulate.py``), which runs the
 kernel's own code on NumPy lanes -- the kernel matches the reference over a random matrix and
 on widely ragged batches under both schedules; the balanced schedule's stores cover every logit
@@ -27,7 +27,8 @@ from paged_mqa_logits.backends.flydsl import backend as flydsl_backend
 from paged_mqa_logits.backends.flydsl.backend import BACKEND, NOT_INSTALLED
 from paged_mqa_logits.backends.flydsl.emulate import EmulationFault, emulate
 from paged_mqa_logits.backends.flydsl.plan import CHUNK_KS, LDS_PER_CU, MFMA_KINDS, WAVE_ROLES, KernelPlan
-from paged_mqa_logits.problem import Problem
+from paged_mqa_logits.backends import why_not
+from paged_mqa_logits.problem import Problem, Target
 from paged_mqa_logits.schedule import derive_split_kv
 from paged_mqa_logits import schedule
 from paged_mqa_logits.reference import check_logits, row_lengths
@@ -37,11 +38,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 FP8 = {"gfx942": torch.float8_e4m3fnuz, "gfx950": torch.float8_e4m3fn}
 
 
-def problem(arch="gfx950", *, heads=64, next_n=2, kv_block_size=64, fp8=None, device_type="cuda", head_dim=128,
-            hypothetical=False, batch=8, context=4096):
+def problem(arch="gfx950", *, heads=64, next_n=2, kv_block_size=64, fp8=None, head_dim=128, batch=8, context=4096):
     fp8 = fp8 or {"gfx942": "fnuz"}.get(arch, "fn")
-    return Problem(arch, 256, batch, next_n, heads, head_dim, kv_block_size, True, context, True, fp8, device_type,
-                   8192, hypothetical=hypothetical)
+    return Problem(arch, 256, batch, next_n, heads, head_dim, kv_block_size, True, context, True, fp8, 8192)
+
+
+def target(arch="gfx950", device_type="cuda"):
+    return Target(arch, 256, device_type)
 
 
 def _python(code: str) -> str:
@@ -66,7 +69,7 @@ def test_without_flydsl_the_package_imports_and_the_backend_says_why():
                   "import paged_mqa_logits\n"
                   "from paged_mqa_logits.backends import why_not\n"
                   "from paged_mqa_logits.problem import Problem\n"
-                  "p = Problem('gfx950', 256, 8, 2, 64, 128, 64, True, None, True, 'fn', 'cuda', 8192)\n"
+                  "p = Problem('gfx950', 256, 8, 2, 64, 128, 64, True, None, True, 'fn', 8192)\n"
                   "print(why_not('flydsl', p))")
     assert out.strip() == NOT_INSTALLED
 
@@ -74,8 +77,9 @@ def test_without_flydsl_the_package_imports_and_the_backend_says_why():
 def test_missing_flydsl_reason_in_process(monkeypatch):
     monkeypatch.setitem(sys.modules, "flydsl", None)
     assert not flydsl_backend.flydsl_installed()
-    assert BACKEND.unsupported(problem()) == NOT_INSTALLED
-    assert BACKEND.unsupported(problem(hypothetical=True)) is None  # explain / --only-table: shapes only
+    assert BACKEND.unsupported(problem()) is None and BACKEND.unavailable(target()) == NOT_INSTALLED
+    assert why_not("flydsl", problem()) == NOT_INSTALLED  # the problem's chip, present
+    assert why_not("flydsl", problem(), Target.described("gfx950", 256)) is None  # explain / --only-table
 
 
 # ============================================================================ reasons
@@ -84,9 +88,9 @@ def test_reasons_on_this_machine():
         pytest.skip("this machine has a ROCm runtime; the refusal path is for machines without one")
     if not flydsl_backend.flydsl_installed():
         pytest.skip("flydsl is not installed: the missing-package reason comes first (tested above)")
-    reason = BACKEND.unsupported(problem())
+    reason = BACKEND.unavailable(target())
     assert reason is not None and reason.startswith("no ROCm runtime"), reason
-    assert BACKEND.unsupported(problem(device_type="cpu")).startswith("no ROCm runtime")
+    assert BACKEND.unavailable(target(device_type="cpu")) == "no ROCm runtime: the tensors are on cpu"
 
 
 @pytest.mark.parametrize("kwargs, expected", [
@@ -101,8 +105,8 @@ def test_reasons_on_this_machine():
     (dict(head_dim=64), "head_dim must be 128"),
 ])
 def test_unsupported_shapes_and_archs(kwargs, expected):
-    # hypothetical: judged on arch and shape only, whatever this machine has
-    assert expected in BACKEND.unsupported(problem(hypothetical=True, **kwargs))
+    # judged on arch and shape only, whatever this machine has
+    assert expected in BACKEND.unsupported(problem(**kwargs))
 
 
 def _fake_rocm(monkeypatch, arch_name):
@@ -115,11 +119,12 @@ def _fake_rocm(monkeypatch, arch_name):
 
 def test_rocm_runtime_of_the_right_arch_is_required(monkeypatch):
     _fake_rocm(monkeypatch, "gfx942:sramecc+:xnack-")
-    assert BACKEND.unsupported(problem("gfx942")) is None
+    assert BACKEND.unavailable(target("gfx942")) is None and why_not("flydsl", problem("gfx942")) is None
     # an arch override (PAGED_MQA_LOGITS_ARCH) must never make a gfx942 run a gfx950 kernel
-    assert BACKEND.unsupported(problem("gfx950")) == "the ROCm device is gfx942, not gfx950"
+    assert BACKEND.unavailable(target("gfx950")) == "the ROCm device is gfx942, not gfx950"
+    assert why_not("flydsl", problem("gfx950")) == "the ROCm device is gfx942, not gfx950"
     monkeypatch.setattr(torch.version, "hip", None)
-    assert "not a ROCm build" in BACKEND.unsupported(problem("gfx942"))
+    assert "not a ROCm build" in BACKEND.unavailable(target("gfx942"))
 
 
 def test_launch_refuses_without_a_rocm_runtime_before_touching_flydsl(monkeypatch):
@@ -128,7 +133,8 @@ def test_launch_refuses_without_a_rocm_runtime_before_touching_flydsl(monkeypatc
     monkeypatch.delitem(sys.modules, "paged_mqa_logits.backends.flydsl.kernel", raising=False)
     inp = build(random_case(3, heads=(64,)))
     args = build_launch_args(*positional(inp))
-    args = dataclasses.replace(args, problem=dataclasses.replace(args.problem, arch="gfx950", device_type="cuda"))
+    args = dataclasses.replace(args, problem=dataclasses.replace(args.problem, arch="gfx950"))
+    assert BACKEND.unsupported(args.problem) is None  # refused for where the tensors are
     with pytest.raises(RuntimeError, match="flydsl backend cannot launch"):
         BACKEND.launch(args, {})
     assert "paged_mqa_logits.backends.flydsl.kernel" not in sys.modules
@@ -149,7 +155,7 @@ def test_knob_space(arch):
     assert BACKEND.knobs == ("ChunkK", "WavePerEU", "SplitKV", "Schedule", "Mfma", "WaveRoles")
     for heads in (32, 64):
         for next_n in range(1, 9):
-            p = problem(arch, heads=heads, next_n=next_n, hypothetical=True)
+            p = problem(arch, heads=heads, next_n=next_n)
             candidates = BACKEND.candidates(p)
             default = BACKEND.default_config(p)
             assert candidates and default in candidates
@@ -178,7 +184,7 @@ def test_knob_space(arch):
     # gfx942's 64 KiB of LDS: a 2 x 16 KiB double buffer allows two workgroups per CU, not three
     assert KernelPlan("gfx942", 32, 1, 64, True, True, 128, 3).config_error().startswith("ChunkK=128 needs 32768 B")
     assert KernelPlan("gfx950", 32, 1, 64, True, True, 128, 4).config_error() is None
-    assert BACKEND.candidates(problem("sm_90", fp8="fn", hypothetical=True)) == []
+    assert BACKEND.candidates(problem("sm_90", fp8="fn")) == []
     assert "Mfma must be one of ('fp8',) on gfx942" in KernelPlan("gfx942", 32, 1, 64, True, True, 64, 1,
                                                                   mfma="f8f6f4").config_error()
     assert "Schedule must be one of" in KernelPlan("gfx950", 32, 1, 64, True, True, 64, 1, "greedy").config_error()
@@ -222,8 +228,7 @@ def test_work_split_covers_every_row_and_tile():
 # ============================================================================ the kernel, emulated
 def _launch_args(inp, arch, cu_num=8):
     args = build_launch_args(*positional(inp))
-    return dataclasses.replace(args, problem=dataclasses.replace(args.problem, arch=arch, cu_num=cu_num,
-                                                                 device_type="cuda"))
+    return dataclasses.replace(args, problem=dataclasses.replace(args.problem, arch=arch, cu_num=cu_num))
 
 
 def _emulated(case, arch, config, grid_x=None, cu_num=8, trace_stores=False):

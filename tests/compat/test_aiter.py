@@ -65,7 +65,8 @@ def test_explicit_knobs_reach_the_chosen_backend(monkeypatch):
         pytest.skip(f"triton backend unavailable: {backends.load_error('triton')}")
     seen = []
     monkeypatch.setattr(triton_backend, "launch", lambda args, config: seen.append(config))
-    monkeypatch.setattr(aiter.dispatch, "choose", lambda problem: Choice("triton", {"num_warps": 4}, "test", "test"))
+    monkeypatch.setattr(aiter.dispatch, "choose",
+                        lambda problem, target=None: Choice("triton", {"num_warps": 4}, "test", "test"))
     inp = _inputs("cpu", torch.float8_e4m3fn, next_n=2)
     aiter.deepgemm_fp8_paged_mqa_logits(inp["q_fp8"], inp["kv_cache"], inp["weights"], inp["out_logits"],
                                         inp["context_lens"], inp["kv_indices"], 768, True, 64, ChunkK=128,

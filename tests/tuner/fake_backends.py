@@ -31,7 +31,10 @@ class MisbehavingBackend:
         self.modes = modes
 
     def unsupported(self, problem):
-        return None if problem.device_type == "cpu" else "test backend: CPU only"
+        return None
+
+    def unavailable(self, target):
+        return None if target.device_type == "cpu" else "test backend: CPU only"
 
     def candidates(self, problem):
         return [{"mode": m} for m in self.modes]

@@ -59,7 +59,7 @@ def test_tune_resume_merge_and_dispatch(tmp_path, registry, monkeypatch):
     args = (inp["q_fp8"], inp["kv_cache"], inp["weights"], inp["out_logits"], inp["context_lens"], inp["kv_indices"],
             inp["max_model_len"], True, 16)
     paged_mqa_logits(*args, context_hint=64)
-    choice = next(c for p, c in dispatch.decisions().items() if p.batch == 2)
+    choice = next(c for (p, _target), c in dispatch.decisions().items() if p.batch == 2)
     assert choice.source.startswith(out + ":") and choice.rule == "exact row"
 
     # resume: nothing left to do, no worker started, the file untouched

@@ -119,7 +119,7 @@ def test_written_table_parses_and_serves_lookups(tmp_path):
     os.environ[table.ENV_CONFIGS] = path
     try:
         table.reset()
-        problem = Problem("sm_90", 132, 4, 2, 32, 128, 16, False, None, True, "fn", "cuda", 256)
+        problem = Problem("sm_90", 132, 4, 2, 32, 128, 16, False, None, True, "fn", 256)
         match = table.lookup(problem)
         assert match.row.context is None and match.rule.startswith("exact row")
         from dataclasses import replace

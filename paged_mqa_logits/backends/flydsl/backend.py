@@ -4,10 +4,10 @@ Importing this module never imports flydsl (nor does anything else in the packag
 time): the kernel modules are imported on the first launch or compile.
 
 Safety rule: launching a FlyDSL kernel without ``COMPILE_ONLY`` on a machine without a ROCm
-runtime aborts the whole process (it is not an exception). So :meth:`unsupported` refuses unless
-a ROCm GPU of the problem's arch is really present (``torch.version.hip``, a visible device,
+runtime aborts the whole process (it is not an exception). So :meth:`unavailable` refuses a
+target unless a ROCm GPU of its arch is really present (``torch.version.hip``, a visible device,
 its ``gcnArchName`` -- never the ``PAGED_MQA_LOGITS_ARCH`` override), and :meth:`launch`
-re-checks before touching flydsl.
+re-checks for the tensors it is given before touching flydsl.
 
 Knobs (CSV columns): ``ChunkK`` (tokens per LDS stage: 64 or 128), ``WavePerEU`` (the occupancy
 target; the kernel runs one wave per SIMD, so this is also workgroups per CU), ``Schedule``
@@ -28,7 +28,7 @@ import importlib
 import torch
 
 from ...arch import native_fp8
-from ...problem import LaunchArgs, Problem
+from ...problem import LaunchArgs, Problem, Target
 from ...schedule import BALANCED, SCHEDULES, derive_split_kv, persistent_programs
 from ..base import MAX_SPLIT_KV, check_knob_space
 from . import build
@@ -65,8 +65,7 @@ class FlyDSLBackend:
             return f"flydsl runs on {', '.join(ARCHS)}, not {problem.arch}"
         problems = [problem] if problem is not None else [
             Problem(arch=a, cu_num=0, batch=1, next_n=1, heads=64, head_dim=128, kv_block_size=64, preshuffle=False,
-                    context=None, lens_2d=True, fp8=native_fp8(a), device_type="cuda", max_model_len=131072,
-                    hypothetical=True) for a in ARCHS]
+                    context=None, lens_2d=True, fp8=native_fp8(a), max_model_len=131072) for a in ARCHS]
         errors = []
         for p in problems:
             plan = self.plan(p, config)
@@ -87,16 +86,14 @@ class FlyDSLBackend:
                     f"e4m3{problem.fp8}")
         if problem.head_dim != 128:
             return f"head_dim must be 128, got {problem.head_dim}"
-        shape_error = self.plan(problem, {}).problem_error()
-        if shape_error:
-            return shape_error
-        if problem.hypothetical:  # explain / compile --only-table: arch and shapes only
-            return None
+        return self.plan(problem, {}).problem_error()
+
+    def unavailable(self, target: Target) -> str | None:
         if not flydsl_installed():
             return NOT_INSTALLED
-        if problem.device_type != "cuda":
-            return f"no ROCm runtime: the tensors are on {problem.device_type}"
-        return rocm_runtime_problem(problem.arch)
+        if target.device_type != "cuda":
+            return f"no ROCm runtime: the tensors are on {target.device_type}"
+        return rocm_runtime_problem(target.arch)
 
     def plan(self, problem: Problem, config: dict) -> KernelPlan:
         knobs = {**self.default_config(problem), **{k: v for k, v in config.items() if v is not None}}
@@ -155,7 +152,7 @@ class FlyDSLBackend:
     # ------------------------------------------------------------------ launch
     def launch(self, args: LaunchArgs, config: dict) -> None:
         problem = args.problem
-        reason = self.unsupported(problem) if not problem.hypothetical else "a hypothetical problem cannot launch"
+        reason = self.unsupported(problem) or self.unavailable(args.target)
         if reason is not None:  # never start a FlyDSL launch that could abort the process
             raise RuntimeError(f"flydsl backend cannot launch: {reason}")
         plan = self.plan(problem, config)

@@ -42,8 +42,7 @@ MAX_WORKERS = 4
 
 # ============================================================================ what to compile
 def _problem(arch: str, heads: int, next_n: int, kv_block_size: int, preshuffle: bool, lens_2d: bool):
-    return Problem(arch, 0, 1, next_n, heads, 128, kv_block_size, preshuffle, None, lens_2d, native_fp8(arch), "cuda", 8192,
-                   hypothetical=True)
+    return Problem(arch, 0, 1, next_n, heads, 128, kv_block_size, preshuffle, None, lens_2d, native_fp8(arch), 8192)
 
 
 def knob_space(backend, arch: str) -> list[KernelPlan]:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import importlib
 
-from ...problem import LaunchArgs, Problem
+from ...problem import LaunchArgs, Problem, Target
 from ..base import CompileSpec
 from .variant import GluonVariant
 
@@ -76,13 +76,18 @@ class GluonBackend:
         return [v for v in _VARIANTS if v.unsupported(problem) is None]
 
     def unsupported(self, problem: Problem) -> str | None:
-        if problem.device_type == "cpu" and not problem.hypothetical:
+        if problem.arch == "cpu":  # what CPU tensors run as (arch.detect)
             return "gluon kernels run on GPU tensors only, got CPU tensors"
         if self._serving(problem):
             return None
         reasons = [f"{v.name}: {v.unsupported(problem)}" for v in _VARIANTS]
         reasons += [f"{name}: not importable ({err})" for name, err in _IMPORT_ERRORS.items()]
         return "no gluon variant serves this problem (" + "; ".join(reasons) + ")"
+
+    def unavailable(self, target: Target) -> str | None:
+        if target.device_type != "cuda":  # ROCm tensors are "cuda" tensors too
+            return f"gluon kernels run on GPU tensors only, got {target.device_type} tensors"
+        return None
 
     def candidates(self, problem: Problem) -> list[dict]:
         """The serving variants' candidates, less those of a variant that declares itself

@@ -6,7 +6,7 @@ the kernel modules).
 * the runtime arguments of a launch (:func:`kernel_arguments`: every Gluon kernel takes the
   same ones, in the same order) and their compile-time stand-ins (:func:`typical_arguments`,
   of ``triton_internals.specialise.StandIn``);
-* compile configs: the hypothetical problem a config describes, spec names, the
+* compile configs: the problem a config describes, spec names, the
   representative problem set the compile matrices cover.
 """
 
@@ -48,8 +48,6 @@ def shape_reason(problem, archs: tuple[str, ...], fp8_by_arch: dict[str, str]) -
     """Why the register-MMA kernel cannot serve ``problem`` on these archs (``None``: it can)."""
     if problem.arch not in archs:
         return f"arch {problem.arch} is not one of {', '.join(archs)}"
-    if problem.device_type != "cuda" and not problem.hypothetical:
-        return f"gluon kernels run on GPU tensors, got device type {problem.device_type!r}"
     if problem.fp8 != fp8_by_arch[problem.arch]:
         return f"{problem.arch} computes in fp8 e4m3{fp8_by_arch[problem.arch]}, got e4m3{problem.fp8}"
     if problem.head_dim != 128:
@@ -106,14 +104,14 @@ PROBLEM_FIELDS = ("heads", "next_n", "kv_block_size", "preshuffle", "lens_2d")
 
 
 def problem_for(arch: str, fp8: str, fields: dict):
-    """A hypothetical :class:`Problem` for compiling: ``fields`` (see :data:`PROBLEM_FIELDS`) over
+    """The :class:`Problem` a compile config describes: ``fields`` (see :data:`PROBLEM_FIELDS`) over
     typical values (64 heads, next_n 1, 64-token blocks, 2-D lengths, 128k positions)."""
     return Problem(
         arch=arch, cu_num=int(fields.get("cu_num") or 0), batch=int(fields.get("batch") or 64),
         next_n=int(fields.get("next_n", 1)), heads=int(fields.get("heads", 64)), head_dim=128,
         kv_block_size=int(fields.get("kv_block_size", 64)), preshuffle=bool(fields.get("preshuffle", False)),
-        context=fields.get("context"), lens_2d=bool(fields.get("lens_2d", True)), fp8=fp8, device_type="cuda",
-        max_model_len=int(fields.get("max_model_len") or 131072), hypothetical=True,
+        context=fields.get("context"), lens_2d=bool(fields.get("lens_2d", True)), fp8=fp8,
+        max_model_len=int(fields.get("max_model_len") or 131072),
     )
 
 

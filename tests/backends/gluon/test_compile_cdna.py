@@ -210,8 +210,8 @@ def test_unsupported_reasons():
     assert "e4m3fn" in MFMA.unsupported(common.problem_for("gfx950", "fnuz", {}))
     assert "power of two" in MFMA.unsupported(dataclasses.replace(p, heads=48))
     assert "sm_90" in MFMA.unsupported(common.problem_for("sm_90", "fn", {}))
-    cpu = dataclasses.replace(p, device_type="cpu", hypothetical=False)
-    assert "GPU" in BACKEND.unsupported(cpu) and "GPU" in MFMA.unsupported(cpu)
+    cpu = common.problem_for("cpu", "fnuz", {})
+    assert "GPU" in BACKEND.unsupported(cpu) and "gfx942" in MFMA.unsupported(cpu)
 
 
 def test_split_rule_uses_wave_per_eu_and_row_groups():
@@ -230,7 +230,7 @@ def test_launch_path_binds_specialises_and_compiles(arch):
     inputs = make_inputs(3, 2, 64, [100, 0, 37], kv_block_size=16, preshuffle=True, fp8_dtype=fp8, seed=1)
     args = build_launch_args(inputs["q_fp8"], inputs["kv_cache"], inputs["weights"], inputs["out_logits"],
                              inputs["context_lens"], inputs["kv_indices"], inputs["max_model_len"], True, 16)
-    args.problem = dataclasses.replace(args.problem, arch=arch, cu_num=304, device_type="cuda")
+    args.problem = dataclasses.replace(args.problem, arch=arch, cu_num=304)
     config = {"variant": "mfma", "ChunkK": 64, "WavePerEU": 2, "SplitKV": 3, "ReuseKV": 0, "Schedule": "split"}
     kernel = register_mma_logits_kernel
     with simulated_device(GPUTarget("hip", arch, 64), [kernel]) as launches:
@@ -259,7 +259,7 @@ def test_balanced_launch_is_one_persistent_wave_per_row_group(arch):
             inputs = make_inputs(batch, 2, 64, lens, kv_block_size=16, fp8_dtype=fp8, seed=1)
             args = build_launch_args(inputs["q_fp8"], inputs["kv_cache"], inputs["weights"], inputs["out_logits"],
                                      inputs["context_lens"], inputs["kv_indices"], inputs["max_model_len"], False, 16)
-            args.problem = dataclasses.replace(args.problem, arch=arch, cu_num=304, device_type="cuda")
+            args.problem = dataclasses.replace(args.problem, arch=arch, cu_num=304)
             BACKEND.launch(args, config)
         kernels = compiled_kernels(kernel)
     assert [launch.grid for launch in launches] == [(304 * 2 * 2, 1, 1)] * 2  # CUs x WavePerEU x row groups
@@ -383,7 +383,7 @@ def test_key_load_picks_the_kernel_with_the_key_atoms(arch):
     inputs = make_inputs(2, 1, 64, [300, 45], kv_block_size=64, fp8_dtype=fp8, seed=3)
     args = build_launch_args(inputs["q_fp8"], inputs["kv_cache"], inputs["weights"], inputs["out_logits"],
                              inputs["context_lens"], inputs["kv_indices"], inputs["max_model_len"], False, 64)
-    args.problem = dataclasses.replace(args.problem, arch=arch, cu_num=304, device_type="cuda")
+    args.problem = dataclasses.replace(args.problem, arch=arch, cu_num=304)
     config = {"variant": "mfma", "ChunkK": 64, "WavePerEU": 2, "SplitKV": 2, "ReuseKV": 0, "QInLDS": 0,
               "Schedule": "split", "KeyLoad": "lds"}
     kernels = [register_mma_logits_kernel, register_mma_logits_kernel_key_layout]

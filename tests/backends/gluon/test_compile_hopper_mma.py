@@ -136,7 +136,7 @@ def test_launch_path_binds_specialises_and_compiles(lens_2d):
                          out_row_pad=2, table_row_pad=3)
     args = build_launch_args(inputs["q_fp8"], inputs["kv_cache"], inputs["weights"], inputs["out_logits"],
                              inputs["context_lens"], inputs["kv_indices"], inputs["max_model_len"], False, 32)
-    args.problem = dataclasses.replace(args.problem, arch=ARCH, cu_num=132, device_type="cuda")
+    args.problem = dataclasses.replace(args.problem, arch=ARCH, cu_num=132)
     config = {"variant": "mma_v2", "ChunkK": 64, "num_warps": 4, "SplitKV": 2, "ReuseKV": 1}
     kernel = register_mma_logits_kernel
     with simulated_device(GPUTarget("cuda", 90, 32), [kernel]) as launches:

@@ -24,7 +24,7 @@ def problem(heads=64, next_n=1, kv_block_size=64, preshuffle=False, lens_2d=True
             **overrides) -> Problem:
     fields = dict(arch=ARCH, cu_num=132, batch=batch, next_n=next_n, heads=heads, head_dim=128,
                   kv_block_size=kv_block_size, preshuffle=preshuffle, context=context, lens_2d=lens_2d, fp8="fn",
-                  device_type="cuda", max_model_len=context)
+                  max_model_len=context)
     fields.update(overrides)
     return Problem(**fields)
 
@@ -79,10 +79,8 @@ def test_unsupported_says_why():
     assert WG.unsupported(problem(next_n=8, kv_block_size=1)) is None
     assert "gfx950" in WG.unsupported(problem(arch="gfx950"))
     assert "e4m3fnuz" in WG.unsupported(problem(fp8="fnuz"))
-    assert "device type" in WG.unsupported(problem(device_type="cpu"))
     assert "power of two" in WG.unsupported(problem(heads=48))
     assert "head_dim" in WG.unsupported(problem(head_dim=64))
-    assert WG.unsupported(problem(device_type="cpu", hypothetical=True)) is None
 
 
 @pytest.mark.parametrize("heads", (16, 32, 64, 128))

@@ -21,7 +21,7 @@ ARCH = "sm_90"
 def problem(heads=64, next_n=1, kv_block_size=64, preshuffle=False, lens_2d=True, batch=64, **overrides) -> Problem:
     fields = dict(arch=ARCH, cu_num=132, batch=batch, next_n=next_n, heads=heads, head_dim=128,
                   kv_block_size=kv_block_size, preshuffle=preshuffle, context=8192, lens_2d=lens_2d, fp8="fn",
-                  device_type="cuda", max_model_len=8192)
+                  max_model_len=8192)
     fields.update(overrides)
     return Problem(**fields)
 
