@@ -71,14 +71,20 @@ def _kernels(arch: str) -> list[tuple[str, dict]]:
                 # keys by TMA, one box per cache block (two per 128-token tile)
                 ("gluon", {"variant": "wgmma_ws", "KeyCopy": "tma"}),
                 ("gluon", {"variant": "wgmma_ws", "ChunkK": 128, "RowsPerMMA": 1, "num_stages": 4, "CtasPerSM": 1,
-                           "Consumers": 2, "KeyCopy": "tma"})]
+                           "Consumers": 2, "KeyCopy": "tma"}),
+                # two consumers per tile, each scoring one of its row groups
+                ("gluon", {"variant": "wgmma_ws", "ChunkK": 64, "RowsPerMMA": 1, "num_stages": 8, "CtasPerSM": 1,
+                           "Consumers": 4, "RowSplit": 2}),
+                ("gluon", {"variant": "wgmma_ws", "ChunkK": 64, "RowsPerMMA": 1, "num_stages": 4, "CtasPerSM": 2,
+                           "Consumers": 2, "RowSplit": 2, "KeyCopy": "tma"})]
     elif arch in ("gfx942", "gfx950"):
         out += [("gluon", {"variant": "mfma", "Schedule": "balanced"})]
     return out
 
 
 KERNEL_IDS = ["triton", "wgmma64", "wgmma128", "mma_v2", "wgmma_ws64", "wgmma_ws128", "wgmma_ws_2consumers",
-              "wgmma_ws_3consumers", "wgmma_ws_tma64", "wgmma_ws_tma128_2consumers"]
+              "wgmma_ws_3consumers", "wgmma_ws_tma64", "wgmma_ws_tma128_2consumers", "wgmma_ws_4consumers_rowsplit",
+              "wgmma_ws_tma_2x2consumers_rowsplit"]
 
 
 def _kernel(index: int):
@@ -110,6 +116,8 @@ def _run(inp: dict, backend: str, config: dict):
         if variant.unsupported(args.problem) is not None:
             _skip(f"{variant.name}: {variant.unsupported(args.problem)}")
         knobs = {**variant.default_config(args.problem), **knobs}
+        if variant.check_config(knobs, args.problem) is not None and knobs.get("RowSplit", 1) > 1:
+            _skip(f"{variant.name}: {variant.check_config(knobs, args.problem)}")
         if knobs.get("Consumers", 1) > 1 and not variant.admits(args.problem, knobs):
             _skip(f"{variant.name}: {knobs} do not fit {args.problem.describe()}")
     before = inp["out_logits"].clone()

@@ -24,12 +24,17 @@ tensor cores, and the overlap comes only from other programs on the SM. Here:
   block stride are 16-byte aligned and whose keys are not preshuffled (any other call of the
   config gathers). The scales still arrive by cp.async; the full barrier counts the producer
   threads' arrivals plus the TMA byte count's;
-* ``Consumers`` 2 or 3: that many consumer warpgroups take the program's tiles in turn
+* ``Consumers`` 2 to 4: that many consumer warpgroups take the program's tiles in turn
   (tile ``k`` goes to consumer ``k % Consumers``), each with its own copy of Q, the weights
   and the row limits, all fed by the one producer. The register file then holds one producer
   per program instead of one per consumer: three consumers in one program get 152 registers
   each, three single-consumer programs 104, which is what the 128-column row groups of
-  64 heads x next_n 2 need to overlap three epilogues without spilling.
+  64 heads x next_n 2 need to overlap three epilogues without spilling;
+* ``RowSplit=2``: the consumers work in teams of two on each tile (tile ``k`` goes to team
+  ``k % (Consumers / 2)``), each scoring every other row group of it, so that a consumer
+  holds half the accumulators: 64 heads x next_n 4 runs as four consumers of 104 registers
+  per SM, each with one 128-column group, as DeepGEMM splits those rows over a CTA pair.
+  The slot is freed when both consumers of the team have arrived on its *empty* barrier.
 
 Only the balanced schedule (``schedule.py``): the producer and the consumers walk the same
 share, computed once before the partitions fork. Register split: ``maxnreg`` is set so that
@@ -39,7 +44,7 @@ Triton).
 
 Semantics and the row-group and tile-halving epilogues are ``hopper_wgmma``'s; see its
 docstring. This module is the device side; the knobs (``hopper_wgmma_host``'s ``ChunkK``,
-``RowsPerMMA``, ``num_stages``, ``CtasPerSM``; plus ``Consumers`` and ``KeyCopy``), the register
+``RowsPerMMA``, ``num_stages``, ``CtasPerSM``; plus ``Consumers``, ``RowSplit`` and ``KeyCopy``), the register
 split, the resource rules, the TMA key descriptor and the launch plan are the host side,
 ``hopper_wgmma_ws_host.py``.
 """
@@ -155,9 +160,14 @@ def _consumer(q_ptr, weights_ptr, out_ptr, lens_ptr, key_ring, scale_ring, q_sme
               max_model_len, max_blocks,
               NEXT_N: gl.constexpr, NEXT_N_POW2: gl.constexpr, HEADS: gl.constexpr, KV_BLOCK: gl.constexpr,
               CHUNK: gl.constexpr, ROWS_PER_MMA: gl.constexpr, STAGES: gl.constexpr, LENS_2D: gl.constexpr,
-              Q_ASYNC: gl.constexpr, ROLE: gl.constexpr, CONSUMERS: gl.constexpr):
-    """Score the program's tiles ``k`` with ``k % CONSUMERS == ROLE`` (ring slot ``k % STAGES``)
-    against their sequences' rows, with this consumer's own copy of Q, weights and limits."""
+              Q_ASYNC: gl.constexpr, ROLE: gl.constexpr, CONSUMERS: gl.constexpr, ROW_SPLIT: gl.constexpr):
+    """Score the program's tiles ``k`` with ``k % TEAMS == ROLE // ROW_SPLIT`` (ring slot
+    ``k % STAGES``) against their sequences' rows, with this consumer's own copy of Q, weights
+    and limits: every row group when ``ROW_SPLIT`` is 1, else the groups ``g`` with
+    ``g % ROW_SPLIT == ROLE % ROW_SPLIT``, the team's other consumers scoring the rest."""
+    TEAMS: gl.constexpr = CONSUMERS // ROW_SPLIT
+    TEAM: gl.constexpr = ROLE // ROW_SPLIT
+    PART: gl.constexpr = ROLE % ROW_SPLIT
     q_mine = q_smem.index(ROLE)
     weight_mine = weight_smem.index(ROLE)
     limit_mine = limit_smem.index(ROLE)
@@ -166,18 +176,23 @@ def _consumer(q_ptr, weights_ptr, out_ptr, lens_ptr, key_ring, scale_ring, q_sme
         seq_len = device.sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
         end = device.visible_end(seq_len, max_model_len, max_blocks, KV_BLOCK)
         count = gl.minimum(gl.cdiv(end, CHUNK) - tile, stop - item)
-        first = (ROLE - k % CONSUMERS + CONSUMERS) % CONSUMERS  # this consumer's first tile here
+        first = (TEAM - k % TEAMS + TEAMS) % TEAMS  # this consumer's first tile here
         if count > first:  # sequences with no tile of this consumer's (or none at all) are skipped
             _load_sequence_operands(q_ptr, weights_ptr, lens_ptr, q_mine, weight_mine, limit_mine, b, seq_len, end,
                                     stride_q_b, stride_q_j, stride_q_h, stride_w, stride_lens_b, stride_lens_j,
                                     NEXT_N, NEXT_N_POW2, HEADS, LENS_2D, Q_ASYNC)
             weight_regs = base._single_group_weights(weight_mine, NEXT_N, HEADS, ROWS_PER_MMA)
-            for i in range(first, count, CONSUMERS):
+            for i in range(first, count, TEAMS):
                 slot = (k + i) % STAGES
                 mbarrier.wait(full_bars.index(slot), ((k + i) // STAGES) & 1)
                 fence_async_shared()  # the producer's cp.async bytes, seen by wgmma's async proxy
-                base._score_tile(key_ring.index(slot), q_mine, scale_ring.index(slot), weight_regs, weight_mine,
-                                 limit_mine, out_ptr, b, tile + i, stride_out, NEXT_N, HEADS, CHUNK, ROWS_PER_MMA)
+                if ROW_SPLIT == 1:
+                    base._score_tile(key_ring.index(slot), q_mine, scale_ring.index(slot), weight_regs, weight_mine,
+                                     limit_mine, out_ptr, b, tile + i, stride_out, NEXT_N, HEADS, CHUNK, ROWS_PER_MMA)
+                else:
+                    base._score_tile_groups(key_ring.index(slot), q_mine, scale_ring.index(slot), weight_mine,
+                                            limit_mine, out_ptr, b, tile + i, stride_out, NEXT_N, HEADS, CHUNK,
+                                            ROWS_PER_MMA, PART, ROW_SPLIT)
                 thread_barrier()  # every warp's wgmma and scale reads of the slot are done ...
                 mbarrier.arrive(empty_bars.index(slot), count=1)  # ... before one thread frees it
         k += count
@@ -199,6 +214,7 @@ def wgmma_ws_logits_kernel(
     CHUNK: gl.constexpr, ROWS_PER_MMA: gl.constexpr, STAGES: gl.constexpr,
     PRESHUFFLE: gl.constexpr, LENS_2D: gl.constexpr, KV_ALIGN: gl.constexpr, Q_ASYNC: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr, KEY_BOX: gl.constexpr,
+    ROW_SPLIT: gl.constexpr,
 ):
     """Program ``p`` of the persistent grid scores its equal share of the batch's tiles
     (``schedule.py``): a producer warpgroup streams the tiles through the ring, the consumer
@@ -215,7 +231,7 @@ def wgmma_ws_logits_kernel(
     for s in gl.static_range(STAGES):
         # one noinc arrive per producer thread, and the TMA byte count's arrive
         mbarrier.init(full_bars.index(s), count=_PRODUCER_THREADS + (KEY_BOX > 0))
-        mbarrier.init(empty_bars.index(s), count=1)  # one arrive by the consumer
+        mbarrier.init(empty_bars.index(s), count=ROW_SPLIT)  # one arrive by each consumer of the tile
 
     item, stop, b, tile = device.balanced_share(
         lens_ptr, batch, stride_lens_b, stride_lens_j, max_model_len, max_blocks, gl.program_id(0),
@@ -229,7 +245,7 @@ def wgmma_ws_logits_kernel(
                      full_bars, empty_bars, item, stop, b, tile,
                      stride_q_b, stride_q_j, stride_q_h, stride_w, stride_out, stride_lens_b, stride_lens_j,
                      max_model_len, max_blocks, NEXT_N, NEXT_N_POW2, HEADS, KV_BLOCK, CHUNK, ROWS_PER_MMA, STAGES,
-                     LENS_2D, Q_ASYNC, 0, 1)),
+                     LENS_2D, Q_ASYNC, 0, 1, ROW_SPLIT)),
         (_producer, (kv_ptr, scale_ptr, lens_ptr, table_ptr, key_desc, key_ring, scale_ring, full_bars, empty_bars,
                      item, stop, b, tile, stride_block, stride_lens_b, stride_lens_j, stride_table,
                      max_model_len, max_blocks, num_blocks,
@@ -241,36 +257,64 @@ def wgmma_ws_logits_kernel(
                      full_bars, empty_bars, item, stop, b, tile,
                      stride_q_b, stride_q_j, stride_q_h, stride_w, stride_out, stride_lens_b, stride_lens_j,
                      max_model_len, max_blocks, NEXT_N, NEXT_N_POW2, HEADS, KV_BLOCK, CHUNK, ROWS_PER_MMA, STAGES,
-                     LENS_2D, Q_ASYNC, 0, 2)),
+                     LENS_2D, Q_ASYNC, 0, 2, ROW_SPLIT)),
         (_consumer, (q_ptr, weights_ptr, out_ptr, lens_ptr, key_ring, scale_ring, q_smem, weight_smem, limit_smem,
                      full_bars, empty_bars, item, stop, b, tile,
                      stride_q_b, stride_q_j, stride_q_h, stride_w, stride_out, stride_lens_b, stride_lens_j,
                      max_model_len, max_blocks, NEXT_N, NEXT_N_POW2, HEADS, KV_BLOCK, CHUNK, ROWS_PER_MMA, STAGES,
-                     LENS_2D, Q_ASYNC, 1, 2)),
+                     LENS_2D, Q_ASYNC, 1, 2, ROW_SPLIT)),
         (_producer, (kv_ptr, scale_ptr, lens_ptr, table_ptr, key_desc, key_ring, scale_ring, full_bars, empty_bars,
                      item, stop, b, tile, stride_block, stride_lens_b, stride_lens_j, stride_table,
                      max_model_len, max_blocks, num_blocks,
                      NEXT_N, KV_BLOCK, CHUNK, STAGES, PRESHUFFLE, LENS_2D, KV_ALIGN, KEY_BOX)),
         ], [_CONSUMER_WARPS, _PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
+    elif CONSUMERS == 3:
+        gl.warp_specialize([
+        (_consumer, (q_ptr, weights_ptr, out_ptr, lens_ptr, key_ring, scale_ring, q_smem, weight_smem, limit_smem,
+                     full_bars, empty_bars, item, stop, b, tile,
+                     stride_q_b, stride_q_j, stride_q_h, stride_w, stride_out, stride_lens_b, stride_lens_j,
+                     max_model_len, max_blocks, NEXT_N, NEXT_N_POW2, HEADS, KV_BLOCK, CHUNK, ROWS_PER_MMA, STAGES,
+                     LENS_2D, Q_ASYNC, 0, 3, ROW_SPLIT)),
+        (_consumer, (q_ptr, weights_ptr, out_ptr, lens_ptr, key_ring, scale_ring, q_smem, weight_smem, limit_smem,
+                     full_bars, empty_bars, item, stop, b, tile,
+                     stride_q_b, stride_q_j, stride_q_h, stride_w, stride_out, stride_lens_b, stride_lens_j,
+                     max_model_len, max_blocks, NEXT_N, NEXT_N_POW2, HEADS, KV_BLOCK, CHUNK, ROWS_PER_MMA, STAGES,
+                     LENS_2D, Q_ASYNC, 1, 3, ROW_SPLIT)),
+        (_consumer, (q_ptr, weights_ptr, out_ptr, lens_ptr, key_ring, scale_ring, q_smem, weight_smem, limit_smem,
+                     full_bars, empty_bars, item, stop, b, tile,
+                     stride_q_b, stride_q_j, stride_q_h, stride_w, stride_out, stride_lens_b, stride_lens_j,
+                     max_model_len, max_blocks, NEXT_N, NEXT_N_POW2, HEADS, KV_BLOCK, CHUNK, ROWS_PER_MMA, STAGES,
+                     LENS_2D, Q_ASYNC, 2, 3, ROW_SPLIT)),
+        (_producer, (kv_ptr, scale_ptr, lens_ptr, table_ptr, key_desc, key_ring, scale_ring, full_bars, empty_bars,
+                     item, stop, b, tile, stride_block, stride_lens_b, stride_lens_j, stride_table,
+                     max_model_len, max_blocks, num_blocks,
+                     NEXT_N, KV_BLOCK, CHUNK, STAGES, PRESHUFFLE, LENS_2D, KV_ALIGN, KEY_BOX)),
+        ], [_CONSUMER_WARPS, _CONSUMER_WARPS, _PRODUCER_WARPS], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
         (_consumer, (q_ptr, weights_ptr, out_ptr, lens_ptr, key_ring, scale_ring, q_smem, weight_smem, limit_smem,
                      full_bars, empty_bars, item, stop, b, tile,
                      stride_q_b, stride_q_j, stride_q_h, stride_w, stride_out, stride_lens_b, stride_lens_j,
                      max_model_len, max_blocks, NEXT_N, NEXT_N_POW2, HEADS, KV_BLOCK, CHUNK, ROWS_PER_MMA, STAGES,
-                     LENS_2D, Q_ASYNC, 0, 3)),
+                     LENS_2D, Q_ASYNC, 0, 4, ROW_SPLIT)),
         (_consumer, (q_ptr, weights_ptr, out_ptr, lens_ptr, key_ring, scale_ring, q_smem, weight_smem, limit_smem,
                      full_bars, empty_bars, item, stop, b, tile,
                      stride_q_b, stride_q_j, stride_q_h, stride_w, stride_out, stride_lens_b, stride_lens_j,
                      max_model_len, max_blocks, NEXT_N, NEXT_N_POW2, HEADS, KV_BLOCK, CHUNK, ROWS_PER_MMA, STAGES,
-                     LENS_2D, Q_ASYNC, 1, 3)),
+                     LENS_2D, Q_ASYNC, 1, 4, ROW_SPLIT)),
         (_consumer, (q_ptr, weights_ptr, out_ptr, lens_ptr, key_ring, scale_ring, q_smem, weight_smem, limit_smem,
                      full_bars, empty_bars, item, stop, b, tile,
                      stride_q_b, stride_q_j, stride_q_h, stride_w, stride_out, stride_lens_b, stride_lens_j,
                      max_model_len, max_blocks, NEXT_N, NEXT_N_POW2, HEADS, KV_BLOCK, CHUNK, ROWS_PER_MMA, STAGES,
-                     LENS_2D, Q_ASYNC, 2, 3)),
+                     LENS_2D, Q_ASYNC, 2, 4, ROW_SPLIT)),
+        (_consumer, (q_ptr, weights_ptr, out_ptr, lens_ptr, key_ring, scale_ring, q_smem, weight_smem, limit_smem,
+                     full_bars, empty_bars, item, stop, b, tile,
+                     stride_q_b, stride_q_j, stride_q_h, stride_w, stride_out, stride_lens_b, stride_lens_j,
+                     max_model_len, max_blocks, NEXT_N, NEXT_N_POW2, HEADS, KV_BLOCK, CHUNK, ROWS_PER_MMA, STAGES,
+                     LENS_2D, Q_ASYNC, 3, 4, ROW_SPLIT)),
         (_producer, (kv_ptr, scale_ptr, lens_ptr, table_ptr, key_desc, key_ring, scale_ring, full_bars, empty_bars,
                      item, stop, b, tile, stride_block, stride_lens_b, stride_lens_j, stride_table,
                      max_model_len, max_blocks, num_blocks,
                      NEXT_N, KV_BLOCK, CHUNK, STAGES, PRESHUFFLE, LENS_2D, KV_ALIGN, KEY_BOX)),
-        ], [_CONSUMER_WARPS, _CONSUMER_WARPS, _PRODUCER_WARPS], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
+        ], [_CONSUMER_WARPS, _CONSUMER_WARPS, _CONSUMER_WARPS, _PRODUCER_WARPS],
+           [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])

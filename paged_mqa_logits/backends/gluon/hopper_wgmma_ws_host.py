@@ -4,9 +4,10 @@ resource rules, the TMA key box and descriptor, the knobs and candidates and the
 
 Knobs: ``hopper_wgmma_host``'s ``ChunkK`` (64/128), ``RowsPerMMA``, ``num_stages`` and
 ``CtasPerSM`` (1-3: the register split and shared memory are sized for exactly that many), less
-``SplitKV`` (the balanced schedule only); plus ``Consumers`` (1-3 consumer warpgroups per
-program) and ``KeyCopy`` (``gather``: cp.async; ``tma``: one TMA box per cache block where the
-call's cache allows it, see :func:`key_box`).
+``SplitKV`` (the balanced schedule only); plus ``Consumers`` (1-4 consumer warpgroups per
+program), ``RowSplit`` (1: a consumer scores whole tiles; 2: consumers pair up on each tile, each
+holding half its row groups, see :func:`fits`) and ``KeyCopy`` (``gather``: cp.async; ``tma``:
+one TMA box per cache block where the call's cache allows it, see :func:`key_box`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ from .variant import LaunchPlan
 
 #: producer registers per thread: tile addresses, the prefetched block ids, loop state
 PRODUCER_REGS = {64: 56, 128: 88}
+#: registers a ``RowSplit`` consumer needs beside its live accumulators (see :func:`fits`)
+SPLIT_CONSUMER_OVERHEAD = 40
+#: consumer counts whose ``KeyCopy=tma`` programs faulted on the H200 (docs/PERF_NOTES.md)
+TMA_REFUSED_CONSUMERS = (3,)
 
 
 def max_registers(ctas: int, consumers: int = 1) -> int:
@@ -49,18 +54,42 @@ def shared_bytes(problem: Problem, chunk: int, stages: int, consumers: int) -> i
     return ring + consumers * per_consumer + 2 * 8 * stages
 
 
-def fits(problem: Problem, chunk: int, rows: int, stages: int, ctas: int, consumers: int = 1) -> bool:
+def consumer_accumulators(problem: Problem, chunk: int, rows: int, split: int) -> int:
+    """fp32 accumulator registers per thread live at once in one consumer scoring every
+    ``split``-th row group (two consecutive of its groups while one is reduced and the next
+    computed, as :func:`hopper_wgmma_host.resources` counts them for all groups)."""
+    groups = row_groups(problem.next_n, min(rows, wg._pow2_floor(problem.next_n)))
+    most = 0
+    for part in range(split):
+        widths = [n * problem.heads * (chunk // 64) for _, n in groups[part::split]]
+        pairs = [a + b for a, b in zip(widths, widths[1:])] or widths
+        most = max(most, max(pairs) // 2)
+    return most
+
+
+def fits(problem: Problem, chunk: int, rows: int, stages: int, ctas: int, consumers: int = 1,
+         split: int = 1) -> bool:
     """The consumers' accumulators and epilogues fit their registers (``hopper_wgmma_host``'s
-    estimate; at most two row groups: with more, ptxas spills within a consumer's share; a
-    consumer under 128 registers holds 64-token tiles of at most 64 columns only, ptxas) and
-    ``ctas`` programs' shared memory fits an SM."""
+    estimate; at most two row groups per consumer: with more, ptxas spills within a consumer's
+    share) and ``ctas`` programs' shared memory fits an SM.
+
+    Under 128 registers a consumer scoring whole tiles holds 64-token tiles of at most 64
+    columns only; one of ``split`` > 1 consumers per tile, which holds only its own row groups,
+    needs :data:`SPLIT_CONSUMER_OVERHEAD` registers beside its accumulators (ptxas: 104 hold a
+    128-column group of a 64-token tile without spilling, 88 do not; 96 spill a 128-token tile's)."""
     r = wg.resources(problem, chunk, rows, stages)
     smem = shared_bytes(problem, chunk, stages, consumers)
     groups = row_groups(problem.next_n, min(rows, wg._pow2_floor(problem.next_n)))
+    mine = groups[::split]  # the first part's groups: the most of any part
     regs = consumer_registers(chunk, ctas, consumers)
-    if regs < 128 and (chunk != 64 or max(n for _, n in groups) * problem.heads > 64):
+    acc = consumer_accumulators(problem, chunk, rows, split)
+    if split > 1:
+        if acc + SPLIT_CONSUMER_OVERHEAD > regs:
+            return False
+    elif regs < 128 and (chunk != 64 or max(n for _, n in groups) * problem.heads > 64):
         return False
-    return (len(groups) <= 2 and r["acc_regs"] <= r["acc_budget"] and (regs < 128 or r["regs_estimate"] <= regs)
+    estimate = r["regs_estimate"] - r["acc_regs"] + acc
+    return (len(mine) <= 2 and acc <= r["acc_budget"] and (regs < 128 or estimate <= regs)
             and smem <= lds_limit("sm_90") and ctas * (smem + 1024) <= wg.SM_SHARED_BYTES)
 
 
@@ -89,12 +118,13 @@ MULTI_CONSUMER_STAGES = {64: 8, 128: 4}
 
 
 class WgmmaWsVariant(wg.WgmmaVariant):
-    """``wgmma``'s knobs less ``SplitKV`` (balanced only), 1-3 programs per SM, 1-3 consumer
-    warpgroups per program, keys by cp.async gather or TMA; its kernel."""
+    """``wgmma``'s knobs less ``SplitKV`` (balanced only), 1-3 programs per SM, 1-4 consumer
+    warpgroups per program, one or two of them per tile, keys by cp.async gather or TMA; its
+    kernel."""
 
     name = "wgmma_ws"
     knob_space = {"ChunkK": (64, 128), "RowsPerMMA": (1, 2, 4, 8), "num_stages": range(2, 9),
-                  "CtasPerSM": (1, 2, 3), "Consumers": (1, 2, 3), "KeyCopy": ("gather", "tma"),
+                  "CtasPerSM": (1, 2, 3), "Consumers": (1, 2, 3, 4), "RowSplit": (1, 2), "KeyCopy": ("gather", "tma"),
                   "num_warps": (NUM_WARPS,), "Schedule": (common.BALANCED,)}
     kernel = wgmma_ws_logits_kernel
 
@@ -106,19 +136,27 @@ class WgmmaWsVariant(wg.WgmmaVariant):
         self.require_in("CtasPerSM", ctas, self.knob_space["CtasPerSM"])
         consumers = int(config.get("Consumers") or 1)
         self.require_in("Consumers", consumers, self.knob_space["Consumers"])
+        split = int(config.get("RowSplit") or 1)
+        self.require_in("RowSplit", split, self.knob_space["RowSplit"])
+        self.require(consumers % split == 0, "RowSplit", split, f"a divisor of Consumers={consumers}")
+        groups = len(row_groups(problem.next_n, min(tile["RowsPerMMA"], wg._pow2_floor(problem.next_n))))
+        self.require(split <= groups, "RowSplit", split,
+                     f"at most the {groups} row group(s) of next_n={problem.next_n}, RowsPerMMA={tile['RowsPerMMA']}")
         key_copy = config.get("KeyCopy") or "gather"
         self.require_in("KeyCopy", key_copy, self.knob_space["KeyCopy"])
-        self.require(not (key_copy == "tma" and consumers == 3), "KeyCopy", key_copy,
-                     "gather with Consumers=3 (TMA with three consumers faulted on the H200, see docs/PERF_NOTES.md)")
+        self.require(not (key_copy == "tma" and consumers in TMA_REFUSED_CONSUMERS), "KeyCopy", key_copy,
+                     f"gather with Consumers={consumers} (TMA with {consumers} consumers faulted on the H200, "
+                     f"see docs/PERF_NOTES.md)")
         schedule = config.get("Schedule") or common.BALANCED
         self.require(schedule == common.BALANCED, "Schedule", schedule,
                      f"{common.BALANCED} (the warp-specialised kernel runs the balanced schedule only)")
-        return {**tile, "CtasPerSM": ctas, "Consumers": consumers, "KeyCopy": key_copy, "num_warps": NUM_WARPS,
-                "Schedule": schedule}
+        return {**tile, "CtasPerSM": ctas, "Consumers": consumers, "RowSplit": split, "KeyCopy": key_copy,
+                "num_warps": NUM_WARPS, "Schedule": schedule}
 
     def admits(self, problem: Problem, config: dict) -> bool:
         k = self.knobs(problem, config)
-        return fits(problem, k["ChunkK"], k["RowsPerMMA"], k["num_stages"], k["CtasPerSM"], k["Consumers"])
+        return fits(problem, k["ChunkK"], k["RowsPerMMA"], k["num_stages"], k["CtasPerSM"], k["Consumers"],
+                    k["RowSplit"])
 
     def shape_reason(self, problem: Problem) -> str | None:
         reason = super().shape_reason(problem)
@@ -128,9 +166,10 @@ class WgmmaWsVariant(wg.WgmmaVariant):
         return reason
 
     @staticmethod
-    def _setting(chunk: int, rows: int, stages: int, ctas: int, consumers: int = 1, key_copy: str = "gather") -> dict:
+    def _setting(chunk: int, rows: int, stages: int, ctas: int, consumers: int = 1, key_copy: str = "gather",
+                 split: int = 1) -> dict:
         return {"ChunkK": chunk, "RowsPerMMA": rows, "num_stages": stages, "CtasPerSM": ctas, "Consumers": consumers,
-                "KeyCopy": key_copy, "num_warps": NUM_WARPS, "Schedule": common.BALANCED}
+                "RowSplit": split, "KeyCopy": key_copy, "num_warps": NUM_WARPS, "Schedule": common.BALANCED}
 
     def candidate_groups(self, problem: Problem):
         """Per row grouping (the two widest that fit): ChunkK 64/128 x a shallow and a deep ring at
@@ -138,9 +177,12 @@ class WgmmaWsVariant(wg.WgmmaVariant):
         epilogue); three programs per SM where the consumer fits 104 registers; and one program
         per SM with two or three consumer warpgroups sharing its producer and ring, which leaves
         each consumer more registers than as many single-consumer programs would (152 against
-        104 for three). Where the cache allows TMA (see :func:`key_box`), each of one or two
-        consumers again with ``KeyCopy=tma``: one producer thread then moves a tile that the
-        gather spreads over a warpgroup, which is what lets one producer feed two consumers."""
+        104 for three). Where a tile has several row groups, ``RowSplit=2``: two consumers per
+        tile, each holding half the groups' accumulators, as two programs of two consumers or one
+        of four (four consumers per SM where whole-tile consumers fit two). Where the cache allows
+        TMA (see :func:`key_box`), each setting again with ``KeyCopy=tma`` (but for the consumer
+        counts in :data:`TMA_REFUSED_CONSUMERS`): one producer thread then moves a tile that the
+        gather spreads over a warpgroup, which is what lets one producer feed several consumers."""
         settings, groupings = [], 0
         for rows in wg._rows_options(problem):
             fitting = [(chunk, stages) for chunk in (64, 128) for stages in wg._stages_for(chunk)
@@ -149,6 +191,10 @@ class WgmmaWsVariant(wg.WgmmaVariant):
             settings += [self._setting(64, rows, stages, 3) for stages in wg._stages_for(64)]
             settings += [self._setting(chunk, rows, stages, 1, consumers) for consumers in (2, 3)
                          for chunk, stages in MULTI_CONSUMER_STAGES.items()]
+            if len(row_groups(problem.next_n, min(rows, wg._pow2_floor(problem.next_n)))) > 1:
+                settings += [s for s in (self._setting(64, rows, 4, 2, 2, split=2),
+                                         self._setting(64, rows, MULTI_CONSUMER_STAGES[64], 1, 4, split=2))
+                             if self.admits(problem, s)]
             groupings += bool(fitting)
             if groupings == 2:
                 break
@@ -156,17 +202,23 @@ class WgmmaWsVariant(wg.WgmmaVariant):
             yield [setting]
         if key_box(problem, "tma", 64, 16 if problem.kv_aligned16 else 4):
             for setting in settings:
-                if setting["Consumers"] < 3:
+                if setting["Consumers"] not in TMA_REFUSED_CONSUMERS:
                     yield [dict(setting, KeyCopy="tma")]
 
     def default_config(self, problem: Problem) -> dict:
-        """The widest row grouping that fits two programs per SM, 64-token tiles, the deep ring."""
+        """The widest row grouping that fits two programs per SM, 64-token tiles, the deep ring;
+        else (more row groups than whole-tile consumers hold) four consumers, two per tile."""
         for rows in wg._rows_options(problem):
             for chunk in (64, 128):
                 for stages in reversed(wg._stages_for(chunk)):
                     for ctas in (2, 1):
                         if fits(problem, chunk, rows, stages, ctas):
                             return {"variant": self.name, **self._setting(chunk, rows, stages, ctas)}
+        for rows in wg._rows_options(problem):
+            split = self._setting(64, rows, MULTI_CONSUMER_STAGES[64], 1, 4, split=2)
+            if len(row_groups(problem.next_n, min(rows, wg._pow2_floor(problem.next_n)))) > 1 \
+                    and self.admits(problem, split):
+                return {"variant": self.name, **split}
         raise ValueError(f"{self.owner}: no configuration fits {problem.describe()}")
 
     def constexprs(self, problem: Problem, config: dict) -> dict:
@@ -176,7 +228,8 @@ class WgmmaWsVariant(wg.WgmmaVariant):
                     ROWS_PER_MMA=min(k["RowsPerMMA"], wg._pow2_floor(problem.next_n)), STAGES=k["num_stages"],
                     PRESHUFFLE=problem.preshuffle, LENS_2D=problem.lens_2d, PRODUCER_REGS=PRODUCER_REGS[k["ChunkK"]],
                     CONSUMERS=k["Consumers"], CONSUMER_REGS=consumer_registers(k["ChunkK"], k["CtasPerSM"],
-                                                                               k["Consumers"]))
+                                                                               k["Consumers"]),
+                    ROW_SPLIT=k["RowSplit"])
 
     def options(self, problem: Problem, config: dict) -> dict:
         k = self.knobs(problem, config)

@@ -83,7 +83,8 @@ def compiled(tmp_path_factory):
 def test_matrix_covers_every_knob_value():
     configs = ci_matrix()
     assert {c["CtasPerSM"] for c in configs} == {1, 2, 3}
-    assert {c["Consumers"] for c in configs} == {1, 2, 3}
+    assert {c["Consumers"] for c in configs} == {1, 2, 3, 4}
+    assert {c["RowSplit"] for c in configs} == {1, 2}
     assert {c["KeyCopy"] for c in configs} == {"gather", "tma"}
     assert {c["ChunkK"] for c in configs} == {64, 128}
     assert {c["RowsPerMMA"] for c in configs} >= {1, 2, 4, 8}
@@ -103,10 +104,14 @@ def test_partitions_and_handover(compiled):
         ptx = open(record.isa).read()
         p = common.problem_for(ARCH, "fn", cfg)
         knobs = WS.knobs(p, cfg)
-        chunk, rows, ctas, consumers = (knobs[k] for k in ("ChunkK", "RowsPerMMA", "CtasPerSM", "Consumers"))
-        found = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k32\.f32\.e4m3\.e4m3", ptx))
+        chunk, rows, ctas, consumers, split = (knobs[k] for k in ("ChunkK", "RowsPerMMA", "CtasPerSM", "Consumers",
+                                                                  "RowSplit"))
+        wgmmas = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k32\.f32\.e4m3\.e4m3", ptx)
         groups = row_groups(cfg["next_n"], min(rows, wg._pow2_floor(cfg["next_n"])))
-        assert found == {str(n * cfg["heads"]) for _, n in groups}, record.name
+        assert set(wgmmas) == {str(n * cfg["heads"]) for _, n in groups}, record.name
+        # every row group of a tile is scored once per team of RowSplit consumers: a split
+        # consumer issues only its own groups' wgmmas (4 k-steps per 64 tokens each)
+        assert len(wgmmas) == consumers // split * len(groups) * chunk // 64 * 4, (record.name, len(wgmmas))
         assert f".maxnreg {ws.max_registers(ctas, consumers)}" in ptx, record.name
         regs = {int(r) for r in re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)}
         assert {ws.PRODUCER_REGS[chunk], ws.consumer_registers(chunk, ctas, consumers)} <= regs, (record.name, regs)
@@ -138,10 +143,10 @@ def test_keys_by_tma_where_the_cache_allows(compiled):
             assert len(boxes) == chunk // box, (record.name, len(boxes))
             assert re.search(rf"mbarrier\.arrive\.expect_tx\.shared(?:::cta)?\.b64 _, \[%r\d+\], {chunk * 128};", ptx), \
                 record.name
-            assert inits == {str(ws.PRODUCER_WARPS * 32 + 1), "1"}, (record.name, inits)
+            assert inits == {str(ws.PRODUCER_WARPS * 32 + 1), str(knobs["RowSplit"])}, (record.name, inits)
         else:
             assert not boxes and "expect_tx" not in ptx, record.name
-            assert inits == {str(ws.PRODUCER_WARPS * 32), "1"}, (record.name, inits)
+            assert inits == {str(ws.PRODUCER_WARPS * 32), str(knobs["RowSplit"])}, (record.name, inits)
     assert {(64, 1), (64, 2), (16, 4)} <= seen, seen
 
 

@@ -31,19 +31,42 @@ def test_balanced_only_and_knob_errors_say_why():
     assert WS.check_config(WS.default_config(p), p) is None
     assert "expected one of balanced" in WS.check_config(dict(WS.default_config(p), Schedule="split"), p)
     assert "CtasPerSM" in WS.check_config(dict(WS.default_config(p), CtasPerSM=4), p)
-    assert "Consumers" in WS.check_config(dict(WS.default_config(p), Consumers=4), p)
+    assert "Consumers" in WS.check_config(dict(WS.default_config(p), Consumers=5), p)
+    one_group = dict(WS.default_config(p), RowsPerMMA=2)
+    assert "a divisor of Consumers=3" in WS.check_config(dict(one_group, Consumers=3, RowSplit=2), p)
+    assert "at most the 1 row group(s)" in WS.check_config(dict(one_group, Consumers=2, RowSplit=2), p)
+    assert WS.check_config(dict(one_group, RowsPerMMA=1, Consumers=2, RowSplit=2), p) is None
+    assert "TMA with 3 consumers faulted" in WS.check_config(dict(one_group, Consumers=3, KeyCopy="tma"), p)
 
 
 def test_consumers_share_the_register_file_equally():
     """One program of ``Consumers`` consumer warpgroups and a producer fills the register file;
     each consumer gets more registers than as many single-consumer programs would."""
-    for consumers in (2, 3):
+    for consumers in (2, 3, 4):
         for chunk in (64, 128):
             pool = (consumers + 1) * ws.max_registers(1, consumers)
             per = ws.consumer_registers(chunk, 1, consumers)
             assert consumers * per + ws.PRODUCER_REGS[chunk] <= pool
             assert per > ws.consumer_registers(chunk, consumers, 1)
     assert ws.consumer_registers(64, 1, 3) == 152 and ws.consumer_registers(64, 3, 1) == 104
+    assert ws.consumer_registers(64, 1, 4) == 104 and ws.consumer_registers(64, 2, 2) == 88
+
+
+def test_row_split_consumers_hold_half_the_accumulators():
+    """With ``RowSplit=2`` each consumer holds only its own row groups: 64 heads x next_n 4 in
+    two 128-column groups fits four consumers of 104 registers per SM (whole-tile consumers
+    need both groups, 128 accumulator registers); 88 registers are too few for a 128-column
+    group (ptxas cannot allocate it), 64-column groups fit them."""
+    p4, p2 = problem(64, 4), problem(64, 2)
+    assert ws.consumer_accumulators(p4, 64, 2, 1) == 128 and ws.consumer_accumulators(p4, 64, 2, 2) == 64
+    assert ws.consumer_accumulators(p4, 64, 1, 2) == 64  # two 64-column groups each, pipelined
+    assert ws.fits(p4, 64, 2, 8, 1, 4, 2) and not ws.fits(p4, 64, 2, 8, 1, 4, 1)
+    assert not ws.fits(p4, 64, 2, 4, 2, 2, 2)
+    assert not ws.fits(p4, 128, 2, 4, 1, 4, 2)  # 96 registers, 128 accumulators per 128-token tile
+    assert ws.fits(p2, 64, 1, 4, 2, 2, 2)
+    splits = [c for c in WS.candidates(p4) if c["RowSplit"] == 2]
+    assert {(c["Consumers"], c["CtasPerSM"]) for c in splits} == {(4, 1)}
+    assert not any(c["RowSplit"] == 2 for c in WS.candidates(problem(64, 1)))
 
 
 @pytest.mark.parametrize("heads", (32, 64))
@@ -57,9 +80,9 @@ def test_candidates_fit_and_grid_is_one_wave(heads, next_n):
     for cfg in WS.candidates(p) + [WS.default_config(p)]:
         assert set(cfg) == {"variant", *WS.knob_space}
         knobs = WS.knobs(p, cfg)
-        chunk, rows, stages, ctas, consumers = (knobs[k] for k in ("ChunkK", "RowsPerMMA", "num_stages", "CtasPerSM",
-                                                                   "Consumers"))
-        assert ws.fits(p, chunk, rows, stages, ctas, consumers)
+        chunk, rows, stages, ctas, consumers, split = (knobs[k] for k in ("ChunkK", "RowsPerMMA", "num_stages",
+                                                                          "CtasPerSM", "Consumers", "RowSplit"))
+        assert ws.fits(p, chunk, rows, stages, ctas, consumers, split)
         assert WS.grid(p, cfg) == (132 * ctas, 1)
 
 
