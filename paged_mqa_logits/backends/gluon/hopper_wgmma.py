@@ -322,20 +322,22 @@ def _finish_group(scores, scale_slot, weight_smem, limit_smem, out_ptr, b, tile,
 def _score_tile_groups(keys, q_smem, scale_slot, weight_smem, limit_smem, out_ptr, b, tile, stride_out,
                        NEXT_N: gl.constexpr, HEADS: gl.constexpr, CHUNK: gl.constexpr, ROWS_PER_MMA: gl.constexpr,
                        FIRST_GROUP: gl.constexpr, GROUP_STEP: gl.constexpr):
-    """Row groups ``FIRST_GROUP, FIRST_GROUP + GROUP_STEP, ...`` of one tile (every group: 0, 1);
-    each next group's wgmma runs during the previous group's epilogue."""
+    """Row groups ``FIRST_GROUP, FIRST_GROUP + GROUP_STEP, ...`` of one tile (every group: 0, 1;
+    none when ``FIRST_GROUP`` is past the last); each next group's wgmma runs during the
+    previous group's epilogue."""
     NUM_GROUPS: gl.constexpr = _num_groups(NEXT_N, ROWS_PER_MMA)
-    pending = _issue_group(keys, q_smem, FIRST_GROUP, NEXT_N, HEADS, CHUNK, ROWS_PER_MMA)
-    for g in gl.static_range(FIRST_GROUP + GROUP_STEP, NUM_GROUPS, GROUP_STEP):
-        issued = _issue_group(keys, q_smem, g, NEXT_N, HEADS, CHUNK, ROWS_PER_MMA)
-        done = warpgroup_mma_wait(1, deps=(pending,))
-        _finish_group(done, scale_slot, weight_smem, limit_smem, out_ptr, b, tile, stride_out, g - GROUP_STEP,
+    if FIRST_GROUP < NUM_GROUPS:
+        pending = _issue_group(keys, q_smem, FIRST_GROUP, NEXT_N, HEADS, CHUNK, ROWS_PER_MMA)
+        for g in gl.static_range(FIRST_GROUP + GROUP_STEP, NUM_GROUPS, GROUP_STEP):
+            issued = _issue_group(keys, q_smem, g, NEXT_N, HEADS, CHUNK, ROWS_PER_MMA)
+            done = warpgroup_mma_wait(1, deps=(pending,))
+            _finish_group(done, scale_slot, weight_smem, limit_smem, out_ptr, b, tile, stride_out, g - GROUP_STEP,
+                          NEXT_N, HEADS, CHUNK, ROWS_PER_MMA)
+            pending = issued
+        done = warpgroup_mma_wait(0, deps=(pending,))
+        LAST: gl.constexpr = FIRST_GROUP + (NUM_GROUPS - 1 - FIRST_GROUP) // GROUP_STEP * GROUP_STEP
+        _finish_group(done, scale_slot, weight_smem, limit_smem, out_ptr, b, tile, stride_out, LAST,
                       NEXT_N, HEADS, CHUNK, ROWS_PER_MMA)
-        pending = issued
-    done = warpgroup_mma_wait(0, deps=(pending,))
-    LAST: gl.constexpr = FIRST_GROUP + (NUM_GROUPS - 1 - FIRST_GROUP) // GROUP_STEP * GROUP_STEP
-    _finish_group(done, scale_slot, weight_smem, limit_smem, out_ptr, b, tile, stride_out, LAST,
-                  NEXT_N, HEADS, CHUNK, ROWS_PER_MMA)
 
 
 @gluon.jit

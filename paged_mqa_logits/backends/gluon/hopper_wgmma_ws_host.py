@@ -62,7 +62,7 @@ def consumer_accumulators(problem: Problem, chunk: int, rows: int, split: int) -
     most = 0
     for part in range(split):
         widths = [n * problem.heads * (chunk // 64) for _, n in groups[part::split]]
-        pairs = [a + b for a, b in zip(widths, widths[1:])] or widths
+        pairs = [a + b for a, b in zip(widths, widths[1:])] or widths or [0]  # a part past the last group: none
         most = max(most, max(pairs) // 2)
     return most
 
@@ -139,9 +139,6 @@ class WgmmaWsVariant(wg.WgmmaVariant):
         split = int(config.get("RowSplit") or 1)
         self.require_in("RowSplit", split, self.knob_space["RowSplit"])
         self.require(consumers % split == 0, "RowSplit", split, f"a divisor of Consumers={consumers}")
-        groups = len(row_groups(problem.next_n, min(tile["RowsPerMMA"], wg._pow2_floor(problem.next_n))))
-        self.require(split <= groups, "RowSplit", split,
-                     f"at most the {groups} row group(s) of next_n={problem.next_n}, RowsPerMMA={tile['RowsPerMMA']}")
         key_copy = config.get("KeyCopy") or "gather"
         self.require_in("KeyCopy", key_copy, self.knob_space["KeyCopy"])
         self.require(not (key_copy == "tma" and consumers in TMA_REFUSED_CONSUMERS), "KeyCopy", key_copy,

@@ -59,6 +59,9 @@ def ci_matrix() -> list[dict]:
     # TMA boxes of 16-token cache blocks (four per 64-token tile); none for a preshuffled cache
     for p in (problem(64, 2, 16), problem(64, 2, 64, True)):
         configs.append(dict(fields_of(p), **{**WS.default_config(p), "KeyCopy": "tma"}))
+    # two consumers per tile of one row group: the second frees its slots unscored
+    configs.append(dict(fields_of(problem(64, 1)), **{**WS.default_config(problem(64, 1)), "ChunkK": 64,
+                                                       "CtasPerSM": 2, "num_stages": 4, "Consumers": 2, "RowSplit": 2}))
     return configs
 
 

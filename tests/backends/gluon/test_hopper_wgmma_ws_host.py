@@ -34,7 +34,9 @@ def test_balanced_only_and_knob_errors_say_why():
     assert "Consumers" in WS.check_config(dict(WS.default_config(p), Consumers=5), p)
     one_group = dict(WS.default_config(p), RowsPerMMA=2)
     assert "a divisor of Consumers=3" in WS.check_config(dict(one_group, Consumers=3, RowSplit=2), p)
-    assert "at most the 1 row group(s)" in WS.check_config(dict(one_group, Consumers=2, RowSplit=2), p)
+    # more consumers per tile than row groups: the spare ones free their slots unscored
+    assert WS.check_config(dict(one_group, Consumers=2, RowSplit=2), p) is None
+    assert ws.consumer_accumulators(p, 64, 2, 2) == ws.consumer_accumulators(p, 64, 2, 1)
     assert WS.check_config(dict(one_group, RowsPerMMA=1, Consumers=2, RowSplit=2), p) is None
     assert "TMA with 3 consumers faulted" in WS.check_config(dict(one_group, Consumers=3, KeyCopy="tma"), p)
 
