@@ -43,6 +43,25 @@ def max_rows_per_mma(heads: int) -> int:
     return max(1, min(8, MAX_MMA_N // heads))
 
 
+def rows_per_mma(problem: Problem, rows: int) -> int:
+    """``RowsPerMMA`` as the kernel runs it: at most the largest power of two <= next_n."""
+    return min(rows, _pow2_floor(problem.next_n))
+
+
+def problem_row_groups(problem: Problem, rows: int) -> tuple:
+    """``(first_row, rows)`` of each wgmma of ``problem`` at ``RowsPerMMA`` ``rows``."""
+    return row_groups(problem.next_n, rows_per_mma(problem, rows))
+
+
+def live_accumulators(problem: Problem, groups, chunk: int) -> int:
+    """fp32 accumulator registers per thread live at once while ``groups`` are scored in turn:
+    one group's, or two consecutive groups' while one is reduced and the next computed (0 for
+    no group)."""
+    widths = [r * problem.heads * (chunk // 64) for _, r in groups]  # accumulator columns x M repeats
+    pairs = [a + b for a, b in zip(widths, widths[1:])] or widths or [0]
+    return max(pairs) // 2
+
+
 def resources(problem: Problem, chunk: int, rows: int, stages: int) -> dict:
     """Host-side estimate of a program's footprint, calibrated on ptxas's reports for every
     (heads, next_n, RowsPerMMA, ChunkK) of the contract (tests/backends/gluon/
@@ -57,12 +76,8 @@ def resources(problem: Problem, chunk: int, rows: int, stages: int) -> dict:
     * ``smem``: the key/scale ring, Q, the weights and the row limits;
     * ``ctas_per_sm``: programs an SM holds (registers, shared memory), for ``SplitKV = 0``.
     """
-    groups = row_groups(problem.next_n, min(rows, _pow2_floor(problem.next_n)))
-    widths = [r * problem.heads * (chunk // 64) for _, r in groups]  # accumulator columns x M repeats
-    if len(groups) == 1:
-        acc_regs = widths[0] // 2
-    else:
-        acc_regs = max(a + b for a, b in zip(widths, widths[1:])) // 2
+    groups = problem_row_groups(problem, rows)
+    acc_regs = live_accumulators(problem, groups, chunk)
     weight_regs = groups[0][1] * problem.heads // 4 if len(groups) == 1 else 0  # kept in registers
     regs = min(255, acc_regs + weight_regs + 36 + (12 * len(groups) if len(groups) > 2 else 0))
     q_rows = triton_next_pow2(problem.next_n) * problem.heads
@@ -254,7 +269,7 @@ class WgmmaVariant(GluonVariant):
         k = self.knobs(problem, config)
         return dict(NEXT_N=problem.next_n, NEXT_N_POW2=triton_next_pow2(problem.next_n), HEADS=problem.heads,
                     KV_BLOCK=problem.kv_block_size, CHUNK=k["ChunkK"],
-                    ROWS_PER_MMA=min(k["RowsPerMMA"], _pow2_floor(problem.next_n)), STAGES=k["num_stages"],
+                    ROWS_PER_MMA=rows_per_mma(problem, k["RowsPerMMA"]), STAGES=k["num_stages"],
                     PRESHUFFLE=problem.preshuffle, LENS_2D=problem.lens_2d,
                     BALANCED=k["Schedule"] == common.BALANCED)
 

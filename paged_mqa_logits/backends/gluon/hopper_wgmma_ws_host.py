@@ -20,7 +20,7 @@ from ...schedule import persistent_programs
 from ...triton_internals.gluon_api import TensorDescriptor
 from . import common
 from . import hopper_wgmma_host as wg
-from .hopper_wgmma import HEAD_DIM, row_groups
+from .hopper_wgmma import HEAD_DIM
 from .hopper_wgmma_ws import KEY_BOX_LAYOUT, NUM_WARPS, PRODUCER_WARPS, wgmma_ws_logits_kernel
 from .variant import LaunchPlan
 
@@ -58,13 +58,8 @@ def consumer_accumulators(problem: Problem, chunk: int, rows: int, split: int) -
     """fp32 accumulator registers per thread live at once in one consumer scoring every
     ``split``-th row group (two consecutive of its groups while one is reduced and the next
     computed, as :func:`hopper_wgmma_host.resources` counts them for all groups)."""
-    groups = row_groups(problem.next_n, min(rows, wg._pow2_floor(problem.next_n)))
-    most = 0
-    for part in range(split):
-        widths = [n * problem.heads * (chunk // 64) for _, n in groups[part::split]]
-        pairs = [a + b for a, b in zip(widths, widths[1:])] or widths or [0]  # a part past the last group: none
-        most = max(most, max(pairs) // 2)
-    return most
+    groups = wg.problem_row_groups(problem, rows)
+    return max(wg.live_accumulators(problem, groups[part::split], chunk) for part in range(split))
 
 
 def fits(problem: Problem, chunk: int, rows: int, stages: int, ctas: int, consumers: int = 1,
@@ -79,7 +74,7 @@ def fits(problem: Problem, chunk: int, rows: int, stages: int, ctas: int, consum
     128-column group of a 64-token tile without spilling, 88 do not; 96 spill a 128-token tile's)."""
     r = wg.resources(problem, chunk, rows, stages)
     smem = shared_bytes(problem, chunk, stages, consumers)
-    groups = row_groups(problem.next_n, min(rows, wg._pow2_floor(problem.next_n)))
+    groups = wg.problem_row_groups(problem, rows)
     mine = groups[::split]  # the first part's groups: the most of any part
     regs = consumer_registers(chunk, ctas, consumers)
     acc = consumer_accumulators(problem, chunk, rows, split)
@@ -188,10 +183,9 @@ class WgmmaWsVariant(wg.WgmmaVariant):
             settings += [self._setting(64, rows, stages, 3) for stages in wg._stages_for(64)]
             settings += [self._setting(chunk, rows, stages, 1, consumers) for consumers in (2, 3)
                          for chunk, stages in MULTI_CONSUMER_STAGES.items()]
-            if len(row_groups(problem.next_n, min(rows, wg._pow2_floor(problem.next_n)))) > 1:
-                settings += [s for s in (self._setting(64, rows, 4, 2, 2, split=2),
-                                         self._setting(64, rows, MULTI_CONSUMER_STAGES[64], 1, 4, split=2))
-                             if self.admits(problem, s)]
+            if len(wg.problem_row_groups(problem, rows)) > 1:
+                settings += [self._setting(64, rows, 4, 2, 2, split=2),
+                             self._setting(64, rows, MULTI_CONSUMER_STAGES[64], 1, 4, split=2)]
             groupings += bool(fitting)
             if groupings == 2:
                 break
@@ -213,8 +207,7 @@ class WgmmaWsVariant(wg.WgmmaVariant):
                             return {"variant": self.name, **self._setting(chunk, rows, stages, ctas)}
         for rows in wg._rows_options(problem):
             split = self._setting(64, rows, MULTI_CONSUMER_STAGES[64], 1, 4, split=2)
-            if len(row_groups(problem.next_n, min(rows, wg._pow2_floor(problem.next_n)))) > 1 \
-                    and self.admits(problem, split):
+            if len(wg.problem_row_groups(problem, rows)) > 1 and self.admits(problem, split):
                 return {"variant": self.name, **split}
         raise ValueError(f"{self.owner}: no configuration fits {problem.describe()}")
 
@@ -222,7 +215,7 @@ class WgmmaWsVariant(wg.WgmmaVariant):
         k = self.knobs(problem, config)
         return dict(NEXT_N=problem.next_n, NEXT_N_POW2=wg.triton_next_pow2(problem.next_n), HEADS=problem.heads,
                     KV_BLOCK=problem.kv_block_size, CHUNK=k["ChunkK"],
-                    ROWS_PER_MMA=min(k["RowsPerMMA"], wg._pow2_floor(problem.next_n)), STAGES=k["num_stages"],
+                    ROWS_PER_MMA=wg.rows_per_mma(problem, k["RowsPerMMA"]), STAGES=k["num_stages"],
                     PRESHUFFLE=problem.preshuffle, LENS_2D=problem.lens_2d, PRODUCER_REGS=PRODUCER_REGS[k["ChunkK"]],
                     CONSUMERS=k["Consumers"], CONSUMER_REGS=consumer_registers(k["ChunkK"], k["CtasPerSM"],
                                                                                k["Consumers"]),
