@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from . import backends, dispatch
@@ -83,8 +85,10 @@ def launch(args: LaunchArgs, *, backend: str | None = None, config: dict | None 
 def _launch(args: LaunchArgs, backend: str | None, config: dict | None, clean_logits: bool) -> None:
     if args.problem.rows == 0 or args.max_model_len == 0:
         return
+    if clean_logits != args.clean_logits:
+        args = dataclasses.replace(args, clean_logits=clean_logits)
     if backend is None:
-        _launch_dispatched(args)
+        cleaned = _launch_dispatched(args)
     else:
         reason = backends.why_not(backend, args.problem, args.target)
         if reason is not None:
@@ -97,8 +101,8 @@ def _launch(args: LaunchArgs, backend: str | None, config: dict | None, clean_lo
             if error is not None:
                 raise PagedMQAArgumentError(f"paged_mqa_logits: argument `config`: {error}")
             knobs = config
-        chosen.launch(args, knobs)
-    if clean_logits:
+        cleaned = chosen.launch(args, knobs)
+    if clean_logits and not cleaned:
         clean(args)
 
 
@@ -111,15 +115,15 @@ def _capturing(args: LaunchArgs) -> bool:
 _NOT_A_BACKEND_FAILURE = (PagedMQAArgumentError, MemoryError, torch.OutOfMemoryError)
 
 
-def _launch_dispatched(args: LaunchArgs) -> None:
+def _launch_dispatched(args: LaunchArgs) -> bool:
     """Launch the dispatched choice; on a compile or launch error fall back down the chain
-    (each failed choice is remembered, so the loop ends when the chain is exhausted)."""
+    (each failed choice is remembered, so the loop ends when the chain is exhausted). Returns
+    whether the kernel that ran also cleaned."""
     problem, target = args.problem, args.target
     choice = dispatch.choose(problem, target)
     while True:
         try:
-            backends.get(choice.backend).launch(args, choice.config)
-            return
+            return bool(backends.get(choice.backend).launch(args, choice.config))
         except _NOT_A_BACKEND_FAILURE:
             raise
         except Exception as exc:

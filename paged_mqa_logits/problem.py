@@ -284,6 +284,8 @@ class LaunchArgs:
     Backends read the tensors as they are (views, strides and all); they never copy the KV
     cache. ``kv_cache`` is ``[num_blocks, kv_block_size, 1, head_dim + 4]`` uint8 whose block
     stride ``kv_cache.stride(0)`` (bytes) may exceed ``kv_block_size * (head_dim + 4)``.
+    ``clean_logits``: the caller wants ``-inf`` in ``[valid_end, max_model_len)`` of every row; a
+    backend whose kernel writes it says so from ``launch`` (else the op cleans after it).
     """
 
     q: torch.Tensor  # [B, next_n, H, D] fp8
@@ -296,6 +298,7 @@ class LaunchArgs:
     kv_block_size: int
     preshuffle: bool
     problem: Problem
+    clean_logits: bool = False
 
     @property
     def target(self) -> Target:

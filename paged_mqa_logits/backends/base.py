@@ -19,8 +19,9 @@ A backend answers five questions and does one thing:
   is one this backend reads with a value it accepts (for ``problem``, else for any problem it
   serves), otherwise a message naming the knob and listing the allowed values. Host-only. The
   tables check every row with it when they load; ``launch`` is only given configs it accepts.
-* ``launch(args, config)``: write the logits of ``args`` (a :class:`LaunchArgs`) into
-  ``args.out`` following the output contract, with no host-device synchronisation.
+* ``launch(args, config) -> bool | None``: write the logits of ``args`` (a :class:`LaunchArgs`)
+  into ``args.out`` following the output contract, with no host-device synchronisation; return
+  ``True`` when the kernel also wrote ``args.clean_logits``' ``-inf`` (the op cleans otherwise).
 
 Knob dictionaries use the CSV column names (``ChunkK``, ``WavePerEU``, ``SplitKV``, plus any
 backend-specific ones such as ``num_warps``). ``None`` values mean "backend default". A backend
@@ -64,7 +65,7 @@ class Backend(Protocol):
 
     def check_config(self, config: dict, problem: Problem | None = None) -> str | None: ...
 
-    def launch(self, args: LaunchArgs, config: dict) -> None: ...
+    def launch(self, args: LaunchArgs, config: dict) -> bool | None: ...
 
 
 #: SplitKV's bound in every backend: more splits than this are never useful (a split is at least

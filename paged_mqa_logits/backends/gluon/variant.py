@@ -67,6 +67,8 @@ class GluonVariant:
     tuned: bool = True
     #: the ``@gluon.jit`` kernel it launches
     kernel = None
+    #: whether the kernel writes ``clean_logits``' ``-inf`` itself (``LaunchArgs.clean_logits``)
+    cleans_logits: bool = False
 
     def __init__(self) -> None:
         self.fp8 = {arch: native_fp8(arch) for arch in self.archs}
@@ -186,7 +188,9 @@ class GluonVariant:
                 out.append({"variant": self.name, **chosen})
         return out
 
-    def launch(self, args: LaunchArgs, config: dict) -> None:
+    def launch(self, args: LaunchArgs, config: dict) -> bool:
+        """Launch ``config`` on ``args``; ``True`` when the kernel also cleaned (see
+        :attr:`cleans_logits`)."""
         key = self.plan_key(args, config)
         plan = self._plans.get(key)
         if plan is None:
@@ -195,6 +199,7 @@ class GluonVariant:
         kwargs = plan.kwargs
         self.kernel_for(kwargs)[plan.grid](*common.kernel_arguments(args, plan.num_splits), *extra, **kwargs,
                                            **per_call)
+        return self.cleans_logits and args.clean_logits
 
     def clear_plans(self) -> None:
         """Forget the cached launch plans (after a change to what they were computed from)."""
