@@ -77,9 +77,11 @@ def _add(a, b):
 @gluon.jit
 def _block_tiles(lens_ptr, first_seq, batch, stride_lens_b, stride_lens_j, max_model_len, max_blocks,
                  NEXT_N: gl.constexpr, LENS_2D: gl.constexpr, KV_BLOCK: gl.constexpr, CHUNK: gl.constexpr,
-                 LAYOUT: gl.constexpr):
+                 LAYOUT: gl.constexpr, TAIL_UNIT: gl.constexpr = 0):
     """Tiles of sequences ``first_seq .. first_seq + SCAN_BLOCK`` (0 past the batch): vector
-    form of ``sequence_length`` / ``visible_end``."""
+    form of ``sequence_length`` / ``visible_end``. With ``TAIL_UNIT > 0``, instead the
+    ``TAIL_UNIT``-position units of each sequence's tail: the columns ``[tiles * CHUNK,
+    max_model_len)`` past its last tile, which ``clean_logits`` sets to ``-inf``."""
     seq = first_seq + gl.arange(0, SCAN_BLOCK, LAYOUT)
     valid = seq < batch
     row = lens_ptr + seq.to(gl.int64) * stride_lens_b
@@ -88,15 +90,19 @@ def _block_tiles(lens_ptr, first_seq, batch, stride_lens_b, stride_lens_j, max_m
         for j in gl.static_range(1, NEXT_N):
             seq_len = gl.maximum(seq_len, gl.load(row + j * stride_lens_j, mask=valid, other=0))
     end = gl.minimum(gl.minimum(gl.maximum(seq_len, 0), max_model_len), max_blocks * KV_BLOCK)
-    return seq, gl.cdiv(end, CHUNK)
+    tiles = gl.cdiv(end, CHUNK)
+    if TAIL_UNIT > 0:
+        tiles = gl.where(valid, gl.cdiv(gl.maximum(max_model_len - tiles * CHUNK, 0), TAIL_UNIT), 0)
+    return seq, tiles
 
 
 @gluon.jit
 def balanced_share(lens_ptr, batch, stride_lens_b, stride_lens_j, max_model_len, max_blocks, program, num_programs,
                    NEXT_N: gl.constexpr, LENS_2D: gl.constexpr, KV_BLOCK: gl.constexpr, CHUNK: gl.constexpr,
-                   LAYOUT: gl.constexpr):
+                   LAYOUT: gl.constexpr, TAIL_UNIT: gl.constexpr = 0):
     """``(start, stop, seq, tile)``: program ``program``'s items ``[start, stop)`` of the batch's
-    tiles and the (sequence, tile) of ``start`` (``schedule.share`` / ``schedule.locate``).
+    tiles and the (sequence, tile) of ``start`` (``schedule.share`` / ``schedule.locate``); with
+    ``TAIL_UNIT > 0`` the same for the units of the sequences' tails (see :func:`_block_tiles`).
 
     Two passes over the lengths (the second from L1): the total, then the prefix sum locating
     ``start``: ``seq = #{b : cum(b) <= start}`` and ``tile = start - max{cum(b) <= start}``
@@ -104,7 +110,7 @@ def balanced_share(lens_ptr, batch, stride_lens_b, stride_lens_j, max_model_len,
     total = gl.to_tensor(0)
     for first_seq in range(0, batch, SCAN_BLOCK):
         _, tiles = _block_tiles(lens_ptr, first_seq, batch, stride_lens_b, stride_lens_j, max_model_len, max_blocks,
-                                NEXT_N, LENS_2D, KV_BLOCK, CHUNK, LAYOUT)
+                                NEXT_N, LENS_2D, KV_BLOCK, CHUNK, LAYOUT, TAIL_UNIT)
         total += gl.sum(tiles, axis=0)
     start = (total.to(gl.int64) * program // num_programs).to(gl.int32)
     stop = (total.to(gl.int64) * (program + 1) // num_programs).to(gl.int32)
@@ -113,7 +119,7 @@ def balanced_share(lens_ptr, batch, stride_lens_b, stride_lens_j, max_model_len,
     carried = gl.to_tensor(0)
     for first_seq in range(0, batch, SCAN_BLOCK):
         _, tiles = _block_tiles(lens_ptr, first_seq, batch, stride_lens_b, stride_lens_j, max_model_len, max_blocks,
-                                NEXT_N, LENS_2D, KV_BLOCK, CHUNK, LAYOUT)
+                                NEXT_N, LENS_2D, KV_BLOCK, CHUNK, LAYOUT, TAIL_UNIT)
         cum = gl.associative_scan(tiles, 0, _add) + carried
         done = cum <= start
         seq += gl.sum(done.to(gl.int32), axis=0)
