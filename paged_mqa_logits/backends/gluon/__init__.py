@@ -9,6 +9,9 @@ module                       variant       archs / kernel
                                            speed; kernel: ``hopper_wgmma.py``)
 ``hopper_wgmma_ws_host.py``  ``wgmma_ws``  sm_90: the same, copies in a producer warpgroup
                                            (mbarriers; kernel: ``hopper_wgmma_ws.py``)
+``hopper_pipes.py``          ``wgmma_pipes``  sm_90: consumer teams, one producer warp and
+                                           ring each, TMA keys and scales, ``clean_logits``
+                                           fused (kernel: ``kernels/hopper_pipes.py``)
 ===========================  ============  ===================================================
 
 Each variant module defines ``VARIANT``, an instance of a
@@ -37,7 +40,7 @@ from ..base import CompileSpec
 from .variant import GluonVariant
 
 #: variant modules, in preference order for an arch's default variant
-VARIANT_MODULES = ("hopper_wgmma_host", "hopper_wgmma_ws_host", "hopper_mma", "cdna")
+VARIANT_MODULES = ("hopper_wgmma_host", "hopper_wgmma_ws_host", "hopper_pipes", "hopper_mma", "cdna")
 
 _VARIANTS: list[GluonVariant] = []
 _IMPORT_ERRORS: dict[str, str] = {}
@@ -130,8 +133,8 @@ class GluonBackend:
         raise ValueError(f"gluon: unknown or unavailable variant {name!r} "
                          f"(available: {', '.join(v.name for v in _VARIANTS)}; import errors: {_IMPORT_ERRORS})")
 
-    def launch(self, args: LaunchArgs, config: dict) -> None:
-        self.variant(args.problem, config).launch(args, config)
+    def launch(self, args: LaunchArgs, config: dict) -> bool:
+        return self.variant(args.problem, config).launch(args, config)
 
     def compile_specs(self, arch: str, configs: list[dict] | None = None) -> list[CompileSpec]:
         """Specs of every variant that targets ``arch``: its whole compile matrix (``configs``
