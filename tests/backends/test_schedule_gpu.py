@@ -77,7 +77,16 @@ def _kernels(arch: str) -> list[tuple[str, dict]]:
                 ("gluon", {"variant": "wgmma_ws", "ChunkK": 64, "RowsPerMMA": 1, "num_stages": 8, "CtasPerSM": 1,
                            "Consumers": 4, "RowSplit": 2}),
                 ("gluon", {"variant": "wgmma_ws", "ChunkK": 64, "RowsPerMMA": 1, "num_stages": 4, "CtasPerSM": 2,
-                           "Consumers": 2, "RowSplit": 2, "KeyCopy": "tma"})]
+                           "Consumers": 2, "RowSplit": 2, "KeyCopy": "tma"}),
+                # consumer teams with their own producer warps and rings
+                ("gluon", {"variant": "wgmma_pipes", "Consumers": 4, "RowSplit": 1, "CtasPerSM": 1, "RowsPerMMA": 1,
+                           "num_stages": 3, "KeyCopy": "tma", "Schedule": "balanced"}),
+                ("gluon", {"variant": "wgmma_pipes", "Consumers": 4, "RowSplit": 2, "CtasPerSM": 1, "RowsPerMMA": 1,
+                           "num_stages": 4, "KeyCopy": "tma", "Schedule": "balanced"}),
+                ("gluon", {"variant": "wgmma_pipes", "Consumers": 3, "RowSplit": 1, "CtasPerSM": 1, "RowsPerMMA": 1,
+                           "num_stages": 3, "KeyCopy": "gather", "Schedule": "balanced"}),
+                ("gluon", {"variant": "wgmma_pipes", "Consumers": 1, "RowSplit": 1, "CtasPerSM": 2, "RowsPerMMA": 2,
+                           "num_stages": 4, "KeyCopy": "tma", "Schedule": "balanced"})]
     elif arch in ("gfx942", "gfx950"):
         out += [("gluon", {"variant": "mfma", "Schedule": "balanced"})]
     return out
@@ -85,7 +94,8 @@ def _kernels(arch: str) -> list[tuple[str, dict]]:
 
 KERNEL_IDS = ["triton", "wgmma64", "wgmma128", "mma_v2", "wgmma_ws64", "wgmma_ws128", "wgmma_ws_2consumers",
               "wgmma_ws_3consumers", "wgmma_ws_tma64", "wgmma_ws_tma128_2consumers", "wgmma_ws_4consumers_rowsplit",
-              "wgmma_ws_tma_2x2consumers_rowsplit"]
+              "wgmma_ws_tma_2x2consumers_rowsplit", "pipes_4x1_tma", "pipes_2x2_tma", "pipes_3x1_gather",
+              "pipes_1x1_2ctas"]
 
 
 def _kernel(index: int):

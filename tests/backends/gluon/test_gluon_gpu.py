@@ -1,8 +1,8 @@
 """Numerical correctness of the gluon variants on a GPU, against ``reference.reference_logits``.
 
 * CUDA sm_90 (H200): the ``mma_v2`` variant -- the kernel body the AMD variant runs, so this is
-  where the AMD path's index, mask, gather and epilogue code is executed -- and ``wgmma`` and
-  its warp-specialised twin ``wgmma_ws`` when importable;
+  where the AMD path's index, mask, gather and epilogue code is executed -- and ``wgmma``, its
+  warp-specialised twin ``wgmma_ws`` and the consumer-team kernel ``wgmma_pipes`` when importable;
 * ROCm gfx942 / gfx950: the ``mfma`` variant.
 
 Skipped (with the reason printed) without a GPU or on another arch. Every check is the
@@ -30,8 +30,8 @@ from paged_mqa_logits.reference import check_logits, make_inputs, reference_logi
 
 pytestmark = pytest.mark.gpu
 
-VARIANTS = {"sm_90": ("mma_v2", "wgmma", "wgmma_ws"), "gfx942": ("mfma",), "gfx950": ("mfma",)}
-ALL_VARIANTS = ("mma_v2", "wgmma", "wgmma_ws", "mfma")
+VARIANTS = {"sm_90": ("mma_v2", "wgmma", "wgmma_ws", "wgmma_pipes"), "gfx942": ("mfma",), "gfx950": ("mfma",)}
+ALL_VARIANTS = ("mma_v2", "wgmma", "wgmma_ws", "wgmma_pipes", "mfma")
 
 
 def _skip(reason: str):
