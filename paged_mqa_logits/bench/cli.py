@@ -83,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="also time DeepGEMM's fp8_paged_mqa_logits on the same inputs (flattened to next_n 1 "
                         "where it refuses the next_n, as vLLM runs it)")
     i.add_argument("--no-hint", action="store_true", help="call without context_hint (the table's 'any' rows)")
+    i.add_argument("--clean-logits", action="store_true",
+                   help="calls with clean_logits=True (-inf wherever a row sees nothing); not with --deepgemm")
     m = p.add_argument_group("method")
     m.add_argument("--device", default=None, help="cuda / cuda:1 / cpu (default: a GPU if present)")
     m.add_argument("--replays", type=int, default=None, help="graph replays per measurement (default GPU 10, CPU 3)")
@@ -123,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
                              lens_2d=not a.lens_1d, ragged=ragged, head_dim=a.head_dim)
     if a.config and (not a.backend or "," in a.backend):
         p.error("--config needs exactly one --backend")
+    if a.clean_logits and a.deepgemm:
+        p.error("--clean-logits times this package's kernels only; drop --deepgemm")
     if a.deepgemm and deepgemm_available():
         print(f"note: --deepgemm: {deepgemm_available()}; DeepGEMM rows are marked skipped", file=sys.stderr)
 
@@ -151,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
             workload = None
         for impl in impls if workload is not None else []:
             try:
-                m = measure(impl, workload, schedule, copy_gbps=env.copy_gbps)
+                m = measure(impl, workload, schedule, copy_gbps=env.copy_gbps, clean_logits=a.clean_logits)
             except DeviceLost as exc:
                 m, lost = Measurement(shape, impl, rotate=workload.copies, status=str(exc)), True
             results.append(m)

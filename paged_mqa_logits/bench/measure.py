@@ -65,15 +65,18 @@ def parse_knobs(text: str | None) -> dict:
     return knobs
 
 
-def runners(impl: Impl, workload: Workload) -> list[Callable]:
-    """One zero-argument call per rotating copy."""
+def runners(impl: Impl, workload: Workload, clean_logits: bool = False) -> list[Callable]:
+    """One zero-argument call per rotating copy (``clean_logits``: the op's ``-inf`` fill too)."""
 
     if impl.kind == "dispatch":
-        return [lambda a=a: launch(a) for a in workload.args]
+        return [lambda a=a: launch(a, clean_logits=clean_logits) for a in workload.args]
     if impl.kind == "backend":
         knobs = impl.knobs
-        return [lambda a=a: launch(a, backend=impl.backend, config=knobs) for a in workload.args]
+        return [lambda a=a: launch(a, backend=impl.backend, config=knobs, clean_logits=clean_logits)
+                for a in workload.args]
     if impl.kind == "deepgemm":
+        if clean_logits:
+            raise ValueError("--clean-logits times this package's kernels only (DeepGEMM's cleaning is its own call)")
         return deepgemm_calls(workload)
     raise ValueError(f"unknown impl kind {impl.kind!r}")
 
@@ -83,8 +86,9 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def check(impl: Impl, workload: Workload, call: Callable) -> tuple[float, bool | None]:
-    """``(calc_diff, mask_ok)`` of one call on copy 0 (``mask_ok=None``: not applicable)."""
+def check(impl: Impl, workload: Workload, call: Callable, clean_logits: bool = False) -> tuple[float, bool | None]:
+    """``(calc_diff, mask_ok)`` of one call on copy 0 (``mask_ok=None``: not applicable); with
+    ``clean_logits`` every position a row does not see must be ``-inf``."""
 
     args = workload.args[0]
     args.out.view(torch.int32).fill_(SENTINEL_BITS)
@@ -97,7 +101,7 @@ def check(impl: Impl, workload: Workload, call: Callable) -> tuple[float, bool |
         got = result[: ref.shape[0], : ref.shape[1]][valid]
         diff = float("inf") if bool(torch.isnan(got).any()) else calc_diff(got, ref[valid])
         return diff, None
-    outcome = check_logits(args.out, before, ref)
+    outcome = check_logits(args.out, before, ref, clean_logits=clean_logits)
     return outcome.calc_diff, outcome.untouched
 
 
@@ -227,9 +231,10 @@ def _accuracy_status(calc_diff: float, mask_ok: bool | None, threshold: float) -
 
 
 def measure(impl: Impl, workload: Workload, schedule: Schedule | None = Schedule(), *, copy_gbps: float | None = None,
-            threshold: float = 1e-3) -> Measurement:
-    """Check ``impl`` on ``workload`` and, if it passes and ``schedule`` is given, time it.
-    Never raises for a failing implementation: the status says what went wrong."""
+            threshold: float = 1e-3, clean_logits: bool = False) -> Measurement:
+    """Check ``impl`` on ``workload`` and, if it passes and ``schedule`` is given, time it
+    (``clean_logits``: calls that also fill the invisible positions with ``-inf``). Never raises
+    for a failing implementation: the status says what went wrong."""
     t0 = time.perf_counter()
     m = Measurement(workload.shape, impl, rotate=workload.copies)
     try:
@@ -253,8 +258,8 @@ def measure(impl: Impl, workload: Workload, schedule: Schedule | None = Schedule
                 return m
             m.knobs = impl.knobs if impl.knobs is not None else \
                 backends.get(impl.backend).default_config(workload.args[0].problem)
-        calls = runners(impl, workload)
-        m.calc_diff, m.mask_ok = check(impl, workload, calls[0])
+        calls = runners(impl, workload, clean_logits)
+        m.calc_diff, m.mask_ok = check(impl, workload, calls[0], clean_logits)
         m.status = _accuracy_status(m.calc_diff, m.mask_ok, threshold)
         if m.ok and schedule is not None:
             timing = time_calls(calls, workload.device, schedule)
