@@ -19,8 +19,9 @@ backend            ``gluon``, ``flydsl``, ``triton``, ``torch``
 ChunkK, WavePerEU, SplitKV   the common knobs (empty = backend default)
 <other columns>    backend-specific knobs (``variant``, ``num_warps``, ...); empty = default
 us                 measured microseconds (empty for priors)
-provenance         who produced the row: ``tuned:<gpu>|cu<N>|triton<v>|torch<v>|<date>`` or
-                   ``prior:<where it comes from>``
+provenance         who produced the row: ``tuned:<gpu>|cu<N>|triton<v>|torch<v>|<date>`` (the
+                   tuner), ``bench:<gpu>|...|<date>|<bench CSV>`` (picked by hand from a committed
+                   same-run bench) or ``prior:<where it comes from>``
 =================  ==========================================================================
 
 Files: the shipped ``configs/*_tuned.csv``, unless ``PAGED_MQA_LOGITS_CONFIGS`` (alias
