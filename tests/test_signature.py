@@ -7,8 +7,10 @@ import os
 import re
 
 import pytest
+import torch
 
-from paged_mqa_logits import signature, torch_op
+from paged_mqa_logits import signature, torch_op, validate
+from paged_mqa_logits import op as op_mod
 from paged_mqa_logits.compat import aiter
 from paged_mqa_logits.signature import OP, Argument, OpSignature, Quantity
 
@@ -27,6 +29,20 @@ def test_the_registered_schema_is_the_declarations():
         assert (argument.alias_info is not None and argument.alias_info.is_write) == declared.mutated
         if declared.default is not signature.REQUIRED:
             assert argument.default_value == declared.schema_default
+
+
+def test_the_eager_entry_takes_and_documents_the_declared_arguments():
+    assert inspect.signature(op_mod.paged_mqa_logits_eager) == OP.python
+    for a in OP.arguments:
+        assert f"{a.name}: {a.doc}" in op_mod.paged_mqa_logits_eager.__doc__
+        assert f"{a.name}: {a.doc}" in torch_op.paged_mqa_logits.__doc__
+
+
+def test_validation_takes_every_argument_that_is_no_launch_option():
+    """``op.run`` hands every other argument to ``build_launch_args`` by its parameter names: a
+    declared argument missing there would be dropped."""
+    taken = set(inspect.signature(validate.build_launch_args).parameters)
+    assert taken == set(OP.names) - set(op_mod.LAUNCH_OPTIONS)
 
 
 def test_encoding_round_trips_and_decoding_fills_the_defaults_the_dispatcher_leaves_out():
@@ -72,6 +88,26 @@ def test_a_declared_argument_reaches_the_schema_the_signatures_and_the_docs():
     assert list(EXTENDED.description().parameters)[-1] == "scaled"
     values = EXTENDED.complete(dict(zip(OP.positional, range(7)), q_scale="s"))
     assert EXTENDED.decode(*EXTENDED.encode(values)) == values
+
+
+def test_a_declared_argument_reaches_the_registered_implementation():
+    library = torch.library.Library("paged_mqa_logits_signature_test", "DEF")
+    seen = []
+    defined = torch_op.define(library, EXTENDED, seen.append)
+    tensors = [torch.zeros(2) for _ in range(6)]
+    scale = torch.ones(3)
+    defined(*tensors, 5, True, context_hint=7, config='{"ChunkK": 64}', q_scale=scale)
+    defined(*tensors, 5)
+    assert seen[0]["q_scale"] is scale and seen[0]["config"] == {"ChunkK": 64} and seen[0]["context_hint"] == 7
+    assert seen[1] == EXTENDED.complete(dict(zip(EXTENDED.positional, tensors + [5])))  # defaults, decoded
+    assert seen[0]["out_logits"] is tensors[3]
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:  # the fake takes the new argument too and writes nothing
+        fake = [mode.from_tensor(t) for t in tensors]
+        assert defined(*fake, 5, q_scale=mode.from_tensor(scale)) is None
+    assert len(seen) == 2
 
 
 @pytest.mark.parametrize("arguments,problem", [
