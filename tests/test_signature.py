@@ -12,6 +12,7 @@ import torch
 from paged_mqa_logits import signature, torch_op, validate
 from paged_mqa_logits import op as op_mod
 from paged_mqa_logits.compat import aiter
+from paged_mqa_logits.explain import describe_problem, explain
 from paged_mqa_logits.signature import OP, Argument, OpSignature, Quantity
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -36,6 +37,12 @@ def test_the_eager_entry_takes_and_documents_the_declared_arguments():
     for a in OP.arguments:
         assert f"{a.name}: {a.doc}" in op_mod.paged_mqa_logits_eager.__doc__
         assert f"{a.name}: {a.doc}" in torch_op.paged_mqa_logits.__doc__
+
+
+def test_explain_takes_and_documents_the_declared_quantities():
+    assert inspect.signature(explain) == inspect.signature(describe_problem) == OP.description()
+    for q in OP.quantities():
+        assert f"{q.name}: {q.doc}" in describe_problem.__doc__
 
 
 def test_validation_takes_every_argument_that_is_no_launch_option():
