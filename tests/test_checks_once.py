@@ -8,6 +8,7 @@ import torch
 
 from op_cases import positional
 from paged_mqa_logits import torch_op, validate
+from paged_mqa_logits.compat import aiter, deep_gemm
 from paged_mqa_logits.reference import make_inputs
 
 ONCE = {"check_options": 1, "build_launch_args": 1}
@@ -57,7 +58,27 @@ def raw_op(inp):
     torch_op.op(*positional(inp), context_hint=40, backend="torch", config="{}")
 
 
-@pytest.mark.parametrize("path", [eager, via_op, under_a_dispatch_mode, raw_op])
+def aiter_default(inp):
+    aiter.deepgemm_fp8_paged_mqa_logits(*positional(inp))
+
+
+def aiter_knobs(inp):
+    aiter.deepgemm_fp8_paged_mqa_logits(*positional(inp), ChunkK=64)
+
+
+def aiter_knobs_via_op(inp, monkeypatch):
+    monkeypatch.setattr(torch_op, "EAGER_VIA_OP", True)
+    aiter_knobs(inp)
+
+
+def deep_gemm_call(inp):
+    meta = deep_gemm.get_paged_mqa_logits_metadata(inp["context_lens"], inp["kv_block_size"], 4)
+    deep_gemm.fp8_paged_mqa_logits(inp["q_fp8"], inp["kv_cache"], inp["weights"], inp["context_lens"],
+                                   inp["kv_indices"], meta, inp["max_model_len"])
+
+
+@pytest.mark.parametrize("path", [eager, via_op, under_a_dispatch_mode, raw_op, aiter_default, aiter_knobs,
+                                  aiter_knobs_via_op, deep_gemm_call])
 def test_each_check_runs_once_per_call(path, checks, monkeypatch):
     inp = inputs()
     if "monkeypatch" in path.__code__.co_varnames:

@@ -11,7 +11,7 @@ import torch
 
 from paged_mqa_logits import signature, torch_op, validate
 from paged_mqa_logits import op as op_mod
-from paged_mqa_logits.compat import aiter
+from paged_mqa_logits.compat import aiter, deep_gemm
 from paged_mqa_logits.explain import describe_problem, explain
 from paged_mqa_logits.signature import OP, Argument, OpSignature, Quantity
 
@@ -71,6 +71,20 @@ def test_the_aiter_signature_is_the_declared_positional_part_then_aiters_knobs()
     shared = [p for p in OP.python.parameters.values() if p.kind is p.POSITIONAL_OR_KEYWORD]
     assert params[:len(shared)] == shared
     assert [p.name for p in params[len(shared):]] == ["ChunkK", "TotalCuCount", "WavePerEU", "VarCtxSchedule"]
+
+
+def test_the_deep_gemm_signature_maps_onto_the_declaration_in_its_order():
+    params = _parameters(deep_gemm.fp8_paged_mqa_logits)
+    mapped = [(deep_gemm.OP_NAMES.get(p.name, p.name), p) for p in params]
+    ours = [(name, p) for name, p in mapped if name in OP.by_name]
+    assert [p.name for name, p in mapped if name not in OP.by_name] == ["schedule_meta", "indices"]  # DeepGEMM's own
+    assert set(deep_gemm.OP_NAMES.values()) <= set(OP.by_name)
+    assert [name for name, _ in ours] == [name for name in OP.names if name in dict(ours)]  # the op's order
+    for name, p in ours:
+        assert p.default is inspect.Parameter.empty or p.default == OP.by_name[name].default, name
+    # what DeepGEMM's call does not name, the wrapper supplies (the logits it allocates, the block size)
+    assert {name for name in OP.names if OP.by_name[name].default is signature.REQUIRED} - dict(ours).keys() == {
+        "out_logits"}
 
 
 def test_the_contract_documents_the_declared_signature():
