@@ -1,14 +1,27 @@
-"""``explain``: what dispatch would pick for a problem, with no GPU and no tensors."""
+"""``explain``: what dispatch would pick for a problem, with no GPU and no tensors.
+
+A problem is described by the quantities the op's arguments carry, stated as numbers (``batch``,
+``next_n``, ``heads``, ``head_dim`` for ``q_fp8``'s shape, ``arch`` and ``cu_num`` for its
+device, ``kv_block_size`` for ``KVBlockSize``, ...): the keywords of :func:`describe_problem`
+and :func:`explain` are those :data:`paged_mqa_logits.signature.OP` declares.
+"""
 
 from __future__ import annotations
 
+import inspect
+
 from . import arch as arch_mod
 from . import dispatch, table
-from .problem import HEAD_DIM, Problem, ShapeKey, Target
+from .problem import SHAPE_KEY_COLUMNS, Problem, ShapeKey, Target
+from .signature import OP
 from .validate import check_problem
 
-_NAMES = {field: f"`{field}`" for field in ("arch", "cu_num", "batch", "next_n", "heads", "head_dim",
-                                            "kv_block_size", "context")}
+#: the keywords of a described problem, with the described call's defaults
+DESCRIPTION = OP.description()
+_NAMES = {name: f"`{name}`" for name in DESCRIPTION.parameters}
+#: the quantities the op's rules judge (``check_problem``'s parameters)
+_RULED = tuple(name for name in inspect.signature(check_problem).parameters if name in DESCRIPTION.parameters)
+_TARGET = ("arch", "cu_num")
 
 
 def known_archs() -> set[str]:
@@ -16,20 +29,7 @@ def known_archs() -> set[str]:
     return set(arch_mod.USUAL_CU_NUM) | {row.arch for row in table.table().values()}
 
 
-def describe_problem(
-    *,
-    arch: str,
-    cu_num: int,
-    batch: int,
-    next_n: int,
-    heads: int,
-    head_dim: int = HEAD_DIM,
-    kv_block_size: int = 64,
-    preshuffle: bool = False,
-    context: int | None = None,
-    lens_2d: bool = True,
-    max_model_len: int | None = None,
-) -> Problem:
+def describe_problem(**description) -> Problem:
     """The :class:`~paged_mqa_logits.problem.Problem` a call with these properties has, after
     the op's argument rules (:class:`~paged_mqa_logits.PagedMQAArgumentError` names the
     keyword that breaks one; ``arch`` must be one of :func:`known_archs`).
@@ -38,35 +38,25 @@ def describe_problem(
     (:meth:`~paged_mqa_logits.problem.Target.described`), so a CPU machine can ask what a
     gfx950 with 256 CUs would run.
     """
-    arch = arch_mod.normalise_arch(arch)
-    check_problem(arch=arch, cu_num=cu_num, batch=batch, next_n=next_n, heads=heads, head_dim=head_dim,
-                  kv_block_size=kv_block_size, preshuffle=preshuffle, context=context, names=_NAMES,
-                  prefix="paged_mqa_logits.explain: ", known_archs=known_archs())
-    shape_key = ShapeKey(heads=heads, head_dim=head_dim, kv_block_size=kv_block_size, preshuffle=preshuffle,
-                         batch=batch, next_n=next_n)
-    return Problem.of(shape_key, Target.described(arch, cu_num), context=context, lens_2d=lens_2d,
-                      max_model_len=max_model_len or context or 32768)
+    bound = DESCRIPTION.bind(**description)
+    bound.apply_defaults()
+    values = dict(bound.arguments, arch=arch_mod.normalise_arch(bound.arguments["arch"]))
+    check_problem(**{name: values[name] for name in _RULED}, names=_NAMES, prefix="paged_mqa_logits.explain: ",
+                  known_archs=known_archs())
+    shape_key = ShapeKey(**{name: values.pop(name) for name in SHAPE_KEY_COLUMNS})
+    target = Target.described(*(values.pop(name) for name in _TARGET))
+    values["max_model_len"] = values["max_model_len"] or values["context"] or 32768
+    return Problem.of(shape_key, target, **values)
 
 
-def explain(
-    *,
-    arch: str,
-    cu_num: int,
-    batch: int,
-    next_n: int,
-    heads: int,
-    head_dim: int = HEAD_DIM,
-    kv_block_size: int = 64,
-    preshuffle: bool = False,
-    context: int | None = None,
-    lens_2d: bool = True,
-    max_model_len: int | None = None,
-) -> dispatch.Choice:
+def explain(**description) -> dispatch.Choice:
     """The :class:`~paged_mqa_logits.dispatch.Choice` a call with these properties gets on a
     described ``arch`` with ``cu_num`` CUs, judged on arch and shapes only, not on what this
-    machine could launch (the arguments and their rules are :func:`describe_problem`'s)."""
-    problem = describe_problem(
-        arch=arch, cu_num=cu_num, batch=batch, next_n=next_n, heads=heads, head_dim=head_dim,
-        kv_block_size=kv_block_size, preshuffle=preshuffle, context=context, lens_2d=lens_2d,
-        max_model_len=max_model_len)
+    machine could launch (the keywords and their rules are :func:`describe_problem`'s)."""
+    problem = describe_problem(**description)
     return dispatch.decide(problem, target=Target.described(problem.arch, problem.cu_num))
+
+
+# the keywords are signature.OP's quantities: their signature, and their docs
+describe_problem.__signature__ = explain.__signature__ = DESCRIPTION
+describe_problem.__doc__ += "\n" + OP.quantities_doc()

@@ -3,66 +3,60 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
+from collections.abc import Mapping
 
 import torch
 
 from . import backends, dispatch
 from .problem import LaunchArgs, row_lengths
 from . import validate
+from .signature import OP, getter
 from .validate import PagedMQAArgumentError, build_launch_args
 
-__all__ = ["paged_mqa_logits", "build_launch_args", "launch", "PagedMQAArgumentError"]
+__all__ = ["paged_mqa_logits_eager", "run", "build_launch_args", "launch", "PagedMQAArgumentError"]
 
 
-def paged_mqa_logits_eager(
-    q_fp8: torch.Tensor,
-    kv_cache: torch.Tensor,
-    weights: torch.Tensor,
-    out_logits: torch.Tensor,
-    context_lens: torch.Tensor,
-    kv_indices: torch.Tensor,
-    max_model_len: int,
-    Preshuffle: bool = False,
-    KVBlockSize: int = 1,
-    *,
-    context_hint: int | None = None,
-    clean_logits: bool = False,
-    backend: str | None = None,
-    config: dict | None = None,
-) -> torch.Tensor:
-    """FP8 paged MQA logits of the sparse-attention indexer, written into ``out_logits``.
+#: the arguments that steer the launch; every other argument describes the call and is a
+#: parameter of ``validate.build_launch_args`` (tests/test_signature.py checks that none is missing)
+LAUNCH_OPTIONS = ("clean_logits", "backend", "config")
+#: what ``build_launch_args`` takes from a call, in its parameters' order
+_DESCRIBING = getter(inspect.signature(validate.build_launch_args).parameters)
+
+
+def run(values: Mapping, args: LaunchArgs | None = None, *, options_checked: bool = False) -> torch.Tensor:
+    """The eager implementation of one call given by argument name (every argument of
+    :data:`signature.OP`): check the launch options, validate the call into :class:`LaunchArgs`,
+    dispatch and launch; returns ``out_logits``. Each check runs once per call: ``args`` is the
+    call validated already (a wrapper that needed its problem first), ``options_checked`` says
+    the caller checked the options (the entry point does before handing a call to the torch op).
+    ``context_hint`` is checked with the call, by ``build_launch_args``."""
+    backend, config, clean_logits = values["backend"], values["config"], values["clean_logits"]
+    if not options_checked:
+        check_options(None, clean_logits, backend, config)
+    if args is None:
+        args = validate.build_launch_args(*_DESCRIBING(values))
+    _launch(args, backend, config, clean_logits)
+    return values["out_logits"]
+
+
+def paged_mqa_logits_eager(*args, **kwargs) -> torch.Tensor:
+    """FP8 paged MQA logits of the sparse-attention indexer, written into ``out_logits`` and
+    returned.
 
     ``logits[b*next_n + j, p] = kv_scale[b, p] * sum_h weights[b*next_n + j, h] *
     relu(dot(q_fp8[b, j, h, :], K[b, p, :]))`` in fp32 (``relu`` = IEEE maxNum with 0) for every
     position ``p`` the row sees (``p < row_len(b, j)``, ``p < max_model_len``); see ``problem.py``
-    for ``row_len``. Block ids a sequence walks must lie in ``[0, num_blocks)`` (checked on CPU,
-    and on devices with ``PAGED_MQA_LOGITS_CHECK=1``; unchecked ones are clamped).
-
-    Args:
-        q_fp8: ``[B, next_n, H, D]`` fp8 e4m3 (fn; fnuz on gfx942), D = 128, next_n 1..8.
-        kv_cache: ``[num_blocks, KVBlockSize, 1, D + 4]`` uint8, keys then fp32 scales per block.
-        weights: ``[B * next_n, H]`` float32.
-        out_logits: ``[>= B * next_n, >= max_model_len]`` float32, written in place.
-        context_lens: ``[B]`` or ``[B, next_n]`` int32.
-        kv_indices: ``[B, max_blocks]`` int32 block table.
-        max_model_len: columns ``>= max_model_len`` are never written.
-        Preshuffle: key bytes stored in 16x16 tiles (requires ``KVBlockSize % 16 == 0``).
-        KVBlockSize: tokens per cache block.
-        context_hint: host-side longest context of the batch; used only to pick tuned knobs.
-        clean_logits: set columns ``[valid_end, max_model_len)`` of every row to ``-inf``.
-        backend, config: force a backend (and its knobs) instead of the tuned table; an
-            explicitly forced backend that cannot serve the call raises instead of falling back.
-
-    Returns:
-        ``out_logits``. Positions a row does not see are left as passed (unless cleaning).
+    for ``row_len``. Positions a row does not see are left as passed (unless cleaning). Block ids
+    a sequence walks must lie in ``[0, num_blocks)`` (checked on CPU, and on devices with
+    ``PAGED_MQA_LOGITS_CHECK=1``; unchecked ones are clamped).
     """
-    check_options(context_hint, clean_logits, backend, config)
-    args = build_launch_args(
-        q_fp8, kv_cache, weights, out_logits, context_lens, kv_indices, max_model_len,
-        Preshuffle, KVBlockSize, context_hint,
-    )
-    _launch(args, backend, config, clean_logits)
-    return out_logits
+    return run(OP.bind(args, kwargs))
+
+
+# the arguments are signature.OP's: its signature, and its docs below the contract
+paged_mqa_logits_eager.__signature__ = OP.python
+paged_mqa_logits_eager.__doc__ += "\n" + OP.arguments_doc()
 
 
 def check_options(context_hint, clean_logits, backend, config) -> None:

@@ -1,16 +1,10 @@
 """The op as a registered torch operator: ``torch.ops.paged_mqa_logits.paged_mqa_logits``.
 
-Schema (``out_logits`` is mutated in place, nothing is returned, so ``torch.compile``
-functionalises it with ``auto_functionalized`` and writes back into the caller's buffer)::
-
-    paged_mqa_logits(Tensor q_fp8, Tensor kv_cache, Tensor weights, Tensor(a!) out_logits,
-                     Tensor context_lens, Tensor kv_indices, SymInt max_model_len,
-                     bool Preshuffle=False, int KVBlockSize=1, *, SymInt context_hint=-1,
-                     bool clean_logits=False, str? backend=None, str? config=None) -> ()
-
-``context_hint=-1`` stands for "no hint" (``None`` in Python); ``max_model_len`` and
-``context_hint`` are ``SymInt`` so a compiled model does not recompile when the longest context
-of the step changes; ``config`` is a JSON object of knobs (only with ``backend``).
+Its schema (:data:`SCHEMA`) is derived from the declaration of the op's arguments,
+:data:`paged_mqa_logits.signature.OP`: ``out_logits`` is mutated in place and nothing is
+returned, so ``torch.compile`` functionalises it with ``auto_functionalized`` and writes back into
+the caller's buffer; ``context_hint=-1`` stands for "no hint" (``None`` in Python); ``config`` is
+a JSON object of knobs (only with ``backend``).
 
 The fake (meta) implementation writes nothing and returns nothing: the op's only output is the
 in-place write. Validation runs in the real implementation, before anything is written.
@@ -20,57 +14,73 @@ anything is tracing or intercepting torch calls (``torch.compile``/dynamo, ``mak
 a ``TorchDispatchMode`` or ``TorchFunctionMode``, tensor subclasses such as FakeTensor); plain
 eager calls take the direct path, which runs the very same implementation without the
 dispatcher's ~3 us. Set ``PAGED_MQA_LOGITS_EAGER_VIA_OP=1`` (or :data:`EAGER_VIA_OP`) to route
-eager calls through the op as well. Graph capture needs nothing special: the launch never
-synchronises and compiles nothing once :func:`paged_mqa_logits.warmup` has run.
+eager calls through the op as well. Either way each check runs once per call. Graph capture
+needs nothing special: the launch never synchronises and compiles nothing once
+:func:`paged_mqa_logits.warmup` has run.
 """
 
 from __future__ import annotations
 
-import json
+import contextvars
 import os
+from typing import NamedTuple
 
 import torch
 
 from . import op as _op
+from .problem import LaunchArgs
+from .signature import NO_HINT, OP, OpSignature
 
 NAMESPACE = "paged_mqa_logits"
-OP_NAME = "paged_mqa_logits"
-SCHEMA = (
-    "paged_mqa_logits(Tensor q_fp8, Tensor kv_cache, Tensor weights, Tensor(a!) out_logits, "
-    "Tensor context_lens, Tensor kv_indices, SymInt max_model_len, bool Preshuffle=False, "
-    "int KVBlockSize=1, *, SymInt context_hint=-1, bool clean_logits=False, str? backend=None, "
-    "str? config=None) -> ()"
-)
-NO_HINT = -1
+SCHEMA = OP.schema()
 
 #: route eager calls through the dispatcher too (tracing and modes always go through it)
 EAGER_VIA_OP = os.environ.get("PAGED_MQA_LOGITS_EAGER_VIA_OP", "0") not in ("", "0")
 
 
-def _impl(q_fp8, kv_cache, weights, out_logits, context_lens, kv_indices, max_model_len, Preshuffle=False,
-          KVBlockSize=1, *, context_hint=NO_HINT, clean_logits=False, backend=None, config=None) -> None:
-    _op.paged_mqa_logits_eager(
-        q_fp8, kv_cache, weights, out_logits, context_lens, kv_indices, max_model_len, Preshuffle, KVBlockSize,
-        context_hint=None if context_hint == NO_HINT else context_hint, clean_logits=clean_logits,
-        backend=backend, config=None if config is None else json.loads(config),
-    )
+def define(library: torch.library.Library, signature: OpSignature, implementation) -> torch._ops.OpOverload:
+    """Define ``signature``'s op in ``library``: ``implementation(values)`` (the call's Python
+    values by argument name) serves every device, and a fake that writes nothing stands in for
+    it under tracing. Returns the op."""
+    library.define(signature.schema())
+
+    def kernel(*args, **kwargs) -> None:
+        implementation(signature.decode(args, kwargs))
+
+    def fake(*args, **kwargs) -> None:
+        return None
+
+    kernel.__signature__ = fake.__signature__ = signature.implementation
+    # CompositeExplicitAutograd: one kernel for every device (CPU, CUDA, ROCm); the backend
+    # picks the device-specific launch. No autograd formula: logits feed a top-k, not a backward.
+    library.impl(signature.name, kernel, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"{library.ns}::{signature.name}", fake, lib=library)
+    return getattr(getattr(torch.ops, library.ns), signature.name).default
 
 
-def _fake(q_fp8, kv_cache, weights, out_logits, context_lens, kv_indices, max_model_len, Preshuffle=False,
-          KVBlockSize=1, *, context_hint=NO_HINT, clean_logits=False, backend=None, config=None) -> None:
-    return None
+class _HandedOver(NamedTuple):
+    """A call the entry point hands to the registered op, with what it checked (the options)
+    and built (``args``, if anything) for it: the implementation does not do them again."""
+
+    values: dict
+    args: LaunchArgs | None
+
+
+_HANDED_OVER: contextvars.ContextVar[_HandedOver | None] = contextvars.ContextVar("handed_over", default=None)
+
+
+def _implementation(values: dict) -> None:
+    handed_over = _HANDED_OVER.get()
+    if handed_over is not None and OP.same_call(handed_over.values, values):
+        _op.run(values, handed_over.args, options_checked=True)
+    else:
+        _op.run(values)
 
 
 # A plain Library definition rather than @torch.library.custom_op: the latter's Python wrapper
 # costs ~40 us per eager call on CPU, the plain dispatcher path ~3 us (measured, torch 2.13).
 _LIB = torch.library.Library(NAMESPACE, "DEF")
-_LIB.define(SCHEMA)
-# CompositeExplicitAutograd: one kernel for every device (CPU, CUDA, ROCm); the backend picks
-# the device-specific launch. No autograd formula: logits feed a top-k, not a backward pass.
-_LIB.impl(OP_NAME, _impl, "CompositeExplicitAutograd")
-torch.library.register_fake(f"{NAMESPACE}::{OP_NAME}", _fake, lib=_LIB)
-
-op = getattr(getattr(torch.ops, NAMESPACE), OP_NAME).default
+op = define(_LIB, OP, _implementation)
 
 
 def _must_use_op(out_logits) -> bool:
@@ -81,6 +91,29 @@ def _must_use_op(out_logits) -> bool:
         or torch._C._len_torch_dispatch_stack() > 0  # make_fx, FakeTensorMode, other dispatch modes
         or torch._C._is_torch_function_mode_enabled()  # TorchFunctionMode (incl. `with torch.device(..)`)
     )
+
+
+def call(values: dict, args: LaunchArgs | None = None) -> torch.Tensor:
+    """Run one call given by argument name (every argument of :data:`signature.OP`) on the path
+    the caller's context needs (the registered op, or the direct eager implementation); returns
+    ``out_logits``. ``args``: the call validated already, by a wrapper that needed its problem."""
+    out_logits = values["out_logits"]
+    compiling = torch.compiler.is_compiling()
+    if not compiling and not _must_use_op(out_logits):
+        return _op.run(values, args)
+    # checked before crossing the schema, where -1 means "no hint" and anything but a str config
+    # or a bool clean_logits would fail with the dispatcher's error instead of the op's
+    _op.check_options(values["context_hint"], values["clean_logits"], values["backend"], values["config"])
+    positional, keywords = OP.encode(values)
+    if compiling:  # the graph's run of the op checks again: this check ran while tracing
+        op(*positional, **keywords)
+        return out_logits
+    token = _HANDED_OVER.set(_HandedOver(values, args))
+    try:
+        op(*positional, **keywords)
+    finally:
+        _HANDED_OVER.reset(token)
+    return out_logits
 
 
 def paged_mqa_logits(
@@ -102,18 +135,12 @@ def paged_mqa_logits(
     """FP8 paged MQA logits, written into ``out_logits`` (returned). Same contract and arguments
     as :func:`paged_mqa_logits.op.paged_mqa_logits_eager`; works under ``torch.compile(fullgraph=True)``
     and inside CUDA/HIP graph capture."""
-    _op.check_options(context_hint, clean_logits, backend, config)
-    if torch.compiler.is_compiling() or _must_use_op(out_logits):
-        op(q_fp8, kv_cache, weights, out_logits, context_lens, kv_indices, max_model_len, Preshuffle, KVBlockSize,
-           context_hint=NO_HINT if context_hint is None else context_hint, clean_logits=clean_logits,
-           backend=backend, config=None if config is None else json.dumps(config, sort_keys=True))
-        return out_logits
-    return _op.paged_mqa_logits_eager(
-        q_fp8, kv_cache, weights, out_logits, context_lens, kv_indices, max_model_len, Preshuffle, KVBlockSize,
-        context_hint=context_hint, clean_logits=clean_logits, backend=backend, config=config,
-    )
+    # Spelled out for readers and tools: upstream's positional order, the keywords vLLM passes.
+    # tests/test_signature.py keeps it equal to signature.OP; the body forwards every argument by
+    # name, so it needs no edit when an argument is added.
+    return call(locals())
 
 
 paged_mqa_logits.__doc__ += "\n\n" + (_op.paged_mqa_logits_eager.__doc__ or "")
 
-__all__ = ["paged_mqa_logits", "op", "SCHEMA", "EAGER_VIA_OP"]
+__all__ = ["paged_mqa_logits", "op", "SCHEMA", "EAGER_VIA_OP", "NO_HINT", "call", "define"]

@@ -292,8 +292,9 @@ def check_block_ids(context_lens: torch.Tensor, kv_indices: torch.Tensor, next_n
 
 # ----------------------------------------------------------------------------- host options
 def check_options(context_hint, clean_logits, backend, config, backend_names) -> None:
-    """The keyword options, checked alike on the eager and the ``torch.ops`` paths (the public
-    entry point checks them before choosing a path); ``backend`` must be one of
+    """The keyword options, checked alike on the eager and the ``torch.ops`` paths, once per call
+    (the entry point checks them before handing a call to the torch op, the op's implementation
+    otherwise; ``build_launch_args`` checks the hint with the call); ``backend`` must be one of
     ``backend_names`` (the registry's, passed in: validation sits below the backends). A
     ``SymInt`` hint is left to the real implementation, which sees a plain int."""
     if context_hint is not None and not isinstance(context_hint, torch.SymInt):

@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import torch
 
-from .. import backends, dispatch, torch_op
+from .. import backends, dispatch, torch_op, validate
 from ..arch import detect
-from ..op import launch
+from ..signature import OP
 from ..torch_op import paged_mqa_logits
-from ..validate import PagedMQAArgumentError, build_launch_args
+from ..validate import PagedMQAArgumentError
 
 __all__ = ["deepgemm_fp8_paged_mqa_logits", "aiter_knobs"]
 
@@ -88,17 +88,16 @@ def deepgemm_fp8_paged_mqa_logits(
     row does not see are left as passed, so pre-fill ``out_logits`` with ``-inf`` as AITER's
     callers do. The knob arguments are described in the module docstring.
     """
+    op_arguments = OP.select(locals())  # the op's arguments among AITER's, by name
     explicit = not (isinstance(ChunkK, _Default) and isinstance(WavePerEU, _Default) and TotalCuCount is None)
     if VarCtxSchedule is not None and not isinstance(VarCtxSchedule, torch.Tensor):
         _fail("VarCtxSchedule", "None or a torch.Tensor", type(VarCtxSchedule).__name__)
     if not explicit:
-        return paged_mqa_logits(q_fp8, kv_cache, weights, out_logits, context_lens, kv_indices, max_model_len,
-                                Preshuffle, KVBlockSize)
+        return paged_mqa_logits(**op_arguments)
 
     chunk_k = _positive_int("ChunkK", ChunkK)
     wave_per_eu = _positive_int("WavePerEU", WavePerEU)
-    args = build_launch_args(q_fp8, kv_cache, weights, out_logits, context_lens, kv_indices, max_model_len,
-                             Preshuffle, KVBlockSize)
+    args = validate.build_launch_args(**op_arguments)
     if chunk_k % args.kv_block_size and args.kv_block_size % chunk_k:
         _fail("ChunkK", f"a multiple or a divisor of KVBlockSize={args.kv_block_size}", chunk_k)
     if TotalCuCount is None:
@@ -113,8 +112,5 @@ def deepgemm_fp8_paged_mqa_logits(
     config = dict(choice.config)
     names = _knob_names(backend, problem, config)
     config.update({k: v for k, v in knobs.items() if k in names})
-    if torch.compiler.is_compiling() or torch_op._must_use_op(out_logits):
-        return paged_mqa_logits(q_fp8, kv_cache, weights, out_logits, context_lens, kv_indices, max_model_len,
-                                Preshuffle, KVBlockSize, backend=choice.backend, config=config)
-    launch(args, backend=choice.backend, config=config)  # eager: the arguments are validated already
-    return out_logits
+    # the call validated above is not validated again (where the op's run can reuse it)
+    return torch_op.call(OP.complete(dict(op_arguments, backend=choice.backend, config=config)), args)

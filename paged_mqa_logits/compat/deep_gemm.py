@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from ..problem import SUPPORTED_KV_BLOCK_SIZES
+from ..signature import OP
 from ..torch_op import paged_mqa_logits
 from ..validate import PagedMQAArgumentError
 
@@ -29,6 +30,13 @@ __all__ = ["get_paged_mqa_logits_metadata", "fp8_paged_mqa_logits", "SPLIT_KV"]
 
 #: tokens per schedule segment; DeepGEMM's split on sm_90 / sm_100
 SPLIT_KV = 256
+
+#: DeepGEMM's names of the op's arguments, where they differ (the rest share the op's name)
+OP_NAMES = {"q": "q_fp8", "block_table": "kv_indices", "max_context_len": "max_model_len"}
+
+#: the op's argument names -> DeepGEMM's (an error names what the caller passed); the op's
+#: ``KVBlockSize`` is read from ``kv_cache``
+_ARGUMENT_NAMES = {**{ours: theirs for theirs, ours in OP_NAMES.items()}, "KVBlockSize": "kv_cache"}
 
 
 def _fail(name: str, expected: str, got) -> None:
@@ -124,6 +132,7 @@ def fp8_paged_mqa_logits(
         buffer whose rows are padded to a multiple of 256 columns (``stride(0)`` is the
         padded width; the last dimension is contiguous).
     """
+    op_arguments = OP.select({OP_NAMES.get(name, name): value for name, value in locals().items()})
     _no_indices(indices)
     if not isinstance(schedule_meta, torch.Tensor) or schedule_meta.dtype != torch.int32 or schedule_meta.dim() != 2 \
             or schedule_meta.shape[1] != 2:
@@ -141,16 +150,10 @@ def fp8_paged_mqa_logits(
     padded = -(-max_context_len // SPLIT_KV) * SPLIT_KV
     logits = torch.empty((rows, padded), dtype=torch.float32, device=q.device)[:, :max_context_len]
     try:
-        paged_mqa_logits(q, kv_cache, weights, logits, context_lens, block_table, max_context_len, False,
-                         kv_cache.shape[1], clean_logits=clean_logits)
+        paged_mqa_logits(**op_arguments, out_logits=logits, Preshuffle=False, KVBlockSize=kv_cache.shape[1])
     except PagedMQAArgumentError as exc:
         raise PagedMQAArgumentError(_in_deep_gemm_names(str(exc))) from None
     return logits
-
-
-#: the op's argument names -> this function's (an error names what the caller passed)
-_ARGUMENT_NAMES = {"q_fp8": "q", "kv_indices": "block_table", "max_model_len": "max_context_len",
-                   "KVBlockSize": "kv_cache"}
 
 
 def _in_deep_gemm_names(message: str) -> str:
