@@ -95,19 +95,19 @@ def test_the_contract_documents_the_declared_signature():
 
 
 # ----------------------------------------------------------------------------- adding an argument
-SCALE = Argument("q_scale", "Tensor?", "torch.Tensor | None", "per-row scales of the query.", default=None,
-                 keyword_only=True, quantities=(Quantity("scaled", "a ``q_scale`` is passed", False),))
-EXTENDED = OpSignature("with_scale", OP.arguments + (SCALE,))
+BIAS = Argument("row_bias", "Tensor?", "torch.Tensor | None", "per-row biases of the logits.", default=None,
+                keyword_only=True, quantities=(Quantity("biased", "a ``row_bias`` is passed", False),))
+EXTENDED = OpSignature("with_bias", OP.arguments + (BIAS,))
 
 
 def test_a_declared_argument_reaches_the_schema_the_signatures_and_the_docs():
-    assert EXTENDED.schema() == OP.schema().replace("paged_mqa_logits(", "with_scale(").replace(
-        "str? config=None)", "str? config=None, Tensor? q_scale=None)")
-    assert list(EXTENDED.python.parameters)[-1] == "q_scale" and EXTENDED.python.parameters["q_scale"].kind.name == \
+    assert EXTENDED.schema() == OP.schema().replace("paged_mqa_logits(", "with_bias(").replace(
+        "=None) -> ()", "=None, Tensor? row_bias=None) -> ()")
+    assert list(EXTENDED.python.parameters)[-1] == "row_bias" and EXTENDED.python.parameters["row_bias"].kind.name == \
         "KEYWORD_ONLY"
-    assert "q_scale: per-row scales of the query." in EXTENDED.arguments_doc()
-    assert list(EXTENDED.description().parameters)[-1] == "scaled"
-    values = EXTENDED.complete(dict(zip(OP.positional, range(7)), q_scale="s"))
+    assert "row_bias: per-row biases of the logits." in EXTENDED.arguments_doc()
+    assert list(EXTENDED.description().parameters)[-1] == "biased"
+    values = EXTENDED.complete(dict(zip(OP.positional, range(7)), row_bias="s"))
     assert EXTENDED.decode(*EXTENDED.encode(values)) == values
 
 
@@ -116,10 +116,10 @@ def test_a_declared_argument_reaches_the_registered_implementation():
     seen = []
     defined = torch_op.define(library, EXTENDED, seen.append)
     tensors = [torch.zeros(2) for _ in range(6)]
-    scale = torch.ones(3)
-    defined(*tensors, 5, True, context_hint=7, config='{"ChunkK": 64}', q_scale=scale)
+    bias = torch.ones(3)
+    defined(*tensors, 5, True, context_hint=7, config='{"ChunkK": 64}', row_bias=bias)
     defined(*tensors, 5)
-    assert seen[0]["q_scale"] is scale and seen[0]["config"] == {"ChunkK": 64} and seen[0]["context_hint"] == 7
+    assert seen[0]["row_bias"] is bias and seen[0]["config"] == {"ChunkK": 64} and seen[0]["context_hint"] == 7
     assert seen[1] == EXTENDED.complete(dict(zip(EXTENDED.positional, tensors + [5])))  # defaults, decoded
     assert seen[0]["out_logits"] is tensors[3]
 
@@ -127,7 +127,7 @@ def test_a_declared_argument_reaches_the_registered_implementation():
 
     with FakeTensorMode() as mode:  # the fake takes the new argument too and writes nothing
         fake = [mode.from_tensor(t) for t in tensors]
-        assert defined(*fake, 5, q_scale=mode.from_tensor(scale)) is None
+        assert defined(*fake, 5, row_bias=mode.from_tensor(bias)) is None
     assert len(seen) == 2
 
 
