@@ -73,11 +73,14 @@ def test_the_aiter_signature_is_the_declared_positional_part_then_aiters_knobs()
     assert [p.name for p in params[len(shared):]] == ["ChunkK", "TotalCuCount", "WavePerEU", "VarCtxSchedule"]
 
 
-def test_the_deep_gemm_signature_maps_onto_the_declaration_in_its_order():
-    params = _parameters(deep_gemm.fp8_paged_mqa_logits)
+@pytest.mark.parametrize("function,own", [(deep_gemm.fp8_paged_mqa_logits, ["schedule_meta", "indices"]),
+                                          (deep_gemm.fp8_fp4_paged_mqa_logits,
+                                           ["schedule_meta", "logits_dtype", "indices"])])
+def test_the_deep_gemm_signature_maps_onto_the_declaration_in_its_order(function, own):
+    params = _parameters(function)
     mapped = [(deep_gemm.OP_NAMES.get(p.name, p.name), p) for p in params]
     ours = [(name, p) for name, p in mapped if name in OP.by_name]
-    assert [p.name for name, p in mapped if name not in OP.by_name] == ["schedule_meta", "indices"]  # DeepGEMM's own
+    assert [p.name for name, p in mapped if name not in OP.by_name] == own  # DeepGEMM's own
     assert set(deep_gemm.OP_NAMES.values()) <= set(OP.by_name)
     assert [name for name, _ in ours] == [name for name in OP.names if name in dict(ours)]  # the op's order
     for name, p in ours:
