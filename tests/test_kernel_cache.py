@@ -21,10 +21,12 @@ from paged_mqa_logits.problem import Problem
 from paged_mqa_logits.warmup import warm_inputs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# the sm_90 TMA row: its keys go by TMA descriptor, which a launch builds on the host
 TINY_TABLE = """\
-arch,cu_num,heads,head_dim,kv_block_size,preshuffle,batch,next_n,context,backend,ChunkK,WavePerEU,SplitKV,num_warps,num_stages,us,provenance
-sm_90,132,64,128,64,0,2,1,any,triton,64,,0,4,3,,prior:test
-gfx950,256,64,128,64,1,2,1,any,triton,64,,0,4,2,,prior:test
+arch,cu_num,heads,head_dim,kv_block_size,preshuffle,batch,next_n,context,backend,ChunkK,WavePerEU,SplitKV,num_warps,num_stages,Consumers,CtasPerSM,KeyCopy,RowsPerMMA,Schedule,variant,us,provenance
+sm_90,132,64,128,64,0,2,1,any,triton,64,,0,4,3,,,,,,,,prior:test
+sm_90,132,32,128,64,0,4,1,any,gluon,128,,,4,2,1,2,tma,1,balanced,wgmma_ws,,prior:test
+gfx950,256,64,128,64,1,2,1,any,triton,64,,0,4,2,,,,,,,,prior:test
 """
 
 
