@@ -38,7 +38,8 @@ def paged_mqa_logits_eager(
 
     Args:
         q_fp8: ``[B, next_n, H, D]`` fp8 e4m3 (fn; fnuz on gfx942), D = 128, next_n 1..8.
-        kv_cache: ``[num_blocks, KVBlockSize, 1, D + 4]`` uint8, keys then fp32 scales per block.
+        kv_cache: ``[num_blocks, KVBlockSize, 1, D + 4]`` uint8, keys then fp32 scales per block
+            (the same bytes fp8-typed, and KVBlockSize-1 rows padded to 144 bytes, are accepted).
         weights: ``[B * next_n, H]`` float32.
         out_logits: ``[>= B * next_n, >= max_model_len]`` float32, written in place.
         context_lens: ``[B]`` or ``[B, next_n]`` int32.

@@ -143,10 +143,7 @@ def build_launch_args(
     if context_hint is not None:
         context_hint = _host_int("context_hint", context_hint, 0)
 
-    kv = _tensor("kv_cache", kv_cache, (torch.uint8,), (4,))
-    expected_shape = f"[num_blocks, KVBlockSize={block_size}, 1, {head_dim + 4}]"
-    if kv.shape[1] != block_size or kv.shape[2] != 1 or kv.shape[3] != head_dim + 4:
-        _fail("kv_cache", f"shape {expected_shape}", f"shape {tuple(kv.shape)}")
+    kv = _cache_bytes(kv_cache, block_size, head_dim)
     packed = block_size * (head_dim + 4)
     if kv.stride(3) != 1 or (block_size > 1 and kv.stride(1) != head_dim + 4):
         _fail("kv_cache", "every block packed contiguously (strides [*, D+4, *, 1])", f"strides {kv.stride()}")
@@ -210,6 +207,28 @@ def build_launch_args(
         kv_base_aligned=kv.data_ptr() % 16 == 0, kv_32bit=kv_fits_32bit(kv),
     )
     return LaunchArgs(q, kv, w, out, lens, table, max_model_len, block_size, Preshuffle, problem)
+
+
+def padded_token_row(head_dim: int) -> int:
+    """Bytes of a KVBlockSize-1 token row padded to a multiple of 16 (AITER's padded layout:
+    ``[num_blocks, 1, 1, 144]`` for D = 128, the token's ``D + 4`` bytes first)."""
+    return -(-(head_dim + 4) // 16) * 16
+
+
+def _cache_bytes(kv_cache, block_size: int, head_dim: int) -> torch.Tensor:
+    """``kv_cache`` as the documented uint8 layout ``[num_blocks, KVBlockSize, 1, D + 4]``.
+    The same bytes are accepted fp8-typed (AITER's callers hand the cache over as e4m3), and at
+    KVBlockSize 1 with each token row padded to :func:`padded_token_row` bytes (the padding is
+    never read)."""
+    kv = _tensor("kv_cache", kv_cache, (torch.uint8, torch.float8_e4m3fn, torch.float8_e4m3fnuz), (4,))
+    if kv.dtype != torch.uint8:
+        kv = kv.view(torch.uint8)  # one byte per element either way: the same bytes
+    row = head_dim + 4
+    widths = (row, padded_token_row(head_dim)) if block_size == 1 else (row,)
+    if kv.shape[1] != block_size or kv.shape[2] != 1 or kv.shape[3] not in widths:
+        shape = f"[num_blocks, KVBlockSize={block_size}, 1, {' or '.join(map(str, widths))}]"
+        _fail("kv_cache", f"shape {shape}", f"shape {tuple(kv.shape)}")
+    return kv[..., :row] if kv.shape[3] != row else kv
 
 
 def _canonical_size_one_strides(kv: torch.Tensor, block_size: int, head_dim: int) -> torch.Tensor:

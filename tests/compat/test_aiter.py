@@ -7,8 +7,8 @@ import inspect
 import pytest
 import torch
 
-from op_cases import device_and_fp8
-from paged_mqa_logits import backends
+from op_cases import device_and_fp8, positional
+from paged_mqa_logits import backends, paged_mqa_logits
 from paged_mqa_logits.compat import aiter
 from paged_mqa_logits.dispatch import Choice
 from paged_mqa_logits.reference import check_logits, make_inputs, reference_logits
@@ -94,4 +94,46 @@ def test_bad_knobs_name_the_argument(knobs, argument):
     with pytest.raises(PagedMQAArgumentError, match=f"argument `{argument}`"):
         aiter.deepgemm_fp8_paged_mqa_logits(inp["q_fp8"], inp["kv_cache"], inp["weights"], inp["out_logits"],
                                             inp["context_lens"], inp["kv_indices"], 768, True, 64, **knobs)
+    assert torch.equal(inp["out_logits"], before)
+
+
+def _aiter_layout(kv_cache, fp8_typed: bool, padded: bool) -> torch.Tensor:
+    """The cache as AITER's tests hand it over: the same bytes fp8-typed, and/or each
+    KVBlockSize-1 token row padded to 144 bytes (the token's 132 bytes first)."""
+    if padded:
+        rows = torch.full((kv_cache.shape[0], 1, 1, 144), 0x7F, dtype=torch.uint8)  # padding bytes are fp8 NaN
+        rows[..., :132] = kv_cache
+        kv_cache = rows
+    return kv_cache.view(torch.float8_e4m3fnuz) if fp8_typed else kv_cache
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton", None])
+@pytest.mark.parametrize("fp8_typed,padded", [(True, False), (False, True), (True, True)])
+def test_aiters_cache_layouts_give_the_same_logits(backend, fp8_typed, padded):
+    inp = make_inputs(2, 2, 16, [40, 9], kv_block_size=1, lens_2d=True, max_model_len=48, out_fill=float("-inf"))
+    expected = inp["out_logits"].clone()
+    paged_mqa_logits(*positional(inp), backend=backend)
+    got = torch.full_like(expected, float("-inf"))
+    kv = _aiter_layout(inp["kv_cache"], fp8_typed, padded)
+    args = list(positional(inp))
+    args[1], args[3] = kv, got
+    if backend is None:  # AITER's own entry point, explicit knobs as vLLM passes them
+        aiter.deepgemm_fp8_paged_mqa_logits(*args[:7], Preshuffle=False, KVBlockSize=1, ChunkK=16, WavePerEU=2)
+        paged_mqa_logits(*positional(inp))
+    else:
+        paged_mqa_logits(*args, backend=backend)
+    assert torch.equal(got, inp["out_logits"])
+    assert check_logits(got, torch.full_like(got, float("-inf")), _reference(inp)).ok
+
+
+@pytest.mark.parametrize("kv_block_size,width", [(1, 136), (16, 144)])
+def test_other_padded_widths_are_refused_naming_the_cache(kv_block_size, width):
+    inp = _inputs("cpu", torch.float8_e4m3fn, kv_block_size=kv_block_size, preshuffle=False)
+    args = list(positional(inp))
+    args[1] = torch.zeros((4, kv_block_size, 1, width), dtype=torch.uint8)
+    before = inp["out_logits"].clone()
+    expected = "132 or 144" if kv_block_size == 1 else "132"
+    with pytest.raises(PagedMQAArgumentError, match=rf"`kv_cache`: expected shape \[num_blocks, KVBlockSize="
+                                                    rf"{kv_block_size}, 1, {expected}\], got shape"):
+        paged_mqa_logits(*args)
     assert torch.equal(inp["out_logits"], before)
