@@ -46,12 +46,24 @@ def _last_dim_contiguous(name: str, t: torch.Tensor) -> None:
         _fail(name, "a contiguous last dimension (stride 1)", f"stride {t.stride(-1)}")
 
 
-def _host_int(name: str, value, minimum: int) -> int:
+def _host_int(name: str, value, minimum: int, maximum: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         _fail(name, "a Python int", type(value).__name__)
-    if value < minimum:
-        _fail(name, f"an int >= {minimum}", value)
+    if value < minimum or (maximum is not None and value > maximum):
+        _fail(name, f"an int >= {minimum}" if maximum is None else f"an int in {minimum}..{maximum}", value)
     return value
+
+
+#: the widest ``max_model_len``: positions are int32 on every path, as ``context_lens`` are, so
+#: no row sees a column past it (a larger value only asks for memory)
+MAX_MODEL_LEN = 2**31 - 1
+
+
+MAX_MODEL_LEN_EXPECTED = f"an int in 0..{MAX_MODEL_LEN} (positions are int32)"
+
+
+def max_model_len_rule(max_model_len: int) -> str | None:
+    return None if 0 <= max_model_len <= MAX_MODEL_LEN else MAX_MODEL_LEN_EXPECTED
 
 
 # ----------------------------------------------------------------------------- shape rules
@@ -139,7 +151,7 @@ def build_launch_args(
     expected = kv_block_size_rule(block_size, Preshuffle)
     if expected is not None:
         _fail("KVBlockSize", expected, block_size)
-    max_model_len = _host_int("max_model_len", max_model_len, 0)
+    max_model_len = _host_int("max_model_len", max_model_len, 0, MAX_MODEL_LEN)
     if context_hint is not None:
         context_hint = _host_int("context_hint", context_hint, 0)
 
