@@ -150,7 +150,7 @@ def overrides() -> tuple[str | None, int | None]:
                 f"or gfx950, got {arch!r}")
     if cu_num:
         text = cu_num.strip()
-        if not text.isdigit() or int(text) < 1:
+        if not re.fullmatch(r"[0-9]+", text) or int(text) < 1:  # ASCII digits: str.isdigit takes "²"
             raise PagedMQAEnvironmentError(
                 f"paged_mqa_logits: environment variable {ENV_CU_NUM}: expected a positive integer (CUs or SMs), "
                 f"got {cu_num!r}")

@@ -37,9 +37,12 @@ from typing import Callable
 from . import table
 from .backends import registry
 from .problem import Problem, Target, resolve_target
+from .errors import env_flag
 
 LOG_ENV = ("AITER_LOG_TUNED_CONFIG", "PAGED_MQA_LOGITS_LOG_TUNED_CONFIG")
 logger = logging.getLogger("paged_mqa_logits")
+#: the dispatch picks that ``AITER_LOG_TUNED_CONFIG`` / ``PAGED_MQA_LOGITS_LOG_TUNED_CONFIG`` show
+pick_logger = logging.getLogger("paged_mqa_logits.tuned_config")
 
 
 def arch_fallback_chain(arch: str) -> tuple[str, ...]:
@@ -74,15 +77,20 @@ def knobs_key(config: dict) -> tuple:
 
 
 def _log_enabled() -> bool:
-    return any(os.environ.get(name, "0") not in ("", "0") for name in LOG_ENV)
+    return any(env_flag(name, os.environ.get(name)) for name in LOG_ENV)
 
 
-def _ensure_log_handler() -> None:
-    if not logger.handlers and not logging.getLogger().handlers:
+def _pick_logger() -> logging.Logger:
+    """Where the picks go when asked for: a logger of its own at INFO that does not propagate,
+    so an application's logging configuration (a root level of WARNING, say) cannot hide what
+    the variable asked to see; stderr unless the application attached a handler to it."""
+    if not pick_logger.handlers:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("[paged_mqa_logits] %(message)s"))
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
+        pick_logger.addHandler(handler)
+    pick_logger.setLevel(logging.INFO)
+    pick_logger.propagate = False
+    return pick_logger
 
 
 class Dispatcher:
@@ -121,8 +129,7 @@ class Dispatcher:
                     return self._cache[key]
                 self._cache[key] = choice
             if _log_enabled():
-                _ensure_log_handler()
-                logger.info("%s -> %s", problem.describe(), choice.describe())
+                _pick_logger().info("%s -> %s", problem.describe(), choice.describe())
         return choice
 
     def decide(self, problem: Problem, target: Target | None = None) -> Choice:

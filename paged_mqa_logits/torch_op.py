@@ -32,6 +32,7 @@ import os
 import torch
 
 from . import op as _op
+from .errors import PagedMQAArgumentError, env_flag
 
 NAMESPACE = "paged_mqa_logits"
 OP_NAME = "paged_mqa_logits"
@@ -44,7 +45,7 @@ SCHEMA = (
 NO_HINT = -1
 
 #: route eager calls through the dispatcher too (tracing and modes always go through it)
-EAGER_VIA_OP = os.environ.get("PAGED_MQA_LOGITS_EAGER_VIA_OP", "0") not in ("", "0")
+EAGER_VIA_OP = env_flag("PAGED_MQA_LOGITS_EAGER_VIA_OP", os.environ.get("PAGED_MQA_LOGITS_EAGER_VIA_OP"))
 
 
 def _impl(q_fp8, kv_cache, weights, out_logits, context_lens, kv_indices, max_model_len, Preshuffle=False,
@@ -52,8 +53,18 @@ def _impl(q_fp8, kv_cache, weights, out_logits, context_lens, kv_indices, max_mo
     _op.paged_mqa_logits_eager(
         q_fp8, kv_cache, weights, out_logits, context_lens, kv_indices, max_model_len, Preshuffle, KVBlockSize,
         context_hint=None if context_hint == NO_HINT else context_hint, clean_logits=clean_logits,
-        backend=backend, config=None if config is None else json.loads(config),
+        backend=backend, config=None if config is None else _config_from_json(config),
     )
+
+
+def _config_from_json(text: str):
+    """The ``config`` string of the ``torch.ops`` schema back to knobs (not a dict: the op's
+    own check names it)."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise PagedMQAArgumentError(f"paged_mqa_logits: argument `config`: expected a JSON object of knobs, "
+                                    f"got {text!r}") from None
 
 
 def _fake(q_fp8, kv_cache, weights, out_logits, context_lens, kv_indices, max_model_len, Preshuffle=False,

@@ -22,6 +22,7 @@ def test_override_applies_to_gpu_info(monkeypatch):
 
 
 @pytest.mark.parametrize("variable,value", [("PAGED_MQA_LOGITS_CU_NUM", "many"), ("PAGED_MQA_LOGITS_CU_NUM", "-1"),
+                                            ("PAGED_MQA_LOGITS_CU_NUM", "\u00b2"),  # a digit to str.isdigit, not to int
                                             ("PAGED_MQA_LOGITS_CU_NUM", "0"), ("PAGED_MQA_LOGITS_ARCH", "abc"),
                                             ("PAGED_MQA_LOGITS_ARCH", "-1")])
 def test_bad_override_values_name_the_variable(monkeypatch, variable, value):

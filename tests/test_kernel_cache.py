@@ -209,3 +209,11 @@ def test_activate_overlays_without_touching_the_users_cache(tmp_path, monkeypatc
         assert knobs.cache.manager_class is Mine
     finally:
         del knobs.cache.manager_class
+
+
+def test_a_relative_xdg_cache_home_is_ignored(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert overlay.default_dirs()[-1] == str(tmp_path / "xdg" / "paged_mqa_logits" / "kernel_cache")
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/cache")
+    assert overlay.default_dirs()[-1] == str(tmp_path / ".cache" / "paged_mqa_logits" / "kernel_cache")

@@ -5,7 +5,8 @@ Run-time rule (documented in the README):
 * ``PAGED_MQA_LOGITS_KERNEL_CACHE`` = a path list (``os.pathsep``) of precompiled caches;
   ``off`` (or ``0``/``none``) disables them. Unset: every existing one of
   ``<package>/kernel_cache``, ``<source checkout>/kernel_cache`` (CMake's default output) and
-  ``${XDG_CACHE_HOME:-~/.cache}/paged_mqa_logits/kernel_cache``.
+  ``${XDG_CACHE_HOME:-~/.cache}/paged_mqa_logits/kernel_cache`` (a relative ``XDG_CACHE_HOME``
+  is ignored, as the XDG spec says).
 * Only caches :func:`~paged_mqa_logits.aot.precompile.precompile` wrote are used: a directory
   needs its ``manifest.json``, which lists the sha256 of every file; a file that is not listed
   or does not match is ignored (the JIT compiles instead). A directory (or manifest) writable by
@@ -50,7 +51,9 @@ MANIFEST = "manifest.json"
 # ============================================================================ run-time lookup
 def default_dirs() -> list[str]:
     package = Path(__file__).resolve().parent.parent
-    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(xdg):  # the XDG spec: a relative path is invalid and is ignored
+        xdg = os.path.join(os.path.expanduser("~"), ".cache")
     dirs = [str(package / "kernel_cache")]
     if (package.parent / "pyproject.toml").exists():  # a source checkout: CMake's default output
         dirs.append(str(package.parent / "kernel_cache"))
