@@ -29,7 +29,9 @@ import triton
 from .arch import ARCH_SPECS, normalise_arch, triton_target
 from .backends import registry
 from .backends.base import CompileRecord, CompileSpec, SelfCompiled, SpecCompiled
-from .cli import ArgumentParser
+from .cli import ArgumentParser, CliError
+from .problem import HEAD_DIM, Problem, ShapeKey, Target
+from .validate import arch_rule
 from .triton_internals.compiler import ASTSource, GluonASTSource
 from .triton_internals.toolchain import nvidia_tool
 from . import table
@@ -251,6 +253,18 @@ def _compiler(backend: str):
     return chosen
 
 
+def compile_archs(backend: str) -> list[str]:
+    """The GPU archs of :data:`~paged_mqa_logits.arch.ARCH_SPECS` ``backend`` serves, judged on
+    the DeepSeek decode shape (the archs ``compile --arch`` takes)."""
+    shape = ShapeKey(heads=64, head_dim=HEAD_DIM, kv_block_size=64, preshuffle=False, batch=1, next_n=1)
+    out = []
+    for arch, spec in ARCH_SPECS.items():
+        target = Target.described(arch, spec.usual_cu_num)
+        if spec.warp_size and registry.why_not(backend, Problem.of(shape, target, max_model_len=4096), target) is None:
+            out.append(arch)
+    return out
+
+
 def backend_specs(backend: str, arch: str, only_table: bool = False) -> list[CompileSpec]:
     """Specs of ``backend`` for ``arch``: its whole compile matrix, or with ``only_table`` the
     configs the tuned table can pick on ``arch``."""
@@ -364,6 +378,12 @@ def main(argv: list[str]) -> int:
     p.add_argument("--only-table", action="store_true", help="only the configs the tuned table can pick")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel compile processes")
     a = p.parse_args(argv)
+    if a.jobs < 1:
+        raise CliError(f"argument --jobs: expected an int >= 1, got {a.jobs}")
+    targets = compile_archs(a.backend)
+    expected = arch_rule(normalise_arch(a.arch), targets)
+    if expected is not None:
+        raise CliError(f"argument --arch: expected {expected}, got {a.arch}")
     records = compile_all(a.backend, a.arch, a.out, only_table=a.only_table, jobs=a.jobs)
     if records:
         print(summary_table(records))

@@ -91,6 +91,12 @@ def kv_block_size_rule(kv_block_size: int, preshuffle: bool) -> str | None:
     return None
 
 
+def arch_rule(arch: str, known) -> str | None:
+    """The one answer every command gives for an arch it does not serve (``known``: the archs
+    it does)."""
+    return None if arch in known else "one of " + ", ".join(sorted(known))
+
+
 def check_problem(*, arch: str | None, cu_num: int | None, batch: int, next_n: int, heads: int, head_dim: int,
                   kv_block_size: int, preshuffle: bool, context: int | None, names: dict[str, str],
                   prefix: str = "", known_archs=None) -> None:
@@ -107,8 +113,7 @@ def check_problem(*, arch: str | None, cu_num: int | None, batch: int, next_n: i
             raise PagedMQAArgumentError(f"{prefix}argument {names.get(field, field)}: expected {expected}, got {got}")
 
     if arch is not None:
-        known = sorted(known_archs if known_archs is not None else arch_mod.USUAL_CU_NUM)
-        check("arch", None if arch in known else "one of " + ", ".join(known), arch)
+        check("arch", arch_rule(arch, known_archs if known_archs is not None else arch_mod.USUAL_CU_NUM), arch)
     if cu_num is not None:
         minimum = 0 if arch == "cpu" else 1
         check("cu_num", None if cu_num >= minimum else f"an int >= {minimum}", cu_num)

@@ -94,6 +94,9 @@ def _recheck(argv: list[str]) -> int:
     from .recheck import recheck
 
     a = _recheck_parser().parse_args(argv)
+    cli.check_bounds(("--timeout", a.timeout, 0, "above"), ("--replays", a.replays, 1), ("--max-copies", a.max_copies, 1),
+                     ("--sample", a.sample, 0), ("--drift", a.drift, 0, "above"), ("--warn", a.warn, 0, "above"),
+                     ("--fail", a.fail, 0, "above"))
     return recheck(a.table, baseline=a.baseline, fail_on_regression=a.fail_on_regression, device=a.device,
                    out=a.out, drift=a.drift, warn=a.warn, fail=a.fail, timeout=a.timeout, replays=a.replays,
                    max_copies=a.max_copies, sample=a.sample, quiet=a.quiet)
@@ -110,8 +113,18 @@ def _tune(argv: list[str]) -> int:
             raise cli.CliError(f"argument untuned: expected an existing CSV file, got {path!r}")
     if a.out is None and not a.dry_run:
         raise cli.CliError("argument -o/--out: expected the tuned table to write (required unless --dry-run), got none")
-    if a.time_budget is not None and a.time_budget <= 0:
-        raise cli.CliError(f"argument --time-budget: expected seconds > 0, got {a.time_budget}")
+    cli.check_bounds(("--time-budget", a.time_budget, 0, "above"), ("--timeout", a.timeout, 0, "above"),
+                     ("--build-timeout", a.build_timeout, 0, "above"), ("--cu-num", a.cu_num, 1), ("--mp", a.mp, 1),
+                     ("--jobs", a.jobs, 0), ("--top", a.top, 1), ("--max-candidates", a.max_candidates, 0),
+                     ("--max-copies", a.max_copies, 1), ("--screen-replays", a.screen_replays, 1),
+                     ("--confirm-replays", a.confirm_replays, 0))
+    if a.arch is not None:
+        from paged_mqa_logits.arch import USUAL_CU_NUM, normalise_arch
+        from paged_mqa_logits.validate import arch_rule
+
+        expected = arch_rule(normalise_arch(a.arch), USUAL_CU_NUM)
+        if expected is not None:
+            raise cli.CliError(f"argument --arch: expected {expected}, got {a.arch}")
     from .search import Options, tune
 
     opts = Options(
@@ -122,6 +135,10 @@ def _tune(argv: list[str]) -> int:
         max_copies=a.max_copies, screen_replays=a.screen_replays, confirm_replays=a.confirm_replays, report=a.report,
         quiet=a.quiet, lengths="" if a.lengths == "uniform" else a.lengths)
     outcome = tune(opts)
+    if not a.dry_run and not outcome.tuned and (outcome.failed or outcome.left):
+        print(f"[tuner] nothing tuned: {len(outcome.failed)} key(s) failed, {len(outcome.left)} not reached",
+              file=sys.stderr)
+        return 1
     return 1 if outcome.failed else 0
 
 
