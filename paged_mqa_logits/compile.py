@@ -30,6 +30,7 @@ from .arch import ARCH_SPECS, normalise_arch, triton_target
 from .backends import registry
 from .backends.base import CompileRecord, CompileSpec, SelfCompiled, SpecCompiled
 from .cli import ArgumentParser, CliError
+from .files import atomic_write
 from .problem import HEAD_DIM, Problem, ShapeKey, Target
 from .validate import arch_rule
 from .triton_internals.compiler import ASTSource, GluonASTSource
@@ -195,7 +196,7 @@ def compile_spec(spec: CompileSpec, out_dir: str | None) -> CompileRecord:
 
 
 def _write(path: str, data) -> None:
-    with open(path, "wb" if isinstance(data, bytes) else "w") as f:
+    with atomic_write(path, "wb" if isinstance(data, bytes) else "w") as f:
         f.write(data)
 
 

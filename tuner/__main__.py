@@ -86,6 +86,9 @@ def _recheck_parser() -> cli.ArgumentParser:
     p.add_argument("--replays", type=int, default=None, help="graph replays per timing (default: GPU 10, CPU 3)")
     p.add_argument("--max-copies", type=int, default=64, help="rotating input copies at most")
     p.add_argument("--sample", type=int, default=0, help="re-time at most N rows, evenly spread (0: all)")
+    p.add_argument("--lengths", choices=("recorded", "uniform", "wide"), default="recorded",
+                   help="per-sequence lengths of the timed batches: as each row's provenance records how it was "
+                        "tuned (nothing recorded: uniform), or one mode for every row")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
@@ -99,7 +102,8 @@ def _recheck(argv: list[str]) -> int:
                      ("--fail", a.fail, 0, "above"))
     return recheck(a.table, baseline=a.baseline, fail_on_regression=a.fail_on_regression, device=a.device,
                    out=a.out, drift=a.drift, warn=a.warn, fail=a.fail, timeout=a.timeout, replays=a.replays,
-                   max_copies=a.max_copies, sample=a.sample, quiet=a.quiet)
+                   max_copies=a.max_copies, sample=a.sample, quiet=a.quiet,
+                   lengths={"recorded": None, "uniform": ""}.get(a.lengths, a.lengths))
 
 
 def _tune(argv: list[str]) -> int:
