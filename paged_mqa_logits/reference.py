@@ -148,7 +148,7 @@ def logits_into(
     rows = batch * next_n
     table_width = kv_indices.shape[1] * kv_block_size
     width = min(max_model_len, table_width)
-    if kv_cache.shape[0] == 0:  # validation admits an empty cache only when nothing is visible
+    if kv_cache.shape[0] == 0 or rows == 0:  # validation admits an empty cache only when nothing is visible
         width = table_width = 0
     row_len = row_lengths(context_lens, next_n)  # [B, next_n]
     span = width  # the columns computed

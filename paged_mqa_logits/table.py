@@ -172,7 +172,7 @@ def parse_file(path: str) -> list[Row]:
     with open(path, "rb") as f:
         data = f.read()
     try:
-        text = data.decode("utf-8")
+        text = data.decode("utf-8-sig")  # a byte order mark (spreadsheet exports) is not part of the header
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         raise TableError(f"{path}:{line}: not a text (UTF-8) CSV file ({exc.reason})") from None

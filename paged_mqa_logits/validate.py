@@ -290,13 +290,44 @@ def _check_no_overlap(out: torch.Tensor, rows: int, width: int, inputs) -> None:
         if t.untyped_storage().data_ptr() != storage:  # separate allocations share no byte
             continue
         span = _byte_span(t)
-        if span is None:
+        if span is None or not _spans_hit_rows(torch.tensor([span[0] - base]), span[1] - span[0], rows, row_bytes, step):
             continue
-        lo, hi = span[0] - base, span[1] - base
-        # the first written row whose end lies past ``lo``; the input overlaps if it starts before ``hi``
-        first = 0 if lo < row_bytes else (lo - row_bytes) // step + 1 if step else rows
-        if first < rows and first * step < hi:
+        # the input's extent meets a written row: look at the bytes it really holds (an input
+        # may live in the padding between out's rows without sharing a byte with them)
+        starts, length = _contiguous_runs(t)
+        if _spans_hit_rows(starts - base, length, rows, row_bytes, step):
             _fail("out_logits", f"memory that no input shares (it overlaps `{name}`)", "an aliasing tensor")
+
+
+def _spans_hit_rows(offsets: torch.Tensor, length: int, rows: int, row_bytes: int, step: int) -> bool:
+    """Whether any byte span ``[offset, offset + length)`` (offsets relative to out's first
+    byte) meets a written row ``[r * step, r * step + row_bytes)``, ``0 <= r < rows``. A span
+    misses every row when it ends before the first, starts after the last, or lies within one
+    gap between two rows."""
+    ends = offsets + length
+    before = ends <= 0
+    after = offsets >= (rows - 1) * step + row_bytes
+    if rows > 1 and step > row_bytes:
+        row = torch.div(offsets, step, rounding_mode="floor")
+        in_gap = (offsets - row * step >= row_bytes) & (ends <= (row + 1) * step)
+    else:
+        in_gap = torch.zeros_like(before)
+    return not bool((before | after | in_gap).all())
+
+
+def _contiguous_runs(t: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Start addresses (int64, one per run) and byte length of the contiguous runs ``t``'s
+    elements occupy: its last-dimension rows when that dimension is contiguous, else each element."""
+    size = t.element_size()
+    dims = list(zip(t.shape, t.stride()))
+    if t.dim() and t.stride(-1) == 1:
+        dims, length = dims[:-1], t.shape[-1] * size
+    else:
+        length = size
+    starts = torch.tensor([t.data_ptr()], dtype=torch.int64)
+    for count, stride in dims:
+        starts = (starts[:, None] + torch.arange(count, dtype=torch.int64)[None, :] * (stride * size)).reshape(-1)
+    return starts, length
 
 
 # ----------------------------------------------------------------------------- block ids
