@@ -34,6 +34,7 @@ from .files import atomic_write
 from .problem import HEAD_DIM, Problem, ShapeKey, Target
 from .validate import arch_rule
 from .triton_internals.compiler import ASTSource, GluonASTSource
+from .triton_internals import interpreter
 from .triton_internals.toolchain import nvidia_tool
 from . import table
 
@@ -151,7 +152,8 @@ def compile_spec(spec: CompileSpec, out_dir: str | None) -> CompileRecord:
     try:
         source_cls = GluonASTSource if spec.gluon else ASTSource
         src = source_cls(spec.fn, spec.signature, spec.constexprs, spec.attrs)
-        kernel = triton.compile(src, target=target(spec.arch), options=dict(spec.options))
+        with interpreter.compiling():
+            kernel = triton.compile(src, target=target(spec.arch), options=dict(spec.options))
     except Exception as exc:
         record.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
         record.seconds = round(time.perf_counter() - start, 2)

@@ -30,6 +30,7 @@ from ..arch import ARCH_SPECS
 from ..table import loaded_files
 from ..triton_internals.compiler import cache_invalidating_env
 from ..triton_internals.launchers import prebuild_driver_utils, prebuild_launcher
+from ..triton_internals import interpreter
 from ..triton_internals.version import installed_version
 from ..warmup import WARMUP_DEFAULT_MAX_MODEL_LEN, enumerate_calls, table_families, warm_inputs
 from ..backends.registry import TRITON_BACKENDS
@@ -54,7 +55,7 @@ def _writing_to(out_dir: str):
 
 def compile_launch(launch: KernelLaunch, out_dir: str):
     """``triton.compile`` exactly as ``JITFunction._do_compile`` would, filed in ``out_dir``."""
-    with _writing_to(out_dir):
+    with _writing_to(out_dir), interpreter.compiling():
         return triton.compile(launch.source(), target=launch.target, options=launch.options.__dict__)
 
 
