@@ -274,11 +274,17 @@ def make_inputs(
 ) -> dict:
     """Synthetic inputs with an honest memory footprint (docs/BENCHMARK.md).
 
-    Every token of every sequence gets its own block; blocks are assigned through a random
-    permutation. ``context_lens`` is an int (uniform) or a list of ``batch`` ints (``L_b``).
-    Block-table entries past a sequence hold ``-1`` so a kernel that reads them faults or shows
-    up in tests. Returns a dict keyed by the op's argument names (``kv_block_size`` and
-    ``preshuffle`` included); tensors keep their strides on ``device``.
+    Every block of every sequence is its own (no two sequences or positions share one, so the
+    cache holds every token's key once), placed in the cache through a random permutation.
+    ``context_lens`` is an int (uniform) or a list of ``batch`` ints (``L_b``). Block-table
+    entries past a sequence hold ``-1`` so a kernel that reads them faults or shows up in tests.
+
+    Returns a dict: the op's positional arguments under their names (``q_fp8``, ``kv_cache``,
+    ``weights``, ``out_logits``, ``context_lens``, ``kv_indices``, ``max_model_len``), and the
+    layout as ``kv_block_size`` and ``preshuffle``, which the op takes as ``KVBlockSize`` and
+    ``Preshuffle`` (so ``op(**inputs)`` does not work: pass them by position, then
+    ``Preshuffle=inputs["preshuffle"], KVBlockSize=inputs["kv_block_size"]``). Tensors keep their
+    strides on ``device``.
     """
     dev = torch.device(device)
     gen = torch.Generator(device=dev).manual_seed(seed)  # generated where it is used: GB-sized caches
