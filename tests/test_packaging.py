@@ -78,6 +78,12 @@ def test_installed_tuner_runs_as_a_subpackage(wheel, tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     assert "1 key(s) to tune on sm_90/cu132" in result.stdout
     assert not (target / "tuner").exists()
+    # the shipped untuned lists are installed too, and found by name (there is no configs/ here)
+    shipped = subprocess.run([sys.executable, "-m", "paged_mqa_logits.tuner", "configs/glm5_untuned.csv",
+                              "dsv32_untuned.csv", "--dry-run", "--arch", "sm90", "--backends", "torch"],
+                             capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert shipped.returncode == 0, shipped.stdout + shipped.stderr
+    assert "key(s) to tune on sm_90/cu132" in shipped.stdout
 
 
 #: third-party modules the package imports that are not plain dependencies, and why

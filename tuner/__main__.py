@@ -34,7 +34,9 @@ def _tune_parser() -> cli.ArgumentParser:
         epilog=f"commands: '{PROG} [tune] UNTUNED.csv... -o TABLE.csv' tunes (this help); "
                f"'{PROG} recheck --table TABLE.csv' re-times a tuned table's picks ({PROG} recheck --help).")
     p.add_argument("untuned", nargs="+",
-                   help="untuned CSV(s): heads,head_dim,kv_block_size,preshuffle,batch,next_n[,contexts]")
+                   help="untuned CSV(s): heads,head_dim,kv_block_size,preshuffle,batch,next_n[,contexts]; a name "
+                        "of the shipped lists (glm5_untuned.csv, dsv32_untuned.csv) that is no file here is the "
+                        "shipped one")
     p.add_argument("-o", "--out", default=None,
                    help="tuned table to write (merged into if it exists); required unless --dry-run")
     p.add_argument("--contexts", type=_contexts, default=None,
@@ -106,15 +108,26 @@ def _recheck(argv: list[str]) -> int:
                    lengths={"recorded": None, "uniform": ""}.get(a.lengths, a.lengths))
 
 
+def _untuned_file(path: str) -> str:
+    """``path``, or, when no such file exists, the shipped untuned list of that file name
+    (``glm5_untuned.csv``, ``configs/dsv32_untuned.csv``: an installed package has no
+    checkout's ``configs/``)."""
+    if os.path.isfile(path):
+        return path
+    from paged_mqa_logits.table import shipped_config_dir
+
+    shipped = shipped_config_dir() / os.path.basename(path)
+    if path.endswith("_untuned.csv") and shipped.is_file():
+        return str(shipped)
+    looks_like_command = not path.endswith(".csv") and os.sep not in path and "." not in path
+    if looks_like_command:
+        raise cli.CliError(f"unknown command {path!r} (expected {' or '.join(SUBCOMMANDS)}, or untuned CSV files)")
+    raise cli.CliError(f"argument untuned: expected an existing CSV file or a shipped untuned list's name, got {path!r}")
+
+
 def _tune(argv: list[str]) -> int:
     a = _tune_parser().parse_args(argv)
-    for path in a.untuned:
-        if not os.path.isfile(path):
-            looks_like_command = not path.endswith(".csv") and os.sep not in path and "." not in path
-            if looks_like_command:
-                raise cli.CliError(f"unknown command {path!r} (expected {' or '.join(SUBCOMMANDS)}, "
-                                   "or untuned CSV files)")
-            raise cli.CliError(f"argument untuned: expected an existing CSV file, got {path!r}")
+    a.untuned = [_untuned_file(path) for path in a.untuned]
     if a.out is None and not a.dry_run:
         raise cli.CliError("argument -o/--out: expected the tuned table to write (required unless --dry-run), got none")
     cli.check_bounds(("--time-budget", a.time_budget, 0, "above"), ("--timeout", a.timeout, 0, "above"),
