@@ -24,12 +24,15 @@ import torch
 from ..problem import SUPPORTED_KV_BLOCK_SIZES
 from ..signature import OP
 from ..torch_op import paged_mqa_logits
-from ..validate import PagedMQAArgumentError
+from .. import validate
+from ..validate import MAX_MODEL_LEN_EXPECTED, PagedMQAArgumentError, max_model_len_rule
 
 __all__ = ["get_paged_mqa_logits_metadata", "fp8_paged_mqa_logits", "SPLIT_KV"]
 
 #: tokens per schedule segment; DeepGEMM's split on sm_90 / sm_100
 SPLIT_KV = 256
+#: the largest ``num_sms`` the metadata accepts (an SM count; the schedule has one row per SM)
+MAX_NUM_SMS = 1 << 16
 
 #: DeepGEMM's names of the op's arguments, where they differ (the rest share the op's name)
 OP_NAMES = {"q": "q_fp8", "block_table": "kv_indices", "max_context_len": "max_model_len"}
@@ -74,8 +77,8 @@ def get_paged_mqa_logits_metadata(context_lens: torch.Tensor, block_kv: int, num
         _fail("context_lens", "a 1-D [B] or 2-D [B, next_n] int32 tensor", got)
     if isinstance(block_kv, bool) or not isinstance(block_kv, int) or block_kv not in SUPPORTED_KV_BLOCK_SIZES:
         _fail("block_kv", "one of " + ", ".join(map(str, SUPPORTED_KV_BLOCK_SIZES)), block_kv)
-    if isinstance(num_sms, bool) or not isinstance(num_sms, int) or num_sms < 1:
-        _fail("num_sms", "an int >= 1", num_sms)
+    if isinstance(num_sms, bool) or not isinstance(num_sms, int) or not 1 <= num_sms <= MAX_NUM_SMS:
+        _fail("num_sms", f"an int in 1..{MAX_NUM_SMS} (a GPU's SM count)", num_sms)
 
     device = context_lens.device
     batch = context_lens.shape[0]
@@ -144,12 +147,17 @@ def fp8_paged_mqa_logits(
         _fail("kv_cache", "a 4-D [num_blocks, block_kv, 1, D + 4] uint8 tensor", got)
     if not isinstance(q, torch.Tensor) or q.dim() != 4:
         _fail("q", "a 4-D [B, next_n, H, D] fp8 tensor", f"shape {tuple(q.shape)}" if isinstance(q, torch.Tensor) else type(q).__name__)
-    if isinstance(max_context_len, bool) or not isinstance(max_context_len, int) or max_context_len < 0:
-        _fail("max_context_len", "an int >= 0", max_context_len)
+    if isinstance(max_context_len, bool) or not isinstance(max_context_len, int) \
+            or max_model_len_rule(max_context_len) is not None:
+        _fail("max_context_len", MAX_MODEL_LEN_EXPECTED, max_context_len)
     rows = q.shape[0] * q.shape[1]
     padded = -(-max_context_len // SPLIT_KV) * SPLIT_KV
-    logits = torch.empty((rows, padded), dtype=torch.float32, device=q.device)[:, :max_context_len]
     try:
+        # every input checked before the result is allocated: a bad call costs no memory (the
+        # op then checks the call with the allocated result)
+        validate.build_launch_args(q, kv_cache, weights, torch.empty((rows, 0), dtype=torch.float32, device=q.device),
+                                   context_lens, block_table, 0, False, kv_cache.shape[1])
+        logits = torch.empty((rows, padded), dtype=torch.float32, device=q.device)[:, :max_context_len]
         paged_mqa_logits(**op_arguments, out_logits=logits, Preshuffle=False, KVBlockSize=kv_cache.shape[1])
     except PagedMQAArgumentError as exc:
         raise PagedMQAArgumentError(_in_deep_gemm_names(str(exc))) from None
