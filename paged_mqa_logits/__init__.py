@@ -13,7 +13,9 @@ Public surface:
 docs/CONTRACT.md is the contract every backend implements.
 """
 
-from .triton_internals.version import warn_if_untested
+from .triton_internals.version import require_triton, warn_if_untested
+
+require_triton()  # before anything else: a clear message instead of a failure deep inside
 from .dispatch import reload_tuned_table
 from .op import PagedMQAArgumentError
 from .torch_op import paged_mqa_logits

@@ -13,6 +13,7 @@ non-CPU device; CPU tensors always run as ``cpu`` since no GPU kernel can run on
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import re
 from dataclasses import dataclass
@@ -128,10 +129,20 @@ def detect(device: torch.device | str | None = None) -> ArchInfo:
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     device = torch.device(device)
     if device.type == "cpu":
-        overrides()  # a bad value is reported wherever it is set, not only on GPU machines
+        arch, _ = overrides()  # a bad value is reported wherever it is set, not only on GPU machines
+        if arch is not None:
+            _say_override_ignored(arch)
         return ArchInfo("cpu", 0)
     info = _detect_gpu(device.index if device.index is not None else torch.cuda.current_device())
     return apply_override(info)
+
+
+@functools.lru_cache(maxsize=None)
+def _say_override_ignored(arch: str) -> None:
+    """Once per process and value: why the override does not apply to CPU tensors."""
+    logging.getLogger("paged_mqa_logits").warning(
+        "%s=%s is ignored for CPU tensors: they run as arch cpu, since no GPU kernel runs on them "
+        "(python -m paged_mqa_logits explain --arch %s describes that chip)", ENV_ARCH, arch, arch)
 
 
 _ARCH_NAME = re.compile(r"(sm_\d{2,3}[a-z]?|gfx[0-9a-f]{3,4})")
@@ -150,7 +161,7 @@ def overrides() -> tuple[str | None, int | None]:
                 f"or gfx950, got {arch!r}")
     if cu_num:
         text = cu_num.strip()
-        if not text.isdigit() or int(text) < 1:
+        if not re.fullmatch(r"[0-9]+", text) or int(text) < 1:  # ASCII digits: str.isdigit takes "²"
             raise PagedMQAEnvironmentError(
                 f"paged_mqa_logits: environment variable {ENV_CU_NUM}: expected a positive integer (CUs or SMs), "
                 f"got {cu_num!r}")

@@ -75,6 +75,17 @@ def int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated ints, got {text!r}") from None
 
 
+def check_bounds(*bounds) -> None:
+    """Each ``(option, value, minimum)`` (an int option, ``value >= minimum``) or ``(option,
+    value, minimum, "above")`` (seconds or a ratio, ``value > minimum``) must hold; ``None``
+    values (option not given) pass. The first violation is a usage error naming the option."""
+    for option, value, minimum, *above in bounds:
+        if value is None or (value > minimum if above else value >= minimum):
+            continue
+        expected = f"a number > {minimum}" if above else f"an int >= {minimum}"
+        raise CliError(f"argument {option}: expected {expected}, got {value}")
+
+
 def one_line(text: str) -> str:
     return " ".join(str(text).split())
 

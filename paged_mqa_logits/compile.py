@@ -29,9 +29,13 @@ import triton
 from .arch import ARCH_SPECS, normalise_arch, triton_target
 from .backends import registry
 from .backends.base import CompileRecord, CompileSpec, SelfCompiled, SpecCompiled
-from .cli import ArgumentParser
+from .cli import ArgumentParser, CliError
+from .files import atomic_write
+from .problem import HEAD_DIM, Problem, ShapeKey, Target
+from .validate import arch_rule
 from .sass import hot_loop_spills
 from .triton_internals.compiler import ASTSource, GluonASTSource
+from .triton_internals import interpreter
 from .triton_internals.toolchain import nvidia_tool
 from . import table
 
@@ -149,7 +153,8 @@ def compile_spec(spec: CompileSpec, out_dir: str | None) -> CompileRecord:
     try:
         source_cls = GluonASTSource if spec.gluon else ASTSource
         src = source_cls(spec.fn, spec.signature, spec.constexprs, spec.attrs)
-        kernel = triton.compile(src, target=target(spec.arch), options=dict(spec.options))
+        with interpreter.compiling():
+            kernel = triton.compile(src, target=target(spec.arch), options=dict(spec.options))
     except Exception as exc:
         record.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
         record.seconds = round(time.perf_counter() - start, 2)
@@ -198,7 +203,7 @@ def compile_spec(spec: CompileSpec, out_dir: str | None) -> CompileRecord:
 
 
 def _write(path: str, data) -> None:
-    with open(path, "wb" if isinstance(data, bytes) else "w") as f:
+    with atomic_write(path, "wb" if isinstance(data, bytes) else "w") as f:
         f.write(data)
 
 
@@ -254,6 +259,18 @@ def _compiler(backend: str):
         raise ValueError(f"backend {backend!r} cannot be cross-compiled (it offers neither compile_specs "
                          f"nor compile_records)")
     return chosen
+
+
+def compile_archs(backend: str) -> list[str]:
+    """The GPU archs of :data:`~paged_mqa_logits.arch.ARCH_SPECS` ``backend`` serves, judged on
+    the DeepSeek decode shape (the archs ``compile --arch`` takes)."""
+    shape = ShapeKey(heads=64, head_dim=HEAD_DIM, kv_block_size=64, preshuffle=False, batch=1, next_n=1)
+    out = []
+    for arch, spec in ARCH_SPECS.items():
+        target = Target.described(arch, spec.usual_cu_num)
+        if spec.warp_size and registry.why_not(backend, Problem.of(shape, target, max_model_len=4096), target) is None:
+            out.append(arch)
+    return out
 
 
 def backend_specs(backend: str, arch: str, only_table: bool = False) -> list[CompileSpec]:
@@ -371,6 +388,12 @@ def main(argv: list[str]) -> int:
     p.add_argument("--only-table", action="store_true", help="only the configs the tuned table can pick")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel compile processes")
     a = p.parse_args(argv)
+    if a.jobs < 1:
+        raise CliError(f"argument --jobs: expected an int >= 1, got {a.jobs}")
+    targets = compile_archs(a.backend)
+    expected = arch_rule(normalise_arch(a.arch), targets)
+    if expected is not None:
+        raise CliError(f"argument --arch: expected {expected}, got {a.arch}")
     records = compile_all(a.backend, a.arch, a.out, only_table=a.only_table, jobs=a.jobs)
     if records:
         print(summary_table(records))

@@ -29,17 +29,24 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Callable
+
+import torch
 
 from . import table
 from .backends import registry
 from .problem import Problem, Target, resolve_target
+from .errors import env_flag
 
 LOG_ENV = ("AITER_LOG_TUNED_CONFIG", "PAGED_MQA_LOGITS_LOG_TUNED_CONFIG")
 logger = logging.getLogger("paged_mqa_logits")
+#: the dispatch picks that ``AITER_LOG_TUNED_CONFIG`` / ``PAGED_MQA_LOGITS_LOG_TUNED_CONFIG`` show
+pick_logger = logging.getLogger("paged_mqa_logits.tuned_config")
 
 
 def arch_fallback_chain(arch: str) -> tuple[str, ...]:
@@ -60,6 +67,9 @@ class Choice:
     rule: str  # which rule chose the backend
     source: str  # "path:line" of the table row, or "defaults"
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (backend, why not)
+    #: when a choice skipped for a transient failure may be tried again (``Dispatcher`` clock);
+    #: ``None``: the decision stands
+    revisit_at: float | None = None
 
     def describe(self) -> str:
         knobs = ", ".join(f"{k}={v}" for k, v in sorted(self.config.items())) or "defaults"
@@ -69,20 +79,36 @@ class Choice:
         return text
 
 
+#: launch errors that say nothing lasting about the choice (the operating system, the file
+#: system, a timeout): the choice is tried again after a pause instead of never
+TRANSIENT_ERRORS = (OSError, TimeoutError, subprocess.TimeoutExpired)
+RETRY_PAUSE_S, MAX_RETRY_PAUSE_S = 30.0, 3600.0
+
+
+def capturing(target: Target) -> bool:
+    """Whether the current stream of ``target``'s device type is capturing a CUDA/HIP graph."""
+    return target.device_type == "cuda" and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 def knobs_key(config: dict) -> tuple:
     return tuple(sorted((k, repr(v)) for k, v in config.items() if v is not None))
 
 
 def _log_enabled() -> bool:
-    return any(os.environ.get(name, "0") not in ("", "0") for name in LOG_ENV)
+    return any(env_flag(name, os.environ.get(name)) for name in LOG_ENV)
 
 
-def _ensure_log_handler() -> None:
-    if not logger.handlers and not logging.getLogger().handlers:
+def _pick_logger() -> logging.Logger:
+    """Where the picks go when asked for: a logger of its own at INFO that does not propagate,
+    so an application's logging configuration (a root level of WARNING, say) cannot hide what
+    the variable asked to see; stderr unless the application attached a handler to it."""
+    if not pick_logger.handlers:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("[paged_mqa_logits] %(message)s"))
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
+        pick_logger.addHandler(handler)
+    pick_logger.setLevel(logging.INFO)
+    pick_logger.propagate = False
+    return pick_logger
 
 
 class Dispatcher:
@@ -97,13 +123,17 @@ class Dispatcher:
     """
 
     def __init__(self, backends=registry.DEFAULT, tables=table.CONFIGURED,
-                 fallback_chain: Callable[[str], tuple[str, ...]] = arch_fallback_chain):
+                 fallback_chain: Callable[[str], tuple[str, ...]] = arch_fallback_chain,
+                 clock: Callable[[], float] = time.monotonic):
         self.backends = backends
         self.tables = tables
         self.fallback_chain = fallback_chain
+        self.clock = clock
         self._cache: dict[tuple[Problem, Target], Choice] = {}
         #: (problem, target, backend, knobs key) -> the error its launch raised
         self._failed: dict[tuple, str] = {}
+        #: the same keys, for transient failures: (when it may be tried again, the pause before it)
+        self._retry: dict[tuple, tuple[float, float]] = {}
         self._lock = threading.Lock()
         self._generation = 0  # bumped by reset(): a decision begun before it is not cached
 
@@ -111,18 +141,21 @@ class Dispatcher:
         """Cached: the backend and knobs that serve ``problem`` on ``target``."""
         key = (problem, resolve_target(problem, target))
         choice = self._cache.get(key)
+        if choice is not None and choice.revisit_at is not None and self.clock() >= choice.revisit_at \
+                and not capturing(key[1]):  # a graph being captured keeps what was warmed up
+            choice = None
         if choice is None:
             generation = self._generation
             choice = self.decide(*key)  # loads the table (under its lock) before looking anything up
             with self._lock:
                 if generation != self._generation:
                     return choice
-                if key in self._cache:  # another thread decided first: one decision per key
-                    return self._cache[key]
+                cached = self._cache.get(key)
+                if cached is not None and cached.revisit_at is None:  # another thread decided first
+                    return cached
                 self._cache[key] = choice
             if _log_enabled():
-                _ensure_log_handler()
-                logger.info("%s -> %s", problem.describe(), choice.describe())
+                _pick_logger().info("%s -> %s", problem.describe(), choice.describe())
         return choice
 
     def decide(self, problem: Problem, target: Target | None = None) -> Choice:
@@ -133,10 +166,11 @@ class Dispatcher:
         target = resolve_target(problem, target)
         match = self.tables.lookup(problem)
         skipped: list[tuple[str, str]] = []
+        revisits: list[float] = []  # when the choices skipped for transient failures may serve again
         if match.row is not None:
             row = match.row
             reason = (backends.why_not(row.backend, problem, target)
-                      or self._failure(problem, target, row.backend, row.knobs))
+                      or self._failure(problem, target, row.backend, row.knobs, revisits))
             if reason is None:
                 return Choice(row.backend, row.knobs, match.rule, row.source)
             skipped.append((row.backend, reason))
@@ -149,30 +183,46 @@ class Dispatcher:
             reason = backends.why_not(name, problem, target)
             if reason is None:
                 config = backends.get(name).default_config(problem)
-                reason = self._failure(problem, target, name, config)
+                reason = self._failure(problem, target, name, config, revisits)
                 if reason is None:
-                    return Choice(name, config, rule, "defaults", skipped)
+                    return Choice(name, config, rule, "defaults", skipped, min(revisits, default=None))
             skipped.append((name, reason))
         details = "; ".join(f"{n}: {r}" for n, r in skipped)
         raise RuntimeError(f"paged_mqa_logits: no backend can serve {problem.describe()} ({details})")
 
-    def _failure(self, problem: Problem, target: Target, name: str, config: dict) -> str | None:
-        return self._failed.get((problem, target, name, knobs_key(config)))
+    def _failure(self, problem: Problem, target: Target, name: str, config: dict, revisits: list) -> str | None:
+        """Why a failed launch rules this choice out (``None``: it did not fail, or its
+        transient failure's pause is over); notes in ``revisits`` when a pause ends."""
+        key = (problem, target, name, knobs_key(config))
+        reason = self._failed.get(key)
+        if reason is not None and key in self._retry:
+            retry_at = self._retry[key][0]
+            if self.clock() >= retry_at:
+                return None
+            revisits.append(retry_at)
+        return reason
 
     def record_failure(self, problem: Problem, choice: Choice, error: BaseException,
                        target: Target | None = None) -> None:
-        """``choice`` raised ``error`` when launched on ``target``: log one warning, never choose
-        it again for ``problem`` there, and forget the cached decision so the next one falls back."""
+        """``choice`` raised ``error`` when launched on ``target``: log one warning, forget the
+        cached decision so the next one falls back, and do not choose it again for ``problem``
+        there: never, or, for a transient error (:data:`TRANSIENT_ERRORS`), not before a pause
+        that doubles while it keeps failing (:data:`RETRY_PAUSE_S` up to :data:`MAX_RETRY_PAUSE_S`)."""
         target = resolve_target(problem, target)
         first_line = (str(error).strip().splitlines() or [""])[0][:300]
         reason = f"launch failed ({type(error).__name__}: {first_line})"
+        key = (problem, target, choice.backend, knobs_key(choice.config))
         with self._lock:
-            self._failed[(problem, target, choice.backend, knobs_key(choice.config))] = reason
+            self._failed[key] = reason
+            if isinstance(error, TRANSIENT_ERRORS):
+                pause = min(MAX_RETRY_PAUSE_S, 2 * self._retry[key][1]) if key in self._retry else RETRY_PAUSE_S
+                self._retry[key] = (self.clock() + pause, pause)
             if self._cache.get((problem, target)) is choice:
                 del self._cache[(problem, target)]
         knobs = ", ".join(f"{k}={v}" for k, v in sorted(choice.config.items())) or "defaults"
-        logger.warning("%s [%s] failed for %s: %s: %s; falling back (not retried for this key)",
-                       choice.backend, knobs, problem.describe(), type(error).__name__, first_line)
+        retried = f"tried again in {self._retry[key][1]:.0f} s" if key in self._retry else "not retried for this key"
+        logger.warning("%s [%s] failed for %s: %s: %s; falling back (%s)",
+                       choice.backend, knobs, problem.describe(), type(error).__name__, first_line, retried)
 
     def decisions(self) -> dict[tuple[Problem, Target], Choice]:
         """A copy of the cached decisions, by (problem, target)."""
@@ -193,6 +243,7 @@ class Dispatcher:
     def forget_failures(self) -> None:
         with self._lock:
             self._failed.clear()
+            self._retry.clear()
 
     def reload_tuned_table(self) -> None:
         """Re-read the table source (for the configured tables: the files and the env var naming

@@ -13,7 +13,7 @@ from .aot.cli import PROG, main
 from .aot.launches import (KernelLaunch, arch_of_target, current_target, gpu_target, launches_of,
                            meta_launch_args, meta_mirror, record_launches)
 from .triton_internals.cache_overlay import (ENV_CACHE, MANIFEST, ManifestError, activate, cache_dirs, cache_files, deactivate,
-                          default_dirs, file_matches, read_manifest, sha256_of, unsafe_reason,
+                          default_dirs, file_matches, read_manifest, sha256_of, untrusted_reason,
                           write_manifest_atomically)
 from .aot.precompile import (DEFAULT_CU_NUM, PrecompileSummary, build_driver_utils, build_launcher, compile_launch,
                              precompile)
@@ -22,7 +22,7 @@ from .aot.verify import VerifyResult, simulated_device, verify
 from .cli import run
 
 __all__ = ["ENV_CACHE", "MANIFEST", "ManifestError", "activate", "cache_dirs", "cache_files", "deactivate",
-           "default_dirs", "file_matches", "read_manifest", "sha256_of", "unsafe_reason", "write_manifest_atomically",
+           "default_dirs", "file_matches", "read_manifest", "sha256_of", "untrusted_reason", "write_manifest_atomically",
            "TRITON_BACKENDS", "KernelLaunch", "arch_of_target", "current_target", "gpu_target", "launches_of",
            "meta_launch_args", "meta_mirror", "record_launches", "DEFAULT_CU_NUM", "PrecompileSummary",
            "build_driver_utils", "build_launcher", "compile_launch", "precompile", "VerifyResult",

@@ -100,10 +100,6 @@ def _launch(args: LaunchArgs, backend: str | None, config: dict | None, clean_lo
         clean(args)
 
 
-def _capturing(args: LaunchArgs) -> bool:
-    return args.q.device.type == "cuda" and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
-
-
 #: errors that say nothing about the backend (bad input, a transient lack of memory): raised, never
 #: remembered as the backend's failure
 _NOT_A_BACKEND_FAILURE = (PagedMQAArgumentError, MemoryError, torch.OutOfMemoryError)
@@ -121,7 +117,7 @@ def _launch_dispatched(args: LaunchArgs) -> bool:
         except _NOT_A_BACKEND_FAILURE:
             raise
         except Exception as exc:
-            if _capturing(args):
+            if dispatch.capturing(args.target):
                 raise
             dispatch.record_failure(problem, choice, exc, target)
             try:

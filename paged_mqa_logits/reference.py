@@ -155,9 +155,12 @@ def logits_into(
     """Write the logits of every visible position into ``out`` (contract semantics): fp32, or
     bf16 rounded once from fp32. ``q_scale`` given: ``q_fp8`` and the cache hold MXFP4 values.
 
-    Work is done in column chunks whose size depends only on shapes, so it never synchronises.
-    Positions that are not visible keep ``out``'s values (or become ``-inf`` with
-    ``clean_logits``). Returns ``out``.
+    Work is done in column chunks whose size depends only on shapes, so it never synchronises
+    on a device. On CPU tensors the chunks run up to the longest row (reading the lengths costs
+    nothing there) rather than up to ``max_model_len``: every column is then computed by the
+    same float operations whatever the output's width, so the same inputs give bit-identical
+    logits with a compact or a very wide ``out``. Positions that are not visible keep ``out``'s
+    values (or become ``-inf`` with ``clean_logits``). Returns ``out``.
     """
     if q_scale is None:
         q, key_dtype = q_fp8.float(), q_fp8.dtype
@@ -165,15 +168,19 @@ def logits_into(
         q, key_dtype = dequantize_fp4(q_fp8, q_scale), FP4_DTYPE
     batch, next_n, heads, d = q.shape
     rows = batch * next_n
-    width = min(max_model_len, kv_indices.shape[1] * kv_block_size)
-    if kv_cache.shape[0] == 0:  # validation admits an empty cache only when nothing is visible
-        width = 0
+    table_width = kv_indices.shape[1] * kv_block_size
+    width = min(max_model_len, table_width)
+    if kv_cache.shape[0] == 0 or rows == 0:  # validation admits an empty cache only when nothing is visible
+        width = table_width = 0
     row_len = row_lengths(context_lens, next_n)  # [B, next_n]
+    span = width  # the columns computed
+    if row_len.device.type == "cpu" and row_len.numel() and width:
+        span = min(table_width, max(0, int(row_len.max())))
     w = weights[:rows].float().reshape(batch, next_n, heads)
     per_column = max(1, batch * next_n * heads + batch * d)
     chunk = max(kv_block_size, (max_elements // per_column) // kv_block_size * kv_block_size)
-    for c0 in range(0, width, chunk):
-        c1 = min(c0 + chunk, width)
+    for c0 in range(0, min(span, width), chunk):
+        c1 = min(c0 + chunk, span)
         b0, b1 = c0 // kv_block_size, math.ceil(c1 / kv_block_size)
         keys, scales = _gather_keys(kv_cache, kv_indices[:, b0:b1], kv_block_size, preshuffle, key_dtype)
         lo = c0 - b0 * kv_block_size
@@ -187,13 +194,15 @@ def logits_into(
         logits = (relu * w[..., None]).sum(dim=2)  # [B, next_n, P]
         if scales is not None:
             logits = logits * scales[:, None, lo : lo + c1 - c0]
-        cols = torch.arange(c0, c1, device=out.device)
-        visible = (cols[None, None, :] < row_len[..., None]).reshape(rows, c1 - c0)
-        target = out[:rows, c0:c1]
+        end = min(c1, width)  # columns past max_model_len are computed (see above), never written
+        cols = torch.arange(c0, end, device=out.device)
+        visible = (cols[None, None, :] < row_len[..., None]).reshape(rows, end - c0)
+        target = out[:rows, c0:end]
         fill = torch.full_like(target, float("-inf")) if clean_logits else target
-        target.copy_(torch.where(visible, logits.reshape(rows, c1 - c0).to(out.dtype), fill))
-    if clean_logits and width < max_model_len:
-        out[:rows, width:max_model_len] = float("-inf")
+        target.copy_(torch.where(visible, logits.reshape(rows, c1 - c0)[:, : end - c0].to(out.dtype), fill))
+    computed = min(span, width)
+    if clean_logits and computed < max_model_len:
+        out[:rows, computed:max_model_len] = float("-inf")
     return out
 
 
@@ -296,13 +305,20 @@ def make_inputs(
 ) -> dict:
     """Synthetic inputs with an honest memory footprint (docs/BENCHMARK.md).
 
-    Every token of every sequence gets its own block; blocks are assigned through a random
-    permutation. ``context_lens`` is an int (uniform) or a list of ``batch`` ints (``L_b``).
-    Block-table entries past a sequence hold ``-1`` so a kernel that reads them faults or shows
-    up in tests. ``kv_format="fp4"`` quantises queries and keys to MXFP4 (``q_fp8`` packed,
-    ``q_scale`` its exponents; ``fp8_dtype`` is then unused); ``out_logits`` is of
-    ``logits_dtype``. Returns a dict keyed by the op's argument names (``q_scale``, ``None`` for
-    fp8, ``kv_block_size`` and ``preshuffle`` included); tensors keep their strides on ``device``.
+    Every block of every sequence is its own (no two sequences or positions share one, so the
+    cache holds every token's key once), placed in the cache through a random permutation.
+    ``context_lens`` is an int (uniform) or a list of ``batch`` ints (``L_b``). Block-table
+    entries past a sequence hold ``-1`` so a kernel that reads them faults or shows up in tests.
+    ``kv_format="fp4"`` quantises queries and keys to MXFP4 (``q_fp8`` packed, ``q_scale`` its
+    exponents; ``fp8_dtype`` is then unused); ``out_logits`` is of ``logits_dtype``.
+
+    Returns a dict: the op's positional arguments under their names (``q_fp8``, ``kv_cache``,
+    ``weights``, ``out_logits``, ``context_lens``, ``kv_indices``, ``max_model_len``), ``q_scale``
+    (``None`` for fp8), and the
+    layout as ``kv_block_size`` and ``preshuffle``, which the op takes as ``KVBlockSize`` and
+    ``Preshuffle`` (so ``op(**inputs)`` does not work: pass them by position, then
+    ``Preshuffle=inputs["preshuffle"], KVBlockSize=inputs["kv_block_size"]``). Tensors keep their
+    strides on ``device``.
     """
     if kv_format not in KV_FORMATS:
         raise ValueError(f"kv_format must be one of {', '.join(KV_FORMATS)}, got {kv_format!r}")

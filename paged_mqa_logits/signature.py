@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from operator import itemgetter
 
+from .errors import PagedMQAArgumentError
 from .problem import HEAD_DIM
 
 #: the default of an argument (or quantity) that has none
@@ -57,7 +58,15 @@ class JsonObject(Encoding):
         return None if value is None else json.dumps(value, sort_keys=True)
 
     def decode(self, value):
-        return None if value is None else json.loads(value)
+        """The dict again (another JSON value is left for the op's own check of the argument to
+        name); text that is not JSON is the argument's error here."""
+        if value is None:
+            return None
+        try:
+            return json.loads(value)
+        except ValueError:
+            raise PagedMQAArgumentError(f"paged_mqa_logits: argument `config`: expected a JSON object of knobs, "
+                                        f"got {value!r}") from None
 
 
 AS_IS = Encoding()
@@ -244,8 +253,9 @@ OP = OpSignature("paged_mqa_logits", (
                  Quantity("heads", "``H``, query heads (dim 2)"),
                  Quantity("head_dim", "``D`` (dim 3)", HEAD_DIM))),
     Argument("kv_cache", **_TENSOR, doc="``[num_blocks, KVBlockSize, 1, D + 4]`` uint8, keys then fp32 scales per "
-                                        "block; with ``q_scale``, ``[num_blocks, KVBlockSize, 1, D / 2 + 4]``, "
-                                        "packed fp4 keys then int32 words of four ue8m0 exponents per block."),
+                                        "block (the same bytes fp8-typed, and KVBlockSize-1 rows padded to 144 bytes, "
+                                        "are accepted); with ``q_scale``, ``[num_blocks, KVBlockSize, 1, D / 2 + 4]`` "
+                                        "uint8, packed fp4 keys then int32 words of four ue8m0 exponents per block."),
     Argument("weights", **_TENSOR, doc="``[B * next_n, H]`` float32."),
     Argument("out_logits", **_TENSOR, mutated=True, doc="``[>= B * next_n, >= max_model_len]`` float32 or bfloat16 "
                                                         "(the fp32 result rounded once), written in place.",

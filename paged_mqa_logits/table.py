@@ -55,7 +55,6 @@ import glob
 import io
 import math
 import os
-import tempfile
 import threading
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -63,6 +62,7 @@ from pathlib import Path
 from . import backends
 from .arch import normalise_arch
 from .errors import PagedMQAArgumentError
+from .files import atomic_write
 from .problem import OPTIONAL_KEY_COLUMNS, SHAPE_KEY_COLUMNS, Problem, ShapeKey, ShapeKeyFields, Target, int_cell
 
 ENV_CONFIGS = "PAGED_MQA_LOGITS_CONFIGS"
@@ -179,7 +179,7 @@ def parse_file(path: str) -> list[Row]:
     with open(path, "rb") as f:
         data = f.read()
     try:
-        text = data.decode("utf-8")
+        text = data.decode("utf-8-sig")  # a byte order mark (spreadsheet exports) is not part of the header
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         raise TableError(f"{path}:{line}: not a text (UTF-8) CSV file ({exc.reason})") from None
@@ -443,25 +443,13 @@ class TableWriter:
         return (row.arch, row.cu_num) + row.shape_key.family + (row.batch, row.context is None, row.context or 0)
 
     def write(self, path: str, rows, comments=()) -> None:
-        """Write ``rows`` (sorted by :meth:`sort_key`) atomically: a temporary file in the same
-        directory, flushed and fsynced, then ``os.replace``. A failure at any point leaves the
-        previous file as it was and removes the temporary file."""
-        directory = os.path.dirname(os.path.abspath(path))
-        os.makedirs(directory, exist_ok=True)
-        # an unpredictable name (mkstemp, O_EXCL): nobody can plant or pre-link it in a shared dir
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-        try:
-            os.chmod(tmp, 0o644)
-            with os.fdopen(fd, "w", newline="") as f:
-                for line in comments:
-                    f.write(f"# {line}\n")
-                writer = csv.writer(f, lineterminator="\n")
-                writer.writerow(self.header())
-                for row in sorted(rows, key=self.sort_key):
-                    writer.writerow(self.cells(row))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
+        """Write ``rows`` (sorted by :meth:`sort_key`) atomically (:func:`files.atomic_write`: a
+        failure at any point leaves the previous file as it was; a symlinked ``path`` is written
+        through to its target)."""
+        with atomic_write(path, newline="") as f:
+            for line in comments:
+                f.write(f"# {line}\n")
+            writer = csv.writer(f, lineterminator="\n")
+            writer.writerow(self.header())
+            for row in sorted(rows, key=self.sort_key):
+                writer.writerow(self.cells(row))

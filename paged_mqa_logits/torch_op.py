@@ -30,12 +30,13 @@ import torch
 from . import op as _op
 from .problem import LaunchArgs
 from .signature import NO_HINT, OP, OpSignature
+from .errors import env_flag
 
 NAMESPACE = "paged_mqa_logits"
 SCHEMA = OP.schema()
 
 #: route eager calls through the dispatcher too (tracing and modes always go through it)
-EAGER_VIA_OP = os.environ.get("PAGED_MQA_LOGITS_EAGER_VIA_OP", "0") not in ("", "0")
+EAGER_VIA_OP = env_flag("PAGED_MQA_LOGITS_EAGER_VIA_OP", os.environ.get("PAGED_MQA_LOGITS_EAGER_VIA_OP"))
 
 
 def define(library: torch.library.Library, signature: OpSignature, implementation) -> torch._ops.OpOverload:

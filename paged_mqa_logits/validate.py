@@ -47,12 +47,24 @@ def _last_dim_contiguous(name: str, t: torch.Tensor) -> None:
         _fail(name, "a contiguous last dimension (stride 1)", f"stride {t.stride(-1)}")
 
 
-def _host_int(name: str, value, minimum: int) -> int:
+def _host_int(name: str, value, minimum: int, maximum: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         _fail(name, "a Python int", type(value).__name__)
-    if value < minimum:
-        _fail(name, f"an int >= {minimum}", value)
+    if value < minimum or (maximum is not None and value > maximum):
+        _fail(name, f"an int >= {minimum}" if maximum is None else f"an int in {minimum}..{maximum}", value)
     return value
+
+
+#: the widest ``max_model_len``: positions are int32 on every path, as ``context_lens`` are, so
+#: no row sees a column past it (a larger value only asks for memory)
+MAX_MODEL_LEN = 2**31 - 1
+
+
+MAX_MODEL_LEN_EXPECTED = f"an int in 0..{MAX_MODEL_LEN} (positions are int32)"
+
+
+def max_model_len_rule(max_model_len: int) -> str | None:
+    return None if 0 <= max_model_len <= MAX_MODEL_LEN else MAX_MODEL_LEN_EXPECTED
 
 
 # ----------------------------------------------------------------------------- shape rules
@@ -80,6 +92,12 @@ def kv_block_size_rule(kv_block_size: int, preshuffle: bool) -> str | None:
     return None
 
 
+def arch_rule(arch: str, known) -> str | None:
+    """The one answer every command gives for an arch it does not serve (``known``: the archs
+    it does)."""
+    return None if arch in known else "one of " + ", ".join(sorted(known))
+
+
 def check_problem(*, arch: str | None, cu_num: int | None, batch: int, next_n: int, heads: int, head_dim: int,
                   kv_block_size: int, preshuffle: bool, context: int | None, names: dict[str, str],
                   prefix: str = "", known_archs=None, kv_format: str = "fp8", logits_dtype: str = "fp32") -> None:
@@ -97,8 +115,7 @@ def check_problem(*, arch: str | None, cu_num: int | None, batch: int, next_n: i
             raise PagedMQAArgumentError(f"{prefix}argument {names.get(field, field)}: expected {expected}, got {got}")
 
     if arch is not None:
-        known = sorted(known_archs if known_archs is not None else arch_mod.USUAL_CU_NUM)
-        check("arch", None if arch in known else "one of " + ", ".join(known), arch)
+        check("arch", arch_rule(arch, known_archs if known_archs is not None else arch_mod.USUAL_CU_NUM), arch)
     if cu_num is not None:
         minimum = 0 if arch == "cpu" else 1
         check("cu_num", None if cu_num >= minimum else f"an int >= {minimum}", cu_num)
@@ -151,7 +168,7 @@ def build_launch_args(
     expected = kv_block_size_rule(block_size, Preshuffle)
     if expected is not None:
         _fail("KVBlockSize", expected, block_size)
-    max_model_len = _host_int("max_model_len", max_model_len, 0)
+    max_model_len = _host_int("max_model_len", max_model_len, 0, MAX_MODEL_LEN)
     if context_hint is not None:
         context_hint = _host_int("context_hint", context_hint, 0)
 
@@ -250,14 +267,28 @@ def _query(q_fp8, q_scale) -> tuple[torch.Tensor, torch.Tensor | None, str]:
     return q.view(torch.uint8), scale, kv_format
 
 
+def padded_token_row(head_dim: int) -> int:
+    """Bytes of a KVBlockSize-1 token row padded to a multiple of 16 (AITER's padded layout:
+    ``[num_blocks, 1, 1, 144]`` for D = 128, the token's ``D + 4`` bytes first)."""
+    return -(-(head_dim + 4) // 16) * 16
+
+
 def _cache(kv_cache, block_size: int, row: int, kv_format: str) -> torch.Tensor:
-    """The cache ``[num_blocks, block_size, 1, row]`` uint8, every block packed (tokens ``row``
-    bytes apart), block stride and base multiples of 4 (the scale words)."""
-    kv = _tensor("kv_cache", kv_cache, (torch.uint8,), (4,))
-    layout = "D + 4" if kv_format == "fp8" else "D / 2 + 4, fp4"
-    if kv.shape[1] != block_size or kv.shape[2] != 1 or kv.shape[3] != row:
-        _fail("kv_cache", f"shape [num_blocks, KVBlockSize={block_size}, 1, {row}] ({layout})",
+    """The cache as the documented uint8 layout ``[num_blocks, block_size, 1, row]``, every block
+    packed (tokens ``row`` bytes apart), block stride and base multiples of 4 (the scale words).
+    An fp8 cache is accepted fp8-typed too (AITER's callers hand the cache over as e4m3), and at
+    KVBlockSize 1 with each token row padded to :func:`padded_token_row` bytes (the padding is
+    never read)."""
+    fp8 = kv_format == "fp8"
+    kv = _tensor("kv_cache", kv_cache, (torch.uint8,) + (FP8_TYPES if fp8 else ()), (4,))
+    if kv.dtype != torch.uint8:
+        kv = kv.view(torch.uint8)  # one byte per element either way: the same bytes
+    widths = (row, padded_token_row(HEAD_DIM)) if fp8 and block_size == 1 else (row,)
+    if kv.shape[1] != block_size or kv.shape[2] != 1 or kv.shape[3] not in widths:
+        layout = "" if fp8 else " (fp4: D / 2 + 4)"
+        _fail("kv_cache", f"shape [num_blocks, KVBlockSize={block_size}, 1, {' or '.join(map(str, widths))}]{layout}",
               f"shape {tuple(kv.shape)}")
+    kv = kv[..., :row] if kv.shape[3] != row else kv
     packed = block_size * row
     if kv.stride(3) != 1 or (block_size > 1 and kv.stride(1) != row):
         _fail("kv_cache", f"every block packed contiguously (strides [*, {row}, *, 1])", f"strides {kv.stride()}")
@@ -310,13 +341,44 @@ def _check_no_overlap(out: torch.Tensor, rows: int, width: int, inputs) -> None:
         if t.untyped_storage().data_ptr() != storage:  # separate allocations share no byte
             continue
         span = _byte_span(t)
-        if span is None:
+        if span is None or not _spans_hit_rows(torch.tensor([span[0] - base]), span[1] - span[0], rows, row_bytes, step):
             continue
-        lo, hi = span[0] - base, span[1] - base
-        # the first written row whose end lies past ``lo``; the input overlaps if it starts before ``hi``
-        first = 0 if lo < row_bytes else (lo - row_bytes) // step + 1 if step else rows
-        if first < rows and first * step < hi:
+        # the input's extent meets a written row: look at the bytes it really holds (an input
+        # may live in the padding between out's rows without sharing a byte with them)
+        starts, length = _contiguous_runs(t)
+        if _spans_hit_rows(starts - base, length, rows, row_bytes, step):
             _fail("out_logits", f"memory that no input shares (it overlaps `{name}`)", "an aliasing tensor")
+
+
+def _spans_hit_rows(offsets: torch.Tensor, length: int, rows: int, row_bytes: int, step: int) -> bool:
+    """Whether any byte span ``[offset, offset + length)`` (offsets relative to out's first
+    byte) meets a written row ``[r * step, r * step + row_bytes)``, ``0 <= r < rows``. A span
+    misses every row when it ends before the first, starts after the last, or lies within one
+    gap between two rows."""
+    ends = offsets + length
+    before = ends <= 0
+    after = offsets >= (rows - 1) * step + row_bytes
+    if rows > 1 and step > row_bytes:
+        row = torch.div(offsets, step, rounding_mode="floor")
+        in_gap = (offsets - row * step >= row_bytes) & (ends <= (row + 1) * step)
+    else:
+        in_gap = torch.zeros_like(before)
+    return not bool((before | after | in_gap).all())
+
+
+def _contiguous_runs(t: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Start addresses (int64, one per run) and byte length of the contiguous runs ``t``'s
+    elements occupy: its last-dimension rows when that dimension is contiguous, else each element."""
+    size = t.element_size()
+    dims = list(zip(t.shape, t.stride()))
+    if t.dim() and t.stride(-1) == 1:
+        dims, length = dims[:-1], t.shape[-1] * size
+    else:
+        length = size
+    starts = torch.tensor([t.data_ptr()], dtype=torch.int64)
+    for count, stride in dims:
+        starts = (starts[:, None] + torch.arange(count, dtype=torch.int64)[None, :] * (stride * size)).reshape(-1)
+    return starts, length
 
 
 # ----------------------------------------------------------------------------- block ids

@@ -40,7 +40,7 @@ from .op import launch
 from .problem import HEAD_DIM, LOGITS_DTYPES, LaunchArgs, Problem, ShapeKey, Target, fp8_dtype, key_bytes, token_bytes
 from .reference import make_inputs
 from .table import table_configs
-from .validate import build_launch_args
+from .validate import MAX_MODEL_LEN, PagedMQAArgumentError, build_launch_args, check_problem, max_model_len_rule
 
 #: max_model_len used when none is given (DeepSeek-V3.2's 163840-token context)
 WARMUP_DEFAULT_MAX_MODEL_LEN = 163840
@@ -209,10 +209,48 @@ class WarmupSummary:
         return "\n".join(lines)
 
 
-def _resolve_ints(value, *, as_range: bool) -> tuple[int, ...]:
-    if isinstance(value, int):
+WARMUP_PREFIX = "paged_mqa_logits.warmup: "
+#: the most batch sizes ``warmup(batch_sizes=N)`` expands to (one problem key each)
+MAX_WARMUP_BATCH = 1 << 16
+
+
+def _fail(name: str, expected: str, got) -> None:
+    raise PagedMQAArgumentError(f"{WARMUP_PREFIX}argument `{name}`: expected {expected}, got {got!r}")
+
+
+def _resolve_ints(name: str, value, *, as_range: bool) -> tuple[int, ...]:
+    """An int (``as_range``: 1..N) or an iterable of ints, each checked, none allocated for."""
+    def is_int(v) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    if is_int(value):
+        if as_range and not 1 <= value <= MAX_WARMUP_BATCH:
+            _fail(name, f"an int in 1..{MAX_WARMUP_BATCH} or a list of ints", value)
         return tuple(range(1, value + 1)) if as_range else (value,)
-    return tuple(int(v) for v in value)
+    try:
+        values = tuple(value)
+    except TypeError:
+        _fail(name, "an int or a list of ints", value)
+    if not values or not all(is_int(v) for v in values):
+        _fail(name, "an int or a non-empty list of ints", value)
+    return values
+
+
+def check_family(heads, kv_block_size, preshuffle, next_ns, batch_sizes, max_model_len) -> None:
+    """The op's rules on a family, before anything is allocated or compiled."""
+    for name, value in (("heads", heads), ("kv_block_size", kv_block_size), ("max_model_len", max_model_len)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            _fail(name, "an int", value)
+    if not isinstance(preshuffle, bool):
+        _fail("preshuffle", "a bool", preshuffle)
+    if max_model_len_rule(max_model_len) is not None or max_model_len < 1:
+        _fail("max_model_len", f"an int in 1..{MAX_MODEL_LEN}", max_model_len)
+    names = {"heads": "`heads`", "kv_block_size": "`kv_block_size`", "next_n": "`next_n`", "batch": "`batch_sizes`"}
+    for next_n in next_ns:
+        for batch in batch_sizes:
+            check_problem(arch=None, cu_num=None, batch=batch, next_n=next_n, heads=heads, head_dim=HEAD_DIM,
+                          kv_block_size=kv_block_size, preshuffle=preshuffle, context=None, names=names,
+                          prefix=WARMUP_PREFIX)
 
 
 def warmup(
@@ -253,9 +291,14 @@ def warmup(
             dtype (``"fp32"``/``"bf16"``).
 
     Returns a :class:`WarmupSummary`; ``summary.missing`` is empty when every predicted kernel
-    specialisation is in the JIT's cache.
+    specialisation is in the JIT's cache. A family the op would refuse (or a ``max_model_len``
+    past int32 positions) raises ``PagedMQAArgumentError`` naming the argument, before anything
+    is allocated or compiled.
     """
     started = time.perf_counter()
+    next_ns = _resolve_ints("next_n", next_n, as_range=False)
+    batches = _resolve_ints("batch_sizes", batch_sizes, as_range=True)
+    check_family(heads, kv_block_size, preshuffle, next_ns, batches, max_model_len)
     precompiled = overlay.activate()
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
@@ -267,7 +310,7 @@ def warmup(
         context_hints = (None,) + tuple(sorted({f["context"] for f, _, _ in _family_rows(info.arch, heads, kv_block_size, preshuffle)
                                                 if f["context"] is not None}))
     family = Family(heads=heads, kv_block_size=kv_block_size, preshuffle=preshuffle,
-                    next_n=_resolve_ints(next_n, as_range=False), batch_sizes=_resolve_ints(batch_sizes, as_range=True),
+                    next_n=next_ns, batch_sizes=batches,
                     max_model_len=max_model_len, context_hints=tuple(context_hints), lens_2d=tuple(lens_2d),
                     kv_format=kv_format, logits_dtype=logits_dtype)
     calls = enumerate_calls(family, arch=info.arch, cu_num=info.cu_num, device_type=device.type,

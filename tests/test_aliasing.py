@@ -58,3 +58,22 @@ def test_disjoint_slices_of_one_buffer_are_fine():
     one_row = make_inputs(1, 1, 32, [40], kv_block_size=16, max_model_len=48)
     gap_input.copy_(one_row["weights"])
     paged_mqa_logits(*positional(dict(one_row, out_logits=out[:1], weights=gap_input)))
+
+
+def test_an_input_in_the_padding_between_outs_rows_is_fine():
+    """Weights stored in the columns past max_model_len of out's rows share no byte with what is
+    written: accepted, and the logits are right; one column further they would, and are refused."""
+    inp = base()
+    rows, width, heads = 4, 48, 32
+    buffer = torch.full((rows, width + heads), float("nan"))
+    out = buffer[:, :width]
+    buffer[:, width:] = inp["weights"]
+    paged_mqa_logits(*positional(dict(inp, out_logits=out, weights=buffer[:, width:])))
+    inp["out_logits"].fill_(float("nan"))
+    paged_mqa_logits(*positional(inp))
+    assert torch.equal(out.nan_to_num(), inp["out_logits"][:rows, :width].nan_to_num())
+    assert torch.equal(buffer[:, width:], inp["weights"])
+    shifted = torch.zeros((rows, width + heads))
+    shifted[:, width - 1: width - 1 + heads] = inp["weights"]
+    expect_overlap(dict(inp, out_logits=shifted[:, :width], weights=shifted[:, width - 1: width - 1 + heads]),
+                   "overlaps `weights`")

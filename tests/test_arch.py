@@ -22,6 +22,7 @@ def test_override_applies_to_gpu_info(monkeypatch):
 
 
 @pytest.mark.parametrize("variable,value", [("PAGED_MQA_LOGITS_CU_NUM", "many"), ("PAGED_MQA_LOGITS_CU_NUM", "-1"),
+                                            ("PAGED_MQA_LOGITS_CU_NUM", "\u00b2"),  # a digit to str.isdigit, not to int
                                             ("PAGED_MQA_LOGITS_CU_NUM", "0"), ("PAGED_MQA_LOGITS_ARCH", "abc"),
                                             ("PAGED_MQA_LOGITS_ARCH", "-1")])
 def test_bad_override_values_name_the_variable(monkeypatch, variable, value):
@@ -47,3 +48,13 @@ def test_fp8_support():
 def test_detect_gpu():
     info = arch.detect("cuda")
     assert info.cu_num > 0 and (info.arch.startswith("sm_") or info.arch.startswith("gfx"))
+
+
+def test_an_arch_override_on_cpu_tensors_says_once_why_it_is_ignored(monkeypatch, caplog):
+    arch._say_override_ignored.cache_clear()
+    monkeypatch.setenv("PAGED_MQA_LOGITS_ARCH", "gfx950")
+    with caplog.at_level("WARNING", logger="paged_mqa_logits"):
+        assert arch.detect("cpu") == arch.ArchInfo("cpu", 0)
+        assert arch.detect("cpu") == arch.ArchInfo("cpu", 0)
+    lines = [r.getMessage() for r in caplog.records if "PAGED_MQA_LOGITS_ARCH" in r.getMessage()]
+    assert len(lines) == 1 and "gfx950 is ignored for CPU tensors" in lines[0]

@@ -87,6 +87,30 @@ def test_usage(capsys):
 
 
 # ----------------------------------------------------------------------------- errors
+def test_an_unsupported_arch_gets_one_answer_from_every_command(capsys):
+    from tuner import __main__ as tuner_cli
+
+    answers = []
+    for command in (["explain", "--arch", "sm_80"], ["compile", "--backend", "gluon", "--arch", "sm_80"]):
+        rc, _, err = run_main(capsys, *command)
+        answers.append((rc, err))
+    rc = tuner_cli.main([os.path.join(ROOT, "configs", "glm5_untuned.csv"), "--dry-run", "--arch", "sm_80"])
+    answers.append((rc, [line for line in capsys.readouterr().err.splitlines() if line.strip()]))
+    for rc, err in answers:
+        assert rc == cli.USAGE_ERROR and len(err) == 1, err
+        assert err[0].endswith(": error: argument --arch: expected one of "
+                               + ("gfx942, gfx950, sm_90" if "compile" in err[0] else "cpu, gfx942, gfx950, sm_90")
+                               + ", got sm_80"), err[0]
+
+
+def test_bench_on_a_cpu_runs_a_small_grid_and_says_what_it_ran(capsys):
+    rc, out, err = run_main(capsys, "bench", "--quiet", "--device", "cpu")
+    assert rc == 0, err
+    run_line = next(line for line in out.splitlines() if line.startswith("# run: "))
+    assert "8 shape(s) (heads 32,64 x next_n 1,2 x batch 1,8 x context 4096; CPU defaults for heads, next_n, " \
+           "batch, context), timing dispatch, 3 replay(s) per measurement on cpu" in run_line
+
+
 @pytest.mark.parametrize("args,needles", [
     (["explain", "--arch", "gfx942", "--next-n", "9"], ["--next-n", "1..8", "got 9"]),
     (["explain", "--arch", "gfx942", "--heads", "17"], ["--heads", "multiple of 16", "got 17"]),
@@ -113,6 +137,8 @@ def test_usage(capsys):
     (["compile", "--backend", "cuda", "--arch", "gfx942"], ["--backend", "cuda"]),
     (["precompile", "--arch", "gfx942", "--out", "x", "--heads", "a,b"], ["--heads", "a,b"]),
     (["bench", "--frob"], ["--frob"]),
+    (["bench", "--heads", "24", "--device", "cpu"], ["argument --heads: expected a positive multiple of 16", "got 24"]),
+    (["bench", "--next-n", "9", "--device", "cpu"], ["argument --next-n: expected in 1..8, got 9"]),
     (["frobnicate"], ["unknown command", "frobnicate"]),
 ])
 def test_errors_are_one_line_naming_the_problem(capsys, args, needles):

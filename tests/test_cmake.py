@@ -1,8 +1,10 @@
 """CMake entry point on a CPU machine: configure with GPU_TARGETS, build `precompile` (a tiny
-table keeps it fast), and check that a fresh process of the package finds and uses the cache."""
+table keeps it fast), and check that a fresh process of the package finds and uses the cache;
+in the slow set, the same over the shipped tables for every arch."""
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -65,3 +67,25 @@ def test_configure_precompile_and_the_package_uses_the_cache(cmake, tmp_path):
     assert "tune" in targets and "precompile" in targets
     tests = _run(["ctest", "-N"], cwd=str(build)) if shutil.which("ctest") else "Test #1: pytest"
     assert "Test #1: pytest" in tests
+
+
+@pytest.mark.slow
+def test_the_shipped_tables_precompile_and_verify_for_every_arch(cmake, tmp_path):
+    """The documented ahead-of-time path over the shipped tables, as an engine's build runs it:
+    every kernel their rows (and the fallback chains) can pick, for every arch, compiles and is
+    then found in the cache by the JIT on a simulated device of its arch (TMA-descriptor
+    kernels included)."""
+    build, cache = tmp_path / "build", tmp_path / "kernel_cache"
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "triton_cache"))
+    for name in ("PAGED_MQA_LOGITS_KERNEL_CACHE", "PAGED_MQA_LOGITS_CONFIGS", "AITER_CONFIG_PAGED_MQA_LOGITS"):
+        env.pop(name, None)
+    _run([cmake, "-S", REPO, "-B", str(build), "-DGPU_TARGETS=gfx942;gfx950;sm_90",
+          f"-DPython3_EXECUTABLE={sys.executable}", f"-DPAGED_MQA_LOGITS_KERNEL_CACHE_DIR={cache}"], env=env)
+    log = _run([cmake, "--build", str(build), "--target", "precompile"], env=env)
+    verdict = re.search(r"verify: (\d+)/(\d+) kernels found by the JIT in the cache, 0 compiled, .* -> OK", log)
+    assert verdict and verdict.group(1) == verdict.group(2), log[-3000:]
+    manifest = json.loads((cache / "manifest.json").read_text())
+    assert {k["arch"] for k in manifest["kernels"]} == {"gfx942", "gfx950", "sm_90"}
+    shipped = sorted(os.path.join(REPO, "configs", name) for name in os.listdir(os.path.join(REPO, "configs"))
+                     if name.endswith("_tuned.csv"))
+    assert sorted(manifest["tables"]) == shipped

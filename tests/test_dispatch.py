@@ -1,7 +1,9 @@
 """Dispatch: the table's row or the fallback chain, the decision cache, remembered launch
 failures, logging, reloading, and the Dispatcher object (injected backends and tables)."""
 
-import logging
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -10,6 +12,7 @@ from op_cases import positional
 from paged_mqa_logits import backends, dispatch, paged_mqa_logits, reload_tuned_table, table
 from paged_mqa_logits.backends.flydsl.toolchain import NOT_INSTALLED
 from paged_mqa_logits.dispatch import Dispatcher
+from paged_mqa_logits.errors import PagedMQAEnvironmentError
 from paged_mqa_logits.explain import explain
 from paged_mqa_logits.problem import Problem, ShapeKey, Target
 from paged_mqa_logits.reference import make_inputs
@@ -40,25 +43,54 @@ def test_dispatch_uses_row_on_cpu_and_falls_back(tmp_path, monkeypatch):
     assert torch.equal(ref.view(torch.int32), inp2["out_logits"].view(torch.int32))
 
 
-def test_log_once_per_new_key(tmp_path, monkeypatch, caplog):
+@pytest.fixture
+def picks(caplog, monkeypatch):
+    """The records of the pick logger (it does not propagate: caplog's handler is attached to it)."""
+    monkeypatch.setattr(dispatch.pick_logger, "handlers", [caplog.handler])
+    return lambda: [r.getMessage() for r in caplog.records if r.name == "paged_mqa_logits.tuned_config"]
+
+
+def test_log_once_per_new_key(monkeypatch, picks):
     monkeypatch.setenv("AITER_LOG_TUNED_CONFIG", "1")
     inp = make_inputs(1, 1, 32, [20], kv_block_size=16)
-    with caplog.at_level(logging.INFO, logger="paged_mqa_logits"):
-        for _ in range(3):
-            paged_mqa_logits(*positional(inp))
-        inp2 = make_inputs(2, 1, 32, [20, 4], kv_block_size=16)
-        paged_mqa_logits(*positional(inp2))
-    lines = [r.getMessage() for r in caplog.records if r.name == "paged_mqa_logits"]
+    for _ in range(3):
+        paged_mqa_logits(*positional(inp))
+    inp2 = make_inputs(2, 1, 32, [20, 4], kv_block_size=16)
+    paged_mqa_logits(*positional(inp2))
+    lines = picks()
     assert len(lines) == 2
     assert "batch=1" in lines[0] and "backend=torch" in lines[0] and "rule: default for cpu" in lines[0]
     assert "from defaults" in lines[0]
 
 
-def test_no_log_without_env(caplog):
+@pytest.mark.parametrize("value", [None, "0", "false", "off", "FALSE"])
+def test_no_log_without_env_or_when_off(monkeypatch, picks, value):
+    if value is not None:
+        monkeypatch.setenv("PAGED_MQA_LOGITS_LOG_TUNED_CONFIG", value)
     inp = make_inputs(1, 1, 32, [20], kv_block_size=16)
-    with caplog.at_level(logging.INFO, logger="paged_mqa_logits"):
+    paged_mqa_logits(*positional(inp))
+    assert not picks()
+
+
+def test_a_garbage_log_flag_is_an_error_naming_it(monkeypatch):
+    monkeypatch.setenv("AITER_LOG_TUNED_CONFIG", "maybe")
+    inp = make_inputs(1, 1, 32, [20], kv_block_size=16)
+    with pytest.raises(PagedMQAEnvironmentError, match="AITER_LOG_TUNED_CONFIG: expected 0 or 1, got 'maybe'"):
         paged_mqa_logits(*positional(inp))
-    assert not [r for r in caplog.records if r.name == "paged_mqa_logits"]
+
+
+def test_the_pick_shows_under_an_application_logging_at_warning():
+    """An application that configured logging at WARNING still sees the picks it asked for."""
+    probe = ("import logging; logging.basicConfig(level=logging.WARNING)\n"
+             "from op_cases import positional\n"
+             "from paged_mqa_logits import paged_mqa_logits\n"
+             "from paged_mqa_logits.reference import make_inputs\n"
+             "paged_mqa_logits(*positional(make_inputs(1, 1, 32, [20], kv_block_size=16)))\n")
+    env = dict(os.environ, AITER_LOG_TUNED_CONFIG="true", PYTHONPATH=os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    picks = [line for line in done.stderr.splitlines() if line.startswith("[paged_mqa_logits] ")]
+    assert len(picks) == 1 and "backend=torch" in picks[0], done.stderr
 
 
 def test_reload_picks_up_changed_file(tmp_path, monkeypatch):

@@ -1,8 +1,8 @@
 """A dispatched backend whose launch raises falls back down the chain (one warning, the failed
 choice remembered); a forced backend raises; graph capture propagates the error."""
 
+import dataclasses
 import logging
-import types
 
 import pytest
 import torch
@@ -125,7 +125,7 @@ def test_out_of_memory_is_raised_not_remembered(raising, monkeypatch):
 
 
 def test_no_fallback_during_graph_capture(raising, monkeypatch):
-    monkeypatch.setattr(op, "_capturing", lambda args: True)
+    monkeypatch.setattr(dispatch, "capturing", lambda target: True)
     with pytest.raises(RuntimeError, match="PTX assembly aborted"):
         paged_mqa_logits(*positional(inputs()))
     assert not dispatch.failures()
@@ -135,6 +135,49 @@ def test_capture_is_detected_only_on_cuda_devices(monkeypatch):
     args = op.build_launch_args(*positional(inputs()))
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert not op._capturing(args)  # CPU tensors are never captured
-    args.q = types.SimpleNamespace(device=torch.device("cuda", 0))  # the tensors' device decides
-    assert op._capturing(args)
+    assert not dispatch.capturing(args.target)  # CPU tensors are never captured
+    assert dispatch.capturing(dataclasses.replace(args.target, device_type="cuda"))  # the tensors' device decides
+
+
+class Clock:
+    """A dispatcher clock the test moves by hand."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.mark.parametrize("error,retried", [(OSError(28, "No space left on device"), True),
+                                           (TimeoutError("ptxas timed out"), True),
+                                           (RuntimeError("PTX assembly aborted"), False)])
+def test_a_transient_failure_is_tried_again_after_a_pause(raising, monkeypatch, error, retried):
+    """A launch that failed for a reason outside the choice (the OS, a timeout) falls back, and
+    the choice is tried again after a pause that doubles while it keeps failing; other failures
+    stay remembered for the life of the process."""
+    clock = Clock()
+    monkeypatch.setattr(dispatch.DEFAULT, "clock", clock)
+
+    def fail(args, config):
+        raising.launches += 1
+        raise error
+
+    monkeypatch.setattr(raising, "launch", fail)
+    inp = inputs()
+    paged_mqa_logits(*positional(inp))
+    paged_mqa_logits(*positional(inp))
+    assert raising.launches == 1
+    clock.now += dispatch.RETRY_PAUSE_S
+    paged_mqa_logits(*positional(inp))
+    assert raising.launches == (2 if retried else 1)
+    clock.now += dispatch.RETRY_PAUSE_S  # the pause doubled: not yet
+    paged_mqa_logits(*positional(inp))
+    assert raising.launches == (2 if retried else 1)
+    clock.now += dispatch.RETRY_PAUSE_S
+    monkeypatch.setattr(dispatch, "capturing", lambda target: True)  # a graph capture keeps its choice
+    paged_mqa_logits(*positional(inp))
+    assert raising.launches == (2 if retried else 1)
+    monkeypatch.setattr(dispatch, "capturing", lambda target: False)
+    paged_mqa_logits(*positional(inp))
+    assert raising.launches == (3 if retried else 1)

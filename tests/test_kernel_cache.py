@@ -21,12 +21,15 @@ from paged_mqa_logits.problem import LOGITS_DTYPES, Problem
 from paged_mqa_logits.warmup import warm_inputs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# the sm_90 TMA row: its keys go by TMA descriptor, which a launch builds on the host
 TINY_TABLE = """\
-arch,cu_num,heads,head_dim,kv_block_size,preshuffle,batch,next_n,kv_format,logits_dtype,context,backend,ChunkK,WavePerEU,SplitKV,num_warps,num_stages,us,provenance
-sm_90,132,64,128,64,0,2,1,,,any,triton,64,,0,4,3,,prior:test
-gfx950,256,64,128,64,1,2,1,,,any,triton,64,,0,4,2,,prior:test
-sm_90,132,64,128,64,0,2,1,fp4,bf16,any,triton,64,,0,4,3,,prior:test
-gfx950,256,64,128,64,1,2,1,fp4,fp32,any,triton,64,,0,4,2,,prior:test
+arch,cu_num,heads,head_dim,kv_block_size,preshuffle,batch,next_n,kv_format,logits_dtype,context,backend,ChunkK,WavePerEU,SplitKV,num_warps,num_stages,Consumers,CtasPerSM,KeyCopy,RowSplit,RowsPerMMA,Schedule,variant,us,provenance
+sm_90,132,64,128,64,0,2,1,,,any,triton,64,,0,4,3,,,,,,,,,prior:test
+sm_90,132,32,128,64,0,4,1,,,any,gluon,128,,,4,2,1,2,tma,,1,balanced,wgmma_ws,,prior:test
+sm_90,132,64,128,32,0,4,2,,,any,gluon,64,,0,4,2,4,1,tma,1,2,balanced,wgmma_pipes,,prior:test
+gfx950,256,64,128,64,1,2,1,,,any,triton,64,,0,4,2,,,,,,,,,prior:test
+sm_90,132,64,128,64,0,2,1,fp4,bf16,any,triton,64,,0,4,3,,,,,,,,,prior:test
+gfx950,256,64,128,64,1,2,1,fp4,fp32,any,triton,64,,0,4,2,,,,,,,,,prior:test
 """
 
 
@@ -217,3 +220,11 @@ def test_activate_overlays_without_touching_the_users_cache(tmp_path, monkeypatc
         assert knobs.cache.manager_class is Mine
     finally:
         del knobs.cache.manager_class
+
+
+def test_a_relative_xdg_cache_home_is_ignored(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert overlay.default_dirs()[-1] == str(tmp_path / "xdg" / "paged_mqa_logits" / "kernel_cache")
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/cache")
+    assert overlay.default_dirs()[-1] == str(tmp_path / ".cache" / "paged_mqa_logits" / "kernel_cache")

@@ -10,6 +10,7 @@ import threading
 import pytest
 
 from paged_mqa_logits import kernel_cache as kc
+from paged_mqa_logits.triton_internals import cache_overlay as overlay
 from test_kernel_cache import valid_manifest
 
 KEY = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567ABCDEFGHIJKLMNOPQRST"
@@ -58,17 +59,60 @@ def test_damaged_manifest_degrades_to_the_jit_with_one_warning(tmp_path, monkeyp
     assert len(warnings_of(caplog)) == 1 and "not used" in warnings_of(caplog)[0].getMessage()
 
 
-@pytest.mark.parametrize("mode,owned,refused", [(0o777, True, True), (0o1777, True, False), (0o775, False, True),
-                                                (0o755, False, False), (0o775, True, False)])
-def test_directories_others_can_write_are_refused(tmp_path, monkeypatch, clean_activation, caplog, mode, owned, refused):
+def other_users_own_everything(monkeypatch):
+    """As if the files belonged to another user: neither this user nor root is a trusted owner."""
+    monkeypatch.setattr(overlay, "trusted_uids", lambda: {os.getuid() + 1} - {0})
+
+
+@pytest.mark.parametrize("mode,owned,refused", [(0o777, True, True), (0o1777, True, True), (0o775, True, True),
+                                                (0o755, False, True), (0o755, True, False), (0o700, True, False)])
+def test_directories_others_can_write_or_own_are_refused(tmp_path, monkeypatch, clean_activation, caplog, mode, owned,
+                                                          refused):
     root = make_cache(tmp_path / "cache")
     os.chmod(root, mode)
     if not owned:
-        monkeypatch.setattr(os, "getuid", lambda: os.stat(root).st_uid + 1)
+        other_users_own_everything(monkeypatch)
     monkeypatch.setenv(kc.ENV_CACHE, str(root))
     with caplog.at_level(logging.WARNING, logger="paged_mqa_logits"):
         assert kc.activate() == ([] if refused else [str(root)])
     assert any("not used" in r.getMessage() for r in warnings_of(caplog)) == refused
+
+
+@pytest.mark.parametrize("what", ["key directory group-writable", "file group-writable", "file a symlink",
+                                  "key directory sticky and world-writable"])
+def test_a_file_others_could_have_planted_is_not_served(tmp_path, monkeypatch, clean_activation, caplog, what):
+    """Every directory from a served file up to the cache root, and the file, must be the user's
+    alone: otherwise the JIT compiles instead, with one warning."""
+    root = make_cache(tmp_path / "cache")
+    kernel = root / KEY / "kernel.cubin"
+    if what == "key directory group-writable":
+        os.chmod(root / KEY, 0o775)
+    elif what == "file group-writable":
+        os.chmod(kernel, 0o664)
+    elif what == "file a symlink":
+        real = tmp_path / "elsewhere.cubin"
+        real.write_bytes(kernel.read_bytes())
+        kernel.unlink()
+        kernel.symlink_to(real)
+    else:
+        os.chmod(root / KEY, 0o1777)
+    monkeypatch.setenv(kc.ENV_CACHE, str(root))
+    assert kc.activate() == [str(root)]
+    from triton import knobs
+
+    manager = knobs.cache.manager_class(KEY)
+    with caplog.at_level(logging.WARNING, logger="paged_mqa_logits"):
+        assert manager.get_file("kernel.cubin") is None
+        assert manager.get_file("kernel.cubin") is None
+    assert len([r for r in warnings_of(caplog) if "are not used" in r.getMessage()]) == 1
+
+
+def test_precompile_output_is_trusted_under_a_permissive_umask(tmp_path):
+    root = make_cache(tmp_path / "cache")
+    for path in (root, root / KEY, root / KEY / "kernel.cubin"):
+        os.chmod(path, 0o775 if path.is_dir() else 0o664)
+    overlay.restrict_to_owner(str(root))
+    assert all(overlay.untrusted_reason(str(p)) is None for p in (root, root / KEY, root / KEY / "kernel.cubin"))
 
 
 def test_a_manifest_others_can_write_is_refused(tmp_path, monkeypatch, clean_activation):

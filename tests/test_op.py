@@ -103,3 +103,23 @@ def test_forced_backend_that_cannot_serve_raises():
         paged_mqa_logits(*positional(inp), backend="gluon")
     with pytest.raises(PagedMQAArgumentError, match="config"):
         paged_mqa_logits(*positional(inp), config={"ChunkK": 64})
+
+
+@pytest.mark.parametrize("backend", [None, "torch"])
+def test_the_logits_do_not_depend_on_the_outputs_width(backend):
+    """The same inputs with a compact output and with a very wide one (and a block table to
+    match, as AITER's regression test passes them) give bit-identical logits: the CPU path's
+    chunks do not follow max_model_len."""
+    lens = [39999, 30001, 1000, 39000, 20000, 12345, 333, 38000]
+    inp = make_inputs(8, 1, 64, lens, kv_block_size=1, max_model_len=39999, lens_2d=False)
+    wide_width = 1 << 17
+    wide_table = torch.zeros((8, wide_width), dtype=torch.int32)
+    wide_table[:, : inp["kv_indices"].shape[1]] = inp["kv_indices"]
+    outs = []
+    for width, table in ((39999, inp["kv_indices"]), (wide_width, wide_table)):
+        out = torch.full((8, width), float("-inf"))
+        paged_mqa_logits(inp["q_fp8"], inp["kv_cache"], inp["weights"], out, inp["context_lens"], table, width,
+                         False, 1, backend=backend)
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1][:, :39999])
+    assert torch.isinf(outs[1][:, 39999:]).all()

@@ -78,3 +78,107 @@ def test_installed_tuner_runs_as_a_subpackage(wheel, tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     assert "1 key(s) to tune on sm_90/cu132" in result.stdout
     assert not (target / "tuner").exists()
+    # the shipped untuned lists are installed too, and found by name (there is no configs/ here)
+    shipped = subprocess.run([sys.executable, "-m", "paged_mqa_logits.tuner", "configs/glm5_untuned.csv",
+                              "dsv32_untuned.csv", "--dry-run", "--arch", "sm90", "--backends", "torch"],
+                             capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert shipped.returncode == 0, shipped.stdout + shipped.stderr
+    assert "key(s) to tune on sm_90/cu132" in shipped.stdout
+
+
+#: third-party modules the package imports that are not plain dependencies, and why
+NOT_DEPENDENCIES = {
+    "triton": "torch brings it under its own distribution name; the `triton` extra for CPU torch",
+    "flydsl": "the `rocm` extra (its backend loads it lazily)",
+    "deep_gemm": "the bench's optional same-run comparison",
+}
+
+
+def _third_party_imports() -> set[str]:
+    import ast
+
+    found = set()
+    for package in ("paged_mqa_logits", "tuner"):
+        for folder, _, files in os.walk(os.path.join(ROOT, package)):
+            for name in (n for n in files if n.endswith(".py")):
+                tree = ast.parse(open(os.path.join(folder, name)).read())
+                for node in ast.walk(tree):
+                    if isinstance(node, ast.Import):
+                        found |= {alias.name.split(".")[0] for alias in node.names}
+                    elif isinstance(node, ast.ImportFrom) and not node.level:
+                        found.add(node.module.split(".")[0])
+    return found - set(sys.stdlib_module_names) - {"paged_mqa_logits", "tuner", "__future__"}
+
+
+def test_the_declared_dependencies_are_what_the_package_imports():
+    import re
+    import tomllib
+
+    project = tomllib.load(open(os.path.join(ROOT, "pyproject.toml"), "rb"))["project"]
+
+    def names(requirements):
+        return {re.match(r"[A-Za-z0-9_.-]+", r).group(0).lower() for r in requirements}
+
+    assert names(project["dependencies"]) == _third_party_imports() - set(NOT_DEPENDENCIES)
+    extras = project["optional-dependencies"]
+    assert "triton" not in names(project["dependencies"])  # never over the Triton torch brings
+    assert extras["triton"] == ["triton>=3.6"] and names(extras["rocm"]) == {"flydsl"}
+
+
+def _dummy_wheel(folder, name: str, version: str, requires=(), files=None):
+    """A minimal pure-Python wheel of ``name`` (what pip needs to resolve and install it)."""
+    import base64
+    import hashlib
+
+    stem = f"{name.replace('-', '_')}-{version}"
+    contents = dict(files or {})
+    contents[f"{stem}.dist-info/METADATA"] = "\n".join(
+        ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"] + [f"Requires-Dist: {r}" for r in requires]) + "\n"
+    contents[f"{stem}.dist-info/WHEEL"] = "Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    record = [f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b'=').decode()},"
+              f"{len(text.encode())}" for path, text in contents.items()]
+    contents[f"{stem}.dist-info/RECORD"] = "\n".join(record + [f"{stem}.dist-info/RECORD,,"]) + "\n"
+    path = os.path.join(folder, f"{stem}-py3-none-any.whl")
+    with zipfile.ZipFile(path, "w") as archive:
+        for name_in_wheel, text in contents.items():
+            archive.writestr(name_in_wheel, text)
+    return path
+
+
+def test_a_rocm_torch_keeps_its_triton(wheel, tmp_path):
+    """Beside a torch that brings Triton as ``pytorch-triton-rocm`` (as ROCm builds do), installing
+    the package resolves without pulling the CUDA ``triton`` wheel over it, although that wheel
+    is on the index. Offline: stand-in wheels for torch, its Triton and the other dependencies."""
+    import tomllib
+
+    index = tmp_path / "index"
+    index.mkdir()
+    _dummy_wheel(index, "torch", "2.13.0", requires=["pytorch-triton-rocm==3.9.0"])
+    _dummy_wheel(index, "pytorch-triton-rocm", "3.9.0", files={"triton/__init__.py": "__version__ = '3.9.0'  # rocm\n"})
+    _dummy_wheel(index, "triton", "3.9.0", files={"triton/__init__.py": "__version__ = '3.9.0'  # cuda\n"})
+    project = tomllib.load(open(os.path.join(ROOT, "pyproject.toml"), "rb"))["project"]
+    for requirement in project["dependencies"]:
+        if requirement != "torch":
+            _dummy_wheel(index, requirement, "1.0.0")
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = str(venv / "bin" / "python")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env["PIP_CONFIG_FILE"] = os.devnull  # no index, cap or find-links of this machine's configuration
+
+    def pip(*args):
+        done = subprocess.run([sys.executable, "-m", "pip", "--python", python, *args], capture_output=True,
+                              text=True, env=env, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    pip("install", "-q", "--no-index", "--find-links", str(index), "torch")  # the user's ROCm torch
+    pip("install", "-q", "--no-index", "--find-links", str(index), str(wheel))
+    import json
+
+    installed = {d["name"].lower().replace("_", "-") for d in json.loads(pip("list", "--format=json"))}
+    assert {"paged-mqa-logits", "torch", "pytorch-triton-rocm"} <= installed and "triton" not in installed, installed
+    triton_init = subprocess.run([python, "-c", "import triton, inspect; print(inspect.getsource(triton))"],
+                                 capture_output=True, text=True, check=True).stdout
+    assert "# rocm" in triton_init

@@ -97,3 +97,10 @@ def test_calc_diff():
     assert calc_diff(x, -x) == pytest.approx(2)
     assert calc_diff(torch.zeros(3), torch.zeros(3)) == 0.0
     assert math.isfinite(calc_diff(x, x * 1.01))
+
+
+def test_reference_of_an_empty_batch_is_empty_rows_of_the_full_width():
+    inp = make_inputs(1, 2, 16, [10], kv_block_size=16, max_model_len=32)
+    ref = reference_logits(inp["q_fp8"][:0], inp["kv_cache"], inp["weights"][:0], inp["context_lens"][:0],
+                           inp["kv_indices"][:0], 32, kv_block_size=16)
+    assert ref.shape == (0, 32) and ref.dtype == torch.float32

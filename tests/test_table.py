@@ -28,6 +28,15 @@ def test_parse_rows_comments_and_knobs(tmp_path):
     assert rows[0].preshuffle is True and rows[0].us == pytest.approx(31.1)
 
 
+def test_a_table_saved_with_a_byte_order_mark_loads(tmp_path):
+    """Spreadsheet exports start the file with a UTF-8 BOM; it is not part of the first column's name."""
+    path = write(tmp_path, "bom_tuned.csv", ["gfx950,256,32,128,64,1,64,1,any,gluon,128,4,0,,31.1,prior:test"],
+                 header="\ufeff" + HEADER)
+    assert open(path, "rb").read(3) == b"\xef\xbb\xbf"
+    (row,) = table.parse_file(path)
+    assert row.arch == "gfx950" and row.knobs == {"ChunkK": 128, "WavePerEU": 4, "SplitKV": 0}
+
+
 @pytest.mark.parametrize("line,message", [
     ("gfx950,256,32,128,64,1,64,1,any,gluon,128,4,0,,31.1", "expected 16 cells, got 15"),
     ("gfx950,256,32,128,64,1,sixty,1,any,gluon,128,4,0,,1,p", "column batch must be an integer, got 'sixty'"),

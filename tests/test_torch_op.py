@@ -197,3 +197,27 @@ def test_torch_compile_fullgraph_on_gpu_equals_eager():
     torch.cuda.synchronize()
     assert torch.equal(_bits(got), _bits(eager))
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("config", ["{not json", "[1, 2]"])
+def test_a_malformed_config_through_torch_ops_is_an_argument_error(inputs, config):
+    before = inputs["out_logits"].clone()
+    with pytest.raises(PagedMQAArgumentError, match="argument `config`: expected"):
+        torch_op.op(*_args(inputs), False, 16, backend="torch", config=config)
+    assert torch.equal(_bits(inputs["out_logits"]), _bits(before))
+
+
+@pytest.mark.parametrize("value,via_op", [("false", False), ("0", False), ("", False), ("yes", True), ("1", True),
+                                          ("sometimes", None)])
+def test_the_eager_via_op_flag_follows_the_boolean_rule(value, via_op):
+    import os
+    import subprocess
+    import sys
+
+    probe = "from paged_mqa_logits import torch_op; print(torch_op.EAGER_VIA_OP)"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PAGED_MQA_LOGITS_EAGER_VIA_OP=value))
+    if via_op is None:
+        assert "PAGED_MQA_LOGITS_EAGER_VIA_OP: expected 0 or 1, got 'sometimes'" in done.stderr, done.stderr
+    else:
+        assert done.stdout.strip() == str(via_op), done.stderr

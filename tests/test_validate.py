@@ -57,7 +57,8 @@ CASES = {
     "table dtype": (lambda i: {"kv_indices": i["kv_indices"].long()}, "kv_indices", "dtype int32", "int64"),
     "table rows": (lambda i: {"kv_indices": i["kv_indices"][:1]}, "kv_indices", "2 rows", "(1, 3)"),
     "max_model_len type": (lambda i: {"max_model_len": 48.0}, "max_model_len", "a Python int", "float"),
-    "max_model_len negative": (lambda i: {"max_model_len": -1}, "max_model_len", "an int >= 0", "-1"),
+    "max_model_len negative": (lambda i: {"max_model_len": -1}, "max_model_len", "an int in 0..2147483647", "-1"),
+    "max_model_len past int32": (lambda i: {"max_model_len": 1 << 40}, "max_model_len", "an int in 0..2147483647", str(1 << 40)),
     "context_hint": (lambda i: {"context_hint": -5}, "context_hint", "an int >= 0", "-5"),
     "device": (lambda i: {"weights": i["weights"].to("meta")}, "weights", "a tensor on cpu", "meta"),
 }

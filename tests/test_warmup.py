@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 import torch
 
-from paged_mqa_logits import reload_tuned_table
+from paged_mqa_logits import PagedMQAArgumentError, reload_tuned_table
 from paged_mqa_logits.warmup import Family, enumerate_calls, table_families, warm_inputs, warmup
 
 TABLE = """\
@@ -144,3 +144,17 @@ def test_after_warmup_capture_compiles_nothing(kv_format, logits_dtype):
     finally:
         knobs.compilation.listener = None
     assert compiles == [], f"compiled during capture: {compiles}"
+
+
+@pytest.mark.parametrize("change,argument", [(dict(max_model_len=1 << 40), "max_model_len"),
+                                             (dict(max_model_len=-1), "max_model_len"),
+                                             (dict(max_model_len=0), "max_model_len"),
+                                             (dict(heads=24), "heads"), (dict(kv_block_size=48), "kv_block_size"),
+                                             (dict(next_n=9), "next_n"), (dict(next_n=[1, "2"]), "next_n"),
+                                             (dict(batch_sizes=1 << 40), "batch_sizes"),
+                                             (dict(batch_sizes=[0]), "batch_sizes"), (dict(preshuffle=1), "preshuffle")])
+def test_warmup_checks_its_family_before_allocating(change, argument):
+    kwargs = dict(heads=64, kv_block_size=64, preshuffle=False, next_n=1, batch_sizes=2, max_model_len=256)
+    kwargs.update(change)
+    with pytest.raises(PagedMQAArgumentError, match=f"paged_mqa_logits.warmup: argument `{argument}`: expected"):
+        warmup(kwargs.pop("heads"), kwargs.pop("kv_block_size"), device="cpu", progress=False, **kwargs)

@@ -34,7 +34,9 @@ def _tune_parser() -> cli.ArgumentParser:
         epilog=f"commands: '{PROG} [tune] UNTUNED.csv... -o TABLE.csv' tunes (this help); "
                f"'{PROG} recheck --table TABLE.csv' re-times a tuned table's picks ({PROG} recheck --help).")
     p.add_argument("untuned", nargs="+",
-                   help="untuned CSV(s): heads,head_dim,kv_block_size,preshuffle,batch,next_n[,contexts]")
+                   help="untuned CSV(s): heads,head_dim,kv_block_size,preshuffle,batch,next_n[,contexts]; a name "
+                        "of the shipped lists (glm5_untuned.csv, dsv32_untuned.csv) that is no file here is the "
+                        "shipped one")
     p.add_argument("-o", "--out", default=None,
                    help="tuned table to write (merged into if it exists); required unless --dry-run")
     p.add_argument("--contexts", type=_contexts, default=None,
@@ -86,6 +88,9 @@ def _recheck_parser() -> cli.ArgumentParser:
     p.add_argument("--replays", type=int, default=None, help="graph replays per timing (default: GPU 10, CPU 3)")
     p.add_argument("--max-copies", type=int, default=64, help="rotating input copies at most")
     p.add_argument("--sample", type=int, default=0, help="re-time at most N rows, evenly spread (0: all)")
+    p.add_argument("--lengths", choices=("recorded", "uniform", "wide"), default="recorded",
+                   help="per-sequence lengths of the timed batches: as each row's provenance records how it was "
+                        "tuned (nothing recorded: uniform), or one mode for every row")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
@@ -94,24 +99,49 @@ def _recheck(argv: list[str]) -> int:
     from .recheck import recheck
 
     a = _recheck_parser().parse_args(argv)
+    cli.check_bounds(("--timeout", a.timeout, 0, "above"), ("--replays", a.replays, 1), ("--max-copies", a.max_copies, 1),
+                     ("--sample", a.sample, 0), ("--drift", a.drift, 0, "above"), ("--warn", a.warn, 0, "above"),
+                     ("--fail", a.fail, 0, "above"))
     return recheck(a.table, baseline=a.baseline, fail_on_regression=a.fail_on_regression, device=a.device,
                    out=a.out, drift=a.drift, warn=a.warn, fail=a.fail, timeout=a.timeout, replays=a.replays,
-                   max_copies=a.max_copies, sample=a.sample, quiet=a.quiet)
+                   max_copies=a.max_copies, sample=a.sample, quiet=a.quiet,
+                   lengths={"recorded": None, "uniform": ""}.get(a.lengths, a.lengths))
+
+
+def _untuned_file(path: str) -> str:
+    """``path``, or, when no such file exists, the shipped untuned list of that file name
+    (``glm5_untuned.csv``, ``configs/dsv32_untuned.csv``: an installed package has no
+    checkout's ``configs/``)."""
+    if os.path.isfile(path):
+        return path
+    from paged_mqa_logits.table import shipped_config_dir
+
+    shipped = shipped_config_dir() / os.path.basename(path)
+    if path.endswith("_untuned.csv") and shipped.is_file():
+        return str(shipped)
+    looks_like_command = not path.endswith(".csv") and os.sep not in path and "." not in path
+    if looks_like_command:
+        raise cli.CliError(f"unknown command {path!r} (expected {' or '.join(SUBCOMMANDS)}, or untuned CSV files)")
+    raise cli.CliError(f"argument untuned: expected an existing CSV file or a shipped untuned list's name, got {path!r}")
 
 
 def _tune(argv: list[str]) -> int:
     a = _tune_parser().parse_args(argv)
-    for path in a.untuned:
-        if not os.path.isfile(path):
-            looks_like_command = not path.endswith(".csv") and os.sep not in path and "." not in path
-            if looks_like_command:
-                raise cli.CliError(f"unknown command {path!r} (expected {' or '.join(SUBCOMMANDS)}, "
-                                   "or untuned CSV files)")
-            raise cli.CliError(f"argument untuned: expected an existing CSV file, got {path!r}")
+    a.untuned = [_untuned_file(path) for path in a.untuned]
     if a.out is None and not a.dry_run:
         raise cli.CliError("argument -o/--out: expected the tuned table to write (required unless --dry-run), got none")
-    if a.time_budget is not None and a.time_budget <= 0:
-        raise cli.CliError(f"argument --time-budget: expected seconds > 0, got {a.time_budget}")
+    cli.check_bounds(("--time-budget", a.time_budget, 0, "above"), ("--timeout", a.timeout, 0, "above"),
+                     ("--build-timeout", a.build_timeout, 0, "above"), ("--cu-num", a.cu_num, 1), ("--mp", a.mp, 1),
+                     ("--jobs", a.jobs, 0), ("--top", a.top, 1), ("--max-candidates", a.max_candidates, 0),
+                     ("--max-copies", a.max_copies, 1), ("--screen-replays", a.screen_replays, 1),
+                     ("--confirm-replays", a.confirm_replays, 0))
+    if a.arch is not None:
+        from paged_mqa_logits.arch import USUAL_CU_NUM, normalise_arch
+        from paged_mqa_logits.validate import arch_rule
+
+        expected = arch_rule(normalise_arch(a.arch), USUAL_CU_NUM)
+        if expected is not None:
+            raise cli.CliError(f"argument --arch: expected {expected}, got {a.arch}")
     from .search import Options, tune
 
     opts = Options(
@@ -122,6 +152,10 @@ def _tune(argv: list[str]) -> int:
         max_copies=a.max_copies, screen_replays=a.screen_replays, confirm_replays=a.confirm_replays, report=a.report,
         quiet=a.quiet, lengths="" if a.lengths == "uniform" else a.lengths)
     outcome = tune(opts)
+    if not a.dry_run and not outcome.tuned and (outcome.failed or outcome.left):
+        print(f"[tuner] nothing tuned: {len(outcome.failed)} key(s) failed, {len(outcome.left)} not reached",
+              file=sys.stderr)
+        return 1
     return 1 if outcome.failed else 0
 
 

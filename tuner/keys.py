@@ -17,6 +17,7 @@ import csv
 from dataclasses import dataclass
 
 from paged_mqa_logits.bench import Shape
+from paged_mqa_logits.files import atomic_write
 from paged_mqa_logits.problem import REQUIRED_KEY_COLUMNS, SHAPE_KEY_COLUMNS, ShapeKey, ShapeKeyFields
 
 DEFAULT_CONTEXTS = (8192, 32768)
@@ -105,7 +106,7 @@ def order_keys(keys: list[TuneKey]) -> list[TuneKey]:
 
 
 def write_untuned(path: str, keys: list[TuneKey], comments=()) -> None:
-    with open(path, "w", newline="") as f:
+    with atomic_write(path, newline="") as f:
         for line in comments:
             f.write(f"# {line}\n")
         w = csv.writer(f, lineterminator="\n")

@@ -13,6 +13,12 @@ geometric mean, as the tuner computed it. Reported per row:
   FAIL makes the exit status 1;
 * the backend the dispatch actually ran, and the accuracy check (a failing check is always an
   error).
+
+Each row is timed the way it was tuned: with the per-sequence lengths its provenance records
+(``|lengths=wide``: uniform in ``[1, context]``; nothing: every sequence at the context), unless
+``lengths`` names one mode for every row. A baseline must cover at least one of the rows
+checked (a header-only or foreign file judges nothing): otherwise the re-check fails before
+timing anything.
 """
 
 from __future__ import annotations
@@ -23,12 +29,13 @@ import sys
 from dataclasses import dataclass, field
 
 from paged_mqa_logits import bench, table
+from paged_mqa_logits.files import atomic_write
 from paged_mqa_logits.problem import ShapeKey
 from paged_mqa_logits.table import Row
 
 from .keys import DEFAULT_CONTEXTS, TuneKey
 from .worker import Pool, Task
-from .writer import geomean
+from .writer import geomean, tuned_lengths
 
 DRIFT, WARN, FAIL = 0.10, 1.10, 1.15
 
@@ -99,18 +106,38 @@ def points_for(rows: list[Row], arch: str, cu_num: int) -> tuple[list[Point], st
 
 
 def read_baseline(path: str) -> dict[tuple, float]:
-    """``{table key: us}`` from a tuned table or a re-check report (its ``measured_us`` column)."""
-    with open(path, newline="") as f:
+    """``{table key: us}`` from a tuned table or a re-check report (its ``measured_us`` column);
+    a torn or malformed report raises ``ValueError`` naming the file and line."""
+    with open(path, newline="", encoding="utf-8-sig") as f:
         lines = [line for line in f if line.strip() and not line.lstrip().startswith("#")]
     header = next(csv.reader(lines[:1]), [])
     if "measured_us" not in header:
         return {r.key: r.us for r in table.parse_file(path) if r.us}
     out = {}
-    for d in csv.DictReader(lines):
-        if d["measured_us"]:
-            ctx = None if d["context"] in ("any", "") else int(d["context"])
-            out[(d["arch"], int(d["cu_num"]), ShapeKey.parse(d), ctx)] = float(d["measured_us"])
+    for number, d in enumerate(csv.DictReader(lines), start=2):
+        try:
+            if None in d or None in d.values():
+                raise ValueError(f"expected {len(header)} cells")
+            if d["measured_us"]:
+                ctx = None if d["context"] in ("any", "") else int(d["context"])
+                out[(d["arch"], int(d["cu_num"]), ShapeKey.parse(d), ctx)] = float(d["measured_us"])
+        except (KeyError, ValueError) as exc:
+            raise ValueError(f"{path}: report row {number}: {exc}") from None
     return out
+
+
+def tasks_for(work: list[tuple[Point, int]], schedule, max_copies: int, lengths: str | None) -> list[Task]:
+    """One dispatch timing per ``(point, context)``, its batch's lengths drawn as the row was
+    tuned (``lengths``: this mode for every row instead)."""
+    tasks = []
+    for p, c in work:
+        r = p.row
+        mode = tuned_lengths(r.provenance) if lengths is None else lengths
+        tasks.append(Task(id=len(tasks), shape=TuneKey(r.shape_key, p.contexts).shape(c, mode),
+                          impls=[bench.Impl("dispatch")], screen=schedule,
+                          workload={"max_copies": max_copies, "context_hint": "context" if r.context else None},
+                          meta={"point": p, "context": c}))
+    return tasks
 
 
 class _Source:
@@ -130,9 +157,10 @@ class _Source:
 def recheck(table_path: str, *, baseline: str | None = None, fail_on_regression: bool = False, device: str | None = None,
             out: str | None = None, drift: float = DRIFT, warn: float = WARN, fail: float = FAIL,
             timeout: float = 180.0, replays: int | None = None, max_copies: int = 64, sample: int = 0,
-            quiet: bool = False) -> int:
+            quiet: bool = False, lengths: str | None = None) -> int:
     """Re-time ``table_path``'s rows for this device (``sample``: at most that many, evenly
-    spread); print the report; return the exit status."""
+    spread; ``lengths``: one lengths mode for every row instead of each row's recorded one);
+    print the report; return the exit status."""
     import torch
     from tqdm import tqdm
 
@@ -147,6 +175,11 @@ def recheck(table_path: str, *, baseline: str | None = None, fail_on_regression:
         return 1
     if 0 < sample < len(points):
         points = [points[round(i * (len(points) - 1) / max(sample - 1, 1))] for i in range(sample)]
+    base = read_baseline(baseline) if baseline else {}
+    if baseline and not any(p.row.key in base for p in points):
+        print(f"[recheck] the baseline {baseline} covers none of the {len(points)} row(s) checked: "
+              "no regression can be judged", file=sys.stderr)
+        return 1
     gpu = torch.device(device).type == "cuda"
     schedule = bench.Schedule(replays=replays or (10 if gpu else 3))
     work = []  # (point, context): a key's context row next to its "any" row, so they share inputs
@@ -154,13 +187,7 @@ def recheck(table_path: str, *, baseline: str | None = None, fail_on_regression:
         work += [(p, c) for c in p.contexts]
     work.sort(key=lambda pc: ((pc[0].row.arch, pc[0].row.cu_num) + pc[0].row.shape_key.values(), pc[1],
                               pc[0].row.context is None))
-    tasks = []
-    for p, c in work:
-        r = p.row
-        key = TuneKey(r.shape_key, p.contexts)
-        tasks.append(Task(id=len(tasks), shape=key.shape(c), impls=[bench.Impl("dispatch")], screen=schedule,
-                          workload={"max_copies": max_copies, "context_hint": "context" if r.context else None},
-                          meta={"point": p, "context": c}))
+    tasks = tasks_for(work, schedule, max_copies, lengths)
     env = {table.ENV_CONFIGS: os.path.abspath(table_path), table.ENV_CONFIGS_ALIAS: ""}
     pool = Pool([device if not gpu else "cuda:0"], timeout=timeout, env=env, log=print)
     bar = tqdm(total=len(tasks), unit="shape", disable=quiet, file=sys.stderr, dynamic_ncols=True)
@@ -170,7 +197,6 @@ def recheck(table_path: str, *, baseline: str | None = None, fail_on_regression:
         bar.close()
         pool.close()
 
-    base = read_baseline(baseline) if baseline else {}
     report, failed, regressed = [], False, False
     for p in points:
         r = p.row
@@ -183,7 +209,9 @@ def recheck(table_path: str, *, baseline: str | None = None, fail_on_regression:
         expected = f"{r.backend}[{bench.format_knobs(r.knobs)}]"
         report.append({
             "arch": r.arch, "cu_num": r.cu_num, **r.shape_key.cells(),
-            "context": "any" if r.context is None else r.context, "table_backend": expected, "ran": p.ran,
+            "context": "any" if r.context is None else r.context,
+            "lengths": (tuned_lengths(r.provenance) if lengths is None else lengths) or "uniform",
+            "table_backend": expected, "ran": p.ran,
             "recorded_us": "" if r.us is None else f"{r.us:.3f}",
             "measured_us": "" if p.measured is None else f"{p.measured:.3f}",
             "baseline_us": f"{base[r.key]:.3f}" if r.key in base else "", "drift": note, "regression": verdict,
@@ -191,8 +219,7 @@ def recheck(table_path: str, *, baseline: str | None = None, fail_on_regression:
         })
     _print(report)
     if out:
-        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-        with open(out, "w", newline="") as f:
+        with atomic_write(out, newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(report[0]))
             w.writeheader()
             w.writerows(report)

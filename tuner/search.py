@@ -29,6 +29,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from paged_mqa_logits import backends, bench, table
+from paged_mqa_logits.files import atomic_write
 from paged_mqa_logits.problem import Target
 
 from .candidates import Candidate, candidates_for, load_extra_backends
@@ -352,7 +353,8 @@ def tune(opts: Options) -> Outcome:
     jobs = opts.jobs if opts.jobs is not None else (min(16, os.cpu_count() or 1) if gpu else 0)
     import triton
 
-    prov = provenance(gpu_name() if gpu else "cpu", target.cu_num, triton.__version__, torch.__version__)
+    prov = provenance(gpu_name() if gpu else "cpu", target.cu_num, triton.__version__, torch.__version__,
+                      lengths=opts.lengths)
     check_devices = [f"cuda:{i % ngpu}" if gpu else "cpu" for i in range(jobs)]
     pool = Pool(check_devices or timing_devices, timeout=opts.timeout, build_timeout=opts.build_timeout,
                 log=lambda text: _say(opts, text))
@@ -414,8 +416,7 @@ def tune(opts: Options) -> Outcome:
 def write_report(path: str, rows: list[dict]) -> None:
     if not rows:
         return
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w", newline="") as f:
+    with atomic_write(path, newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)

@@ -10,6 +10,7 @@ import math
 import os
 
 from paged_mqa_logits import table
+from paged_mqa_logits.files import write_target
 from paged_mqa_logits.problem import ShapeKey
 from paged_mqa_logits.table import Row, TableWriter
 
@@ -17,11 +18,25 @@ from .candidates import Candidate
 from .keys import TuneKey
 
 
-def provenance(gpu: str, cu_num: int, triton_version: str, torch_version: str, date: str | None = None) -> str:
-    """``tuned:<gpu>|cu<N>|triton<v>|torch<v>|<date>`` (see docs/TUNING.md)."""
+#: the provenance field that records how the timed batches' lengths were drawn
+LENGTHS_FIELD = "lengths="
+
+
+def provenance(gpu: str, cu_num: int, triton_version: str, torch_version: str, date: str | None = None,
+               lengths: str = "") -> str:
+    """``tuned:<gpu>|cu<N>|triton<v>|torch<v>|<date>``, then ``|lengths=<mode>`` for batches of
+    ragged lengths (a ``bench.shapes.LENGTH_MODES`` mode; uniform batches add nothing), so a
+    re-check times the row the way it was tuned (see docs/TUNING.md)."""
     date = date or datetime.date.today().isoformat()
     gpu = gpu.replace(",", " ").replace("|", "/")
-    return f"tuned:{gpu}|cu{cu_num}|triton{triton_version}|torch{torch_version}|{date}"
+    text = f"tuned:{gpu}|cu{cu_num}|triton{triton_version}|torch{torch_version}|{date}"
+    return text + (f"|{LENGTHS_FIELD}{lengths}" if lengths else "")
+
+
+def tuned_lengths(provenance_text: str) -> str:
+    """The lengths mode a row's provenance records (``""``: uniform, or not recorded)."""
+    fields = provenance_text.split("|")
+    return next((f[len(LENGTHS_FIELD):] for f in fields if f.startswith(LENGTHS_FIELD)), "")
 
 
 def geomean(values) -> float:
@@ -114,16 +129,29 @@ def write_table(path: str, rows: list[Row], comments=()) -> None:
 
 @contextlib.contextmanager
 def table_lock(path: str):
-    """An exclusive advisory lock (``flock``) on ``<path>.lock`` for a read-merge-write of the
-    table at ``path``: tuners sharing an output table (several GPUs, several hosts on one file
-    system that supports flock) then never lose each other's rows."""
-    lock_path = f"{path}.lock"
+    """An exclusive advisory lock (``flock``) on ``<table>.lock`` for a read-merge-write of the
+    table at ``path`` (its target, for a symbolic link): tuners sharing an output table (several
+    GPUs, several hosts on one file system that supports flock) then never lose each other's
+    rows. The holder removes the lock file before releasing it, so none is left beside the
+    table; a waiter that then gets the lock of a removed file takes the lock again on the
+    current one."""
+    lock_path = f"{write_target(path)}.lock"
     os.makedirs(os.path.dirname(os.path.abspath(lock_path)), exist_ok=True)
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
+    while True:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
         fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            current = os.stat(lock_path)
+        except FileNotFoundError:
+            current = None
+        held = os.fstat(fd)
+        if current is not None and (current.st_dev, current.st_ino) == (held.st_dev, held.st_ino):
+            break
+        os.close(fd)  # the previous holder removed this file: lock the one in its place
+    try:
         yield
     finally:
+        os.unlink(lock_path)
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
 

@@ -30,11 +30,13 @@ from ..arch import ARCH_SPECS
 from ..table import loaded_files
 from ..triton_internals.compiler import cache_invalidating_env
 from ..triton_internals.launchers import prebuild_driver_utils, prebuild_launcher
+from ..triton_internals import interpreter
 from ..triton_internals.version import installed_version
 from ..warmup import WARMUP_DEFAULT_MAX_MODEL_LEN, enumerate_calls, table_families, warm_inputs
 from ..backends.registry import TRITON_BACKENDS
 from .launches import KernelLaunch, arch_of_target, gpu_target, launches_of
-from ..triton_internals.cache_overlay import _read_manifest_or_empty, cache_files, write_manifest_atomically
+from ..triton_internals.cache_overlay import (_read_manifest_or_empty, cache_files, restrict_to_owner,
+                                              write_manifest_atomically)
 
 #: CU/SM count assumed for families the table does not describe (only dispatch reads it)
 DEFAULT_CU_NUM = {name: spec.usual_cu_num for name, spec in ARCH_SPECS.items()}
@@ -53,7 +55,7 @@ def _writing_to(out_dir: str):
 
 def compile_launch(launch: KernelLaunch, out_dir: str):
     """``triton.compile`` exactly as ``JITFunction._do_compile`` would, filed in ``out_dir``."""
-    with _writing_to(out_dir):
+    with _writing_to(out_dir), interpreter.compiling():
         return triton.compile(launch.source(), target=launch.target, options=launch.options.__dict__)
 
 
@@ -223,6 +225,7 @@ def _select(families, only: dict):
 
 
 def _write_manifest(out_dir: str, manifest: dict, summary: PrecompileSummary) -> None:
+    restrict_to_owner(out_dir)  # what the run-time trusts: nobody else can write the cache
     entries = {(k["arch"], k["disk_key"]): k for k in manifest.get("kernels", [])}
     entries.update({(k["arch"], k["disk_key"]): k for k in summary.kernels})
     manifest.update({

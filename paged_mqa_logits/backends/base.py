@@ -47,6 +47,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Protocol, runtime_checkable
 
+from ..files import atomic_write
 from ..problem import LaunchArgs, Problem, Target
 
 
@@ -157,7 +158,7 @@ class CompileRecord:
 
     def write(self, out_dir: str) -> str:
         path = os.path.join(out_dir, f"{self.name}.json")
-        with open(path, "w") as f:
+        with atomic_write(path) as f:
             json.dump(asdict(self), f, indent=1, sort_keys=True)
         return path
 

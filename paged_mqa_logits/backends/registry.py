@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 
 from ..triton_internals import cache_overlay as overlay
+from ..triton_internals import compiler, interpreter
 from ..problem import Problem, Target, resolve_target
 from .base import Backend
 
@@ -54,6 +55,8 @@ def get(name: str) -> Backend | None:
     module_name, attr = _REGISTRY[name].split(":")
     if name in TRITON_BACKENDS:
         overlay.activate()  # precompiled kernels are found from the backend's first compile on
+        interpreter.serialise_compiles()  # CPU calls and GPU compiles on other threads wait for each other
+        compiler.order_independent_cache_keys()  # before any kernel is keyed: precompiled keys match
     try:
         backend = getattr(importlib.import_module(module_name), attr)
     except Exception as exc:  # an optional backend must never break the package

@@ -4,8 +4,8 @@ the tuner (``python -m tuner``).
 Method, for one shape:
 
 * **Honest footprint.** Every rotating copy of the inputs comes from its own
-  :func:`~paged_mqa_logits.reference.make_inputs` call (a distinct block for every token, the
-  block table filled from a random permutation). On a GPU there are enough copies that the
+  :func:`~paged_mqa_logits.reference.make_inputs` call (every sequence's blocks its own, none
+  shared, the block table filled from a random permutation). On a GPU there are enough copies that the
   working set (KV bytes + logits of all copies) is at least ``max(4 x L2, 512 MiB)``, between
   2 and ``max_copies`` copies, and never more than device memory allows. Calls cycle over the
   copies, so no call finds the previous call's data in L2.

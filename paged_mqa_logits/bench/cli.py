@@ -11,6 +11,7 @@ from tqdm import tqdm
 
 from .. import backends
 from ..problem import HEAD_DIM, KV_FORMATS, LOGITS_DTYPES, Problem, Target
+from ..validate import PagedMQAArgumentError, check_problem
 from .deepgemm import deepgemm_available
 from .environment import environment
 from .measure import DeviceLost, Impl, Measurement, Schedule, measure, parse_knobs
@@ -44,6 +45,24 @@ def _impls(a, shape: Shape, problem: Problem, target: Target) -> list[Impl]:
     return list(dict.fromkeys(out))
 
 
+#: the grid's defaults on a GPU (the published comparison) and on a CPU (about a minute on two cores)
+GPU_GRID = {"heads": "32,64", "next_n": "1,2,3,4", "batch": "1,8,32,64,128,256", "context": "8192,32768"}
+CPU_GRID = {"heads": "32,64", "next_n": "1,2", "batch": "1,8", "context": "4096"}
+#: shape field -> the option that sets it (argument errors name what the user typed)
+OPTION_NAMES = {"batch": "--batch", "next_n": "--next-n", "heads": "--heads", "head_dim": "--head-dim",
+                "kv_block_size": "--kv-block-size", "context": "--context"}
+
+
+def describe_grid(a, defaults: list[str], device) -> str:
+    """Where the shapes came from: the file, or the grid and which of its axes are defaults."""
+    if a.shapes:
+        return f"from {a.shapes}"
+    axes = f"heads {a.heads} x next_n {a.next_n} x batch {a.batch} x context {a.context}"
+    if defaults:
+        axes += f"; {'CPU' if torch.device(device).type == 'cpu' else 'GPU'} defaults for " + ", ".join(defaults)
+    return axes
+
+
 def _problem_for(shape: Shape, target: Target) -> Problem:
 
     return Problem.of(shape.shape_key, target, context=shape.context, lens_2d=shape.lens_2d,
@@ -57,11 +76,12 @@ def main(argv: list[str] | None = None) -> int:
                     "same run with the method of docs/BENCHMARK.md; writes a CSV and exits non-zero if any shape "
                     "fails its check.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    g = p.add_argument_group("shapes (a grid, or --shapes FILE)")
-    g.add_argument("--heads", default="32,64")
-    g.add_argument("--next-n", default="1,2,3,4")
-    g.add_argument("--batch", default="1,8,32,64,128,256")
-    g.add_argument("--context", default=None, help="default 8192,32768 (with --shapes: overrides the file's)")
+    g = p.add_argument_group("shapes (a grid, or --shapes FILE); on a CPU the grid's defaults are a small grid")
+    g.add_argument("--heads", default=None, help=f"default {GPU_GRID['heads']} (CPU: {CPU_GRID['heads']})")
+    g.add_argument("--next-n", default=None, help=f"default {GPU_GRID['next_n']} (CPU: {CPU_GRID['next_n']})")
+    g.add_argument("--batch", default=None, help=f"default {GPU_GRID['batch']} (CPU: {CPU_GRID['batch']})")
+    g.add_argument("--context", default=None, help=f"default {GPU_GRID['context']} (CPU: {CPU_GRID['context']}; "
+                                                   "with --shapes: overrides the file's)")
     g.add_argument("--kv-block-size", default="64")
     g.add_argument("--head-dim", type=int, default=HEAD_DIM)
     g.add_argument("--preshuffle", action="store_true", help="preshuffled cache (see --preshuffle-values for both)")
@@ -108,6 +128,10 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and device.index is not None:
         torch.cuda.set_device(device)
+    grid = CPU_GRID if device.type == "cpu" else GPU_GRID
+    defaults = [] if a.shapes else [name for name in grid if getattr(a, name) is None]
+    for name in defaults:
+        setattr(a, name, grid[name])
     for option, text in (("--heads", a.heads), ("--next-n", a.next_n), ("--batch", a.batch),
                          ("--context", a.context), ("--kv-block-size", a.kv_block_size)):
         try:
@@ -129,9 +153,16 @@ def main(argv: list[str] | None = None) -> int:
                                  logits_dtype=a.logits_dtype)
     else:
         shapes = grid_shapes(_int_list(a.heads), _int_list(a.next_n), _int_list(a.batch),
-                             _int_list(a.context or "8192,32768"), _int_list(a.kv_block_size), pre,
+                             _int_list(a.context), _int_list(a.kv_block_size), pre,
                              lens_2d=not a.lens_1d, ragged=ragged, head_dim=a.head_dim,
                              kv_format=a.kv_format or "fp8", logits_dtype=a.logits_dtype or "fp32")
+    for shape in shapes:  # the op's own rules, before anything is built: an error names the option
+        try:
+            check_problem(arch=None, cu_num=None, batch=shape.batch, next_n=shape.next_n, heads=shape.heads,
+                          head_dim=shape.head_dim, kv_block_size=shape.kv_block_size, preshuffle=shape.preshuffle,
+                          context=shape.context, names=OPTION_NAMES)
+        except PagedMQAArgumentError as exc:
+            p.error(str(exc))
     if a.config and (not a.backend or "," in a.backend):
         p.error("--config needs exactly one --backend")
     if a.clean_logits and a.deepgemm:
@@ -146,6 +177,10 @@ def main(argv: list[str] | None = None) -> int:
     command = "python -m paged_mqa_logits bench " + " ".join(argv if argv is not None else sys.argv[1:])
     for line in env.header_lines(command):
         print(line)
+    timed = ", ".join(dict.fromkeys(impl.label for shape in shapes
+                                    for impl in _impls(a, shape, _problem_for(shape, target), target)))
+    print(f"# run: {len(shapes)} shape(s) ({describe_grid(a, defaults, device)}), timing {timed}, "
+          f"{schedule.replays} replay(s) per measurement on {device}")
 
 
     results: list[Measurement] = []

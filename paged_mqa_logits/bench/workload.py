@@ -1,5 +1,5 @@
-"""Honest footprint: rotating input copies of one shape, each its own ``make_inputs`` call (a
-distinct block per token from a random permutation), enough of them to pass L2; and the byte /
+"""Honest footprint: rotating input copies of one shape, each its own ``make_inputs`` call (every
+sequence's blocks its own, placed by a random permutation), enough of them to pass L2; and the byte /
 FLOP accounting every figure is computed from."""
 
 from __future__ import annotations

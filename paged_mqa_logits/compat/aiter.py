@@ -16,9 +16,14 @@ dispatcher picks for the call:
   ``((max(1, TotalCuCount // (B * next_n)) + 4) // 5 * 5) * WavePerEU``, with
   ``TotalCuCount=None`` meaning the device's CU count, as upstream.
 
-Only the knobs that backend reads are passed (the torch backend reads none; the portable
-Triton kernel reads ``ChunkK`` and ``SplitKV``). ``VarCtxSchedule`` (AITER's schedule for
-ragged batches) is accepted and unused: the op balances ragged batches itself.
+Only the knobs that backend (for Gluon: the variant that runs) reads are passed (the torch
+backend reads none; the portable Triton kernel reads ``ChunkK`` and ``SplitKV``), and explicit
+knobs always run: a value outside what that backend's kernels take is clamped to the nearest
+one they do (``SplitKV`` to 1024: AITER's formula gives 1220 at ``WavePerEU=4``, one row, 304
+CUs), and where the clamped set is still not one its kernels combine (say a ``ChunkK`` the
+variant's tiles cannot take with its other knobs), ``ChunkK``, then every upstream knob, is
+left to the table. ``VarCtxSchedule`` (AITER's schedule for ragged batches) is accepted and
+unused: the op balances ragged batches itself.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from ..signature import OP
 from ..torch_op import paged_mqa_logits
 from ..validate import PagedMQAArgumentError
 
-__all__ = ["deepgemm_fp8_paged_mqa_logits", "aiter_knobs"]
+__all__ = ["deepgemm_fp8_paged_mqa_logits", "aiter_knobs", "served_config"]
 
 
 class _Default(int):
@@ -59,12 +64,34 @@ def aiter_knobs(*, chunk_k: int, wave_per_eu: int, total_cu_count: int, batch: i
     return {"ChunkK": chunk_k, "WavePerEU": wave_per_eu, "SplitKV": split_kv}
 
 
-def _knob_names(backend, problem, config: dict) -> tuple[str, ...]:
-    """Knobs the backend (the gluon variant, for gluon) that will run ``config`` reads."""
+def _knob_space(backend, problem, config: dict) -> dict:
+    """Knob -> allowed values of the backend (the gluon variant, for gluon) that runs ``config``."""
     variant = getattr(backend, "variant", None)
     if variant is not None:
-        return ("variant",) + tuple(getattr(variant(problem, config), "KNOBS", ()))
-    return tuple(getattr(backend, "knobs", ()))
+        return dict(variant(problem, config).knob_space)
+    return dict(getattr(backend, "KNOB_SPACE", {}))
+
+
+def _nearest_allowed(value: int, allowed):
+    """``value`` clamped into ``allowed`` (a ``range`` or a tuple): the nearest allowed int, ties
+    to the smaller; ``value`` itself when ``allowed`` holds no ints."""
+    if isinstance(allowed, range):
+        return min(max(value, allowed.start), allowed.stop - 1)
+    numbers = [a for a in allowed if type(a) is int]
+    return min(numbers, key=lambda a: (abs(a - value), a)) if numbers else value
+
+
+def served_config(backend_name: str, problem, tuned: dict, upstream: dict) -> dict:
+    """``tuned`` with the ``upstream`` knobs the backend reads, each clamped into its allowed
+    values; if the backend refuses that combination, without ``ChunkK``, then without any."""
+    backend = backends.get(backend_name)
+    space = _knob_space(backend, problem, tuned)
+    fitted = {k: _nearest_allowed(v, space[k]) for k, v in upstream.items() if k in space}
+    for attempt in (fitted, {k: v for k, v in fitted.items() if k != "ChunkK"}):
+        config = {**tuned, **attempt}
+        if backends.check_config(backend_name, config, problem) is None:
+            return config
+    return dict(tuned)
 
 
 def deepgemm_fp8_paged_mqa_logits(
@@ -106,11 +133,8 @@ def deepgemm_fp8_paged_mqa_logits(
         total_cu_count = _positive_int("TotalCuCount", TotalCuCount)
     problem = args.problem
     choice = dispatch.choose(problem, args.target)
-    backend = backends.get(choice.backend)
     knobs = aiter_knobs(chunk_k=chunk_k, wave_per_eu=wave_per_eu, total_cu_count=total_cu_count,
                         batch=problem.batch, next_n=problem.next_n)
-    config = dict(choice.config)
-    names = _knob_names(backend, problem, config)
-    config.update({k: v for k, v in knobs.items() if k in names})
+    config = served_config(choice.backend, problem, dict(choice.config), knobs)
     # the call validated above is not validated again (where the op's run can reuse it)
     return torch_op.call(OP.complete(dict(op_arguments, backend=choice.backend, config=config)), args)

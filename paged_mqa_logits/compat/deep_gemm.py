@@ -29,12 +29,15 @@ import torch
 from ..problem import SUPPORTED_KV_BLOCK_SIZES
 from ..signature import OP
 from ..torch_op import paged_mqa_logits
-from ..validate import PagedMQAArgumentError
+from .. import validate
+from ..validate import MAX_MODEL_LEN_EXPECTED, PagedMQAArgumentError, max_model_len_rule
 
 __all__ = ["get_paged_mqa_logits_metadata", "fp8_fp4_paged_mqa_logits", "fp8_paged_mqa_logits", "SPLIT_KV"]
 
 #: tokens per schedule segment; DeepGEMM's split on sm_90 / sm_100
 SPLIT_KV = 256
+#: the largest ``num_sms`` the metadata accepts (an SM count; the schedule has one row per SM)
+MAX_NUM_SMS = 1 << 16
 #: DeepGEMM pads each logits row to a multiple of this many bytes (and of SPLIT_KV columns)
 ROW_ALIGNMENT_BYTES = 1024
 
@@ -86,8 +89,8 @@ def get_paged_mqa_logits_metadata(context_lens: torch.Tensor, block_kv: int, num
                   f"next_n {context_lens.shape[1]}")
     if isinstance(block_kv, bool) or not isinstance(block_kv, int) or block_kv not in SUPPORTED_KV_BLOCK_SIZES:
         _fail("block_kv", "one of " + ", ".join(map(str, SUPPORTED_KV_BLOCK_SIZES)), block_kv)
-    if isinstance(num_sms, bool) or not isinstance(num_sms, int) or num_sms < 1:
-        _fail("num_sms", "an int >= 1", num_sms)
+    if isinstance(num_sms, bool) or not isinstance(num_sms, int) or not 1 <= num_sms <= MAX_NUM_SMS:
+        _fail("num_sms", f"an int in 1..{MAX_NUM_SMS} (a GPU's SM count)", num_sms)
 
     device = context_lens.device
     batch = context_lens.shape[0]
@@ -170,8 +173,9 @@ def fp8_fp4_paged_mqa_logits(
     if not isinstance(q_fp, torch.Tensor) or q_fp.dim() != 4:
         _fail("q", "a 4-D [B, next_n, H, D] fp8 tensor or a (q_fp4 [B, next_n, H, D / 2], q_sf [B, next_n, H]) "
                    "tuple", f"shape {tuple(q_fp.shape)}" if isinstance(q_fp, torch.Tensor) else type(q_fp).__name__)
-    if isinstance(max_context_len, bool) or not isinstance(max_context_len, int) or max_context_len < 0:
-        _fail("max_context_len", "an int >= 0", max_context_len)
+    if isinstance(max_context_len, bool) or not isinstance(max_context_len, int) \
+            or max_model_len_rule(max_context_len) is not None:
+        _fail("max_context_len", MAX_MODEL_LEN_EXPECTED, max_context_len)
     if logits_dtype not in (torch.float32, torch.bfloat16):
         _fail("logits_dtype", "torch.float32 or torch.bfloat16", logits_dtype)
     if indices is not None:
@@ -179,8 +183,14 @@ def fp8_fp4_paged_mqa_logits(
     rows = q_fp.shape[0] * q_fp.shape[1]
     alignment = math.lcm(SPLIT_KV, ROW_ALIGNMENT_BYTES // logits_dtype.itemsize)
     padded = -(-max_context_len // alignment) * alignment
-    logits = torch.empty((rows, padded), dtype=logits_dtype, device=q_fp.device)[:, :max_context_len]
     try:
+        # every input checked before the result is allocated: a bad call costs no memory (the
+        # op then checks the call with the allocated result)
+        validate.build_launch_args(q_fp, kv_cache, weights, torch.empty((rows, 0), dtype=logits_dtype,
+                                                                         device=q_fp.device),
+                                   context_lens, op_arguments["kv_indices"], 0, False, kv_cache.shape[1],
+                                   q_scale=q_sf)
+        logits = torch.empty((rows, padded), dtype=logits_dtype, device=q_fp.device)[:, :max_context_len]
         paged_mqa_logits(**op_arguments, out_logits=logits, Preshuffle=False, KVBlockSize=kv_cache.shape[1])
     except PagedMQAArgumentError as exc:
         raise PagedMQAArgumentError(_in_deep_gemm_names(str(exc))) from None

@@ -1,10 +1,11 @@
 """The one home of everything that touches Triton's internals or differs between releases.
 
-The package runs on Triton 3.6 through 3.9 (users do not choose: their torch pins it). Only the
-modules of this package import Triton's private modules (``triton._C``, ``triton.runtime.*``,
-``triton.compiler.*``, ``triton.backends.*``, ``triton.experimental.gluon._runtime``), read or
-replace private attributes, or patch Triton objects; everything else imports the names below
-(``tests/triton_internals/test_boundary.py`` enforces it). Plain public API (``triton.jit``,
+The package runs on Triton 3.6 and newer and is tested on 3.6 and 3.9 (users do not choose:
+their torch pins it). Only the modules of this package import Triton's private modules
+(``triton._C``, ``triton.runtime.*``, ``triton.compiler.*``, ``triton.backends.*``,
+``triton.experimental.gluon._runtime``), read or replace private attributes, or patch Triton
+objects; everything else imports the names below (``tests/triton_internals/test_boundary.py``
+enforces it). Plain public API (``triton.jit``,
 ``triton.compile``, ``triton.language``, the core of ``triton.experimental.gluon.language``,
 ``triton.knobs``) is used directly elsewhere.
 

@@ -5,13 +5,16 @@ Run-time rule (documented in the README):
 * ``PAGED_MQA_LOGITS_KERNEL_CACHE`` = a path list (``os.pathsep``) of precompiled caches;
   ``off`` (or ``0``/``none``) disables them. Unset: every existing one of
   ``<package>/kernel_cache``, ``<source checkout>/kernel_cache`` (CMake's default output) and
-  ``${XDG_CACHE_HOME:-~/.cache}/paged_mqa_logits/kernel_cache``.
+  ``${XDG_CACHE_HOME:-~/.cache}/paged_mqa_logits/kernel_cache`` (a relative ``XDG_CACHE_HOME``
+  is ignored, as the XDG spec says).
 * Only caches :func:`~paged_mqa_logits.aot.precompile.precompile` wrote are used: a directory
   needs its ``manifest.json``, which lists the sha256 of every file; a file that is not listed
-  or does not match is ignored (the JIT compiles instead). A directory (or manifest) writable by
-  other users -- group/other writable and not owned by this user, or world-writable without the
-  sticky bit -- is refused. A missing, torn or garbage manifest disables that directory with one
-  warning, decided once per process (:func:`activate`); calls then JIT-compile, they never fail.
+  or does not match is ignored (the JIT compiles instead). Only what this user (or root, for an
+  installed cache) owns and nobody else can write is trusted (:func:`untrusted_reason`): a cache
+  directory or manifest that fails this is not used, and a file fails it if it, or any directory
+  from it up to the cache directory, does (one warning each; the JIT compiles instead). A
+  missing, torn or garbage manifest disables that directory with one warning, decided once per
+  process (:func:`activate`); calls then JIT-compile, they never fail.
   The manifest is written atomically (a temporary file in the same directory, then ``os.replace``).
 * The caches are read-only overlays: ``PrecompiledOverlayCacheManager`` serves a lookup from
   Triton's normal cache dir first (``TRITON_CACHE_DIR`` or ``~/.triton/cache``, untouched) and
@@ -50,7 +53,9 @@ MANIFEST = "manifest.json"
 # ============================================================================ run-time lookup
 def default_dirs() -> list[str]:
     package = Path(__file__).resolve().parent.parent
-    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(xdg):  # the XDG spec: a relative path is invalid and is ignored
+        xdg = os.path.join(os.path.expanduser("~"), ".cache")
     dirs = [str(package / "kernel_cache")]
     if (package.parent / "pyproject.toml").exists():  # a source checkout: CMake's default output
         dirs.append(str(package.parent / "kernel_cache"))
@@ -91,11 +96,12 @@ def _overlay_class():
             self._overlay = not (override or dump)
 
         def _verified(self, root, filename):
-            """``root/key/filename`` if the manifest lists it and its bytes match, else None."""
+            """``root/key/filename`` if the manifest lists it, nobody else can change it and its
+            bytes match, else None."""
             relative = f"{self.key}/{filename}"
             expected = self.precompiled_files.get(root, {}).get(relative)
             path = os.path.join(root, self.key, filename)
-            if expected is None or not os.path.exists(path):
+            if expected is None or not os.path.exists(path) or not trusted_below(root, path):
                 return None
             return path if file_matches(path, expected) else None
 
@@ -178,7 +184,7 @@ def _usable(directory: str) -> dict[str, str] | None:
     log = logging.getLogger("paged_mqa_logits")
     manifest_path = os.path.join(directory, MANIFEST)
     for path in (directory, manifest_path):
-        reason = unsafe_reason(path) if os.path.exists(path) else None
+        reason = untrusted_reason(path) if os.path.lexists(path) else None
         if reason is not None:
             log.warning("kernel cache %s: %s is %s: not used", directory, path, reason)
             return None
@@ -203,15 +209,47 @@ def _usable(directory: str) -> dict[str, str] | None:
     return manifest["files"]
 
 
-def unsafe_reason(path: str) -> str | None:
-    """Why other users could change ``path`` (``None``: they cannot): writable by group or
-    others and not owned by this user, or world-writable without the sticky bit."""
-    st = os.stat(path)
-    if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
-        return "world-writable without the sticky bit"
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and st.st_uid != os.getuid():
-        return "writable by other users and not owned by this user"
+def trusted_uids() -> set[int]:
+    """Owners a cache's files may have: this user, and root (a cache installed system-wide)."""
+    return {os.getuid(), 0}
+
+
+def untrusted_reason(path: str) -> str | None:
+    """Why another user could have put or changed ``path`` (``None``: nobody but its trusted
+    owner can): a symbolic link, owned by another user, or writable by group or others (with or
+    without the sticky bit: a sticky directory still takes others' files)."""
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        return "a symbolic link"
+    if st.st_uid not in trusted_uids():
+        return f"owned by another user (uid {st.st_uid})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"writable by other users (mode {stat.S_IMODE(st.st_mode):o})"
     return None
+
+
+_UNTRUSTED_WARNED: set[str] = set()
+
+
+def trusted_below(root: str, path: str) -> bool:
+    """``path`` and every directory from it up to ``root`` pass :func:`untrusted_reason`; warns
+    once per path that does not."""
+    current = path
+    while True:
+        try:
+            reason = untrusted_reason(current)
+        except OSError:
+            return False
+        if reason is not None:
+            if current not in _UNTRUSTED_WARNED:
+                _UNTRUSTED_WARNED.add(current)
+                logging.getLogger("paged_mqa_logits").warning(
+                    "kernel cache %s: %s is %s: its kernels are not used (the JIT compiles instead)", root, current,
+                    reason)
+            return False
+        if current == root or len(current) <= len(root):
+            return True
+        current = os.path.dirname(current)
 
 
 _HASHES: dict[tuple, str] = {}
@@ -227,12 +265,10 @@ def sha256_of(path: str) -> str:
 
 
 def file_matches(path: str, expected: str) -> bool:
-    """The file's sha256 equals the manifest's (memoised per inode, size and mtime); a file in
-    a directory others can write never matches. Warns once per mismatching file."""
+    """The file's sha256 equals the manifest's (memoised per inode, size and mtime). Warns once
+    per mismatching file."""
     try:
         st = os.stat(path)
-        if unsafe_reason(os.path.dirname(path)) is not None:
-            return False
         key = (path, st.st_ino, st.st_size, st.st_mtime_ns)
         if key not in _HASHES:
             _HASHES[key] = sha256_of(path)
@@ -290,6 +326,17 @@ def _read_manifest_or_empty(directory: str) -> dict:
     except ManifestError as exc:
         logging.getLogger("paged_mqa_logits").warning("%s; writing a new one", exc)
         return {}
+
+
+def restrict_to_owner(directory: str) -> None:
+    """Clear the group and other write bits of ``directory`` and everything in it (files the
+    compiler wrote under a permissive umask), so the run-time rule (:func:`untrusted_reason`)
+    trusts what precompile wrote."""
+    for root, dirs, names in os.walk(directory):
+        for path in [root] + [os.path.join(root, name) for name in dirs + names]:
+            st = os.lstat(path)
+            if not stat.S_ISLNK(st.st_mode) and st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+                os.chmod(path, stat.S_IMODE(st.st_mode) & ~(stat.S_IWGRP | stat.S_IWOTH))
 
 
 def cache_files(directory: str) -> dict[str, str]:

@@ -89,6 +89,41 @@ class SimulatedDriver:
         return torch.device("cpu")
 
 
+@dataclass(frozen=True)
+class SimulatedTensorMap:
+    """What a simulated device hands a kernel for a TMA descriptor argument: the fields the
+    real driver would encode, after the same checks (nothing reads it; launches do not run)."""
+
+    global_address: int
+    elem_size: int
+    box: tuple
+    shape: tuple
+    strides: tuple  # in elements, outermost first; the innermost is 1
+
+
+#: cuTensorMapEncodeTiled's limits: rank, box extent per dimension, alignment of the global
+#: address and of every byte stride but the innermost
+_TMA_MAX_RANK, _TMA_MAX_BOX, _TMA_ALIGN = 5, 256, 16
+
+
+def simulated_tensor_map(global_address, swizzle, elem_size, elem_type, block_size, shape, strides, padding):
+    """The simulated driver's ``fill_tma_descriptor`` (the signature of Triton's NVIDIA driver
+    utility, which per-kernel launchers call for every tensor-descriptor argument): checks what
+    the CUDA driver would refuse to encode and returns a :class:`SimulatedTensorMap`."""
+    box, shape, strides = tuple(block_size), tuple(shape), tuple(strides)
+    if not 1 <= len(box) <= _TMA_MAX_RANK or len(shape) != len(box) or len(strides) != len(box):
+        raise ValueError(f"TMA descriptor: rank 1..{_TMA_MAX_RANK} with box, shape and strides of one rank, "
+                         f"got box {box}, shape {shape}, strides {strides}")
+    if global_address % _TMA_ALIGN:
+        raise ValueError(f"TMA descriptor: global address {global_address:#x} is not {_TMA_ALIGN}-byte aligned")
+    if any(not 1 <= b <= _TMA_MAX_BOX for b in box):
+        raise ValueError(f"TMA descriptor: box {box} has an extent outside 1..{_TMA_MAX_BOX}")
+    if strides[-1] != 1 or any(s * elem_size % _TMA_ALIGN for s in strides[:-1]):
+        raise ValueError(f"TMA descriptor: strides {strides} (elements of {elem_size} bytes) must end in 1 with "
+                         f"the others multiples of {_TMA_ALIGN} bytes")
+    return SimulatedTensorMap(global_address, elem_size, box, shape, strides)
+
+
 class _SimulatedUtils:
     def load_binary(self, name, binary, shared, device):
         # (module, function, n_regs, n_spills, max threads) with no module handle: a kernel
@@ -99,6 +134,8 @@ class _SimulatedUtils:
     def get_device_properties(self, device):
         # no shared-memory limit here: the compile checks decide what fits
         return {"max_shared_mem": 1 << 30, "multiprocessor_count": 1}
+
+    fill_tma_descriptor = staticmethod(simulated_tensor_map)
 
 
 @contextlib.contextmanager

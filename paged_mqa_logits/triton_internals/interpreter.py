@@ -11,7 +11,13 @@ interpreter arrays of one element, which numpy 2 refuses to turn into ints, so
 ``range``/``tl.range`` are replaced by versions that unwrap them. During a launch the
 interpreter also computes floats as the GPUs do (:func:`_gpu_float_semantics`).
 
-Triton internals touched: ``triton.runtime.interpreter`` (``InterpretedFunction``,
+The patch is process-wide, so launches are serialised with GPU compiles on other threads: an
+interpreted launch and every compile (``JITFunction._do_compile``, wrapped once by
+:func:`serialise_compiles`; direct ``triton.compile`` calls inside :func:`compiling`) hold one
+lock.
+
+Triton internals touched: ``triton.runtime.jit.JITFunction._do_compile`` (wrapped),
+``triton.runtime.interpreter`` (``InterpretedFunction``,
 ``_patch_lang_core`` wrapped, ``_convert_float`` and ``InterpreterBuilder.create_maxnumf`` /
 ``create_minnumf`` replaced during a launch), ``triton.runtime.jit.JITFunction``; members of
 ``triton.language``, ``tl.core``, ``tl.math``, ``tl.core.tensor`` and
@@ -165,7 +171,36 @@ def _language_restored():
                 delattr(obj, name)
 
 
-_LANGUAGE_LOCK = threading.Lock()
+#: held while ``triton.language`` is patched for an interpreted launch, and while a GPU kernel
+#: compiles (:func:`serialise_compiles`, :func:`compiling`): the patch is process-wide, so a
+#: compile in another thread would otherwise see interpreter objects and fail
+_LANGUAGE_LOCK = threading.RLock()
+
+
+@contextlib.contextmanager
+def compiling():
+    """Hold while calling ``triton.compile`` directly: no interpreted launch patches the
+    language meanwhile (``JITFunction`` compiles take it themselves, :func:`serialise_compiles`)."""
+    with _LANGUAGE_LOCK:
+        yield
+
+
+def serialise_compiles() -> None:
+    """Make every ``JITFunction`` compile (a launch's cache miss) hold the language lock, so CPU
+    calls (interpreted) and GPU compiles can run in one process on any threads. Idempotent."""
+    from triton.runtime.jit import JITFunction
+
+    original = JITFunction._do_compile
+    if getattr(original, "serialised_with_the_interpreter", False):
+        return
+
+    @functools.wraps(original)
+    def _do_compile(self, *args, **kwargs):
+        with _LANGUAGE_LOCK:
+            return original(self, *args, **kwargs)
+
+    _do_compile.serialised_with_the_interpreter = True
+    JITFunction._do_compile = _do_compile
 
 
 @contextlib.contextmanager
@@ -174,6 +209,7 @@ def _interpreted_language():
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
 
+    serialise_compiles()  # before patching: a compile that starts now waits for the lock
     with _LANGUAGE_LOCK, _language_restored(), _gpu_float_semantics(), _language_extras({"range": _scalar_tl_range}):
         saved = {}
         for module in (tl, tl.math):

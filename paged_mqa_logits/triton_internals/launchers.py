@@ -15,8 +15,10 @@ library lists). Verified on Triton 3.6.0 and 3.9.0.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -69,7 +71,8 @@ _STUB_LIBCUDA: str | None = None
 def libcuda_dir() -> str:
     """Where a launcher link finds ``libcuda.so.1``: the real one when installed, else an empty
     stub (only a link-time placeholder: the real driver resolves the symbols when the
-    stub-linked launcher is loaded on a GPU machine)."""
+    stub-linked launcher is loaded on a GPU machine), built once per process in a temporary
+    directory that is removed when the process exits."""
     global _STUB_LIBCUDA
 
     try:
@@ -78,6 +81,7 @@ def libcuda_dir() -> str:
         pass
     if _STUB_LIBCUDA is None:
         stub = tempfile.mkdtemp(prefix="paged_mqa_libcuda_stub_")
+        atexit.register(shutil.rmtree, stub, ignore_errors=True)
         src = os.path.join(stub, "stub.c")
         Path(src).write_text("/* link-time placeholder for libcuda.so.1 */\n")
         built = build_shared_library("libcuda_stub", src, stub)

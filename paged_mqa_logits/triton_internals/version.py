@@ -1,4 +1,10 @@
-"""The Triton versions the package is tested with, and the warning outside them.
+"""The Triton versions the package runs on and is tested with, checked when it is imported.
+
+Policy: Triton is not a hard requirement of the distribution, because torch builds bring their
+own under different names (CUDA builds ``triton``, ROCm builds ``pytorch-triton-rocm``) and pip
+would install the CUDA ``triton`` wheel over a ROCm one; CPU builds of torch bring none (the
+``triton`` extra installs it). Versions older than :data:`MINIMUM_TRITON` cannot run the kernels
+(import fails with :class:`TritonMissing`); newer than the newest tested one warn once.
 
 Triton internals touched: none (``triton.__version__`` and the installed distributions'
 metadata). Verified on Triton 3.6.0 and 3.9.0.
@@ -6,6 +12,7 @@ metadata). Verified on Triton 3.6.0 and 3.9.0.
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import sys
 import warnings
@@ -13,8 +20,14 @@ from importlib import metadata
 
 #: Triton minor versions the package is tested with, oldest and newest (CI runs both)
 TESTED_TRITON = ((3, 6), (3, 9))
+#: the oldest Triton the kernels run on (the ``triton`` extra's lower bound; no upper bound)
+MINIMUM_TRITON = TESTED_TRITON[0]
 #: distributions that install the ``triton`` package (upstream wheels; PyTorch's ROCm builds)
 TRITON_DISTRIBUTIONS = ("triton", "pytorch-triton-rocm", "pytorch-triton")
+
+
+class TritonMissing(ImportError):
+    """No usable Triton in this environment (none installed, or older than the minimum)."""
 
 
 def parse_version(text: str) -> tuple[int, int]:
@@ -44,6 +57,27 @@ def version() -> tuple[int, int]:
     import triton
 
     return parse_version(triton.__version__)
+
+
+def require_triton(text: str | None = None) -> None:
+    """Raise :class:`TritonMissing` when this environment has no Triton module or one older
+    than :data:`MINIMUM_TRITON` (``text``: the version to judge, default the installed one).
+    Does not import Triton."""
+    minimum = ".".join(map(str, MINIMUM_TRITON))
+    how = (f"CUDA and ROCm builds of torch bring Triton; with a CPU build, pip install "
+           f"'paged_mqa_logits[triton]' (or 'triton>={minimum}')")
+    text = text if text is not None else installed_version()
+    if text is None:
+        if importlib.util.find_spec("triton") is not None:  # a source build without metadata
+            return
+        raise TritonMissing(f"paged_mqa_logits needs Triton >= {minimum}, and this environment has none: {how}")
+    try:
+        old = parse_version(text) < MINIMUM_TRITON
+    except ValueError:
+        return  # an unparsable version gets the untested-version warning
+    if old:
+        raise TritonMissing(f"paged_mqa_logits needs Triton >= {minimum}, and this environment has Triton {text}: "
+                            f"upgrade torch (it pins Triton) or Triton")
 
 
 def tested_range_text() -> str:

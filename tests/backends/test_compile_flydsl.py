@@ -20,6 +20,7 @@ import sys
 
 import pytest
 
+from compile_matrix import SIZES, of_size
 from paged_mqa_logits.backends.flydsl import build
 from paged_mqa_logits.backends.flydsl.backend import BACKEND, NOT_INSTALLED, flydsl_installed
 from paged_mqa_logits.compile import check_records, compile_all
@@ -68,21 +69,32 @@ EXPECTED_MFMA = {("gfx942", "fp8"): ["v_mfma_f32_16x16x32_fp8_fp8"],
                  ("gfx950", "f8f6f4"): ["v_mfma_scale_f32_16x16x128_f8f6f4"]}
 
 
-@pytest.fixture(scope="module")
-def compiled(tmp_path_factory):
+def _plan_knobs(plan) -> dict:
+    return {k: v for k, v in vars(plan).items() if k != "arch"}
+
+
+def _selected(arch, size):
+    """:func:`_selection` (the slow set) or its covering sample, every schedule, MFMA and wave
+    role combination included (the default run)."""
+    return of_size(_selection(arch), size, knobs_of=_plan_knobs, together=(("schedule", "mfma", "wave_roles"),))
+
+
+@pytest.fixture(scope="module", params=SIZES)
+def compiled(request, tmp_path_factory):
     """Both archs, compiled once for the module (each arch in its own child processes)."""
     _require_flydsl()
     out = {}
     for arch in ARCHS:
         directory = tmp_path_factory.mktemp(arch)
-        out[arch] = (build.compile_plans(arch, _selection(arch), str(directory), progress=False), directory)
+        plans = _selected(arch, request.param)
+        out[arch] = (build.compile_plans(arch, plans, str(directory), progress=False), directory, plans)
     return out
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_kernels_compile_and_pass_the_checks(compiled, arch):
-    records, _ = compiled[arch]
-    assert len(records) == len(_selection(arch)) >= 12
+    records, _, plans = compiled[arch]
+    assert len(records) == len(plans) and len(_selection(arch)) >= 12
     assert check_records(records) == []
     for record in records:
         assert record.backend == "flydsl" and record.arch == arch
@@ -97,7 +109,7 @@ def test_kernels_compile_and_pass_the_checks(compiled, arch):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_files_and_isa(compiled, arch):
-    records, directory = compiled[arch]
+    records, directory, plans = compiled[arch]
     dma = {"gfx942": r"buffer_load_dword v\d+, s\[\d+:\d+\], s\d+ offen lds",
            "gfx950": r"buffer_load_dwordx4 v\d+, s\[\d+:\d+\], s\d+ offen lds"}[arch]
     for record in records:
@@ -116,7 +128,7 @@ def test_files_and_isa(compiled, arch):
         # v_readfirstlane waterfall loop, which ends in s_cbranch_execnz (the balanced
         # schedule's lengths scan had one around every lengths load)
         assert "s_cbranch_execnz" not in isa, f"{record.name}: a waterfall loop"
-        plan = next(p for p in _selection(arch) if p.name == record.name)
+        plan = next(p for p in plans if p.name == record.name)
         assert record.lds_bytes == plan.lds_bytes
         # the instruction mix: one stage's copies in the prologue and one in the loop, and one
         # stage's MFMAs of the wave (no copy of the stage body, no MFMA on a padding slot)
@@ -185,6 +197,7 @@ def test_the_linker_stand_in(tmp_path, monkeypatch):
     assert build._linker_stand_in(str(tmp_path / "unused")) is None  # a real ld.lld is used as is
 
 
+@pytest.mark.slow
 def test_compile_cli(tmp_path):
     """``python -m paged_mqa_logits compile --backend flydsl --only-table`` on the shipped table."""
     _require_flydsl()

@@ -112,6 +112,9 @@ def test_metadata_is_accepted_but_optional_for_the_result():
     (dict(schedule_meta=torch.zeros(9, 3, dtype=torch.int32)), "schedule_meta"),
     (dict(schedule_meta=torch.zeros(9, 2, dtype=torch.int64)), "schedule_meta"),
     (dict(max_context_len=-1), "max_context_len"),
+    (dict(max_context_len=1 << 40), "max_context_len"),  # checked before anything is allocated
+    # every input is checked before the result is allocated (2^31 - 1 columns: 16 GiB)
+    (dict(q=torch.zeros(2, 1, HEADS, 128, dtype=torch.float16), max_context_len=(1 << 31) - 1), "q"),
     (dict(indices=torch.zeros(2, dtype=torch.int64)), "indices"),
     (dict(indices=torch.zeros(3, dtype=torch.int32)), "indices"),
     (dict(block_table=torch.zeros(3, 8, dtype=torch.int32)), "block_table"),
@@ -128,7 +131,8 @@ def test_errors_name_deep_gemm_arguments(change, argument):
 
 @pytest.mark.parametrize("args,argument", [((torch.zeros(2, 2, dtype=torch.int64), 64, 8), "context_lens"),
                                            ((torch.zeros(2, 2, dtype=torch.int32), 48, 8), "block_kv"),
-                                           ((torch.zeros(2, 2, dtype=torch.int32), 64, 0), "num_sms")])
+                                           ((torch.zeros(2, 2, dtype=torch.int32), 64, 0), "num_sms"),
+                                           ((torch.zeros(2, 2, dtype=torch.int32), 64, 1 << 40), "num_sms")])
 def test_metadata_errors(args, argument):
     with pytest.raises(PagedMQAArgumentError, match=f"argument `{argument}`"):
         deep_gemm.get_paged_mqa_logits_metadata(*args)

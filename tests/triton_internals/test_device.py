@@ -2,6 +2,7 @@
 binds, specialises, compiles for the simulated target and records the launch; Triton 3.6's
 per-signature CUDA launcher stubs are looked up in the cache when asked."""
 
+import pytest
 import torch
 
 from kernels import scale_kernel
@@ -50,3 +51,17 @@ def test_launcher_stubs_are_looked_up_in_the_cache(tmp_path):
     else:  # one generic launcher, in the driver utils the simulated device replaces
         assert missing is None and stubs.missing == [] and len(launches) == 1
     assert stubs.found == 0
+
+
+def test_the_simulated_driver_builds_tma_descriptors_with_the_cuda_drivers_checks():
+    from triton.runtime.driver import driver
+
+    with device.simulated_device(GPUTarget("cuda", 90, 32)):
+        fill = driver.active.utils.fill_tma_descriptor
+        ok = fill(0x1000, 128, 1, 0, [1, 64, 128], [10, 64, 128], [8448, 128, 1], 0)
+        assert ok.box == (1, 64, 128) and ok.strides == (8448, 128, 1)
+        for address, box, strides, what in ((0x1004, [1, 64, 128], [8448, 128, 1], "aligned"),
+                                            (0x1000, [1, 512, 128], [8448, 128, 1], "box"),
+                                            (0x1000, [1, 64, 128], [8452, 128, 1], "strides")):
+            with pytest.raises(ValueError, match=what):
+                fill(address, 128, 1, 0, box, [10, 64, 128], strides, 0)

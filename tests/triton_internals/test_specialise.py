@@ -2,6 +2,9 @@
 recorded launches, stand-in arguments specialised like the tensors they stand for, and the
 JIT's in-memory cache."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -64,3 +67,19 @@ def test_fresh_jit_caches_start_empty_and_restore_what_was_there():
         assert sp.compiled_kernels(scale_kernel) == ["a kernel"] and 8 not in scale_kernel.device_caches
     finally:
         del scale_kernel.device_caches[7]
+
+
+def test_a_kernels_cache_key_does_not_depend_on_what_was_keyed_before():
+    """A precompiled cache is keyed in one order and looked up in another (an engine launches
+    whatever it serves first): the sm_90 warp-specialised kernel's key is the same whether or
+    not a kernel sharing its helpers was keyed first in the process."""
+    probe = ("import sys\n"
+             "from paged_mqa_logits.backends import registry\n"
+             "registry.get('gluon')\n"
+             "from paged_mqa_logits.backends.gluon import hopper_wgmma_ws, register_mma_kernel\n"
+             "if sys.argv[1] == 'other first':\n"
+             "    register_mma_kernel.register_mma_logits_kernel.cache_key\n"
+             "print(hopper_wgmma_ws.wgmma_ws_logits_kernel.cache_key)\n")
+    keys = {order: subprocess.run([sys.executable, "-c", probe, order], capture_output=True, text=True,
+                                  check=True, timeout=300).stdout.strip() for order in ("alone", "other first")}
+    assert keys["alone"] == keys["other first"], keys

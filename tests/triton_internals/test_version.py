@@ -74,3 +74,20 @@ def test_importing_the_internals_modules_does_not_import_triton():
              + "print('triton' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_no_triton_or_one_older_than_the_minimum_is_a_clear_import_error(monkeypatch):
+    monkeypatch.setattr(tv, "installed_version", lambda: None)
+    monkeypatch.setattr(tv.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(tv.TritonMissing, match=r"needs Triton >= 3\.6, and this environment has none: .*\[triton\]"):
+        tv.require_triton()
+    with pytest.raises(tv.TritonMissing, match=r"has Triton 3\.5\.1"):
+        tv.require_triton("3.5.1")
+    for newer_or_tested in ("3.6.0", "3.9.0", "3.10.0", "4.1.0+rocm7"):
+        tv.require_triton(newer_or_tested)  # newer ones only warn (warn_if_untested)
+
+
+def test_importing_the_package_under_an_old_triton_fails_with_the_reason():
+    probe = "import triton; triton.__version__ = '3.5.1'\nimport paged_mqa_logits\n"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.returncode != 0 and "TritonMissing: paged_mqa_logits needs Triton >= 3.6" in done.stderr, done.stderr

@@ -54,6 +54,11 @@ def test_dry_run_needs_no_output_file(capsys, keys, tmp_path):
     (["{keys}", "--dry-run", "--contexts", "8k"], ["--contexts", "8k"]),
     (["{keys}", "--dry-run", "--time-budget", "0"], ["--time-budget", "got 0"]),
     (["{keys}", "--dry-run", "--mp", "two"], ["--mp", "two"]),
+    (["{keys}", "--dry-run", "--arch", "sm_80"], ["argument --arch: expected one of cpu, gfx942, gfx950, sm_90, got sm_80"]),
+    (["{keys}", "--dry-run", "--arch", "sm90", "--cu-num", "0"], ["--cu-num", "got 0"]),
+    (["{keys}", "--dry-run", "--confirm-replays", "-1"], ["--confirm-replays", "got -1"]),
+    (["{keys}", "--dry-run", "--timeout", "0"], ["--timeout", "got 0"]),
+    (["recheck", "--table", "t.csv", "--timeout", "-5"], ["--timeout", "got -5"]),
     (["recheck"], ["--table"]),
     (["recheck", "--table", "missing_tuned.csv"], ["missing_tuned.csv"]),
 ])
@@ -123,3 +128,13 @@ def test_lengths_option_reaches_the_timed_shapes(lengths, ragged):
 def test_unknown_lengths_is_a_usage_error():
     with pytest.raises(CliError, match="argument --lengths: invalid choice: 'half'"):
         cli._tune_parser().parse_args(["keys.csv", "--lengths", "half"])
+
+
+def test_a_run_that_tunes_nothing_exits_non_zero(capsys, keys, tmp_path):
+    """Every key's candidates fail (a time budget that ends before the first one): exit 1 and
+    a line saying nothing was tuned, the table untouched."""
+    out = tmp_path / "t.csv"
+    rc, _, err = run_main(capsys, keys, "-o", str(out), "--backends", "torch", "--contexts", "64", "--device", "cpu",
+                          "--time-budget", "0.000001", "--quiet")
+    assert rc == 1 and any("nothing tuned" in line for line in err), err
+    assert not out.exists()

@@ -40,7 +40,34 @@ def test_two_tuners_writing_one_table_keep_every_row(tmp_path):
     rows = table.parse_file(path)
     assert len(rows) == 2 * ROWS_PER_WRITER
     assert {(r.batch, r.context) for r in rows} == {(b, c) for b in range(1, ROWS_PER_WRITER + 1) for c in (64, 128)}
-    assert sorted(os.listdir(tmp_path)) == ["cpu_tuned.csv", "cpu_tuned.csv.lock"]  # no temporary file left
+    assert sorted(os.listdir(tmp_path)) == ["cpu_tuned.csv"]  # no temporary file, no lock file left
+
+
+def test_three_tuners_writing_one_table_keep_every_row(tmp_path):
+    """The lock file is removed by each holder: waiters that got the lock of a removed file
+    must take it again, or two writers would merge at once and lose rows."""
+    path = str(tmp_path / "cpu_tuned.csv")
+    writers = [subprocess.Popen([sys.executable, "-c", WRITER, path, str(context)], env=env())
+               for context in (64, 128, 256)]
+    assert [w.wait(300) for w in writers] == [0, 0, 0]
+    assert len(table.parse_file(path)) == 3 * ROWS_PER_WRITER
+    assert os.listdir(tmp_path) == ["cpu_tuned.csv"]
+
+
+def test_a_symlinked_table_is_written_through_to_its_target(tmp_path):
+    """``-o`` naming a symbolic link: the link stays, its target gets the rows (atomically), and
+    the lock is taken on the target (tuners writing through the link and to the file share it)."""
+    target = tmp_path / "real" / "sm_90_tuned.csv"
+    target.parent.mkdir()
+    link = tmp_path / "my_tuned.csv"
+    link.symlink_to(target)
+    key = ShapeKey(heads=16, head_dim=128, kv_block_size=16, preshuffle=False, batch=1, next_n=1)
+    update_table(str(link), [Row("cpu", 0, key, None, "torch", (), 2.0, "tuned:a", "")])
+    other = ShapeKey(heads=16, head_dim=128, kv_block_size=16, preshuffle=False, batch=2, next_n=1)
+    update_table(str(target), [Row("cpu", 0, other, None, "torch", (), 2.0, "tuned:b", "")])
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert {r.batch for r in table.parse_file(str(link))} == {1, 2}
+    assert sorted(os.listdir(tmp_path)) == ["my_tuned.csv", "real"] and os.listdir(target.parent) == [target.name]
 
 
 def test_update_table_merges_under_the_lock(tmp_path):

@@ -13,9 +13,9 @@ from paged_mqa_logits.table import Row, TableWriter
 from tuner import __main__ as cli
 from tuner.candidates import Candidate, candidates_for, problem_for
 from tuner.keys import TuneKey, coarse_to_fine, order_keys, read_untuned
-from tuner.recheck import classify, points_for, read_baseline
+from tuner.recheck import classify, points_for, read_baseline, recheck, tasks_for
 from tuner.search import CheckStage, KeyRun, Options, TimeStage
-from tuner.writer import merge, pick, provenance, rows_for, tuned_shape_keys, write_table
+from tuner.writer import merge, pick, provenance, rows_for, tuned_lengths, tuned_shape_keys, write_table
 
 CPU = Target("cpu", 0, "cpu")
 
@@ -237,6 +237,45 @@ def test_recheck_points_and_baselines(tmp_path):
                    "arch,cu_num,heads,head_dim,kv_block_size,preshuffle,batch,next_n,context,measured_us\n"
                    "sm_90,132,64,128,64,0,1,1,any,4.5\n")
     assert read_baseline(report) == {rows[2].key: 4.5}
+
+
+def test_rows_record_the_lengths_they_were_tuned_with_and_recheck_times_them_so(tmp_path):
+    wide = provenance("H200", 132, "3.6.0", "2.11", "2026-12-01", lengths="wide")
+    uniform = provenance("H200", 132, "3.6.0", "2.11", "2026-12-01")
+    assert wide == uniform + "|lengths=wide" and tuned_lengths(wide) == "wide" and tuned_lengths(uniform) == ""
+    assert tuned_lengths("prior:upstream picks") == ""
+
+    def row(context, prov):
+        return Row("sm_90", 132, shape_key(64, 128, 64, False, 8, 1), context, "triton", (), 5.0, prov, "")
+
+    points, _ = points_for([row(8192, wide), row(32768, uniform)], "sm_90", 132)
+    work = [(p, c) for p in points for c in p.contexts]
+    assert [t.shape.ragged for t in tasks_for(work, None, 4, None)] == ["wide", ""]
+    assert [t.shape.ragged for t in tasks_for(work, None, 4, "wide")] == ["wide", "wide"]
+    assert [t.shape.ragged for t in tasks_for(work, None, 4, "")] == ["", ""]
+
+
+@pytest.mark.parametrize("baseline_text", [
+    "arch,cu_num,heads,head_dim,kv_block_size,preshuffle,batch,next_n,context,backend,ChunkK,WavePerEU,SplitKV,us,"
+    "provenance\n",  # header only
+    "arch,cu_num,heads,head_dim,kv_block_size,preshuffle,batch,next_n,context,measured_us\n",  # an empty report
+    "arch,cu_num,heads,head_dim,kv_block_size,preshuffle,batch,next_n,context,backend,ChunkK,WavePerEU,SplitKV,us,"
+    "provenance\ncpu,0,64,128,64,0,999,1,32,torch,,,,1.0,p\n",  # rows, but none of the table's
+])
+def test_a_baseline_covering_no_checked_row_fails_the_recheck_before_timing(tmp_path, capsys, baseline_text):
+    tuned = str(tmp_path / "cpu_tuned.csv")
+    write_table(tuned, [Row("cpu", 0, shape_key(64, 128, 64, False, 1, 1), 32, "torch", (), 1.0, "p", "")])
+    baseline = write(tmp_path, "baseline.csv", baseline_text)
+    assert recheck(tuned, baseline=baseline, fail_on_regression=True, device="cpu", replays=1, quiet=True) == 1
+    captured = capsys.readouterr()
+    assert "covers none of the 1 row(s) checked" in captured.err and "[recheck] 1 rows" not in captured.out
+
+
+def test_a_torn_report_baseline_names_its_row(tmp_path):
+    report = write(tmp_path, "r.csv", "arch,cu_num,heads,head_dim,kv_block_size,preshuffle,batch,next_n,context,"
+                                      "measured_us\nsm_90,132,64,128,64,0,1,1,any,4.5\nsm_90,132,64\n")
+    with pytest.raises(ValueError, match="r.csv: report row 3: expected 10 cells"):
+        read_baseline(report)
 
 
 # ----------------------------------------------------------------------------- CLI

@@ -32,6 +32,7 @@ from dataclasses import asdict
 
 from ... import triton_internals
 from ...arch import native_fp8, normalise_arch
+from ...files import atomic_write
 from ...problem import Problem
 from ..base import CompileRecord
 from .plan import ARCHS, HEADS, KV_BLOCK_SIZES, LDS_PER_CU, KernelPlan
@@ -294,9 +295,9 @@ def _compile_one(plan: KernelPlan, out_dir: str, dump_dir: str) -> CompileRecord
     record.seconds = round(time.perf_counter() - start, 2)
     record.binary = os.path.join(out_dir, plan.name + ".hsaco")
     record.isa = os.path.join(out_dir, plan.name + ".s")
-    with open(record.binary, "wb") as f:
+    with atomic_write(record.binary, "wb") as f:
         f.write(binary)
-    with open(record.isa, "w") as f:
+    with atomic_write(record.isa) as f:
         f.write(isa)
     for key, value in parse_isa(plan.arch, isa, plan.waves_per_simd).items():
         setattr(record, key, value)

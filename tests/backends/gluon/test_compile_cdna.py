@@ -41,6 +41,7 @@ import torch
 
 pytest.importorskip("triton.experimental.gluon")
 
+from compile_matrix import for_archs, of_size  # noqa: E402
 from paged_mqa_logits.triton_internals.compiler import GPUTarget  # noqa: E402
 from paged_mqa_logits.triton_internals.device import simulated_device  # noqa: E402
 from paged_mqa_logits.triton_internals.specialise import compiled_kernels  # noqa: E402
@@ -94,10 +95,12 @@ def layout_matrix(arch: str) -> list[dict]:
     return configs
 
 
-@pytest.fixture(scope="module", params=ARCHS)
+@pytest.fixture(scope="module", params=for_archs(ARCHS))
 def compiled(request, tmp_path_factory):
-    arch = request.param
-    specs = MFMA.compile_specs(arch, ci_matrix(arch))
+    arch, size = request.param
+    # the sample keeps every ChunkK and WavePerEU of the LDS key load too
+    specs = MFMA.compile_specs(arch, of_size(ci_matrix(arch), size,
+                                             together=(("KeyLoad", "ChunkK"), ("KeyLoad", "WavePerEU"))))
     out_dir = str(tmp_path_factory.mktemp(f"cdna_{arch}"))
     records = compile_specs(specs, out_dir, jobs=min(2, os.cpu_count() or 1), progress=False)
     total = sum(r.seconds or 0 for r in records)

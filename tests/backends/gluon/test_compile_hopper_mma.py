@@ -19,6 +19,7 @@ import torch
 
 pytest.importorskip("triton.experimental.gluon")
 
+from compile_matrix import SIZES, of_size  # noqa: E402
 from test_compile_cdna import SHAPES  # noqa: E402
 from paged_mqa_logits.triton_internals.compiler import GPUTarget  # noqa: E402
 from paged_mqa_logits.triton_internals.device import simulated_device  # noqa: E402
@@ -45,9 +46,9 @@ def ci_matrix() -> list[dict]:
     return configs
 
 
-@pytest.fixture(scope="module")
-def compiled(tmp_path_factory):
-    specs = MMA_V2.compile_specs(ARCH, ci_matrix())
+@pytest.fixture(scope="module", params=SIZES)
+def compiled(request, tmp_path_factory):
+    specs = MMA_V2.compile_specs(ARCH, of_size(ci_matrix(), request.param))
     records = compile_specs(specs, str(tmp_path_factory.mktemp("mma_v2")), jobs=min(2, os.cpu_count() or 1),
                             progress=False)
     print(f"\nsm_90 mma_v2: {len(records)} kernels, {sum(r.seconds or 0 for r in records):.1f}s of compile time")

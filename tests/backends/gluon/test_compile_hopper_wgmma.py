@@ -29,6 +29,7 @@ import pytest
 
 pytest.importorskip("triton.experimental.gluon")
 
+from compile_matrix import SIZES, of_size  # noqa: E402
 from paged_mqa_logits.triton_internals.toolchain import ptxas_for  # noqa: E402
 from paged_mqa_logits.backends.gluon import common  # noqa: E402
 from paged_mqa_logits.backends.gluon import hopper_wgmma_host as wg  # noqa: E402
@@ -65,11 +66,11 @@ def ci_matrix() -> list[dict]:
     return out
 
 
-@pytest.fixture(scope="module")
-def compiled(tmp_path_factory):
+@pytest.fixture(scope="module", params=SIZES)
+def compiled(request, tmp_path_factory):
     """(config, spec, record, ptxas log) for every kernel of :func:`ci_matrix`."""
     out_dir = str(tmp_path_factory.mktemp("wgmma_sm90"))
-    configs = ci_matrix()
+    configs = of_size(ci_matrix(), request.param)
     specs = WG.compile_specs(ARCH, configs)
     records = compile_specs(specs, out_dir, jobs=min(2, os.cpu_count() or 1), progress=False)
     ptxas = ptxas_for(90)  # the one Triton assembles sm_90 with (its PTX version follows it)

@@ -23,6 +23,7 @@ import pytest
 
 pytest.importorskip("triton.experimental.gluon")
 
+from compile_matrix import SIZES, of_size  # noqa: E402
 from paged_mqa_logits.triton_internals.toolchain import ptxas_for  # noqa: E402
 from paged_mqa_logits.backends.gluon import common  # noqa: E402
 from paged_mqa_logits.backends.gluon import hopper_wgmma_host as wg  # noqa: E402
@@ -65,10 +66,11 @@ def ci_matrix() -> list[dict]:
     return configs
 
 
-@pytest.fixture(scope="module")
-def compiled(tmp_path_factory):
+@pytest.fixture(scope="module", params=SIZES)
+def compiled(request, tmp_path_factory):
     out_dir = str(tmp_path_factory.mktemp("wgmma_ws_sm90"))
-    configs = ci_matrix()
+    # the sample keeps a TMA copy of each chunk and cache block size
+    configs = of_size(ci_matrix(), request.param, together=(("KeyCopy", "ChunkK", "kv_block_size"),))
     records = compile_specs(WS.compile_specs(ARCH, configs), out_dir, jobs=min(2, os.cpu_count() or 1),
                             progress=False)
     ptxas = ptxas_for(90)
