@@ -5,8 +5,9 @@ docs/CONTRACT.md states it."""
 import pytest
 import torch
 
-from paged_mqa_logits.reference import (E2M1_VALUES, dequantize_fp4, e2m1_values, pack_e2m1, quantize_e2m1,
-                                        quantize_fp4, ue8m0_bytes, ue8m0_values, ue8m0_words, unpack_e2m1)
+from paged_mqa_logits.reference import (E2M1_VALUES, FP4_DTYPE, dequantize_fp4, e2m1_values, pack_e2m1, pack_kv_cache,
+                                        quantize_e2m1, quantize_fp4, ue8m0_bytes, ue8m0_values, ue8m0_words,
+                                        unpack_e2m1, unpack_kv_cache)
 
 
 def test_e2m1_values_of_every_code():
@@ -81,3 +82,18 @@ def test_quantize_picks_the_smallest_power_of_two_that_fits_and_the_nearest_code
     assert ((back - x.unflatten(-1, (4, 32))).abs() <= step / 2).all()
     again = dequantize_fp4(*quantize_fp4(back.flatten(-2)))
     assert torch.equal(again, back.flatten(-2))  # dequantised values quantise to themselves (their bytes may differ)
+
+
+@pytest.mark.parametrize("preshuffle", [False, True])
+def test_the_fp4_cache_layout_packs_and_unpacks(preshuffle):
+    """Per block: the packed key bytes of its tokens (64 each), then one int32 exponent word per
+    token; a padded block stride leaves the padding out."""
+    packed, words = quantize_fp4(torch.randn(3, 16, 128))
+    cache = pack_kv_cache(packed, words, preshuffle=preshuffle, block_stride=16 * 68 + 12)
+    assert cache.shape == (3, 16, 1, 68) and cache.stride() == (16 * 68 + 12, 68, 68, 1)
+    flat = cache.as_strided((3, 16 * 68 + 12), (16 * 68 + 12, 1))
+    assert torch.equal(flat[:, 16 * 64:16 * 68].contiguous().view(torch.int32), words)
+    if not preshuffle:
+        assert torch.equal(flat[:, :16 * 64].reshape(3, 16, 64), packed)
+    keys, scales = unpack_kv_cache(cache, kv_block_size=16, preshuffle=preshuffle, fp8_dtype=FP4_DTYPE)
+    assert torch.equal(keys, packed) and torch.equal(scales, words)

@@ -11,9 +11,13 @@ so with ``RowsPerProgram >= next_n`` a KV page is read once. Smaller groups boun
 accumulator's registers (``next_n * H`` columns per token); their repeated reads of a chunk
 come from L2. The head reduction then folds ``[ChunkK, rows, H]`` to ``[ChunkK, rows]``.
 
+MXFP4 inputs are decoded to exact fp32 values as they are loaded (``_fp4_values``) and
+multiplied in bf16 on GPUs that have it; bf16 logits are the fp32 logits rounded once, by hand,
+just before the store.
+
 CPU tensors run through the Triton interpreter (an :class:`InterpretedFunction` made from the
 same Python source), which computes in fp32 after the load because its fp8 arithmetic is not
-trustworthy (docs/VERIFICATION.md). There the balanced grid has ``CPU_PROGRAMS`` programs per
+trustworthy (docs/VERIFICATION.md), and whose own fp32 -> bf16 cast truncates. There the balanced grid has ``CPU_PROGRAMS`` programs per
 row group: the interpreter runs programs one after another, and several shares exercise the
 segment boundaries the GPU sees.
 """
