@@ -57,14 +57,14 @@ def test_gluon_priors_keep_q_in_vgprs_with_prefetch(arch, monkeypatch):
         knobs = MFMA.knobs(problem, row.knobs)
         chunk, waves, q_lds, prefetch = (knobs[k] for k in ("ChunkK", "WavePerEU", "QInLDS", "Prefetch"))
         assert MFMA.admits(problem, row.knobs), row.source
-        assert (q_lds, prefetch) == (0, 1), f"{row.source}: {row.knobs} stages Q in LDS or drops the prefetch"
+        assert q_lds == 0 and prefetch in (1, 2), f"{row.source}: {row.knobs} stages Q in LDS or drops the prefetch"
         assert f"ChunkK {chunk}/WavePerEU {waves}" in row.provenance, row.source
         if waves != UPSTREAM_WAVES:
             moved += 1
             assert row.provenance.startswith("prior:static-proxy "), row.source
             # and upstream's occupancy really would have changed the kernel
             upstream = MFMA.knobs(problem, {**row.knobs, "WavePerEU": UPSTREAM_WAVES})
-            assert (upstream["QInLDS"], upstream["Prefetch"]) != (0, 1), row.source
+            assert upstream["QInLDS"] == 1 or upstream["Prefetch"] == 0, row.source
     assert moved > 0  # H 64 at ChunkK 256: upstream's WavePerEU 4 does not carry over
 
 
