@@ -47,7 +47,7 @@ LDS_LIMIT_BYTES = {arch: ARCH_SPECS[arch].lds_bytes for arch in ARCHS}
 #: come from one 512-entry file per SIMD lane)
 VGPR_GRANULE = 8
 
-__all__ = ["ARCHS", "CompileRecord", "CompileSpec", "LDS_LIMIT_BYTES", "amd_loop_instructions", "backend_specs",
+__all__ = ["ARCHS", "CompileRecord", "CompileSpec", "LDS_LIMIT_BYTES", "amd_hot_loop", "amd_loop_instructions", "backend_specs",
            "check_records", "compile_all", "compile_spec", "compile_specs", "main", "summary_line", "summary_table"]
 
 
@@ -86,33 +86,57 @@ def amd_resources(isa: str) -> dict:
     }
 
 
-def amd_loop_instructions(isa: str) -> dict[str, int]:
-    """Mnemonic counts of the hottest loop of AMDGPU assembly: the loop (blocks LLVM marks
-    ``Loop Header`` / ``in Loop: Header=X``, not counting nested loops) holding the most MFMAs;
-    ``s_waitcnt`` is counted per operand (``s_waitcnt vmcnt(0)``, ``s_waitcnt lgkmcnt(0)``, ...).
-    Empty when the kernel has no loop with an MFMA."""
-    loops: dict[str, dict[str, int]] = {}
-    block = current = None
+def _amd_blocks(isa: str) -> list[tuple[str | None, list[str]]]:
+    """``(label, instruction lines)`` of the first function's basic blocks, in order (comments
+    stripped; a block no branch targets is only named in a comment, ``; %bb.4:``)."""
+    blocks: list[tuple[str | None, list[str]]] = [(None, [])]
     for line in isa.splitlines():
         label = re.match(r"^(\.LBB\w+|; %bb\.\d+):", line)
-        if label:  # a block starts; LLVM names its loop on this line or on the comment lines after it
-            block, current = label.group(1).removeprefix(".L").removeprefix("; %"), None
-        if label or line.lstrip().startswith(";"):
-            inside = re.search(r"in Loop: Header=(BB\w+)", line)
-            if inside:
-                current = inside.group(1)
-            elif "Loop Header" in line:  # "=>This (Inner) Loop Header": the block heads its loop
-                current = block
+        if label:
+            blocks.append((label.group(1), []))
             continue
-        m = re.match(r"^\t([a-z_][\w]*)\s*(.*)", line)
-        if current is None or not m or m.group(1).startswith("."):
-            continue
-        counts = loops.setdefault(current, {})
-        names = [f"s_waitcnt {w}" for w in m.group(2).split()] if m.group(1) == "s_waitcnt" else [m.group(1)]
-        for name in names:
-            counts[name] = counts.get(name, 0) + 1
-    hot = max(loops.values(), key=lambda c: sum(n for k, n in c.items() if k.startswith("v_mfma")), default={})
-    return hot if any(k.startswith("v_mfma") for k in hot) else {}
+        if line.startswith(".Lfunc_end"):
+            break
+        m = re.match(r"^\t([a-z_][\w]*)(\s.*)?$", line)
+        if m and not m.group(1).startswith("."):
+            blocks[-1][1].append(line.split(";")[0].strip())
+    return blocks
+
+
+def amd_hot_loop(isa: str) -> list[str]:
+    """Instruction lines of the hottest loop of AMDGPU assembly: a loop is the blocks from a
+    backward branch's target to the branch, less the blocks of the loops nested in it; the
+    hottest holds the most MFMAs (the smaller on a tie). Found from the branches alone, so it
+    reads LLVM's output with or without its loop comments (Triton's and FlyDSL's ISA alike).
+    Empty when no loop holds an MFMA."""
+    blocks = _amd_blocks(isa)
+    index = {label: i for i, (label, _) in enumerate(blocks) if label}
+    loops = set()
+    for i, (_, lines) in enumerate(blocks):
+        for line in lines:
+            parts = line.split()
+            if re.match(r"^s_(cbranch_\w+|branch)$", parts[0]) and len(parts) > 1 and index.get(parts[1], i + 1) <= i:
+                loops.add((index[parts[1]], i))
+    best, best_key = [], None
+    for first, last in loops:
+        nested = {b for f, l in loops if first <= f and l <= last and (f, l) != (first, last) for b in range(f, l + 1)}
+        body = [x for b in range(first, last + 1) if b not in nested for x in blocks[b][1]]
+        key = (sum(x.startswith("v_mfma") for x in body), -len(body))
+        if key[0] and (best_key is None or key > best_key):
+            best, best_key = body, key
+    return best
+
+
+def amd_loop_instructions(isa: str) -> dict[str, int]:
+    """Mnemonic counts of the hottest loop of AMDGPU assembly (:func:`amd_hot_loop`);
+    ``s_waitcnt`` is counted per operand (``s_waitcnt vmcnt(0)``, ``s_waitcnt lgkmcnt(0)``, ...).
+    Empty when the kernel has no loop with an MFMA."""
+    counts: dict[str, int] = {}
+    for line in amd_hot_loop(isa):
+        name, _, operands = line.partition(" ")
+        for key in ([f"s_waitcnt {w}" for w in operands.split()] if name == "s_waitcnt" else [name]):
+            counts[key] = counts.get(key, 0) + 1
+    return counts
 
 
 def ptx_mma_instructions(ptx: str) -> list[str]:

@@ -23,7 +23,8 @@ ChunkK, WavePerEU, SplitKV   the common knobs (empty = backend default)
 us                 measured microseconds (empty for priors)
 provenance         who produced the row: ``tuned:<gpu>|cu<N>|triton<v>|torch<v>|<date>`` (the
                    tuner), ``bench:<gpu>|...|<date>|<bench CSV>`` (picked by hand from a committed
-                   same-run bench) or ``prior:<where it comes from>``
+                   same-run bench) or ``prior:<where it comes from>``; optionally followed by
+                   ``; `` and a cycle estimate of the pick (:data:`ESTIMATE_FORMAT`)
 =================  ==========================================================================
 
 Files: the shipped ``configs/*_tuned.csv``, unless ``PAGED_MQA_LOGITS_CONFIGS`` (alias
@@ -46,6 +47,11 @@ Lookup (:func:`lookup`), deterministic:
 4. no row: the per-arch default (:data:`DEFAULT_BACKEND`).
 
 "Nearest" is in log2 distance, ties going to the larger value (larger batch / context).
+
+Estimates (:class:`CycleEstimate`, :attr:`Row.estimate`): a static estimate of the picked
+kernel's cycles per 64 keys next to AITER's Gluon kernel's at its default and its best knobs
+(``tools/amd_side_by_side.py``, docs/VERIFICATION.md), so an operator sees which rows to tune
+first; it is information, never a measurement (``us`` stays empty) and lookup ignores it.
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ import glob
 import io
 import math
 import os
+import re
 import threading
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -80,6 +87,49 @@ KNOWN_BACKENDS = ("torch", "triton", "gluon", "flydsl")
 
 class TableError(PagedMQAArgumentError):
     """A malformed table file; the message starts with ``file:line``."""
+
+
+#: how a provenance states a cycle estimate (cycles of one wave per 64 keys x next_n rows;
+#: ``-`` where AITER's kernel has no compiled spill-free config for the shape)
+ESTIMATE_FORMAT = ("estimate:<model> ours=<cycles> aiter-default=<cycles or -> aiter-best=<cycles or -> "
+                   "cycles/64-keys bound=<pipe>")
+_ESTIMATE = re.compile(r"(?:^|; )estimate:(?P<model>[\w.-]+) ours=(?P<ours>\d+) aiter-default=(?P<default>\d+|-) "
+                       r"aiter-best=(?P<best>\d+|-) cycles/64-keys bound=(?P<bound>\w+)(?=;|$)")
+
+
+@dataclass(frozen=True)
+class CycleEstimate:
+    """A provenance's cycle estimate (:data:`ESTIMATE_FORMAT`)."""
+
+    model: str
+    ours: int
+    aiter_default: int | None
+    aiter_best: int | None
+    bound: str
+
+    def text(self) -> str:
+        def cell(v):
+            return "-" if v is None else str(v)
+        return (f"estimate:{self.model} ours={self.ours} aiter-default={cell(self.aiter_default)} "
+                f"aiter-best={cell(self.aiter_best)} cycles/64-keys bound={self.bound}")
+
+    @staticmethod
+    def parse(provenance: str) -> "CycleEstimate | None":
+        """The estimate a provenance states, ``None`` if it states none; ``ValueError`` naming
+        the expected form when it mentions one it does not state in that form."""
+        m = _ESTIMATE.search(provenance)
+        if m is None:
+            if re.search(r"(?:^|; )estimate:", provenance):
+                raise ValueError(f"column provenance: an estimate must read {ESTIMATE_FORMAT!r}, got {provenance!r}")
+            return None
+        def number(text):
+            return None if text == "-" else int(text)
+        return CycleEstimate(m["model"], int(m["ours"]), number(m["default"]), number(m["best"]), m["bound"])
+
+    @staticmethod
+    def strip(provenance: str) -> str:
+        """The provenance without its estimate (what remains says where the pick comes from)."""
+        return _ESTIMATE.sub("", provenance).strip()
 
 
 @dataclass(frozen=True)
@@ -110,6 +160,11 @@ class Row(ShapeKeyFields):
     @property
     def knobs(self) -> dict:
         return dict(self.config)
+
+    @property
+    def estimate(self) -> CycleEstimate | None:
+        """The cycle estimate the provenance states, if any."""
+        return CycleEstimate.parse(self.provenance)
 
 
 # ----------------------------------------------------------------------------- files
@@ -235,6 +290,10 @@ def _parse_row(cells: dict, where: str) -> Row:
             raise TableError(f"{where}: column us must be a number, got {cells['us']!r}") from None
         if not math.isfinite(us) or us < 0:  # it would win every de-duplication
             raise TableError(f"{where}: column us must be a finite number >= 0, got {cells['us']!r}")
+    try:
+        CycleEstimate.parse(cells["provenance"])
+    except ValueError as exc:
+        raise TableError(f"{where}: {exc}") from None
     knobs = {}
     for col, text in cells.items():
         if col in KEY_COLUMNS or col in META_COLUMNS:

@@ -6,6 +6,8 @@ where its pick comes from, and what its provenance claims about our kernels hold
 * ``prior:static-proxy ...`` rows were chosen from our kernels' static proxies: gluon rows that
   moved off upstream's WavePerEU 4 (which would stage Q in LDS without prefetch at H 64), and
   every gfx942 flydsl row (upstream has no FlyDSL paged kernel for gfx942);
+* ``prior:estimate ...`` rows were moved by the cycle estimate (their earlier pick was estimated
+  slower than AITER's best Gluon kernel): gluon ChunkK 128 / WavePerEU 4;
 * flydsl rows name the defaults our backend resolves for the row's shape.
 """
 
@@ -39,7 +41,7 @@ def _problem(row):
 def test_every_row_says_where_its_pick_comes_from(arch):
     # (that no table cites a document outside the repository is tests/test_docs_stand_alone.py's check)
     for row in _rows(arch):
-        assert row.provenance.startswith(("prior:upstream ", "prior:static-proxy ")), row.source
+        assert row.provenance.startswith(("prior:upstream ", "prior:static-proxy ", "prior:estimate ")), row.source
         assert row.us is None, f"{row.source}: a prior has no measurement"
 
 
@@ -57,14 +59,14 @@ def test_gluon_priors_keep_q_in_vgprs_with_prefetch(arch, monkeypatch):
         knobs = MFMA.knobs(problem, row.knobs)
         chunk, waves, q_lds, prefetch = (knobs[k] for k in ("ChunkK", "WavePerEU", "QInLDS", "Prefetch"))
         assert MFMA.admits(problem, row.knobs), row.source
-        assert (q_lds, prefetch) == (0, 1), f"{row.source}: {row.knobs} stages Q in LDS or drops the prefetch"
+        assert q_lds == 0 and prefetch in (1, 2), f"{row.source}: {row.knobs} stages Q in LDS or drops the prefetch"
         assert f"ChunkK {chunk}/WavePerEU {waves}" in row.provenance, row.source
         if waves != UPSTREAM_WAVES:
             moved += 1
             assert row.provenance.startswith("prior:static-proxy "), row.source
             # and upstream's occupancy really would have changed the kernel
             upstream = MFMA.knobs(problem, {**row.knobs, "WavePerEU": UPSTREAM_WAVES})
-            assert (upstream["QInLDS"], upstream["Prefetch"]) != (0, 1), row.source
+            assert upstream["QInLDS"] == 1 or upstream["Prefetch"] == 0, row.source
     assert moved > 0  # H 64 at ChunkK 256: upstream's WavePerEU 4 does not carry over
 
 

@@ -18,7 +18,7 @@ from paged_mqa_logits import compile as compile_mod  # noqa: E402
 from paged_mqa_logits import table  # noqa: E402
 from paged_mqa_logits.backends.gluon import cdna  # noqa: E402
 from paged_mqa_logits.compile import (  # noqa: E402
-    CompileRecord, amd_loop_instructions, amd_resources, backend_specs, check_records, compile_spec, max_waves_per_simd,
+    CompileRecord, amd_hot_loop, amd_loop_instructions, amd_resources, backend_specs, check_records, compile_spec, max_waves_per_simd,
     ptx_mma_instructions, sass_mma_instructions, summary_line, summary_table, table_kernel_configs, target)
 
 
@@ -59,24 +59,32 @@ def test_loop_instructions_are_the_tile_loops(one_kernel):
     assert amd_loop_instructions("\ts_endpgm\n") == {}
 
 
-def test_loop_of_a_block_is_read_from_the_comments_after_its_label():
-    """LLVM names a block's loop on its label line, or on the comment lines after it when the
-    label carries another comment (``%.loopexit``, ``Parent Loop``): both belong to the loop."""
+def test_the_hot_loop_is_found_from_backward_branches_without_its_nested_loops():
+    """A loop is a backward branch's target up to the branch (LLVM's loop comments are not needed:
+    FlyDSL's ISA has none); an outer loop does not count the blocks of the loop nested in it, so
+    the innermost loop of the MFMAs wins over the loop around it, and the code after the loops
+    (a pipelined last tile) is no loop's."""
     isa = ("\ts_load_dwordx2 s[0:1], s[0:1], 0x0\n"
-           ".LBB0_2:                                ; =>This Loop Header: Depth=1\n"
+           ".LBB0_2:\n"
            "\tv_mfma_f32_32x32x16_fp8_fp8 a[0:15], v[0:1], v[2:3], 0\n"
-           ".LBB0_3:                                ; %.loopexit\n"
-           "                                        ;   Parent Loop BB0_2 Depth=1\n"
-           "                                        ; =>  This Inner Loop Header: Depth=2\n"
+           ".LBB0_3:\n"
            "\tv_mfma_f32_32x32x16_fp8_fp8 a[0:15], v[0:1], v[2:3], a[0:15]\n"
            "\tv_mfma_f32_32x32x16_fp8_fp8 a[0:15], v[0:1], v[2:3], a[0:15]\n"
            "\ts_waitcnt vmcnt(0) lgkmcnt(0)\n"
-           "; %bb.4:                                ;   in Loop: Header=BB0_2 Depth=1\n"
+           "\ts_cbranch_scc1 .LBB0_3\n"
+           "; %bb.4:\n"
            "\ts_barrier\n"
+           "\ts_cbranch_vccnz .LBB0_2\n"
            ".LBB0_5:\n"
+           "\tv_mfma_f32_32x32x16_fp8_fp8 a[0:15], v[0:1], v[2:3], a[0:15]\n"
+           "\tv_mfma_f32_32x32x16_fp8_fp8 a[0:15], v[0:1], v[2:3], a[0:15]\n"
+           "\tv_mfma_f32_32x32x16_fp8_fp8 a[0:15], v[0:1], v[2:3], a[0:15]\n"
+           "\ts_cbranch_scc0 .LBB0_7\n"
+           ".LBB0_7:\n"
            "\ts_endpgm\n")
     assert amd_loop_instructions(isa) == {"v_mfma_f32_32x32x16_fp8_fp8": 2, "s_waitcnt vmcnt(0)": 1,
-                                          "s_waitcnt lgkmcnt(0)": 1}
+                                          "s_waitcnt lgkmcnt(0)": 1, "s_cbranch_scc1": 1}
+    assert amd_hot_loop(isa)[-1] == "s_cbranch_scc1 .LBB0_3"
 
 
 def test_ptx_and_sass_matrix_instructions_are_found_once_each():

@@ -141,6 +141,31 @@ def test_table_configs(tmp_path, monkeypatch):
                         {"ChunkK": 64, "SplitKV": 0, "num_warps": 4})]
 
 
+def test_an_estimate_in_the_provenance_is_parsed_and_kept_apart_from_the_origin(tmp_path):
+    estimate = "estimate:cdna-cycles-1 ours=812 aiter-default=1650 aiter-best=- cycles/64-keys bound=mfma"
+    path = write(tmp_path, "e_tuned.csv", [
+        f"gfx950,256,32,128,64,1,64,1,any,gluon,128,4,0,,,prior:upstream pick; {estimate}",
+        f"gfx950,256,32,128,64,1,8,1,any,gluon,128,4,0,,,{estimate}",
+        "gfx950,256,32,128,64,1,1,1,any,gluon,128,4,0,,,prior:no estimate",
+    ])
+    first, second, third = table.parse_file(path)
+    assert first.estimate == table.CycleEstimate("cdna-cycles-1", 812, 1650, None, "mfma")
+    assert first.estimate.text() == estimate and second.estimate == first.estimate
+    assert table.CycleEstimate.strip(first.provenance) == "prior:upstream pick"
+    assert third.estimate is None and first.us is None
+
+
+@pytest.mark.parametrize("provenance", [
+    "estimate:m ours=fast aiter-default=1 aiter-best=1 cycles/64-keys bound=mfma",
+    "prior:x; estimate:m ours=1 aiter-default=1 cycles/64-keys bound=mfma",
+    "prior:x; estimate:m ours=1 aiter-default=1 aiter-best=1 cycles/64-keys bound=mfma trailing",
+])
+def test_a_malformed_estimate_names_the_column_and_the_expected_form(tmp_path, provenance):
+    path = write(tmp_path, "bad_tuned.csv", ["# ok", f"gfx950,256,32,128,64,1,64,1,any,gluon,128,4,0,,,{provenance}"])
+    with pytest.raises(table.TableError, match=f"^{path}:3: column provenance: an estimate must read 'estimate:<model> "):
+        table.parse_file(path)
+
+
 # ----------------------------------------------------------------------------- format columns
 FORMAT_HEADER = HEADER.replace("next_n,context", "next_n,kv_format,logits_dtype,context")
 

@@ -23,8 +23,9 @@ register budget, and the programs per CU that ``SplitKV = 0`` sizes the grid for
 ``SplitKV`` (0 = ``derive_split_kv`` on the host), ``ReuseKV`` (0: a program per query row,
 which re-reads the keys from L2; 1: a program per sequence scores every next_n row against
 each key tile it reads once), ``Mfma`` (gfx950), ``QInLDS`` (query rows and weights staged in
-LDS and read per tile, 64 heads per MFMA, instead of held in VGPRs), ``Prefetch`` (keys of the
-next tile in flight while this one is scored, or one tile per wave), ``KeyLoad`` (plain caches:
+LDS and read per tile, 64 heads per MFMA, instead of held in VGPRs), ``Prefetch`` (1: keys of the
+next tile in flight while this one is scored; 2: the same, two tiles per loop iteration in
+alternating registers, so no register copy per tile; 0: one tile per wave), ``KeyLoad`` (plain caches:
 keys gathered straight into the MFMA operand, or in whole rows and converted through LDS;
 ``cdna_keys.py``). ``candidates`` offers every (ChunkK, WavePerEU, ReuseKV/QInLDS, Mfma) that
 :meth:`MfmaVariant.admits`, with Prefetch where it fits, then the same with ``KeyLoad=lds`` for
@@ -103,10 +104,19 @@ def lds_bytes(rows: int, heads: int, q_lds: int, head_dim: int = 128) -> int:
 #: VGPRs the balanced schedule's segment loop keeps live on top of a split program's (its
 #: cursor, the share's bounds and the sequence's length state across the tile loop)
 BALANCED_VGPRS = 24
+#: Prefetch settings, preferred first: the two-tile loop saves the ChunkK/8 register copies per
+#: lane and tile of the one-tile prefetch (measured in tools/amd_side_by_side.py), so the
+#: one-tile prefetch is offered only where the two-tile loop does not fit
+PREFETCHES = (2, 1, 0)
+#: VGPRs the two-tile loop needs beyond the one-tile prefetch's estimate (the same keys are in
+#: flight; at exactly the estimate's budget it spilled, gfx942 H 64 ChunkK 128 WavePerEU 4)
+PING_PONG_VGPRS = 1
 
 
 def _fits(problem: Problem, chunk: int, waves: int, rows: int, q_lds: int, prefetch: int,
           balanced: bool = False, key_load: str = cdna_keys.DIRECT) -> bool:
+    if prefetch == 2 and not _ping_pong_allowed(q_lds, key_load):
+        return False
     lds = lds_bytes(rows, problem.heads, q_lds) + cdna_keys.lds_bytes(chunk, key_load, problem.head_dim)
     if lds * waves > ARCH_SPECS[problem.arch].lds_bytes:
         return False
@@ -118,8 +128,15 @@ def _fits(problem: Problem, chunk: int, waves: int, rows: int, q_lds: int, prefe
     # the cache layout of the call: the JIT proves 16-byte key gathers only when the base and the
     # real block stride are 16-byte multiples; caches past 2 GiB take 64-bit addresses
     need = vgpr_estimate(problem.heads, chunk, rows, q_lds, problem.kv_aligned16, prefetch, problem.kv_32bit) \
-        + AMD_VGPR_MARGIN + (BALANCED_VGPRS if balanced else 0) + cdna_keys.vgprs(chunk, key_load, prefetch, NUM_WARPS)
+        + AMD_VGPR_MARGIN + (BALANCED_VGPRS if balanced else 0) + cdna_keys.vgprs(chunk, key_load, prefetch, NUM_WARPS) \
+        + (PING_PONG_VGPRS if prefetch == 2 else 0)
     return need <= ARCH_SPECS[problem.arch].vgprs_per_simd // waves
+
+
+def _ping_pong_allowed(q_lds: int, key_load: str) -> bool:
+    """The two-tile loop keeps Q in VGPRs and gathers keys straight into the operand: with Q
+    staged in LDS each tile re-reads it and the doubled reads spilled (measured on both chips)."""
+    return not q_lds and key_load == cdna_keys.DIRECT
 
 
 def vgpr_estimate(heads: int, chunk: int, rows: int, q_lds: int, aligned: bool = True, prefetch: int = 1,
@@ -211,7 +228,7 @@ class MfmaVariant(RegisterMmaVariant):
     archs = ("gfx942", "gfx950")
     #: allowed values per knob (combinations, e.g. Mfma per arch, are judged by :meth:`knobs`)
     knob_space = {"ChunkK": CHUNK_SIZES, "WavePerEU": WAVES_PER_EU, "SplitKV": range(0, MAX_SPLIT_KV + 1),
-                  "ReuseKV": (0, 1), "Mfma": ("fp8", "f8f6f4"), "QInLDS": (0, 1), "Prefetch": (0, 1),
+                  "ReuseKV": (0, 1), "Mfma": ("fp8", "f8f6f4"), "QInLDS": (0, 1), "Prefetch": PREFETCHES,
                   "Schedule": common.SCHEDULES, cdna_keys.KNOB: cdna_keys.KEY_LOADS}
     head_chunk = HEAD_CHUNK
     kv_32bit_loads = True
@@ -220,7 +237,8 @@ class MfmaVariant(RegisterMmaVariant):
         """Backend defaults for unset knobs.
 
         An unset ``QInLDS`` / ``Prefetch`` takes the first setting that fits the other knobs
-        (Q in VGPRs for a per-row program, then in LDS; prefetch, then none), so a table row
+        (Q in VGPRs for a per-row program, then in LDS; the two-tile prefetch, the one-tile
+        prefetch, then none), so a table row
         that names only the common knobs (e.g. upstream's ChunkK 256 / WavePerEU 4) still gets a
         kernel that reaches its occupancy without spilling, when one exists. ``KeyLoad`` is
         there only when it is not ``direct``, so direct configs, the names of their compiled
@@ -241,7 +259,13 @@ class MfmaVariant(RegisterMmaVariant):
                      f"{cdna_keys.DIRECT} on a Preshuffle cache (already stored in the MFMA operand's order)")
         rows = rows_per_program(problem.next_n, reuse)
         q_options = [int(config["QInLDS"])] if config.get("QInLDS") is not None else ([0, 1] if rows == 1 else [1])
-        prefetch_options = [int(config["Prefetch"])] if config.get("Prefetch") is not None else [1, 0]
+        prefetch_options = [int(config["Prefetch"])] if config.get("Prefetch") is not None else list(PREFETCHES)
+        for pf in prefetch_options:
+            self.require_in("Prefetch", pf, PREFETCHES)
+        if prefetch_options == [2]:  # the two-tile loop keeps Q in VGPRs and gathers into the operand
+            q_options = [q for q in q_options if _ping_pong_allowed(q, key_load)]
+            self.require(bool(q_options), "Prefetch", 2, "0 or 1 with QInLDS=1 (shared-KV programs stage Q in LDS) "
+                                                         "or KeyLoad=lds")
         settings = [(q, pf) for q in q_options for pf in prefetch_options]
         balanced = schedule == common.BALANCED
         q_lds, prefetch = next((s for s in settings if _fits(problem, chunk, waves, rows, *s, balanced, key_load)),
@@ -268,7 +292,8 @@ class MfmaVariant(RegisterMmaVariant):
         for key_load in cdna_keys.key_loads(problem.preshuffle):
             extra = {} if key_load == cdna_keys.DIRECT else {cdna_keys.KNOB: key_load}
             for group in self._direct_groups(problem):
-                yield [dict(setting, **extra) for setting in group]
+                yield [dict(setting, **extra) for setting in group
+                       if setting["Prefetch"] != 2 or _ping_pong_allowed(setting["QInLDS"], key_load)]
 
     def _direct_groups(self, problem: Problem):
         for schedule in common.SCHEDULES:
@@ -277,20 +302,22 @@ class MfmaVariant(RegisterMmaVariant):
                 for reuse, q_lds in ((0, 0), (0, 1), (1, 1)) if problem.next_n > 1 else ((0, 0), (0, 1)):
                     for chunk in CHUNK_SIZES:
                         for waves in WAVES_PER_EU:
-                            # register-double-buffered tiles where they fit, else one tile per wave
+                            # register-double-buffered tiles where they fit (two per iteration first),
+                            # else one tile per wave
                             yield [{"ChunkK": chunk, "WavePerEU": waves, "SplitKV": 0, "ReuseKV": reuse, "Mfma": kind,
                                     "QInLDS": q_lds, "Prefetch": prefetch, "Schedule": schedule}
-                                   for prefetch in (1, 0)]
+                                   for prefetch in PREFETCHES if prefetch != 2 or _ping_pong_allowed(q_lds, cdna_keys.DIRECT)]
 
     def default_config(self, problem: Problem) -> dict:
-        """Upstream's fixed default (ChunkK 256, WavePerEU 2) where it fits, per-row programs."""
+        """Upstream's fixed default (ChunkK 256, WavePerEU 2) where it fits, per-row programs with
+        Q in VGPRs and the prefetch that fits (:meth:`knobs`)."""
         for chunk, waves in ((256, 2), (128, 2), (128, 1), (64, 1)):
             config = {"variant": self.name, "ChunkK": chunk, "WavePerEU": waves, "SplitKV": 0, "ReuseKV": 0,
-                      "Mfma": MFMA_KINDS[problem.arch][0], "QInLDS": 0, "Prefetch": 1,
+                      "Mfma": MFMA_KINDS[problem.arch][0], "QInLDS": 0,
                       "Schedule": common.default_schedule(problem)}
             if self.admits(problem, config):
                 break
-        return config
+        return dict(config, Prefetch=self.knobs(problem, config)["Prefetch"])
 
     def atoms(self, problem: Problem, knobs: dict) -> dict:
         kind = knobs["Mfma"]

@@ -20,6 +20,13 @@ from .variant import GluonVariant
 CHUNK_SIZES = (64, 128, 256)
 
 
+def prefetch_constexpr(prefetch: int):
+    """The kernel's ``PREFETCH``: ``False`` / ``True`` for ``Prefetch`` 0 / 1 (the values every
+    kernel compiled before ``Prefetch=2`` was given, so those kernels stay as they were), ``2``
+    for the two-tile loop."""
+    return 2 if int(prefetch) == 2 else bool(prefetch)
+
+
 def rows_per_program(next_n: int, reuse_kv) -> int:
     """``ReuseKV=0``: one row per program (keys re-read per row, from L2); ``1``: all rows."""
     return next_n if int(reuse_kv or 0) else 1
@@ -79,7 +86,7 @@ class RegisterMmaVariant(GluonVariant):
             CHUNK=knobs["ChunkK"], ROWS=self.rows(problem, knobs), PRESHUFFLE=problem.preshuffle,
             LENS_2D=problem.lens_2d, Q_IN_LDS=bool(q_lds),
             HEAD_CHUNK=min(self.head_chunk, problem.heads) if q_lds else problem.heads,
-            PREFETCH=bool(knobs["Prefetch"]), KV_32BIT=kv_32bit and self.kv_32bit_loads,
+            PREFETCH=prefetch_constexpr(knobs["Prefetch"]), KV_32BIT=kv_32bit and self.kv_32bit_loads,
             BALANCED=knobs["Schedule"] == common.BALANCED, **self.atoms(problem, knobs),
         )
 

@@ -171,6 +171,32 @@ def score_staged_row(q_smem, w_smem, keys, scales, out_ptr, row, stride_out, tok
     store_row_logits(out_ptr, row, stride_out, tokens, logits, row_end)
 
 
+@gluon.jit
+def score_tile_rows(q_smem, w_smem, qs, ws, keys, scales, out_ptr, row0, stride_out, tile, row_ends, range_end,
+                    HEADS: gl.constexpr, HEAD_CHUNK: gl.constexpr, CHUNK: gl.constexpr, ROWS: gl.constexpr,
+                    Q_IN_LDS: gl.constexpr, ACC: gl.constexpr, K_WIDTH: gl.constexpr, MMA: gl.constexpr,
+                    KEY_OPERAND: gl.constexpr, CLIP: gl.constexpr):
+    """Every row of the program against one gathered key tile, stored where the row sees the
+    token (and, with ``CLIP``, the token lies before ``range_end``)."""
+    B_LAYOUT: gl.constexpr = gl.DotOperandLayout(1, ACC, K_WIDTH)
+    tokens = tile * CHUNK + gl.arange(0, CHUNK, gl.SliceLayout(0, ACC))
+    if KEY_OPERAND is None:
+        operand = keys
+    else:
+        operand = KEY_OPERAND(keys, B_LAYOUT)
+    for r in gl.static_range(ROWS):
+        if CLIP:
+            row_end = gl.minimum(row_ends[r], range_end)
+        else:
+            row_end = row_ends[r]
+        if Q_IN_LDS:
+            score_staged_row(q_smem.index(r), w_smem.index(r), operand, scales, out_ptr, row0 + r, stride_out, tokens,
+                             row_end, HEADS, HEAD_CHUNK, CHUNK, ACC, K_WIDTH, MMA)
+        else:
+            score_row(qs[r], operand, scales, ws[r], out_ptr, row0 + r, stride_out, tokens, row_end, HEADS, CHUNK, ACC,
+                      MMA)
+
+
 # ----------------------------------------------------------------------------- the kernel
 @gluon.jit
 def score_rows_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, table_ptr, q_smem, w_smem,
@@ -208,6 +234,8 @@ def score_rows_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr,
                 q_smem.index(r).store(load_query(q_ptr, b, j0 + r, stride_q_b, stride_q_j, stride_q_h, HEADS, HEAD_DIM,
                                                  STAGE, LOAD))
                 w_smem.index(r).store(load_weights(weights_ptr, row0 + r, stride_w, HEADS, VEC, LOAD))
+            qs = ()
+            ws = ()
         else:
             qs = ()
             ws = ()
@@ -227,34 +255,49 @@ def score_rows_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr,
             keys, scales = load_tile(kv_ptr, scale_ptr, pages_k, pages_s, first, stride_block, CHUNK, KV_BLOCK,
                                      HEAD_DIM, PRESHUFFLE, KEYS, TOKENS, LOAD_KV, KV_32BIT)
             pages_k, pages_s = load_tile_pages(table_row, first + 1, end, num_blocks, CHUNK, KV_BLOCK, KEYS, TOKENS, LOAD)
-        for tile in range(first, stop):
-            if PREFETCH:
-                # In flight while this tile is scored: keys of tile + 1, blocks of tile + 2 (tiles
-                # past the range read block 0 or the next split's blocks; never stored).
-                next_keys, next_scales = load_tile(kv_ptr, scale_ptr, pages_k, pages_s, tile + 1, stride_block, CHUNK,
-                                                   KV_BLOCK, HEAD_DIM, PRESHUFFLE, KEYS, TOKENS, LOAD_KV, KV_32BIT)
-                pages_k, pages_s = load_tile_pages(table_row, tile + 2, end, num_blocks, CHUNK, KV_BLOCK, KEYS, TOKENS, LOAD)
-            else:
-                # One tile of keys in registers: other waves of the CU hide the load latency.
-                tile_pages_k, tile_pages_s = load_tile_pages(table_row, tile, end, num_blocks, CHUNK, KV_BLOCK, KEYS, TOKENS,
-                                                             LOAD)
-                keys, scales = load_tile(kv_ptr, scale_ptr, tile_pages_k, tile_pages_s, tile, stride_block, CHUNK,
-                                         KV_BLOCK, HEAD_DIM, PRESHUFFLE, KEYS, TOKENS, LOAD_KV, KV_32BIT)
-            tokens = tile * CHUNK + gl.arange(0, CHUNK, TOKENS)
-            if KEY_OPERAND is None:
-                operand = keys
-            else:
-                operand = KEY_OPERAND(keys, B_LAYOUT)
-            for r in gl.static_range(ROWS):
-                if Q_IN_LDS:
-                    score_staged_row(q_smem.index(r), w_smem.index(r), operand, scales, out_ptr, row0 + r, stride_out,
-                                     tokens, row_ends[r], HEADS, HEAD_CHUNK, CHUNK, ACC, K_WIDTH, MMA)
+        if PREFETCH == 2:
+            # Two tiles per iteration in alternating registers: the keys loaded for the next
+            # iteration are the loop-carried ones, so no register copy closes the iteration. The
+            # second tile of an odd range is scored and not stored (its end is clipped to the range:
+            # past it lie the next split's or segment's tiles).
+            range_end = stop * CHUNK
+            for tile in range(first, stop, 2):
+                keys_b, scales_b = load_tile(kv_ptr, scale_ptr, pages_k, pages_s, tile + 1, stride_block, CHUNK,
+                                             KV_BLOCK, HEAD_DIM, PRESHUFFLE, KEYS, TOKENS, LOAD_KV, KV_32BIT)
+                pages_k, pages_s = load_tile_pages(table_row, tile + 2, end, num_blocks, CHUNK, KV_BLOCK, KEYS, TOKENS,
+                                                   LOAD)
+                score_tile_rows(q_smem, w_smem, qs, ws, keys, scales, out_ptr, row0, stride_out, tile, row_ends,
+                                range_end, HEADS, HEAD_CHUNK, CHUNK, ROWS, Q_IN_LDS, ACC, K_WIDTH, MMA, KEY_OPERAND,
+                                True)
+                keys, scales = load_tile(kv_ptr, scale_ptr, pages_k, pages_s, tile + 2, stride_block, CHUNK, KV_BLOCK,
+                                         HEAD_DIM, PRESHUFFLE, KEYS, TOKENS, LOAD_KV, KV_32BIT)
+                pages_k, pages_s = load_tile_pages(table_row, tile + 3, end, num_blocks, CHUNK, KV_BLOCK, KEYS, TOKENS,
+                                                   LOAD)
+                score_tile_rows(q_smem, w_smem, qs, ws, keys_b, scales_b, out_ptr, row0, stride_out, tile + 1, row_ends,
+                                range_end, HEADS, HEAD_CHUNK, CHUNK, ROWS, Q_IN_LDS, ACC, K_WIDTH, MMA, KEY_OPERAND,
+                                True)
+        else:
+            for tile in range(first, stop):
+                if PREFETCH:
+                    # In flight while this tile is scored: keys of tile + 1, blocks of tile + 2 (tiles
+                    # past the range read block 0 or the next split's blocks; never stored).
+                    next_keys, next_scales = load_tile(kv_ptr, scale_ptr, pages_k, pages_s, tile + 1, stride_block,
+                                                       CHUNK, KV_BLOCK, HEAD_DIM, PRESHUFFLE, KEYS, TOKENS, LOAD_KV,
+                                                       KV_32BIT)
+                    pages_k, pages_s = load_tile_pages(table_row, tile + 2, end, num_blocks, CHUNK, KV_BLOCK, KEYS,
+                                                       TOKENS, LOAD)
                 else:
-                    score_row(qs[r], operand, scales, ws[r], out_ptr, row0 + r, stride_out, tokens, row_ends[r],
-                              HEADS, CHUNK, ACC, MMA)
-            if PREFETCH:
-                keys = next_keys
-                scales = next_scales
+                    # One tile of keys in registers: other waves of the CU hide the load latency.
+                    tile_pages_k, tile_pages_s = load_tile_pages(table_row, tile, end, num_blocks, CHUNK, KV_BLOCK,
+                                                                 KEYS, TOKENS, LOAD)
+                    keys, scales = load_tile(kv_ptr, scale_ptr, tile_pages_k, tile_pages_s, tile, stride_block, CHUNK,
+                                             KV_BLOCK, HEAD_DIM, PRESHUFFLE, KEYS, TOKENS, LOAD_KV, KV_32BIT)
+                score_tile_rows(q_smem, w_smem, qs, ws, keys, scales, out_ptr, row0, stride_out, tile, row_ends,
+                                stop * CHUNK, HEADS, HEAD_CHUNK, CHUNK, ROWS, Q_IN_LDS, ACC, K_WIDTH, MMA, KEY_OPERAND,
+                                False)
+                if PREFETCH:
+                    keys = next_keys
+                    scales = next_scales
         if Q_IN_LDS:
             thread_barrier()  # every warp is done with this segment's Q before the next one's
 

@@ -8,7 +8,7 @@ gfx950 778 with 104 (``LDS_PER_SHAPE``: every ``lds`` candidate of one plain sha
 others; ``tools/cdna_key_loads.py`` compiles all of them); later compilers need more VGPRs, so ``MFMA.admits``
 admits fewer WavePerEU 4 knob sets: ``triton_internals.toolchain.AMD_VGPR_MARGIN``): **every candidate** (ChunkK 64/128/256 x WavePerEU 1/2/4 x
 per-row with Q in VGPRs / per-row with Q in LDS / shared-KV, x both MFMA kinds on gfx950, x both
-schedules, each with Prefetch where it fits else without, and for plain caches all of that again
+schedules, each with the two-tile prefetch where it fits, else the one-tile prefetch, else none, and for plain caches all of that again
 with ``KeyLoad=lds``, as admitted by ``MFMA.admits``) of five shapes chosen so
 that every code-generating constexpr takes each of its values at least once:
 
@@ -120,7 +120,7 @@ def test_matrix_covers_every_knob_value(compiled):
     seen = {k: {r.knobs[k] for r in records} for k in ("ChunkK", "WavePerEU", "ReuseKV", "QInLDS", "Prefetch", "Mfma",
                                                          "kv_32bit", "heads", "preshuffle", "lens_2d", "layout")}
     assert seen["layout"] == set(cdna.KV_LAYOUTS)
-    assert seen["ChunkK"] == {64, 128, 256} and seen["WavePerEU"] == {1, 2, 4} and seen["Prefetch"] == {0, 1}
+    assert seen["ChunkK"] == {64, 128, 256} and seen["WavePerEU"] == {1, 2, 4} and seen["Prefetch"] == {0, 1, 2}
     assert seen["ReuseKV"] == {0, 1} and seen["QInLDS"] == {0, 1} and seen["kv_32bit"] == {True, False}
     assert seen["Mfma"] == set(cdna.MFMA_KINDS[arch])
     assert seen["heads"] == {32, 64} and seen["preshuffle"] == {True, False} and seen["lens_2d"] == {True, False}
@@ -133,11 +133,12 @@ def test_key_loads_issue_what_they_claim(compiled):
     """In the tile loop, per wave (``T = ChunkK / 4`` tokens): ``KeyLoad=lds`` gathers the keys with
     ``T/8`` 16-byte loads (aligned caches), writes them to LDS with ``T/8`` ``ds_write_b128``, reads
     them back with at least as many ``ds_read_b128`` and has a barrier; ``direct`` gathers as many
-    16-byte loads and writes nothing to LDS (with Q in VGPRs it reads nothing from LDS either)."""
+    16-byte loads and writes nothing to LDS (with Q in VGPRs it reads nothing from LDS either).
+    The two-tile loop (``Prefetch=2``) does all of it twice per iteration."""
     _, _, records = compiled
     for r in records:
         loop = amd_loop_instructions(open(r.isa).read())
-        tile_loads = r.knobs["ChunkK"] // 4 // 8
+        tile_loads = r.knobs["ChunkK"] // 4 // 8 * (2 if r.knobs["Prefetch"] == 2 else 1)
         wide = "buffer_load_dwordx4" if r.knobs["kv_32bit"] else "global_load_dwordx4"
         writes = sum(n for k, n in loop.items() if k.startswith("ds_write"))
         reads = sum(n for k, n in loop.items() if k.startswith("ds_read"))
@@ -325,7 +326,7 @@ def test_layout_matrix_covers_every_chunk_and_occupancy_it_can(arch):
         compiled = {(c["ChunkK"], c["WavePerEU"]) for c in matrix if c["layout"] == layout}
         for chunk, waves in packed - compiled:
             assert not any(MFMA.admits(problem, {"ChunkK": chunk, "WavePerEU": waves, "QInLDS": q, "Prefetch": pf})
-                           for q in (0, 1) for pf in (0, 1)), (layout, chunk, waves)
+                           for q in (0, 1) for pf in cdna.PREFETCHES if pf != 2 or not q), (layout, chunk, waves)
         assert {chunk for chunk, _ in compiled} == {64, 128, 256}, layout
 
 
@@ -400,3 +401,25 @@ def test_key_load_picks_the_kernel_with_the_key_atoms(arch):
     assert spec.fn is register_mma_logits_kernel_key_layout and "KeyLoadlds" in spec.name
     spec = MFMA.compile_spec(arch, dict(SHAPES[1], **dict(config, KeyLoad="direct")))
     assert spec.fn is register_mma_logits_kernel and "KeyLoad" not in spec.name and "KEY_LAYOUT" not in spec.signature
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_two_tile_prefetch_drops_the_per_tile_register_copies(arch, tmp_path):
+    """``Prefetch=2`` scores two tiles per loop iteration from alternating registers: the loop holds
+    twice the one-tile loop's MFMAs and key loads, no more register copies (``v_mov_b32``) than the
+    one-tile loop has for one tile (which copies the prefetched keys where LLVM does not coalesce
+    them: gfx950 19 -> 2 here), and fewer instructions per tile."""
+    shape = dict(heads=32, next_n=1, kv_block_size=64, preshuffle=True, lens_2d=True)
+    knobs = {"ChunkK": 128, "WavePerEU": 4, "QInLDS": 0, "ReuseKV": 0, "Schedule": "split", "SplitKV": 0,
+             "Mfma": cdna.MFMA_KINDS[arch][0]}
+    problem = common.problem_for(arch, MFMA.fp8[arch], shape)
+    assert MFMA.knobs(problem, knobs)["Prefetch"] == 2  # the preferred setting where it fits
+    one, two = compile_specs(MFMA.compile_specs(arch, [dict(shape, **knobs, Prefetch=p) for p in (1, 2)]),
+                             str(tmp_path), progress=False)
+    assert not check_records([one, two])
+    loops = [amd_loop_instructions(open(r.isa).read()) for r in (one, two)]
+    mfmas, loads, moves = ([sum(n for k, n in loop.items() if k.startswith(prefix)) for loop in loops]
+                           for prefix in ("v_mfma", "buffer_load_dwordx4", "v_mov_b32"))
+    assert mfmas[1] == 2 * mfmas[0] and loads[1] == 2 * loads[0] == 2 * 128 // 4 // 8
+    assert moves[1] <= moves[0]
+    assert sum(loops[1].values()) < 2 * sum(loops[0].values())

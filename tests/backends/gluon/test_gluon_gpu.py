@@ -333,3 +333,33 @@ def test_gathered_key_tiles_on_the_register_mma_twin(seed):
                            inp["max_model_len"], kv_block_size=inp["kv_block_size"], preshuffle=False)
     check = check_logits(inp["out_logits"], before, ref)
     assert check.ok, f"{case} {config}: {check.describe()}"
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_two_tile_prefetch_on_the_register_mma_twin(seed):
+    """The shared kernel body's two-tile loop (``PREFETCH=2``: ``cdna`` ``Prefetch=2``; the odd
+    range's second tile is scored and not stored) run with the ``mma_v2`` atoms on sm_90, Q in
+    registers, both schedules and several splits per sequence (so an odd split is followed by the
+    next split's tiles, which must stay unwritten by it)."""
+    module = variant_module("mma_v2")
+    from paged_mqa_logits.backends.gluon import common
+    from paged_mqa_logits.backends.gluon.register_mma_kernel import register_mma_logits_kernel
+
+    arch = device_arch()
+    case = random_case(9700 + seed, heads=(32, 64), max_context=900, max_batch=4, block_sizes=(1, 16, 64, 256))
+    inp = build(case, device="cuda", fp8_dtype=fp8_dtype(arch))
+    args = launch_args(inp)
+    p = args.problem
+    register_q = [c for c in module.candidates(p) if not c["QInLDS"] and c["Prefetch"] and not c["ReuseKV"]]
+    if not register_q:
+        pytest.skip(f"no Q-in-registers candidate with prefetch for {case}")
+    config = dict(register_q[seed % len(register_q)], SplitKV=3 if seed % 2 else 0)
+    grid, splits = module.program_grid(p, config)
+    kwargs = dict(module.constexprs(p, config), **module.options(p, config), PREFETCH=2)
+    before = inp["out_logits"].clone()
+    register_mma_logits_kernel[grid](*common.kernel_arguments(args, splits), **kwargs)
+    torch.cuda.synchronize()
+    ref = reference_logits(inp["q_fp8"], inp["kv_cache"], inp["weights"], inp["context_lens"], inp["kv_indices"],
+                           inp["max_model_len"], kv_block_size=inp["kv_block_size"], preshuffle=inp["preshuffle"])
+    check = check_logits(inp["out_logits"], before, ref)
+    assert check.ok, f"{case} {config}: {check.describe()}"
