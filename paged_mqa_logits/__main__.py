@@ -10,7 +10,7 @@ import importlib
 import sys
 
 from . import cli
-from .problem import HEAD_DIM
+from .problem import HEAD_DIM, KV_FORMATS, LOGITS_DTYPES
 
 PROG = "python -m paged_mqa_logits"
 
@@ -29,6 +29,8 @@ def _add_shape_args(p: cli.ArgumentParser, *, batch: int, next_n: int, heads: in
     p.add_argument("--kv-block-size", type=int, default=64, help="tokens per KV-cache block")
     p.add_argument("--preshuffle", action="store_true", help="keys stored in 16x16 byte tiles")
     p.add_argument("--context", type=int, default=context, help=context_help)
+    p.add_argument("--kv-format", default="fp8", choices=KV_FORMATS, help="query/key format (fp4: MXFP4)")
+    p.add_argument("--logits-dtype", default="fp32", choices=tuple(LOGITS_DTYPES), help="dtype of the logits")
 
 
 def _check_shape(a, *, arch: str | None = None, cu_num: int | None = None, known_archs=None) -> None:
@@ -106,10 +108,10 @@ def demo(argv: list[str]) -> int:
     lens[0] = a.context
     inputs = make_inputs(a.batch, a.next_n, a.heads, lens, kv_block_size=a.kv_block_size, preshuffle=a.preshuffle,
                          fp8_dtype=fp8, lens_2d=not a.lens_1d, max_model_len=a.context, device=device, seed=a.seed,
-                         head_dim=a.head_dim)
+                         head_dim=a.head_dim, kv_format=a.kv_format, logits_dtype=LOGITS_DTYPES[a.logits_dtype])
     args = build_launch_args(inputs["q_fp8"], inputs["kv_cache"], inputs["weights"], inputs["out_logits"],
                              inputs["context_lens"], inputs["kv_indices"], inputs["max_model_len"],
-                             a.preshuffle, a.kv_block_size, context_hint=a.context)
+                             a.preshuffle, a.kv_block_size, context_hint=a.context, q_scale=inputs["q_scale"])
     sentinel = inputs["out_logits"].clone()
     print(f"problem : {args.problem.describe()} lens_2d={int(args.problem.lens_2d)} device={device}")
     if a.backend is None:
@@ -122,7 +124,7 @@ def demo(argv: list[str]) -> int:
 
     ref = reference_logits(inputs["q_fp8"], inputs["kv_cache"], inputs["weights"], inputs["context_lens"],
                            inputs["kv_indices"], inputs["max_model_len"], kv_block_size=a.kv_block_size,
-                           preshuffle=a.preshuffle)
+                           preshuffle=a.preshuffle, q_scale=inputs["q_scale"], logits_dtype=inputs["out_logits"].dtype)
     check = check_logits(inputs["out_logits"], sentinel, ref)
     print(f"check   : {check.describe()}")
     return 0 if check.ok else 1
@@ -155,7 +157,8 @@ def explain_cmd(argv: list[str]) -> int:
     from .table import loaded_files
 
     kwargs = dict(arch=arch, cu_num=cu_num, batch=a.batch, next_n=a.next_n, heads=a.heads, head_dim=a.head_dim,
-                  kv_block_size=a.kv_block_size, preshuffle=a.preshuffle, context=a.context, lens_2d=not a.lens_1d)
+                  kv_block_size=a.kv_block_size, preshuffle=a.preshuffle, context=a.context, lens_2d=not a.lens_1d,
+                  kv_format=a.kv_format, logits_dtype=a.logits_dtype)
     problem = describe_problem(**kwargs)
     choice = explain(**kwargs)
     print(f"problem : {problem.describe()} lens_2d={int(problem.lens_2d)}")

@@ -1,7 +1,8 @@
 """The host-side problem key and the normalised arguments every backend receives.
 
 * :class:`ShapeKey` -- what a call *is*, as tuned rows and compiled kernels tell calls apart
-  (heads, head_dim, kv_block_size, preshuffle, batch, next_n). The other keys (table rows,
+  (heads, head_dim, kv_block_size, preshuffle, batch, next_n, the key format and the logits
+  dtype). The other keys (table rows,
   untuned keys, benchmarked shapes, problems) are composed from it: docs/ARCHITECTURE.md.
 * :class:`Target` -- where a problem is judged: the chip (arch, CU count), the tensors' device
   type, and whether the call is only described (``hypothetical``). Dispatch asks backends
@@ -29,7 +30,7 @@ Row semantics shared by every backend (docs/CONTRACT.md):
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, astuple, dataclass, fields, replace
+from dataclasses import MISSING, asdict, astuple, dataclass, fields, replace
 
 import torch
 
@@ -38,6 +39,35 @@ from .arch import native_fp8
 HEAD_DIM = 128
 SUPPORTED_KV_BLOCK_SIZES = (1, 16, 32, 64, 128, 256)
 MAX_NEXT_N = 8
+
+#: formats of the queries and keys: fp8 e4m3 with a per-token fp32 key scale, or MXFP4 (e2m1
+#: pairs packed in bytes, one ue8m0 exponent per 32 elements, for the query and every key)
+KV_FORMATS = ("fp8", "fp4")
+#: the logits dtypes, by the name keys and tables spell them
+LOGITS_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+#: elements one ue8m0 exponent of the fp4 format scales
+FP4_GROUP = 32
+#: bytes of the per-token word after the keys: an fp32 scale (fp8) or four ue8m0 exponents (fp4)
+SCALE_BYTES = 4
+
+
+def key_bytes(head_dim: int, kv_format: str) -> int:
+    """Bytes of one token's key in the cache (and of one query head): a byte per element in fp8,
+    two elements per byte in fp4."""
+    return head_dim if kv_format == "fp8" else head_dim // 2
+
+
+def token_bytes(head_dim: int, kv_format: str) -> int:
+    """Bytes of one token in a cache block: its key and its scale word."""
+    return key_bytes(head_dim, kv_format) + SCALE_BYTES
+
+
+def logits_dtype_name(dtype: torch.dtype) -> str:
+    """``"fp32"``/``"bf16"`` for a logits dtype (``ValueError`` for any other)."""
+    for name, value in LOGITS_DTYPES.items():
+        if value == dtype:
+            return name
+    raise ValueError(f"not a logits dtype: {dtype}")
 
 
 def row_lengths(context_lens: torch.Tensor, next_n: int) -> torch.Tensor:
@@ -75,6 +105,15 @@ def int_cell(cells: Mapping[str, str | None], column: str, minimum: int = 1) -> 
     return value
 
 
+def choice_cell(cells: Mapping[str, str | None], column: str, choices, default: str) -> str:
+    """The text in CSV cell ``column``, one of ``choices``; ``default`` when the column is absent
+    or the cell empty (tables written before the column existed)."""
+    text = (cells.get(column) or "").strip() or default
+    if text not in choices:
+        raise ValueError(f"column {column} must be one of {', '.join(choices)}, got {text!r}")
+    return text
+
+
 def bool_cell(cells: Mapping[str, str | None], column: str) -> bool:
     """The flag in CSV cell ``column``: ``0``/``1`` (``false``/``true`` also read)."""
     text = (cells.get(column) or "").strip()
@@ -93,16 +132,21 @@ class ShapeKey:
     """
 
     heads: int  # H, query heads
-    head_dim: int  # D, elements (fp8 bytes) of a key (HEAD_DIM)
+    head_dim: int  # D, elements of a key (HEAD_DIM)
     kv_block_size: int  # tokens per cache block (the op's KVBlockSize)
     preshuffle: bool  # key bytes stored in 16x16 tiles (the op's Preshuffle)
     batch: int  # B, sequences
     next_n: int  # query rows per sequence
+    #: the query/key format (:data:`KV_FORMATS`) and the logits dtype (:data:`LOGITS_DTYPES`);
+    #: optional columns of a table, the defaults being what tables without them were tuned for
+    kv_format: str = "fp8"
+    logits_dtype: str = "fp32"
 
     @property
     def family(self) -> tuple:
         """Keys of one family share compiled kernels: they differ only in batch."""
-        return (self.heads, self.head_dim, self.kv_block_size, self.preshuffle, self.next_n)
+        return (self.heads, self.head_dim, self.kv_block_size, self.preshuffle, self.next_n, self.kv_format,
+                self.logits_dtype)
 
     def values(self) -> tuple:
         """The fields in column order."""
@@ -114,18 +158,35 @@ class ShapeKey:
 
     @classmethod
     def parse(cls, cells: Mapping[str, str | None]) -> "ShapeKey":
-        """The key in CSV cells (column -> text): positive integers, ``preshuffle`` 0 or 1.
+        """The key in CSV cells (column -> text): positive integers, ``preshuffle`` 0 or 1,
+        ``kv_format`` and ``logits_dtype`` one of their names (absent or empty: the default).
         ``ValueError`` names the column of a missing or malformed cell."""
-        values = {c: bool_cell(cells, c) if c == "preshuffle" else int_cell(cells, c) for c in SHAPE_KEY_COLUMNS}
+        values = {c: bool_cell(cells, c) if c == "preshuffle" else int_cell(cells, c) for c in REQUIRED_KEY_COLUMNS}
+        values["kv_format"] = choice_cell(cells, "kv_format", KV_FORMATS, "fp8")
+        values["logits_dtype"] = choice_cell(cells, "logits_dtype", tuple(LOGITS_DTYPES), "fp32")
         return cls(**values)
 
     def describe(self) -> str:
         return (f"H={self.heads} D={self.head_dim} kv_block_size={self.kv_block_size} "
-                f"preshuffle={int(self.preshuffle)} batch={self.batch} next_n={self.next_n}")
+                f"preshuffle={int(self.preshuffle)} batch={self.batch} next_n={self.next_n}" + self.format_note())
+
+    def describe_family(self) -> str:
+        """The key without its batch, as :meth:`describe` spells the rest."""
+        return (f"H={self.heads} D={self.head_dim} kv_block_size={self.kv_block_size} "
+                f"preshuffle={int(self.preshuffle)} next_n={self.next_n}" + self.format_note())
+
+    def format_note(self) -> str:
+        """`` kv_format=.. logits_dtype=..`` where they are not the defaults, else empty."""
+        return "".join(f" {name}={getattr(self, name)}" for name, default in OPTIONAL_KEY_COLUMNS.items()
+                       if getattr(self, name) != default)
 
 
 #: the :class:`ShapeKey` fields, in table-column order
 SHAPE_KEY_COLUMNS = tuple(f.name for f in fields(ShapeKey))
+#: the key columns a table may leave out, with the value their absence stands for
+OPTIONAL_KEY_COLUMNS = {f.name: f.default for f in fields(ShapeKey) if f.default is not MISSING}
+#: the key columns every table has
+REQUIRED_KEY_COLUMNS = tuple(c for c in SHAPE_KEY_COLUMNS if c not in OPTIONAL_KEY_COLUMNS)
 
 
 def _shape_key_field(name: str) -> property:
@@ -143,6 +204,8 @@ class ShapeKeyFields:
     preshuffle = _shape_key_field("preshuffle")
     batch = _shape_key_field("batch")
     next_n = _shape_key_field("next_n")
+    kv_format = _shape_key_field("kv_format")
+    logits_dtype = _shape_key_field("logits_dtype")
 
 
 @dataclass(frozen=True)
@@ -174,7 +237,7 @@ class Target:
 
 @dataclass(frozen=True)
 class Problem:
-    """One call, as the backends judge it: what it is (shapes, fp8 flavour, cache layout) and
+    """One call, as the backends judge it: what it is (shapes, formats, fp8 flavour, cache layout) and
     the chip it runs on. Hashable: with its :class:`Target` it is the dispatch-cache key.
 
     The fields are flat (backends read ``problem.heads``, ``problem.arch``, ...): those of its
@@ -197,13 +260,15 @@ class Problem:
     fp8: str  # "fn" | "fnuz" (fp8_flavour of q)
     max_model_len: int
     #: cache layout, as far as kernels compile differently for it: the block stride in bytes
-    #: (``kv_cache.stride(0)``; 0 = packed, ``kv_block_size * (head_dim + 4)``), whether the
+    #: (``kv_cache.stride(0)``; 0 = packed, ``kv_block_size * token_bytes``), whether the
     #: cache's first byte is 16-byte aligned, and whether every cache byte lies within 2^31 of
     #: it (32-bit offsets; see :func:`kv_fits_32bit`). Described problems assume a packed,
     #: aligned cache under 2 GiB.
     kv_block_stride: int = 0
     kv_base_aligned: bool = True
     kv_32bit: bool = True
+    kv_format: str = "fp8"  # ShapeKey.kv_format (records written before it: fp8)
+    logits_dtype: str = "fp32"  # ShapeKey.logits_dtype (records written before it: fp32)
 
     @classmethod
     def of(cls, shape_key: ShapeKey, target: Target, *, max_model_len: int, context: int | None = None,
@@ -217,7 +282,7 @@ class Problem:
             heads=shape_key.heads, head_dim=shape_key.head_dim, kv_block_size=shape_key.kv_block_size,
             preshuffle=shape_key.preshuffle, context=context, lens_2d=lens_2d, fp8=fp8 or native_fp8(target.arch),
             max_model_len=max_model_len, kv_block_stride=kv_block_stride, kv_base_aligned=kv_base_aligned,
-            kv_32bit=kv_32bit,
+            kv_32bit=kv_32bit, kv_format=shape_key.kv_format, logits_dtype=shape_key.logits_dtype,
         )
 
     @classmethod
@@ -230,11 +295,17 @@ class Problem:
     @property
     def shape_key(self) -> ShapeKey:
         return ShapeKey(heads=self.heads, head_dim=self.head_dim, kv_block_size=self.kv_block_size,
-                        preshuffle=self.preshuffle, batch=self.batch, next_n=self.next_n)
+                        preshuffle=self.preshuffle, batch=self.batch, next_n=self.next_n, kv_format=self.kv_format,
+                        logits_dtype=self.logits_dtype)
+
+    @property
+    def token_bytes(self) -> int:
+        """Bytes of one token in a cache block (:func:`token_bytes`)."""
+        return token_bytes(self.head_dim, self.kv_format)
 
     @property
     def kv_stride_bytes(self) -> int:
-        return self.kv_block_stride or self.kv_block_size * (self.head_dim + 4)
+        return self.kv_block_stride or self.kv_block_size * self.token_bytes
 
     @property
     def kv_aligned16(self) -> bool:
@@ -255,7 +326,7 @@ class Problem:
         return (
             f"arch={self.arch} cu_num={self.cu_num} batch={self.batch} next_n={self.next_n} "
             f"heads={self.heads} head_dim={self.head_dim} kv_block_size={self.kv_block_size} "
-            f"preshuffle={int(self.preshuffle)} context={ctx}"
+            f"preshuffle={int(self.preshuffle)} context={ctx}" + self.shape_key.format_note()
         )
 
 
@@ -282,16 +353,18 @@ class LaunchArgs:
     """Validated arguments of one call, in the exact form the contract defines.
 
     Backends read the tensors as they are (views, strides and all); they never copy the KV
-    cache. ``kv_cache`` is ``[num_blocks, kv_block_size, 1, head_dim + 4]`` uint8 whose block
-    stride ``kv_cache.stride(0)`` (bytes) may exceed ``kv_block_size * (head_dim + 4)``.
+    cache. ``kv_cache`` is ``[num_blocks, kv_block_size, 1, token_bytes]`` uint8 (``head_dim + 4``
+    for fp8, ``head_dim / 2 + 4`` for fp4) whose block stride ``kv_cache.stride(0)`` (bytes) may
+    exceed ``kv_block_size * token_bytes``. With fp4, ``q`` holds the packed query bytes and
+    ``q_scale`` its exponents; ``out`` is fp32 or bf16 (``problem.logits_dtype``).
     ``clean_logits``: the caller wants ``-inf`` in ``[valid_end, max_model_len)`` of every row; a
     backend whose kernel writes it says so from ``launch`` (else the op cleans after it).
     """
 
-    q: torch.Tensor  # [B, next_n, H, D] fp8
-    kv_cache: torch.Tensor  # [num_blocks, kv_block_size, 1, D + 4] uint8
+    q: torch.Tensor  # [B, next_n, H, D] fp8, or [B, next_n, H, D / 2] uint8 packed fp4
+    kv_cache: torch.Tensor  # [num_blocks, kv_block_size, 1, token_bytes] uint8
     weights: torch.Tensor  # [B * next_n, H] fp32
-    out: torch.Tensor  # [>= B * next_n, >= max_model_len] fp32
+    out: torch.Tensor  # [>= B * next_n, >= max_model_len] fp32 or bf16
     context_lens: torch.Tensor  # [B] or [B, next_n] int32
     block_table: torch.Tensor  # [B, max_blocks] int32
     max_model_len: int
@@ -299,6 +372,7 @@ class LaunchArgs:
     preshuffle: bool
     problem: Problem
     clean_logits: bool = False
+    q_scale: torch.Tensor | None = None  # fp4: [B, next_n, H] int32, four ue8m0 exponents per head
 
     @property
     def target(self) -> Target:

@@ -2,8 +2,10 @@
 
 Everything that checks numbers (tests, the demo, the bench, the tuner) compares against
 :func:`reference_logits`. It is plain torch, accumulates in float32 on the dequantised inputs
-and is written for clarity over speed; :func:`logits_into` is the same computation in column
-chunks, which the ``torch`` backend uses to serve calls (no host-device synchronisation).
+(fp8, or MXFP4 through :mod:`paged_mqa_logits.fp4`, whose helpers it re-exports; both
+dequantise exactly) and is written for clarity over speed; :func:`logits_into` is the same
+computation in column chunks, which the ``torch`` backend uses to serve calls (no host-device
+synchronisation). bf16 logits are the fp32 logits rounded once.
 """
 
 from __future__ import annotations
@@ -13,10 +15,14 @@ from dataclasses import dataclass
 
 import torch
 
-from .problem import HEAD_DIM, fp8_flavour, row_lengths
+from .fp4 import (E2M1_MAX, E2M1_VALUES, dequantize_fp4, e2m1_values, pack_e2m1,  # noqa: F401 (re-exported)
+                  quantize_e2m1, quantize_fp4, ue8m0_bytes, ue8m0_values, ue8m0_words, unpack_e2m1)
+from .problem import HEAD_DIM, KV_FORMATS, SCALE_BYTES, fp8_flavour, key_bytes, row_lengths
 
 FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e4m3fnuz: 240.0}
 SHUFFLE_TILE = 16  # Preshuffle: 16 tokens x 16 bytes tiles
+#: the dtype that stands for a packed fp4 key or query where helpers take a key dtype
+FP4_DTYPE = torch.float4_e2m1fn_x2
 
 
 # ----------------------------------------------------------------------------- quantise / pack
@@ -62,12 +68,14 @@ def pack_kv_cache(
     block_stride: int | None = None,
 ) -> torch.Tensor:
     """Pack ``keys_fp8 [num_blocks, kv_block_size, D]`` and ``scales [num_blocks, kv_block_size]``
-    into the co-packed cache ``[num_blocks, kv_block_size, 1, D + 4]`` uint8.
+    into the co-packed cache ``[num_blocks, kv_block_size, 1, D + 4]`` uint8. MXFP4 keys pack
+    the same way: ``keys_fp8`` their packed bytes ``[.., D / 2]`` uint8, ``scales`` their int32
+    exponent words, giving ``[num_blocks, kv_block_size, 1, D / 2 + 4]``.
 
     ``block_stride`` (bytes, multiple of 4) lets a block occupy more than its packed size, as
     in engines whose cache pages are padded; the padding bytes are filled with 0xFF.
     """
-    num_blocks, bs, d = keys_fp8.shape
+    num_blocks, bs, d = keys_fp8.shape  # d: key bytes
     packed = bs * (d + 4)
     stride = packed if block_stride is None else block_stride
     if stride < packed or stride % 4:
@@ -77,7 +85,8 @@ def pack_kv_cache(
         key_bytes = shuffle_block_keys(key_bytes)
     flat = torch.full((num_blocks, stride), 0xFF, dtype=torch.uint8, device=keys_fp8.device)
     flat[:, : bs * d] = key_bytes.reshape(num_blocks, bs * d)
-    flat[:, bs * d : packed] = scales.float().contiguous().view(torch.uint8).reshape(num_blocks, bs * 4)
+    words = scales if scales.dtype == torch.int32 else scales.float()  # fp4 exponents, else fp32 scales
+    flat[:, bs * d : packed] = words.contiguous().view(torch.uint8).reshape(num_blocks, bs * 4)
     return flat.as_strided((num_blocks, bs, 1, d + 4), (stride, d + 4, d + 4, 1))
 
 
@@ -94,20 +103,23 @@ def _block_views(kv_cache: torch.Tensor, kv_block_size: int) -> tuple[torch.Tens
 def unpack_kv_cache(
     kv_cache: torch.Tensor, *, kv_block_size: int, preshuffle: bool, fp8_dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Inverse of :func:`pack_kv_cache`: ``(keys_fp8 [num_blocks, bs, D], scales [num_blocks, bs])``."""
-    d = kv_cache.shape[-1] - 4
+    """Inverse of :func:`pack_kv_cache`: ``(keys_fp8 [num_blocks, bs, D], scales [num_blocks, bs])``;
+    with ``fp8_dtype=FP4_DTYPE``, the packed fp4 bytes ``[.., D / 2]`` uint8 and int32 exponent words."""
+    d = kv_cache.shape[-1] - SCALE_BYTES
     keys, scale_bytes = _block_views(kv_cache, kv_block_size)
     keys = keys.reshape(-1, kv_block_size, d)
     if preshuffle:
         keys = unshuffle_block_keys(keys)
-    scales = scale_bytes.contiguous().view(torch.float32)
-    return keys.contiguous().view(fp8_dtype), scales
+    fp4 = fp8_dtype == FP4_DTYPE
+    scales = scale_bytes.contiguous().view(torch.int32 if fp4 else torch.float32)
+    return keys.contiguous().view(torch.uint8 if fp4 else fp8_dtype), scales
 
 
 # ----------------------------------------------------------------------------- semantics
-def _gather_keys(kv_cache, block_ids, kv_block_size, preshuffle, fp8_dtype):
-    """Dequantised keys and scales of the blocks ``block_ids [B, n]``: ``[B, n*bs, D]``, ``[B, n*bs]``."""
-    d = kv_cache.shape[-1] - 4
+def _gather_keys(kv_cache, block_ids, kv_block_size, preshuffle, key_dtype):
+    """Dequantised keys and scales of the blocks ``block_ids [B, n]``: ``[B, n*bs, D]``, ``[B, n*bs]``
+    (the scales ``None`` for fp4 keys, ``key_dtype=FP4_DTYPE``: their exponents are in the keys)."""
+    d = kv_cache.shape[-1] - SCALE_BYTES  # key bytes
     keys, scale_bytes = _block_views(kv_cache, kv_block_size)
     # The rule every backend follows for ids outside [0, num_blocks) that validation did not
     # check (device tensors without PAGED_MQA_LOGITS_CHECK=1): clamped into [0, num_blocks - 1].
@@ -116,7 +128,11 @@ def _gather_keys(kv_cache, block_ids, kv_block_size, preshuffle, fp8_dtype):
     key_blocks = keys[ids].reshape(*ids.shape, kv_block_size, d)
     if preshuffle:
         key_blocks = unshuffle_block_keys(key_blocks)
-    key_f = key_blocks.contiguous().view(fp8_dtype).float().reshape(ids.shape[0], -1, d)
+    key_blocks = key_blocks.reshape(ids.shape[0], -1, d)
+    if key_dtype == FP4_DTYPE:
+        words = scale_bytes[ids].contiguous().view(torch.int32).reshape(ids.shape[0], -1)
+        return dequantize_fp4(key_blocks, words), None
+    key_f = key_blocks.contiguous().view(key_dtype).float()
     scale_f = scale_bytes[ids].contiguous().view(torch.float32).reshape(ids.shape[0], -1)
     return key_f, scale_f
 
@@ -134,8 +150,10 @@ def logits_into(
     preshuffle: bool,
     clean_logits: bool = False,
     max_elements: int = 1 << 25,
+    q_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Write the logits of every visible position into ``out`` (contract semantics).
+    """Write the logits of every visible position into ``out`` (contract semantics): fp32, or
+    bf16 rounded once from fp32. ``q_scale`` given: ``q_fp8`` and the cache hold MXFP4 values.
 
     Work is done in column chunks whose size depends only on shapes, so it never synchronises
     on a device. On CPU tensors the chunks run up to the longest row (reading the lengths costs
@@ -144,7 +162,11 @@ def logits_into(
     logits with a compact or a very wide ``out``. Positions that are not visible keep ``out``'s
     values (or become ``-inf`` with ``clean_logits``). Returns ``out``.
     """
-    batch, next_n, heads, d = q_fp8.shape
+    if q_scale is None:
+        q, key_dtype = q_fp8.float(), q_fp8.dtype
+    else:
+        q, key_dtype = dequantize_fp4(q_fp8, q_scale), FP4_DTYPE
+    batch, next_n, heads, d = q.shape
     rows = batch * next_n
     table_width = kv_indices.shape[1] * kv_block_size
     width = min(max_model_len, table_width)
@@ -154,28 +176,30 @@ def logits_into(
     span = width  # the columns computed
     if row_len.device.type == "cpu" and row_len.numel() and width:
         span = min(table_width, max(0, int(row_len.max())))
-    q = q_fp8.float()
     w = weights[:rows].float().reshape(batch, next_n, heads)
     per_column = max(1, batch * next_n * heads + batch * d)
     chunk = max(kv_block_size, (max_elements // per_column) // kv_block_size * kv_block_size)
     for c0 in range(0, min(span, width), chunk):
         c1 = min(c0 + chunk, span)
         b0, b1 = c0 // kv_block_size, math.ceil(c1 / kv_block_size)
-        keys, scales = _gather_keys(kv_cache, kv_indices[:, b0:b1], kv_block_size, preshuffle, q_fp8.dtype)
+        keys, scales = _gather_keys(kv_cache, kv_indices[:, b0:b1], kv_block_size, preshuffle, key_dtype)
         lo = c0 - b0 * kv_block_size
-        keys, scales = keys[:, lo : lo + c1 - c0], scales[:, lo : lo + c1 - c0]
+        keys = keys[:, lo : lo + c1 - c0]
         # The kernels' formula, operation for operation: scale * sum_h w * relu(dot) in fp32,
         # the scale applied after the head sum, relu = IEEE maxNum(dot, 0) as the GPU max
-        # instructions compute it (a NaN dot gives 0; NaN weights or scales propagate).
+        # instructions compute it (a NaN dot gives 0; NaN weights or scales propagate). fp4 keys
+        # have no per-token scale: their exponents are part of the dequantised values.
         scores = torch.einsum("bjhd,bpd->bjhp", q, keys)
         relu = torch.fmax(scores, scores.new_zeros(()))
-        logits = (relu * w[..., None]).sum(dim=2) * scales[:, None, :]  # [B, next_n, P]
+        logits = (relu * w[..., None]).sum(dim=2)  # [B, next_n, P]
+        if scales is not None:
+            logits = logits * scales[:, None, lo : lo + c1 - c0]
         end = min(c1, width)  # columns past max_model_len are computed (see above), never written
         cols = torch.arange(c0, end, device=out.device)
         visible = (cols[None, None, :] < row_len[..., None]).reshape(rows, end - c0)
         target = out[:rows, c0:end]
         fill = torch.full_like(target, float("-inf")) if clean_logits else target
-        target.copy_(torch.where(visible, logits.reshape(rows, c1 - c0)[:, : end - c0], fill))
+        target.copy_(torch.where(visible, logits.reshape(rows, c1 - c0)[:, : end - c0].to(out.dtype), fill))
     computed = min(span, width)
     if clean_logits and computed < max_model_len:
         out[:rows, computed:max_model_len] = float("-inf")
@@ -192,13 +216,17 @@ def reference_logits(
     *,
     kv_block_size: int,
     preshuffle: bool = False,
+    q_scale: torch.Tensor | None = None,
+    logits_dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """``[B * next_n, max_model_len]`` float32: the logit at visible positions, ``-inf`` elsewhere."""
+    """``[B * next_n, max_model_len]`` of ``logits_dtype`` (float32, or bfloat16: the float32 logit
+    rounded once): the logit at visible positions, ``-inf`` elsewhere. ``q_scale`` given: MXFP4
+    inputs (``q_fp8`` packed, the cache in the fp4 layout)."""
     rows = q_fp8.shape[0] * q_fp8.shape[1]
-    out = torch.full((rows, max_model_len), float("-inf"), dtype=torch.float32, device=q_fp8.device)
+    out = torch.full((rows, max_model_len), float("-inf"), dtype=logits_dtype, device=q_fp8.device)
     return logits_into(
         out, q_fp8, kv_cache, weights, context_lens, kv_indices, max_model_len,
-        kv_block_size=kv_block_size, preshuffle=preshuffle,
+        kv_block_size=kv_block_size, preshuffle=preshuffle, q_scale=q_scale,
     )
 
 
@@ -223,7 +251,7 @@ class Check:
     """Outcome of comparing an op's output with the reference (docs/BENCHMARK.md)."""
 
     calc_diff: float  # on the valid positions
-    untouched: bool  # every non-valid element of out equals its value before the call, bit for bit
+    untouched: bool  # every non-valid element of out equals its value before the call, bit for bit (any dtype)
     valid_count: int
 
     @property
@@ -247,7 +275,8 @@ def check_logits(out: torch.Tensor, before: torch.Tensor, ref: torch.Tensor, *, 
         diff = float("inf")
     expected = before.clone()
     expected[:rows, :width] = torch.where(valid, got, float("-inf") if clean_logits else before[:rows, :width])
-    untouched = torch.equal(out.view(torch.int32), expected.view(torch.int32))
+    bits = {4: torch.int32, 2: torch.int16}[out.element_size()]
+    untouched = torch.equal(out.view(bits), expected.view(bits))
     return Check(diff, untouched, int(valid.sum()))
 
 
@@ -271,6 +300,8 @@ def make_inputs(
     out_row_pad: int = 0,
     out_fill: float = float("nan"),
     head_dim: int = HEAD_DIM,
+    kv_format: str = "fp8",
+    logits_dtype: torch.dtype = torch.float32,
 ) -> dict:
     """Synthetic inputs with an honest memory footprint (docs/BENCHMARK.md).
 
@@ -278,14 +309,19 @@ def make_inputs(
     cache holds every token's key once), placed in the cache through a random permutation.
     ``context_lens`` is an int (uniform) or a list of ``batch`` ints (``L_b``). Block-table
     entries past a sequence hold ``-1`` so a kernel that reads them faults or shows up in tests.
+    ``kv_format="fp4"`` quantises queries and keys to MXFP4 (``q_fp8`` packed, ``q_scale`` its
+    exponents; ``fp8_dtype`` is then unused); ``out_logits`` is of ``logits_dtype``.
 
     Returns a dict: the op's positional arguments under their names (``q_fp8``, ``kv_cache``,
-    ``weights``, ``out_logits``, ``context_lens``, ``kv_indices``, ``max_model_len``), and the
+    ``weights``, ``out_logits``, ``context_lens``, ``kv_indices``, ``max_model_len``), ``q_scale``
+    (``None`` for fp8), and the
     layout as ``kv_block_size`` and ``preshuffle``, which the op takes as ``KVBlockSize`` and
     ``Preshuffle`` (so ``op(**inputs)`` does not work: pass them by position, then
     ``Preshuffle=inputs["preshuffle"], KVBlockSize=inputs["kv_block_size"]``). Tensors keep their
     strides on ``device``.
     """
+    if kv_format not in KV_FORMATS:
+        raise ValueError(f"kv_format must be one of {', '.join(KV_FORMATS)}, got {kv_format!r}")
     dev = torch.device(device)
     gen = torch.Generator(device=dev).manual_seed(seed)  # generated where it is used: GB-sized caches
     lens = [int(context_lens)] * batch if isinstance(context_lens, int) else [int(x) for x in context_lens]
@@ -309,15 +345,20 @@ def make_inputs(
     kv_indices = table[:, :max_blocks]
 
     keys = torch.randn(num_blocks, kv_block_size, head_dim, generator=gen, device=dev)
-    keys_fp8, key_scales = quantize_fp8(keys, fp8_dtype)
+    keys_q, key_scales = quantize_fp8(keys, fp8_dtype) if kv_format == "fp8" else quantize_fp4(keys)
     del keys
-    packed = kv_block_size * (head_dim + 4)
-    kv_cache = pack_kv_cache(keys_fp8, key_scales, preshuffle=preshuffle, block_stride=packed + block_stride_pad)
-    del keys_fp8
+    packed = kv_block_size * (key_bytes(head_dim, kv_format) + SCALE_BYTES)
+    kv_cache = pack_kv_cache(keys_q, key_scales, preshuffle=preshuffle, block_stride=packed + block_stride_pad)
+    del keys_q
 
-    fp8_max = FP8_MAX[fp8_dtype]
-    q = (torch.randn(batch, next_n, heads, head_dim, generator=gen, device=dev) * 0.25 * fp8_max / 4).clamp(-fp8_max, fp8_max)
-    q_fp8 = q.to(fp8_dtype)
+    q_scale = None
+    if kv_format == "fp8":
+        fp8_max = FP8_MAX[fp8_dtype]
+        q = torch.randn(batch, next_n, heads, head_dim, generator=gen, device=dev) * 0.25 * fp8_max / 4
+        q = q.clamp(-fp8_max, fp8_max)
+        q_fp8 = q.to(fp8_dtype)
+    else:
+        q_fp8, q_scale = quantize_fp4(torch.randn(batch, next_n, heads, head_dim, generator=gen, device=dev))
     weights = torch.randn(batch * next_n, heads, generator=gen, device=dev) / math.sqrt(heads)
 
     lens_t = torch.tensor(lens, dtype=torch.int32, device=dev)
@@ -325,9 +366,10 @@ def make_inputs(
         offsets = torch.arange(next_n, dtype=torch.int32, device=dev) - (next_n - 1)
         lens_t = (lens_t[:, None] + offsets[None, :]).clamp_min(0).to(torch.int32)
 
-    out = torch.full((batch * next_n + out_row_pad, max_model_len + 8), out_fill, dtype=torch.float32, device=dev)
+    out = torch.full((batch * next_n + out_row_pad, max_model_len + 8), out_fill, dtype=logits_dtype, device=dev)
     return {
         "q_fp8": q_fp8,
+        "q_scale": q_scale,
         "kv_cache": kv_cache,
         "weights": weights,
         "out_logits": out,

@@ -242,7 +242,9 @@ _TENSOR = dict(schema_type="Tensor", annotation="torch.Tensor")
 #: not recompile when the longest context of the step changes; the schema has no dict, so
 #: ``config`` crosses it as JSON text.
 OP = OpSignature("paged_mqa_logits", (
-    Argument("q_fp8", **_TENSOR, doc="``[B, next_n, H, D]`` fp8 e4m3 (fn; fnuz on gfx942), D = 128, next_n 1..8.",
+    Argument("q_fp8", **_TENSOR, doc="``[B, next_n, H, D]`` fp8 e4m3 (fn; fnuz on gfx942), D = 128, next_n 1..8; "
+                                     "with ``q_scale``, ``[B, next_n, H, D / 2]`` packed fp4 e2m1 pairs (uint8 or "
+                                     "float4_e2m1fn_x2).",
              quantities=(
                  Quantity("arch", "the arch of the tensors' chip (one of ``explain.known_archs()``)"),
                  Quantity("cu_num", "that chip's CU (ROCm) or SM (CUDA) count"),
@@ -252,10 +254,12 @@ OP = OpSignature("paged_mqa_logits", (
                  Quantity("head_dim", "``D`` (dim 3)", HEAD_DIM))),
     Argument("kv_cache", **_TENSOR, doc="``[num_blocks, KVBlockSize, 1, D + 4]`` uint8, keys then fp32 scales per "
                                         "block (the same bytes fp8-typed, and KVBlockSize-1 rows padded to 144 bytes, "
-                                        "are accepted)."),
+                                        "are accepted); with ``q_scale``, ``[num_blocks, KVBlockSize, 1, D / 2 + 4]`` "
+                                        "uint8, packed fp4 keys then int32 words of four ue8m0 exponents per block."),
     Argument("weights", **_TENSOR, doc="``[B * next_n, H]`` float32."),
-    Argument("out_logits", **_TENSOR, mutated=True, doc="``[>= B * next_n, >= max_model_len]`` float32, written in "
-                                                        "place."),
+    Argument("out_logits", **_TENSOR, mutated=True, doc="``[>= B * next_n, >= max_model_len]`` float32 or bfloat16 "
+                                                        "(the fp32 result rounded once), written in place.",
+             quantities=(Quantity("logits_dtype", "``out_logits``' dtype: ``'fp32'`` or ``'bf16'``", "fp32"),)),
     Argument("context_lens", **_TENSOR, doc="``[B]`` or ``[B, next_n]`` int32.",
              quantities=(Quantity("lens_2d", "``context_lens`` is ``[B, next_n]`` (vLLM's layout), not ``[B]``", True),)),
     Argument("kv_indices", **_TENSOR, doc="``[B, max_blocks]`` int32 block table."),
@@ -274,4 +278,9 @@ OP = OpSignature("paged_mqa_logits", (
              "call raises instead of falling back).", default=None, keyword_only=True),
     Argument("config", "str?", "dict | None", "the forced backend's knobs (only with ``backend``).", default=None,
              keyword_only=True, encoding=JsonObject()),
+    Argument("q_scale", "Tensor?", "torch.Tensor | None", "MXFP4 inputs: ``[B, next_n, H]`` int32, four ue8m0 "
+             "exponents per query head (low byte: elements 0..31); ``None``: fp8 inputs.", default=None,
+             keyword_only=True,
+             quantities=(Quantity("kv_format", "the query/key format: ``'fp8'``, or ``'fp4'`` (a call with "
+                                               "``q_scale``)", "fp8"),)),
 ))

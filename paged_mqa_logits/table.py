@@ -13,6 +13,8 @@ kv_block_size      KVBlockSize
 preshuffle         0 / 1
 batch              B
 next_n             next_n
+kv_format          ``fp8`` / ``fp4`` (MXFP4); optional, absent or empty = ``fp8``
+logits_dtype       ``fp32`` / ``bf16``; optional, absent or empty = ``fp32``
 context            the context the row was tuned at, or ``any`` for a row tuned across
                    contexts (geomean) that serves calls without a ``context_hint``
 backend            ``gluon``, ``flydsl``, ``triton``, ``torch``
@@ -35,8 +37,10 @@ and a later file replaces an earlier file's row.
 
 Lookup (:func:`lookup`), deterministic:
 
-1. rows of the same arch, heads, head_dim, kv_block_size, preshuffle and next_n; rows of the
-   device's exact ``cu_num`` if there are any, else those of the nearest tuned ``cu_num``;
+1. rows of the same arch, heads, head_dim, kv_block_size, preshuffle, next_n, kv_format and
+   logits_dtype (a bf16-logits call without rows of its own takes the fp32-logits rows: the
+   dtype changes only the store); rows of the device's exact ``cu_num`` if there are any, else
+   those of the nearest tuned ``cu_num``;
 2. with a ``context_hint`` and context-specific rows: the nearest tuned batch among them, then
    the nearest tuned context for that batch;
 3. otherwise the ``any`` rows: the exact batch, else the nearest tuned batch;
@@ -59,14 +63,14 @@ import math
 import os
 import re
 import threading
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from . import backends
 from .arch import normalise_arch
 from .errors import PagedMQAArgumentError
 from .files import atomic_write
-from .problem import SHAPE_KEY_COLUMNS, Problem, ShapeKey, ShapeKeyFields, Target, int_cell
+from .problem import OPTIONAL_KEY_COLUMNS, SHAPE_KEY_COLUMNS, Problem, ShapeKey, ShapeKeyFields, Target, int_cell
 
 ENV_CONFIGS = "PAGED_MQA_LOGITS_CONFIGS"
 ENV_CONFIGS_ALIAS = "AITER_CONFIG_PAGED_MQA_LOGITS"
@@ -75,7 +79,9 @@ ANY_CONTEXT = "any"
 KEY_COLUMNS = ("arch", "cu_num") + SHAPE_KEY_COLUMNS + ("context",)
 COMMON_KNOBS = ("ChunkK", "WavePerEU", "SplitKV")
 META_COLUMNS = ("backend", "us", "provenance")
-REQUIRED_COLUMNS = KEY_COLUMNS + ("backend",) + COMMON_KNOBS + ("us", "provenance")
+#: every column but the optional key columns (tables written before those existed lack them)
+REQUIRED_COLUMNS = (tuple(c for c in KEY_COLUMNS if c not in OPTIONAL_KEY_COLUMNS) + ("backend",) + COMMON_KNOBS
+                    + ("us", "provenance"))
 KNOWN_BACKENDS = ("torch", "triton", "gluon", "flydsl")
 
 
@@ -210,7 +216,7 @@ def _parse_value(text: str):
 def known_columns() -> tuple[str, ...] | None:
     """Every column a table may have: keys, meta, the common knobs and every backend's knobs;
     ``None`` when a backend cannot be imported here (its knob names are then unknown)."""
-    columns = list(REQUIRED_COLUMNS)
+    columns = list(REQUIRED_COLUMNS) + list(OPTIONAL_KEY_COLUMNS)
     for name in KNOWN_BACKENDS:
         backend = backends.get(name)
         if backend is None:
@@ -397,13 +403,18 @@ def _nearest(values, target: int) -> int:
 
 def lookup(problem: Problem) -> Match:
     """The table row for ``problem`` and the rule that chose it (``row=None``: no row)."""
-    rows = _load().by_family.get((problem.arch,) + problem.shape_key.family, [])
+    by_family = _load().by_family
+    rows = by_family.get((problem.arch,) + problem.shape_key.family, [])
+    note = ""
+    if not rows and problem.logits_dtype != "fp32":  # the store differs, not the work
+        rows = by_family.get((problem.arch,) + replace(problem.shape_key, logits_dtype="fp32").family, [])
+        note = ", rows of fp32 logits"
     if not rows:
-        return Match(None, "no tuned row for this arch/heads/head_dim/kv_block_size/preshuffle/next_n")
-    cu_note = ""
+        return Match(None, "no tuned row for this arch/heads/head_dim/kv_block_size/preshuffle/next_n/kv_format/"
+                           "logits_dtype")
     if not any(r.cu_num == problem.cu_num for r in rows):
         tuned_cu = _nearest((r.cu_num for r in rows), problem.cu_num)
-        cu_note = f", rows of cu_num {tuned_cu} (device has {problem.cu_num})"
+        note += f", rows of cu_num {tuned_cu} (device has {problem.cu_num})"
     else:
         tuned_cu = problem.cu_num
     rows = [r for r in rows if r.cu_num == tuned_cu]
@@ -416,14 +427,14 @@ def lookup(problem: Problem) -> Match:
         row = next(r for r in at_batch if r.context == context)
         exact = batch == problem.batch and context == problem.context
         rule = "exact row" if exact else f"nearest tuned row (batch {batch}, context {context})"
-        return Match(row, rule + cu_note)
+        return Match(row, rule + note)
     agnostic = [r for r in rows if r.context is None]
     if agnostic:
         batch = _nearest((r.batch for r in agnostic), problem.batch)
         row = next(r for r in agnostic if r.batch == batch)
         rule = "exact row (across contexts)" if batch == problem.batch else f"nearest tuned batch {batch} (across contexts)"
-        return Match(row, rule + cu_note)
-    return Match(None, "only context-specific rows and no context_hint given" + cu_note)
+        return Match(row, rule + note)
+    return Match(None, "only context-specific rows and no context_hint given" + note)
 
 
 class ConfiguredTables:

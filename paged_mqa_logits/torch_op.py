@@ -132,8 +132,9 @@ def paged_mqa_logits(
     clean_logits: bool = False,
     backend: str | None = None,
     config: dict | None = None,
+    q_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """FP8 paged MQA logits, written into ``out_logits`` (returned). Same contract and arguments
+    """FP8 (or MXFP4) paged MQA logits, written into ``out_logits`` (returned). Same contract and arguments
     as :func:`paged_mqa_logits.op.paged_mqa_logits_eager`; works under ``torch.compile(fullgraph=True)``
     and inside CUDA/HIP graph capture."""
     # Spelled out for readers and tools: upstream's positional order, the keywords vLLM passes.

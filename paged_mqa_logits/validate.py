@@ -18,7 +18,8 @@ import torch
 
 from . import arch as arch_mod
 from .errors import PagedMQAArgumentError, env_flag
-from .problem import HEAD_DIM, MAX_NEXT_N, SUPPORTED_KV_BLOCK_SIZES, LaunchArgs, Problem, fp8_flavour, kv_fits_32bit
+from .problem import (HEAD_DIM, KV_FORMATS, LOGITS_DTYPES, MAX_NEXT_N, SUPPORTED_KV_BLOCK_SIZES, LaunchArgs, Problem,
+                      fp8_flavour, key_bytes, kv_fits_32bit, logits_dtype_name, token_bytes)
 
 
 ENV_CHECK = "PAGED_MQA_LOGITS_CHECK"
@@ -99,11 +100,12 @@ def arch_rule(arch: str, known) -> str | None:
 
 def check_problem(*, arch: str | None, cu_num: int | None, batch: int, next_n: int, heads: int, head_dim: int,
                   kv_block_size: int, preshuffle: bool, context: int | None, names: dict[str, str],
-                  prefix: str = "", known_archs=None) -> None:
+                  prefix: str = "", known_archs=None, kv_format: str = "fp8", logits_dtype: str = "fp32") -> None:
     """The op's rules applied to a problem described by numbers (``explain``, the CLI).
 
     ``names`` maps each field (``arch``, ``cu_num``, ``batch``, ``next_n``, ``heads``,
-    ``head_dim``, ``kv_block_size``, ``context``) to the name the caller knows it by, so an
+    ``head_dim``, ``kv_block_size``, ``context``, ``kv_format``, ``logits_dtype``) to the name
+    the caller knows it by, so an
     error names the option the user typed. A described problem has at least one sequence;
     ``arch``/``cu_num`` of ``None`` are not checked (a real device supplies them); ``arch``
     must be one of ``known_archs`` (default: the arch table, ``arch.USUAL_CU_NUM``).
@@ -122,8 +124,23 @@ def check_problem(*, arch: str | None, cu_num: int | None, batch: int, next_n: i
     check("heads", heads_rule(heads), heads)
     check("head_dim", head_dim_rule(head_dim), head_dim)
     check("kv_block_size", kv_block_size_rule(kv_block_size, preshuffle), kv_block_size)
+    check("kv_format", kv_format_rule(kv_format), repr(kv_format))
+    check("logits_dtype", logits_dtype_rule(logits_dtype), repr(logits_dtype))
     if context is not None:
         check("context", None if context >= 0 else "an int >= 0", context)
+
+
+#: dtypes of an fp8 query, and of a packed fp4 query (two e2m1 codes per byte)
+FP8_TYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
+FP4_TYPES = (torch.uint8, torch.float4_e2m1fn_x2)
+
+
+def kv_format_rule(kv_format: str) -> str | None:
+    return None if kv_format in KV_FORMATS else "one of " + ", ".join(KV_FORMATS)
+
+
+def logits_dtype_rule(logits_dtype: str) -> str | None:
+    return None if logits_dtype in LOGITS_DTYPES else "one of " + ", ".join(LOGITS_DTYPES)
 
 
 def build_launch_args(
@@ -137,17 +154,12 @@ def build_launch_args(
     Preshuffle=False,
     KVBlockSize=1,
     context_hint=None,
+    q_scale=None,
 ) -> LaunchArgs:
     """Validate a call and return its :class:`LaunchArgs` (problem key included)."""
-    fp8_types = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
-    q = _tensor("q_fp8", q_fp8, fp8_types, (4,))
-    batch, next_n, heads, head_dim = q.shape
-    for dim, rule, value in (("head_dim (dim 3)", head_dim_rule, head_dim), ("next_n (dim 1)", next_n_rule, next_n),
-                             ("heads (dim 2)", heads_rule, heads)):
-        expected = rule(value)
-        if expected is not None:
-            _fail("q_fp8", f"{dim} {expected}", value)
-    _last_dim_contiguous("q_fp8", q)
+    q, q_scale, kv_format = _query(q_fp8, q_scale)
+    batch, next_n, heads = q.shape[:3]
+    head_dim = HEAD_DIM
     device = q.device
 
     if not isinstance(Preshuffle, bool):
@@ -160,15 +172,8 @@ def build_launch_args(
     if context_hint is not None:
         context_hint = _host_int("context_hint", context_hint, 0)
 
-    kv = _cache_bytes(kv_cache, block_size, head_dim)
-    packed = block_size * (head_dim + 4)
-    if kv.stride(3) != 1 or (block_size > 1 and kv.stride(1) != head_dim + 4):
-        _fail("kv_cache", "every block packed contiguously (strides [*, D+4, *, 1])", f"strides {kv.stride()}")
-    if kv.shape[0] > 1 and (kv.stride(0) < packed or kv.stride(0) % 4):
-        _fail("kv_cache", f"a block stride (stride(0)) that is a multiple of 4 and >= {packed} bytes", kv.stride(0))
-    if kv.storage_offset() % 4:
-        _fail("kv_cache", "a storage offset that is a multiple of 4 bytes (fp32 scales)", kv.storage_offset())
-    kv = _canonical_size_one_strides(kv, block_size, head_dim)
+    row = token_bytes(head_dim, kv_format)
+    kv = _cache(kv_cache, block_size, row, kv_format)
 
     rows = batch * next_n
     w = _tensor("weights", weights, (torch.float32,), (2,))
@@ -176,7 +181,7 @@ def build_launch_args(
         _fail("weights", f"shape [B*next_n={rows}, H={heads}]", f"shape {tuple(w.shape)}")
     _last_dim_contiguous("weights", w)
 
-    out = _tensor("out_logits", out_logits, (torch.float32,), (2,))
+    out = _tensor("out_logits", out_logits, tuple(LOGITS_DTYPES.values()), (2,))
     if out.shape[0] < rows:
         _fail("out_logits", f"at least B*next_n={rows} rows", f"{out.shape[0]} rows")
     if out.shape[1] < max_model_len:
@@ -193,7 +198,10 @@ def build_launch_args(
         _fail("kv_indices", f"{batch} rows (one per sequence)", f"shape {tuple(table.shape)}")
     _last_dim_contiguous("kv_indices", table)
 
-    for name, t in (("kv_cache", kv), ("weights", w), ("out_logits", out), ("context_lens", lens), ("kv_indices", table)):
+    inputs = [("q_fp8", q), ("kv_cache", kv), ("weights", w), ("context_lens", lens), ("kv_indices", table)]
+    if q_scale is not None:
+        inputs.append(("q_scale", q_scale))
+    for name, t in inputs[1:3] + [("out_logits", out)] + inputs[3:]:
         if t.device != device:
             _fail(name, f"a tensor on {device} (the device of q_fp8)", f"a tensor on {t.device}")
 
@@ -203,27 +211,60 @@ def build_launch_args(
         # Without reading the lengths (a sync) any row may walk a block, and there is none to
         # clamp to; on CPU the id check below decides from the actual lengths.
         _fail("kv_cache", "at least one block (num_blocks >= 1)", "num_blocks 0")
-    _check_no_overlap(out, rows, max_model_len, (("q_fp8", q), ("kv_cache", kv), ("weights", w),
-                                                  ("context_lens", lens), ("kv_indices", table)))
+    _check_no_overlap(out, rows, max_model_len, inputs)
     if device.type == "cpu" or CHECK_DEVICE_IDS:
         check_block_ids(lens, table, next_n, block_size, max_model_len, kv.shape[0])
 
     info = arch_mod.detect(device)
-    flavour = fp8_flavour(q.dtype)
-    if not info.supports_fp8(flavour):
-        _fail("q_fp8", f"the fp8 flavour native to {info.arch} "
-              f"({'e4m3' + arch_mod.native_fp8(info.arch)})",
-              str(q.dtype).replace("torch.", ""))
+    if kv_format == "fp8":
+        flavour = fp8_flavour(q.dtype)
+        if not info.supports_fp8(flavour):
+            _fail("q_fp8", f"the fp8 flavour native to {info.arch} "
+                  f"({'e4m3' + arch_mod.native_fp8(info.arch)})",
+                  str(q.dtype).replace("torch.", ""))
+    else:  # fp4 has no flavour; kernels that widen e2m1 to e4m3 use the chip's native one
+        flavour = arch_mod.native_fp8(info.arch)
 
     problem = Problem(
         arch=info.arch, cu_num=info.cu_num, batch=batch, next_n=next_n, heads=heads, head_dim=head_dim,
         kv_block_size=block_size, preshuffle=Preshuffle, context=context_hint, lens_2d=lens.dim() == 2,
         fp8=flavour, max_model_len=max_model_len,
         # a packed stride (or a single block) is the described default, 0: keys stay comparable
-        kv_block_stride=0 if kv.shape[0] == 1 or kv.stride(0) == block_size * (head_dim + 4) else kv.stride(0),
-        kv_base_aligned=kv.data_ptr() % 16 == 0, kv_32bit=kv_fits_32bit(kv),
+        kv_block_stride=0 if kv.shape[0] == 1 or kv.stride(0) == block_size * row else kv.stride(0),
+        kv_base_aligned=kv.data_ptr() % 16 == 0, kv_32bit=kv_fits_32bit(kv), kv_format=kv_format,
+        logits_dtype=logits_dtype_name(out.dtype),
     )
-    return LaunchArgs(q, kv, w, out, lens, table, max_model_len, block_size, Preshuffle, problem)
+    return LaunchArgs(q, kv, w, out, lens, table, max_model_len, block_size, Preshuffle, problem, q_scale=q_scale)
+
+
+def _query(q_fp8, q_scale) -> tuple[torch.Tensor, torch.Tensor | None, str]:
+    """``(q, q_scale, kv_format)``: an fp8 query without exponents, or a packed fp4 query (as
+    uint8) with its ``[B, next_n, H]`` int32 exponents."""
+    if q_scale is None:
+        if isinstance(q_fp8, torch.Tensor) and q_fp8.dtype in FP4_TYPES:
+            _fail("q_scale", "a [B, next_n, H] int32 tensor of ue8m0 exponents for a packed fp4 q_fp8", "None")
+        q = _tensor("q_fp8", q_fp8, FP8_TYPES, (4,))
+        kv_format = "fp8"
+    else:
+        q = _tensor("q_fp8", q_fp8, FP4_TYPES, (4,))
+        kv_format = "fp4"
+    batch, next_n, heads, dim = q.shape
+    width = key_bytes(HEAD_DIM, kv_format)
+    for what, rule, value in (("head_dim (dim 3)" if kv_format == "fp8" else "packed bytes (dim 3)",
+                               lambda n: None if n == width else f"== {width}", dim),
+                              ("next_n (dim 1)", next_n_rule, next_n), ("heads (dim 2)", heads_rule, heads)):
+        expected = rule(value)
+        if expected is not None:
+            _fail("q_fp8", f"{what} {expected}", value)
+    _last_dim_contiguous("q_fp8", q)
+    if q_scale is None:
+        return q, None, kv_format
+    scale = _tensor("q_scale", q_scale, (torch.int32,), (3,))
+    if tuple(scale.shape) != (batch, next_n, heads):
+        _fail("q_scale", f"shape [B={batch}, next_n={next_n}, H={heads}] (q_fp8's first three)",
+              f"shape {tuple(scale.shape)}")
+    _last_dim_contiguous("q_scale", scale)
+    return q.view(torch.uint8), scale, kv_format
 
 
 def padded_token_row(head_dim: int) -> int:
@@ -232,28 +273,37 @@ def padded_token_row(head_dim: int) -> int:
     return -(-(head_dim + 4) // 16) * 16
 
 
-def _cache_bytes(kv_cache, block_size: int, head_dim: int) -> torch.Tensor:
-    """``kv_cache`` as the documented uint8 layout ``[num_blocks, KVBlockSize, 1, D + 4]``.
-    The same bytes are accepted fp8-typed (AITER's callers hand the cache over as e4m3), and at
+def _cache(kv_cache, block_size: int, row: int, kv_format: str) -> torch.Tensor:
+    """The cache as the documented uint8 layout ``[num_blocks, block_size, 1, row]``, every block
+    packed (tokens ``row`` bytes apart), block stride and base multiples of 4 (the scale words).
+    An fp8 cache is accepted fp8-typed too (AITER's callers hand the cache over as e4m3), and at
     KVBlockSize 1 with each token row padded to :func:`padded_token_row` bytes (the padding is
     never read)."""
-    kv = _tensor("kv_cache", kv_cache, (torch.uint8, torch.float8_e4m3fn, torch.float8_e4m3fnuz), (4,))
+    fp8 = kv_format == "fp8"
+    kv = _tensor("kv_cache", kv_cache, (torch.uint8,) + (FP8_TYPES if fp8 else ()), (4,))
     if kv.dtype != torch.uint8:
         kv = kv.view(torch.uint8)  # one byte per element either way: the same bytes
-    row = head_dim + 4
-    widths = (row, padded_token_row(head_dim)) if block_size == 1 else (row,)
+    widths = (row, padded_token_row(HEAD_DIM)) if fp8 and block_size == 1 else (row,)
     if kv.shape[1] != block_size or kv.shape[2] != 1 or kv.shape[3] not in widths:
-        shape = f"[num_blocks, KVBlockSize={block_size}, 1, {' or '.join(map(str, widths))}]"
-        _fail("kv_cache", f"shape {shape}", f"shape {tuple(kv.shape)}")
-    return kv[..., :row] if kv.shape[3] != row else kv
+        layout = "" if fp8 else " (fp4: D / 2 + 4)"
+        _fail("kv_cache", f"shape [num_blocks, KVBlockSize={block_size}, 1, {' or '.join(map(str, widths))}]{layout}",
+              f"shape {tuple(kv.shape)}")
+    kv = kv[..., :row] if kv.shape[3] != row else kv
+    packed = block_size * row
+    if kv.stride(3) != 1 or (block_size > 1 and kv.stride(1) != row):
+        _fail("kv_cache", f"every block packed contiguously (strides [*, {row}, *, 1])", f"strides {kv.stride()}")
+    if kv.shape[0] > 1 and (kv.stride(0) < packed or kv.stride(0) % 4):
+        _fail("kv_cache", f"a block stride (stride(0)) that is a multiple of 4 and >= {packed} bytes", kv.stride(0))
+    if kv.storage_offset() % 4:
+        _fail("kv_cache", "a storage offset that is a multiple of 4 bytes (4-byte scale words)", kv.storage_offset())
+    return _canonical_size_one_strides(kv, block_size, row)
 
 
-def _canonical_size_one_strides(kv: torch.Tensor, block_size: int, head_dim: int) -> torch.Tensor:
+def _canonical_size_one_strides(kv: torch.Tensor, block_size: int, row: int) -> torch.Tensor:
     """The same cache with the strides of its size-1 dimensions (dim 2; dim 1 at KVBlockSize 1;
-    dim 0 with a single block) set to the packed layout's. Those strides address nothing, so
-    validation accepts any value, but backends view the bytes as fp32 scales, which torch
-    refuses for strides that are not multiples of 4."""
-    row = head_dim + 4
+    dim 0 with a single block) set to the packed layout's (``row`` bytes a token). Those strides
+    address nothing, so validation accepts any value, but backends view the bytes as 4-byte
+    scale words, which torch refuses for strides that are not multiples of 4."""
     strides = list(kv.stride())
     if kv.shape[0] <= 1:
         strides[0] = block_size * row
@@ -284,7 +334,8 @@ def _check_no_overlap(out: torch.Tensor, rows: int, width: int, inputs) -> None:
     if rows > 1 and row_stride < width:
         _fail("out_logits", f"rows that do not overlap (stride(0) >= max_model_len={width} over {rows} rows)",
               f"stride(0) {row_stride}")
-    base, row_bytes, step = out.data_ptr(), width * 4, row_stride * 4
+    size = out.element_size()
+    base, row_bytes, step = out.data_ptr(), width * size, row_stride * size
     storage = out.untyped_storage().data_ptr()
     for name, t in inputs:
         if t.untyped_storage().data_ptr() != storage:  # separate allocations share no byte

@@ -2,10 +2,11 @@
 so that CUDA/HIP graph capture never compiles.
 
 A *family* is what an engine fixes at start-up: heads, kv_block_size, preshuffle, max_model_len,
-and the ranges it will call with: next_n values, batch sizes (e.g. its graph-capture sizes),
-context hints, 1-D and/or 2-D ``context_lens``. Every (next_n, batch, hint, layout) is a problem
-key; dispatch gives its backend and knobs (table row, nearest row or defaults), and with
-``include_fallbacks`` the default knobs of the rest of the arch's fallback chain are added.
+the query/key format and the logits dtype, and the ranges it will call with: next_n values,
+batch sizes (e.g. its graph-capture sizes), context hints, 1-D and/or 2-D ``context_lens``.
+Every (next_n, batch, hint, layout) is a problem key; dispatch gives its backend and knobs
+(table row, nearest row or defaults), and with ``include_fallbacks`` the default knobs of the
+rest of the arch's fallback chain are added.
 
 Triton compiles one binary per *specialisation* (constexprs, plus int arguments equal to 1 or
 divisible by 16, pointer alignment, ...), not per knob set. So for the Triton-based backends
@@ -36,7 +37,7 @@ from .aot import launches
 from .triton_internals import cache_overlay as overlay
 from .arch import detect
 from .op import launch
-from .problem import HEAD_DIM, LaunchArgs, Problem, ShapeKey, Target, fp8_dtype
+from .problem import HEAD_DIM, LOGITS_DTYPES, LaunchArgs, Problem, ShapeKey, Target, fp8_dtype, key_bytes, token_bytes
 from .reference import make_inputs
 from .table import table_configs
 from .validate import MAX_MODEL_LEN, PagedMQAArgumentError, build_launch_args, check_problem, max_model_len_rule
@@ -58,6 +59,13 @@ class Family:
     context_hints: tuple = (None,)
     lens_2d: tuple[bool, ...] = (True,)
     cu_num: int | None = None  # None: the device's (warmup); precompile takes the table's
+    kv_format: str = "fp8"
+    logits_dtype: str = "fp32"
+
+    @property
+    def workspace_dtype(self) -> torch.dtype:
+        """The dtype of the family's logits (and of a workspace that holds them)."""
+        return LOGITS_DTYPES[self.logits_dtype]
 
 
 @dataclass(frozen=True)
@@ -77,7 +85,8 @@ def enumerate_calls(family: Family, *, arch: str, cu_num: int, fp8: str | None =
         for lens_2d in sorted(set(family.lens_2d)):
             for batch in sorted(set(family.batch_sizes)):
                 shape_key = ShapeKey(heads=family.heads, head_dim=HEAD_DIM, kv_block_size=family.kv_block_size,
-                                     preshuffle=family.preshuffle, batch=batch, next_n=next_n)
+                                     preshuffle=family.preshuffle, batch=batch, next_n=next_n,
+                                     kv_format=family.kv_format, logits_dtype=family.logits_dtype)
                 for hint in family.context_hints:
                     problem = Problem.of(shape_key, target, context=hint, lens_2d=lens_2d, fp8=fp8,
                                          max_model_len=family.max_model_len)
@@ -93,12 +102,13 @@ def enumerate_calls(family: Family, *, arch: str, cu_num: int, fp8: str | None =
 
 def table_families(arch: str, *, max_model_len: int = WARMUP_DEFAULT_MAX_MODEL_LEN,
                    lens_2d: tuple[bool, ...] = (True, False)) -> list[Family]:
-    """One family per (heads, kv_block_size, preshuffle, cu_num) of the arch's table rows:
-    its tuned next_n values, batches ``1..largest tuned batch``, and the tuned contexts (plus
-    ``None``) as hints."""
+    """One family per (heads, kv_block_size, preshuffle, kv_format, logits_dtype, cu_num) of the
+    arch's table rows: its tuned next_n values, batches ``1..largest tuned batch``, and the tuned
+    contexts (plus ``None``) as hints."""
     groups: dict[tuple, dict] = {}
     for fields, _backend, _knobs in table_configs(arch):
-        key = (fields["heads"], fields["kv_block_size"], fields["preshuffle"], fields["cu_num"])
+        key = (fields["heads"], fields["kv_block_size"], fields["preshuffle"], fields["kv_format"],
+               fields["logits_dtype"], fields["cu_num"])
         g = groups.setdefault(key, {"next_n": set(), "batch": 1, "contexts": set()})
         g["next_n"].add(fields["next_n"])
         g["batch"] = max(g["batch"], fields["batch"])
@@ -107,8 +117,9 @@ def table_families(arch: str, *, max_model_len: int = WARMUP_DEFAULT_MAX_MODEL_L
     return [
         Family(heads=h, kv_block_size=bs, preshuffle=pre, next_n=tuple(sorted(g["next_n"])),
                batch_sizes=tuple(range(1, g["batch"] + 1)), max_model_len=max_model_len,
-               context_hints=(None,) + tuple(sorted(g["contexts"])), lens_2d=tuple(lens_2d), cu_num=cu)
-        for (h, bs, pre, cu), g in sorted(groups.items())
+               context_hints=(None,) + tuple(sorted(g["contexts"])), lens_2d=tuple(lens_2d), cu_num=cu,
+               kv_format=fmt, logits_dtype=logits)
+        for (h, bs, pre, fmt, logits, cu), g in sorted(groups.items())
     ]
 
 
@@ -120,7 +131,8 @@ def warm_context(problem: Problem) -> int:
 def warm_inputs(problem: Problem, *, device, workspace: torch.Tensor, kv_cache: torch.Tensor | None = None,
                 seed: int = 0, validate: bool = True) -> LaunchArgs:
     """Small inputs shaped like an engine call of ``problem``: uniform ``warm_context`` tokens,
-    a block table ``ceil(max_model_len / kv_block_size)`` wide, ``out`` = ``workspace[:rows]``.
+    a block table ``ceil(max_model_len / kv_block_size)`` wide, ``out`` = ``workspace[:rows]``
+    (of the problem's logits dtype).
 
     ``device="meta"`` gives the same shapes, strides and storage sizes with no data (this is
     what precompile specialises); otherwise tensors come from :func:`reference.make_inputs` and
@@ -133,20 +145,28 @@ def warm_inputs(problem: Problem, *, device, workspace: torch.Tensor, kv_cache: 
     blocks = math.ceil(ctx / bs)
     width = max(1, math.ceil(p.max_model_len / bs))
     dtype = fp8_dtype(p.fp8)
+    fp4 = p.kv_format == "fp4"
+    if workspace.dtype != LOGITS_DTYPES[p.logits_dtype]:
+        raise ValueError(f"workspace must hold {p.logits_dtype} logits ({LOGITS_DTYPES[p.logits_dtype]}), "
+                         f"got {workspace.dtype}")
     out = workspace[: p.rows]
     if device.type == "meta":
-        packed = bs * (HEAD_DIM + 4)
+        row = token_bytes(HEAD_DIM, p.kv_format)
+        packed = bs * row
         nblocks = max(1, p.batch * blocks)
         kv = kv_cache if kv_cache is not None else torch.empty(
-            (nblocks, packed), dtype=torch.uint8, device=device).as_strided((nblocks, bs, 1, HEAD_DIM + 4), (packed, HEAD_DIM + 4, HEAD_DIM + 4, 1))
-        q = torch.empty((p.batch, p.next_n, p.heads, HEAD_DIM), dtype=dtype, device=device)
+            (nblocks, packed), dtype=torch.uint8, device=device).as_strided((nblocks, bs, 1, row),
+                                                                            (packed, row, row, 1))
+        q = torch.empty((p.batch, p.next_n, p.heads, key_bytes(HEAD_DIM, p.kv_format)),
+                        dtype=torch.uint8 if fp4 else dtype, device=device)
+        q_scale = torch.empty((p.batch, p.next_n, p.heads), dtype=torch.int32, device=device) if fp4 else None
         weights = torch.empty((p.rows, p.heads), dtype=torch.float32, device=device)
         lens = torch.empty((p.batch, p.next_n) if p.lens_2d else (p.batch,), dtype=torch.int32, device=device)
         table = torch.empty((p.batch, width), dtype=torch.int32, device=device)
-        return LaunchArgs(q, kv, weights, out, lens, table, p.max_model_len, bs, p.preshuffle, p)
+        return LaunchArgs(q, kv, weights, out, lens, table, p.max_model_len, bs, p.preshuffle, p, q_scale=q_scale)
 
     inp = make_inputs(p.batch, p.next_n, p.heads, ctx, kv_block_size=bs, preshuffle=p.preshuffle, fp8_dtype=dtype,
-                      lens_2d=p.lens_2d, max_model_len=ctx, device=device, seed=seed)
+                      lens_2d=p.lens_2d, max_model_len=ctx, device=device, seed=seed, kv_format=p.kv_format)
     table = torch.full((p.batch, width), -1, dtype=torch.int32, device=device)
     table[:, :blocks] = inp["kv_indices"][:, :blocks]
     kv = inp["kv_cache"]
@@ -155,9 +175,9 @@ def warm_inputs(problem: Problem, *, device, workspace: torch.Tensor, kv_cache: 
         table[:, :blocks] %= kv_cache.shape[0]
     if not validate:
         return LaunchArgs(inp["q_fp8"], kv, inp["weights"], out, inp["context_lens"], table, p.max_model_len, bs,
-                          p.preshuffle, p)
+                          p.preshuffle, p, q_scale=inp["q_scale"])
     args = build_launch_args(inp["q_fp8"], kv, inp["weights"], out, inp["context_lens"], table, p.max_model_len,
-                             p.preshuffle, bs, p.context)
+                             p.preshuffle, bs, p.context, inp["q_scale"])
     if args.problem != p:
         raise RuntimeError(f"warmup inputs describe {args.problem.describe()}, expected {p.describe()}")
     return args
@@ -249,6 +269,8 @@ def warmup(
     include_fallbacks: bool = True,
     progress: bool = True,
     seed: int = 0,
+    kv_format: str = "fp8",
+    logits_dtype: str = "fp32",
 ) -> WarmupSummary:
     """Compile (or load from the precompiled cache) every kernel this family can dispatch to.
 
@@ -261,9 +283,12 @@ def warmup(
             ``"table"`` = every tuned context of this family plus ``None``.
         lens_2d: layouts to cover: ``(True,)`` vLLM's 2-D lengths, ``(False,)`` 1-D, or both.
         device: default the current GPU, else CPU.
-        kv_cache, workspace: the engine's own cache / ``[rows, >= max_model_len]`` fp32 logits
-            workspace, to mirror their sizes exactly (optional; never read as results).
+        kv_cache, workspace: the engine's own cache / ``[rows, >= max_model_len]`` logits
+            workspace (of ``logits_dtype``), to mirror their sizes exactly (optional; never read
+            as results).
         include_fallbacks: also warm the default knobs of the rest of the arch's fallback chain.
+        kv_format, logits_dtype: the engine's query/key format (``"fp8"``/``"fp4"``) and logits
+            dtype (``"fp32"``/``"bf16"``).
 
     Returns a :class:`WarmupSummary`; ``summary.missing`` is empty when every predicted kernel
     specialisation is in the JIT's cache. A family the op would refuse (or a ``max_model_len``
@@ -286,14 +311,15 @@ def warmup(
                                                 if f["context"] is not None}))
     family = Family(heads=heads, kv_block_size=kv_block_size, preshuffle=preshuffle,
                     next_n=next_ns, batch_sizes=batches,
-                    max_model_len=max_model_len, context_hints=tuple(context_hints), lens_2d=tuple(lens_2d))
+                    max_model_len=max_model_len, context_hints=tuple(context_hints), lens_2d=tuple(lens_2d),
+                    kv_format=kv_format, logits_dtype=logits_dtype)
     calls = enumerate_calls(family, arch=info.arch, cu_num=info.cu_num, device_type=device.type,
                             include_fallbacks=include_fallbacks)
     summary = WarmupSummary(device=str(device), arch=info.arch, cu_num=info.cu_num,
                             problems=len({c.problem for c in calls}), precompiled_dirs=precompiled)
     rows = max(c.problem.rows for c in calls)
     if workspace is None:
-        workspace = torch.empty((rows, max_model_len), dtype=torch.float32, device=device)
+        workspace = torch.empty((rows, max_model_len), dtype=family.workspace_dtype, device=device)
     if workspace.shape[0] < rows or workspace.shape[1] < max_model_len:
         raise ValueError(f"workspace must be at least [{rows}, {max_model_len}], got {tuple(workspace.shape)}")
     meta_workspace = launches.meta_mirror(workspace)

@@ -41,13 +41,18 @@ def positional(inp: dict) -> tuple:
 
 
 def reference_for(inp: dict) -> torch.Tensor:
+    """The reference of ``inp``, in its format and logits dtype."""
     return reference_logits(inp["q_fp8"], inp["kv_cache"], inp["weights"], inp["context_lens"], inp["kv_indices"],
-                            inp["max_model_len"], kv_block_size=inp["kv_block_size"], preshuffle=inp["preshuffle"])
+                            inp["max_model_len"], kv_block_size=inp["kv_block_size"], preshuffle=inp["preshuffle"],
+                            q_scale=inp["q_scale"], logits_dtype=inp["out_logits"].dtype)
 
 
 def run_and_check(op, inp: dict, **kwargs):
-    """Call ``op`` on ``inp`` and compare with the reference; returns the Check."""
+    """Call ``op`` on ``inp`` (its ``q_scale`` too, for MXFP4 inputs) and compare with the
+    reference; returns the Check."""
     before = inp["out_logits"].clone()
+    if inp["q_scale"] is not None:
+        kwargs = dict(kwargs, q_scale=inp["q_scale"])
     result = op(*positional(inp), **kwargs)
     assert result is inp["out_logits"]
     ref = reference_for(inp)

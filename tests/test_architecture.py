@@ -15,7 +15,7 @@ PACKAGES = ("paged_mqa_logits", "tuner")
 #: lowest first; a module may import its own layer and the ones before it
 LAYERS = (
     ("base", ("errors", "arch", "problem", "signature", "schedule", "triton_internals", "cli", "files")),
-    ("validation", ("validate", "reference")),
+    ("validation", ("validate", "fp4", "reference")),
     ("backends", ("backends",)),
     ("dispatch", ("table", "dispatch")),
     ("op", ("op", "torch_op", "compat")),

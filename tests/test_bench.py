@@ -296,3 +296,52 @@ def test_cli_rejects_bad_options_naming_them(argv, named, capsys):
     assert exc.value.code != 0
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert f"argument {named}" in err
+
+
+# ----------------------------------------------------------------------------- formats
+def test_accounting_counts_fp4_cache_bytes_and_bf16_logits():
+    fp4 = Shape.of(heads=32, next_n=3, batch=2, context=100, kv_block_size=16, kv_format="fp4", logits_dtype="bf16")
+    acc = bench.accounting(fp4, [100, 2], max_model_len=100, max_blocks=7)
+    assert acc.kv_bytes == (100 + 2) * 68  # 64 packed key bytes + 4 exponent bytes a token
+    assert acc.logits_bytes == 2 * acc.visible
+    assert acc.flops(32, 128) == 2 * 32 * 128 * acc.visible  # the same multiply-adds as fp8
+
+
+def test_workload_and_check_of_an_fp4_bf16_shape():
+    shape = Shape.of(heads=16, next_n=2, batch=2, context=40, kv_block_size=16, kv_format="fp4", logits_dtype="bf16")
+    wl = bench.build_workload(shape, "cpu")
+    args = wl.args[0]
+    assert (args.problem.kv_format, args.problem.logits_dtype) == ("fp4", "bf16") and args.out.dtype == torch.bfloat16
+    assert wl.reference().dtype == torch.bfloat16
+    m = bench.measure(Impl.of("triton"), wl, Schedule(replays=1))
+    assert m.ok and m.calc_diff < 5e-6 and m.mask_ok, m.status
+    assert args.out[0, 40:].view(torch.int16).eq(bench.SENTINEL_BITS_BF16).all()  # past the row: the sentinel
+
+
+def test_cli_kv_format_and_logits_dtype_reach_the_csv(tmp_path):
+    out = tmp_path / "bench.csv"
+    rc = bench.main(["--heads", "16", "--next-n", "2", "--batch", "1", "--context", "32", "--kv-block-size", "16",
+                     "--kv-format", "fp4", "--logits-dtype", "bf16", "--backend", "torch", "--replays", "1",
+                     "--device", "cpu", "--quiet", "--out", str(out)])
+    assert rc == 0
+    comments, rows = _read(out)
+    assert [(r["kv_format"], r["logits_dtype"], r["status"]) for r in rows] == [("fp4", "bf16", "ok")]
+    assert float(rows[0]["GBps"]) * float(rows[0]["us"]) * 1e3 == pytest.approx(32 * 68 + (31 + 32) * 2, rel=0.02)
+
+
+def test_shapes_file_format_columns_and_their_override(tmp_path):
+    path = tmp_path / "keys.csv"
+    path.write_text("heads,head_dim,kv_block_size,preshuffle,batch,next_n,kv_format,contexts\n32,128,16,1,4,2,fp4,64\n")
+    assert [s.kv_format for s in bench.shapes_from_csv(str(path))] == ["fp4"]
+    overridden = bench.shapes_from_csv(str(path), kv_format="fp8", logits_dtype="bf16")
+    assert [(s.kv_format, s.logits_dtype) for s in overridden] == [("fp8", "bf16")]
+
+
+def test_deepgemm_has_no_fp4_peer_on_sm_90():
+    from paged_mqa_logits.bench.deepgemm import deepgemm_unsupported
+
+    fp4 = Shape.of(heads=64, next_n=1, batch=8, context=8192, kv_format="fp4")
+    assert deepgemm_unsupported(fp4, "sm_90") == ("DeepGEMM serves MXFP4 on sm_100/sm_120 only: fp4 has no DeepGEMM "
+                                                  "peer on sm_90")
+    assert "fp4" not in (deepgemm_unsupported(Shape.of(heads=64, next_n=1, batch=8, context=8192,
+                                                       logits_dtype="bf16"), "sm_90") or "")

@@ -50,6 +50,19 @@ def test_demo_options_are_honoured(capsys):
     assert "forced backend=triton" in out and "PASS" in out
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_demo_with_mxfp4_inputs_and_bf16_logits(capsys, backend):
+    rc, out, _ = run_main(capsys, "demo", "--batch", "2", "--heads", "16", "--context", "100", "--kv-block-size", "16",
+                          "--kv-format", "fp4", "--logits-dtype", "bf16", "--backend", backend, "--device", "cpu")
+    assert rc == 0 and "kv_format=fp4 logits_dtype=bf16" in out and "PASS" in out, out
+
+
+def test_explain_with_a_format_names_the_backends_that_decline_it(capsys):
+    rc, out, _ = run_main(capsys, "explain", "--arch", "sm90", "--kv-format", "fp4", "--logits-dtype", "bf16")
+    assert rc == 0 and "kv_format=fp4 logits_dtype=bf16" in out and "backend : triton" in out
+    assert "skipped : gluon: gluon kernels read fp8 queries and keys, not fp4" in out
+
+
 @pytest.mark.parametrize("arch,cu", [("gfx942", 304), ("gfx950", 256), ("sm90", 132)])
 def test_explain_echoes_the_problem_and_defaults_the_cu_count(capsys, arch, cu):
     rc, out, err = run_main(capsys, "explain", "--arch", arch, "--batch", "64", "--next-n", "2", "--heads", "32",
@@ -110,6 +123,8 @@ def test_bench_on_a_cpu_runs_a_small_grid_and_says_what_it_ran(capsys):
     (["explain", "--arch", "gfx942", "--context", "-1"], ["--context", "got -1"]),
     (["explain"], ["--arch", "required"]),
     (["explain", "--arch", "gfx942", "--batch", "many"], ["--batch", "many"]),
+    (["explain", "--arch", "gfx942", "--kv-format", "fp6"], ["--kv-format", "fp6"]),
+    (["demo", "--logits-dtype", "fp16"], ["--logits-dtype", "fp16"]),
     (["explain", "--arch", "gfx942", "--frob"], ["--frob"]),
     (["demo", "--batch", "0"], ["--batch", "got 0"]),
     (["demo", "--context", "0"], ["--context", "got 0"]),

@@ -17,17 +17,19 @@ from paged_mqa_logits.triton_internals import cache_overlay as overlay
 from paged_mqa_logits import reload_tuned_table
 from paged_mqa_logits.triton_internals.compiler import cache_invalidating_env
 from paged_mqa_logits.triton_internals.launchers import per_kernel_launchers
-from paged_mqa_logits.problem import Problem
+from paged_mqa_logits.problem import LOGITS_DTYPES, Problem
 from paged_mqa_logits.warmup import warm_inputs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the sm_90 TMA row: its keys go by TMA descriptor, which a launch builds on the host
 TINY_TABLE = """\
-arch,cu_num,heads,head_dim,kv_block_size,preshuffle,batch,next_n,context,backend,ChunkK,WavePerEU,SplitKV,num_warps,num_stages,Consumers,CtasPerSM,KeyCopy,RowSplit,RowsPerMMA,Schedule,variant,us,provenance
-sm_90,132,64,128,64,0,2,1,any,triton,64,,0,4,3,,,,,,,,,prior:test
-sm_90,132,32,128,64,0,4,1,any,gluon,128,,,4,2,1,2,tma,,1,balanced,wgmma_ws,,prior:test
-sm_90,132,64,128,32,0,4,2,any,gluon,64,,0,4,2,4,1,tma,1,2,balanced,wgmma_pipes,,prior:test
-gfx950,256,64,128,64,1,2,1,any,triton,64,,0,4,2,,,,,,,,,prior:test
+arch,cu_num,heads,head_dim,kv_block_size,preshuffle,batch,next_n,kv_format,logits_dtype,context,backend,ChunkK,WavePerEU,SplitKV,num_warps,num_stages,Consumers,CtasPerSM,KeyCopy,RowSplit,RowsPerMMA,Schedule,variant,us,provenance
+sm_90,132,64,128,64,0,2,1,,,any,triton,64,,0,4,3,,,,,,,,,prior:test
+sm_90,132,32,128,64,0,4,1,,,any,gluon,128,,,4,2,1,2,tma,,1,balanced,wgmma_ws,,prior:test
+sm_90,132,64,128,32,0,4,2,,,any,gluon,64,,0,4,2,4,1,tma,1,2,balanced,wgmma_pipes,,prior:test
+gfx950,256,64,128,64,1,2,1,,,any,triton,64,,0,4,2,,,,,,,,,prior:test
+sm_90,132,64,128,64,0,2,1,fp4,bf16,any,triton,64,,0,4,3,,,,,,,,,prior:test
+gfx950,256,64,128,64,1,2,1,fp4,fp32,any,triton,64,,0,4,2,,,,,,,,,prior:test
 """
 
 
@@ -67,7 +69,8 @@ def _problem(arch, **kw):
 
 @pytest.mark.parametrize("arch", ["sm_90", "gfx950"])
 @pytest.mark.parametrize("lens_2d", [True, False])
-def test_recorded_keys_equal_the_keys_of_a_real_jit_launch(arch, lens_2d):
+@pytest.mark.parametrize("kv_format,logits_dtype", [("fp8", "fp32"), ("fp4", "bf16")])
+def test_recorded_keys_equal_the_keys_of_a_real_jit_launch(arch, lens_2d, kv_format, logits_dtype):
     """Meta-tensor recording vs Triton's own JIT.run on real tensors of a simulated device."""
     from triton import knobs
 
@@ -75,9 +78,11 @@ def test_recorded_keys_equal_the_keys_of_a_real_jit_launch(arch, lens_2d):
     from paged_mqa_logits.triton_internals.compiler import ASTSource, compile_cache_hash, make_backend
 
     target = kc.gpu_target(arch)
-    problem = _problem(arch, lens_2d=lens_2d, batch=1 if lens_2d else 3)
+    problem = _problem(arch, lens_2d=lens_2d, batch=1 if lens_2d else 3, kv_format=kv_format,
+                       logits_dtype=logits_dtype)
     config = {"ChunkK": 64, "SplitKV": 0, "num_warps": 4, "num_stages": 3}
-    real = warm_inputs(problem, device="cpu", workspace=torch.empty((problem.rows, 512)), validate=False)
+    workspace = torch.empty((problem.rows, 512), dtype=LOGITS_DTYPES[logits_dtype])
+    real = warm_inputs(problem, device="cpu", workspace=workspace, validate=False)
     recorded = kc.launches_of("triton", kc.meta_launch_args(real), config, target)
     assert len(recorded) == 1
 
@@ -106,12 +111,15 @@ def test_recorded_keys_equal_the_keys_of_a_real_jit_launch(arch, lens_2d):
 
 def test_meta_inputs_specialise_like_real_inputs():
     for problem in (_problem("sm_90"), _problem("gfx942", fp8="fnuz", lens_2d=False, batch=1, next_n=1),
-                    _problem("gfx950", kv_block_size=16, max_model_len=100)):
-        real = warm_inputs(problem, device="cpu", workspace=torch.empty((problem.rows + 2, problem.max_model_len)),
-                           validate=False)
+                    _problem("gfx950", kv_block_size=16, max_model_len=100),
+                    _problem("sm_90", kv_format="fp4", logits_dtype="bf16")):
+        dtype = LOGITS_DTYPES[problem.logits_dtype]
+        real = warm_inputs(problem, device="cpu", validate=False,
+                           workspace=torch.empty((problem.rows + 2, problem.max_model_len), dtype=dtype))
         meta = warm_inputs(problem, device="meta",
-                           workspace=torch.empty((problem.rows + 2, problem.max_model_len), device="meta"))
-        for name in ("q", "kv_cache", "weights", "out", "context_lens", "block_table"):
+                           workspace=torch.empty((problem.rows + 2, problem.max_model_len), dtype=dtype, device="meta"))
+        names = ("q", "kv_cache", "weights", "out", "context_lens", "block_table")
+        for name in names + (("q_scale",) if problem.kv_format == "fp4" else ()):
             a, b = getattr(kc.meta_launch_args(real), name), getattr(meta, name)
             assert (a.dtype, a.shape, a.stride(), a.storage_offset(), a.untyped_storage().nbytes()) == \
                    (b.dtype, b.shape, b.stride(), b.storage_offset(), b.untyped_storage().nbytes()), name
@@ -135,6 +143,8 @@ def test_precompile_then_the_jit_finds_every_kernel_and_launcher(tiny_table, tmp
     assert manifest["files"] and all(kc.sha256_of(os.path.join(out, rel)) == sha for rel, sha in manifest["files"].items())
     assert not any(name.endswith(".tmp") for name in os.listdir(out))
     assert {k["arch"] for k in manifest["kernels"]} == {"sm_90", "gfx950"}
+    formats = {(k["arch"], k["problem"]["kv_format"], k["problem"]["logits_dtype"]) for k in manifest["kernels"]}
+    assert {("sm_90", "fp4", "bf16"), ("gfx950", "fp4", "fp32"), ("sm_90", "fp8", "fp32")} <= formats
     assert f"verify: {len(manifest['kernels'])}/{len(manifest['kernels'])} kernels found by the JIT" in log
 
     result = kc.verify(out)  # in this process too: loading from the cache compiles nothing

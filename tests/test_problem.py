@@ -29,16 +29,19 @@ def test_shape_key_is_a_frozen_hashable_value():
 
 
 def test_shape_key_columns_are_the_tables_key_columns():
-    assert SHAPE_KEY_COLUMNS == ("heads", "head_dim", "kv_block_size", "preshuffle", "batch", "next_n")
+    assert SHAPE_KEY_COLUMNS == ("heads", "head_dim", "kv_block_size", "preshuffle", "batch", "next_n", "kv_format",
+                                 "logits_dtype")
     assert KEY_COLUMNS == ("arch", "cu_num") + SHAPE_KEY_COLUMNS + ("context",)
-    assert KEY.values() == (64, 128, 64, True, 8, 2)
-    assert KEY.cells() == {"heads": 64, "head_dim": 128, "kv_block_size": 64, "preshuffle": 1, "batch": 8, "next_n": 2}
+    assert KEY.values() == (64, 128, 64, True, 8, 2, "fp8", "fp32")
+    assert KEY.cells() == {"heads": 64, "head_dim": 128, "kv_block_size": 64, "preshuffle": 1, "batch": 8, "next_n": 2,
+                           "kv_format": "fp8", "logits_dtype": "fp32"}
 
 
 def test_shape_key_family_leaves_out_only_the_batch():
     other_batch = dataclasses.replace(KEY, batch=1)
-    assert KEY.family == other_batch.family == (64, 128, 64, True, 2)
-    assert dataclasses.replace(KEY, next_n=1).family != KEY.family
+    assert KEY.family == other_batch.family == (64, 128, 64, True, 2, "fp8", "fp32")
+    for change in (dict(next_n=1), dict(kv_format="fp4"), dict(logits_dtype="bf16")):
+        assert dataclasses.replace(KEY, **change).family != KEY.family
 
 
 def test_shape_key_parse_reads_back_its_cells():

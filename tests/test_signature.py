@@ -73,11 +73,14 @@ def test_the_aiter_signature_is_the_declared_positional_part_then_aiters_knobs()
     assert [p.name for p in params[len(shared):]] == ["ChunkK", "TotalCuCount", "WavePerEU", "VarCtxSchedule"]
 
 
-def test_the_deep_gemm_signature_maps_onto_the_declaration_in_its_order():
-    params = _parameters(deep_gemm.fp8_paged_mqa_logits)
+@pytest.mark.parametrize("function,own", [(deep_gemm.fp8_paged_mqa_logits, ["schedule_meta", "indices"]),
+                                          (deep_gemm.fp8_fp4_paged_mqa_logits,
+                                           ["schedule_meta", "logits_dtype", "indices"])])
+def test_the_deep_gemm_signature_maps_onto_the_declaration_in_its_order(function, own):
+    params = _parameters(function)
     mapped = [(deep_gemm.OP_NAMES.get(p.name, p.name), p) for p in params]
     ours = [(name, p) for name, p in mapped if name in OP.by_name]
-    assert [p.name for name, p in mapped if name not in OP.by_name] == ["schedule_meta", "indices"]  # DeepGEMM's own
+    assert [p.name for name, p in mapped if name not in OP.by_name] == own  # DeepGEMM's own
     assert set(deep_gemm.OP_NAMES.values()) <= set(OP.by_name)
     assert [name for name, _ in ours] == [name for name in OP.names if name in dict(ours)]  # the op's order
     for name, p in ours:
@@ -95,19 +98,19 @@ def test_the_contract_documents_the_declared_signature():
 
 
 # ----------------------------------------------------------------------------- adding an argument
-SCALE = Argument("q_scale", "Tensor?", "torch.Tensor | None", "per-row scales of the query.", default=None,
-                 keyword_only=True, quantities=(Quantity("scaled", "a ``q_scale`` is passed", False),))
-EXTENDED = OpSignature("with_scale", OP.arguments + (SCALE,))
+BIAS = Argument("row_bias", "Tensor?", "torch.Tensor | None", "per-row biases of the logits.", default=None,
+                keyword_only=True, quantities=(Quantity("biased", "a ``row_bias`` is passed", False),))
+EXTENDED = OpSignature("with_bias", OP.arguments + (BIAS,))
 
 
 def test_a_declared_argument_reaches_the_schema_the_signatures_and_the_docs():
-    assert EXTENDED.schema() == OP.schema().replace("paged_mqa_logits(", "with_scale(").replace(
-        "str? config=None)", "str? config=None, Tensor? q_scale=None)")
-    assert list(EXTENDED.python.parameters)[-1] == "q_scale" and EXTENDED.python.parameters["q_scale"].kind.name == \
+    assert EXTENDED.schema() == OP.schema().replace("paged_mqa_logits(", "with_bias(").replace(
+        "=None) -> ()", "=None, Tensor? row_bias=None) -> ()")
+    assert list(EXTENDED.python.parameters)[-1] == "row_bias" and EXTENDED.python.parameters["row_bias"].kind.name == \
         "KEYWORD_ONLY"
-    assert "q_scale: per-row scales of the query." in EXTENDED.arguments_doc()
-    assert list(EXTENDED.description().parameters)[-1] == "scaled"
-    values = EXTENDED.complete(dict(zip(OP.positional, range(7)), q_scale="s"))
+    assert "row_bias: per-row biases of the logits." in EXTENDED.arguments_doc()
+    assert list(EXTENDED.description().parameters)[-1] == "biased"
+    values = EXTENDED.complete(dict(zip(OP.positional, range(7)), row_bias="s"))
     assert EXTENDED.decode(*EXTENDED.encode(values)) == values
 
 
@@ -116,10 +119,10 @@ def test_a_declared_argument_reaches_the_registered_implementation():
     seen = []
     defined = torch_op.define(library, EXTENDED, seen.append)
     tensors = [torch.zeros(2) for _ in range(6)]
-    scale = torch.ones(3)
-    defined(*tensors, 5, True, context_hint=7, config='{"ChunkK": 64}', q_scale=scale)
+    bias = torch.ones(3)
+    defined(*tensors, 5, True, context_hint=7, config='{"ChunkK": 64}', row_bias=bias)
     defined(*tensors, 5)
-    assert seen[0]["q_scale"] is scale and seen[0]["config"] == {"ChunkK": 64} and seen[0]["context_hint"] == 7
+    assert seen[0]["row_bias"] is bias and seen[0]["config"] == {"ChunkK": 64} and seen[0]["context_hint"] == 7
     assert seen[1] == EXTENDED.complete(dict(zip(EXTENDED.positional, tensors + [5])))  # defaults, decoded
     assert seen[0]["out_logits"] is tensors[3]
 
@@ -127,7 +130,7 @@ def test_a_declared_argument_reaches_the_registered_implementation():
 
     with FakeTensorMode() as mode:  # the fake takes the new argument too and writes nothing
         fake = [mode.from_tensor(t) for t in tensors]
-        assert defined(*fake, 5, q_scale=mode.from_tensor(scale)) is None
+        assert defined(*fake, 5, row_bias=mode.from_tensor(bias)) is None
     assert len(seen) == 2
 
 

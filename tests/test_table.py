@@ -1,5 +1,7 @@
 """Tuned-table parsing, merging, the lookup rules and the table configs."""
 
+import dataclasses
+
 import pytest
 
 from paged_mqa_logits import reload_tuned_table, table
@@ -134,7 +136,8 @@ def test_table_configs(tmp_path, monkeypatch):
     use(monkeypatch, path)
     configs = table.table_configs("sm90")
     assert configs == [({"arch": "sm_90", "cu_num": 132, "heads": 64, "head_dim": 128, "kv_block_size": 64,
-                         "preshuffle": False, "batch": 1, "next_n": 1, "context": None}, "triton",
+                         "preshuffle": False, "batch": 1, "next_n": 1, "kv_format": "fp8", "logits_dtype": "fp32",
+                         "context": None}, "triton",
                         {"ChunkK": 64, "SplitKV": 0, "num_warps": 4})]
 
 
@@ -161,3 +164,55 @@ def test_a_malformed_estimate_names_the_column_and_the_expected_form(tmp_path, p
     path = write(tmp_path, "bad_tuned.csv", ["# ok", f"gfx950,256,32,128,64,1,64,1,any,gluon,128,4,0,,,{provenance}"])
     with pytest.raises(table.TableError, match=f"^{path}:3: column provenance: an estimate must read 'estimate:<model> "):
         table.parse_file(path)
+
+
+# ----------------------------------------------------------------------------- format columns
+FORMAT_HEADER = HEADER.replace("next_n,context", "next_n,kv_format,logits_dtype,context")
+
+
+def test_format_columns_parse_and_tables_without_them_mean_fp8_and_fp32(tmp_path):
+    path = write(tmp_path, "f_tuned.csv", [
+        "sm_90,132,64,128,64,0,1,1,fp4,bf16,any,triton,64,,0,4,1,p",
+        "sm_90,132,64,128,64,0,1,1,,,any,triton,64,,0,4,1,p",  # empty cells: the defaults
+    ], header=FORMAT_HEADER)
+    fp4, plain = table.parse_file(path)
+    assert (fp4.kv_format, fp4.logits_dtype) == ("fp4", "bf16")
+    assert (plain.kv_format, plain.logits_dtype) == ("fp8", "fp32") and fp4.family != plain.family
+    old = write(tmp_path, "o_tuned.csv", ["sm_90,132,64,128,64,0,1,1,any,triton,64,,0,4,1,p"])
+    assert table.parse_file(old)[0].shape_key == plain.shape_key
+    for shipped in table.shipped_files():  # every shipped table still loads, as fp8/fp32 rows
+        assert {(r.kv_format, r.logits_dtype) for r in table.parse_file(shipped)} <= {("fp8", "fp32")}
+
+
+@pytest.mark.parametrize("cells,message", [("fp5,fp32", "column kv_format must be one of fp8, fp4, got 'fp5'"),
+                                           ("fp4,f16", "column logits_dtype must be one of fp32, bf16, got 'f16'")])
+def test_malformed_format_cells_report_file_and_line(tmp_path, cells, message):
+    path = write(tmp_path, "b_tuned.csv", [f"sm_90,132,64,128,64,0,1,1,{cells},any,triton,64,,0,4,1,p"],
+                 header=FORMAT_HEADER)
+    with pytest.raises(table.TableError, match=f"^{path}:2: {message}$"):
+        table.parse_file(path)
+
+
+def test_written_tables_carry_the_format_columns_and_read_back(tmp_path):
+    path = write(tmp_path, "w_tuned.csv", ["sm_90,132,64,128,64,0,1,1,fp4,bf16,any,triton,64,,0,4,1,p"],
+                 header=FORMAT_HEADER)
+    rows = table.parse_file(path)
+    out = str(tmp_path / "again_tuned.csv")
+    table.TableWriter.for_rows(rows).write(out, rows)
+    assert "kv_format,logits_dtype" in open(out).read().splitlines()[0]
+    assert [r.shape_key for r in table.parse_file(out)] == [r.shape_key for r in rows]
+
+
+def test_lookup_keeps_formats_apart_and_bf16_falls_back_to_fp32_rows(tmp_path, monkeypatch):
+    path = write(tmp_path, "l_tuned.csv", [
+        "gfx950,256,32,128,64,1,64,1,fp8,fp32,any,gluon,128,4,0,,1,p",
+        "gfx950,256,32,128,64,1,64,1,fp4,fp32,any,triton,64,,0,4,1,p",
+    ], header=FORMAT_HEADER)
+    use(monkeypatch, path)
+    fp4 = dataclasses.replace(problem(), kv_format="fp4")
+    assert table.lookup(fp4).row.backend == "triton"
+    assert table.lookup(problem()).row.backend == "gluon"
+    bf16 = table.lookup(dataclasses.replace(problem(), logits_dtype="bf16"))
+    assert bf16.row.backend == "gluon" and bf16.rule.endswith("rows of fp32 logits")
+    assert table.lookup(dataclasses.replace(fp4, logits_dtype="bf16")).row.backend == "triton"
+    assert table.lookup(dataclasses.replace(problem(), kv_format="fp4", next_n=2)).row is None

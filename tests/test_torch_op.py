@@ -35,7 +35,7 @@ def test_schema_mutates_out_logits_and_returns_nothing():
     assert mutated == ["out_logits"]
     assert len(schema.returns) == 0
     kwarg_only = {a.name: a for a in schema.arguments if a.kwarg_only}
-    assert set(kwarg_only) == {"context_hint", "clean_logits", "backend", "config"}
+    assert set(kwarg_only) == {"context_hint", "clean_logits", "backend", "config", "q_scale"}
     assert kwarg_only["context_hint"].default_value == torch_op.NO_HINT
 
 

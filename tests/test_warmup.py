@@ -1,11 +1,13 @@
 """warmup(): the calls a problem family can make (table rows, nearest rows, defaults, fallbacks),
 a CPU run with its summary, and on a GPU: nothing compiles during capture afterwards."""
 
+import dataclasses
+
 import pytest
 import torch
 
 from paged_mqa_logits import PagedMQAArgumentError, reload_tuned_table
-from paged_mqa_logits.warmup import Family, enumerate_calls, table_families, warmup
+from paged_mqa_logits.warmup import Family, enumerate_calls, table_families, warm_inputs, warmup
 
 TABLE = """\
 arch,cu_num,heads,head_dim,kv_block_size,preshuffle,batch,next_n,context,backend,ChunkK,WavePerEU,SplitKV,num_warps,num_stages,us,provenance
@@ -72,24 +74,62 @@ def test_warmup_rejects_a_too_small_workspace(table):
                workspace=torch.empty(2, 64))
 
 
+def test_table_families_keep_formats_apart(tmp_path, monkeypatch):
+    path = tmp_path / "fmt_tuned.csv"
+    header, *rows = TABLE.replace("next_n,context", "next_n,kv_format,logits_dtype,context").splitlines()
+    rows = [r.replace(",1,any,", ",1,fp8,fp32,any,").replace(",2,any,", ",2,fp8,fp32,any,")
+            .replace(",1,4096,", ",1,fp8,fp32,4096,") for r in rows]
+    rows.append("sm_90,132,64,128,64,0,8,1,fp4,bf16,any,triton,64,,0,4,3,,prior:test")
+    path.write_text("\n".join([header] + rows) + "\n")
+    monkeypatch.setenv("PAGED_MQA_LOGITS_CONFIGS", str(path))
+    reload_tuned_table()
+    families = table_families("sm_90", max_model_len=8192)
+    assert [(f.kv_format, f.logits_dtype, f.batch_sizes[-1]) for f in families] == [("fp4", "bf16", 8),
+                                                                                   ("fp8", "fp32", 16)]
+    calls = enumerate_calls(families[0], arch="sm_90", cu_num=132, hypothetical=True, include_fallbacks=False)
+    assert {(c.problem.kv_format, c.problem.logits_dtype) for c in calls} == {("fp4", "bf16")}
+    assert {c.backend for c in calls} == {"triton"}
+
+
+def test_warm_inputs_of_an_fp4_bf16_problem(table):
+    fam = Family(heads=64, kv_block_size=64, batch_sizes=(3,), max_model_len=256, kv_format="fp4", logits_dtype="bf16")
+    (call,) = enumerate_calls(fam, arch="sm_90", cu_num=132, hypothetical=True, include_fallbacks=False)
+    meta = warm_inputs(call.problem, device="meta", workspace=torch.empty(3, 256, dtype=torch.bfloat16, device="meta"))
+    assert meta.q.shape == (3, 1, 64, 64) and meta.q_scale.shape == (3, 1, 64) and meta.kv_cache.shape[-1] == 68
+    assert meta.out.dtype == torch.bfloat16
+    cpu = dataclasses.replace(call.problem, arch="cpu", cu_num=0)
+    real = warm_inputs(cpu, device="cpu", workspace=torch.empty(3, 256, dtype=torch.bfloat16))
+    assert real.problem == cpu and real.q_scale is not None
+    with pytest.raises(ValueError, match=r"workspace must hold bf16 logits \(torch.bfloat16\), got torch.float32"):
+        warm_inputs(cpu, device="cpu", workspace=torch.empty(3, 256))
+
+
+def test_warmup_on_cpu_with_mxfp4_and_bf16(table):
+    summary = warmup(64, 16, True, next_n=(1, 2), batch_sizes=2, max_model_len=64, device="cpu", progress=False,
+                     kv_format="fp4", logits_dtype="bf16")
+    assert summary.problems == 4 and summary.calls_run >= 2 and summary.missing == []
+
+
 @pytest.mark.gpu
-def test_after_warmup_capture_compiles_nothing():
+@pytest.mark.parametrize("kv_format,logits_dtype", [("fp8", "fp32"), ("fp4", "fp32"), ("fp8", "bf16"), ("fp4", "bf16")])
+def test_after_warmup_capture_compiles_nothing(kv_format, logits_dtype):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA/ROCm GPU; none present (CPU-only machine)")
     from triton import knobs
 
     from paged_mqa_logits.torch_op import paged_mqa_logits
-    from paged_mqa_logits.warmup import warm_inputs
 
     sizes, max_model_len = (1, 2, 3, 8, 16, 17), 2048
-    summary = warmup(64, 64, False, next_n=(1, 2), batch_sizes=sizes, max_model_len=max_model_len, progress=False)
+    summary = warmup(64, 64, False, next_n=(1, 2), batch_sizes=sizes, max_model_len=max_model_len, progress=False,
+                     kv_format=kv_format, logits_dtype=logits_dtype)
     assert summary.missing == [], summary.describe()
-    workspace = torch.empty((max(sizes) * 2, max_model_len), dtype=torch.float32, device="cuda")
+    fam = Family(heads=64, kv_block_size=64, next_n=(1, 2), batch_sizes=sizes, max_model_len=max_model_len,
+                 kv_format=kv_format, logits_dtype=logits_dtype)
+    workspace = torch.empty((max(sizes) * 2, max_model_len), dtype=fam.workspace_dtype, device="cuda")
     from paged_mqa_logits.warmup import enumerate_calls as calls_of
     from paged_mqa_logits.arch import detect
 
     info = detect("cuda")
-    fam = Family(heads=64, kv_block_size=64, next_n=(1, 2), batch_sizes=sizes, max_model_len=max_model_len)
     compiles = []
     knobs.compilation.listener = lambda **kw: compiles.append(kw["metadata"]["name"])
     try:
@@ -98,7 +138,7 @@ def test_after_warmup_capture_compiles_nothing():
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 paged_mqa_logits(args.q, args.kv_cache, args.weights, args.out, args.context_lens, args.block_table,
-                                 max_model_len, False, 64)
+                                 max_model_len, False, 64, q_scale=args.q_scale)
             graph.replay()
         torch.cuda.synchronize()
     finally:

@@ -2,11 +2,13 @@
 
 An untuned CSV has one problem key per line (``#`` lines are comments)::
 
-    heads,head_dim,kv_block_size,preshuffle,batch,next_n,contexts
-    32,128,64,1,64,2,8192;32768;131072
+    heads,head_dim,kv_block_size,preshuffle,batch,next_n,kv_format,logits_dtype,contexts
+    32,128,64,1,64,2,fp4,bf16,8192;32768;131072
 
-``contexts`` is optional (``;``-separated); the command line's ``--contexts`` overrides it. The
-arch and CU count are not in the file: they are the current device's.
+``contexts`` is optional (``;``-separated); the command line's ``--contexts`` overrides it.
+``kv_format`` and ``logits_dtype`` are optional too (``fp8``/``fp32`` where absent or empty): a
+key tunes the kernels of its format and logits dtype. The arch and CU count are not in the
+file: they are the current device's.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 
 from paged_mqa_logits.bench import Shape
 from paged_mqa_logits.files import atomic_write
-from paged_mqa_logits.problem import SHAPE_KEY_COLUMNS, ShapeKey, ShapeKeyFields
+from paged_mqa_logits.problem import REQUIRED_KEY_COLUMNS, SHAPE_KEY_COLUMNS, ShapeKey, ShapeKeyFields
 
 DEFAULT_CONTEXTS = (8192, 32768)
 COLUMNS = SHAPE_KEY_COLUMNS + ("contexts",)
@@ -59,7 +61,7 @@ def read_untuned(paths: list[str], contexts: tuple[int, ...] | None = None) -> l
         if not lines:
             continue
         header = [c.strip() for c in next(csv.reader([lines[0][1]]))]
-        missing = [c for c in SHAPE_KEY_COLUMNS if c not in header]
+        missing = [c for c in REQUIRED_KEY_COLUMNS if c not in header]
         if missing:
             raise ValueError(f"{path}:{lines[0][0]}: header lacks column(s) {', '.join(missing)}")
         for lineno, line in lines[1:]:

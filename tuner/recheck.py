@@ -208,8 +208,7 @@ def recheck(table_path: str, *, baseline: str | None = None, fail_on_regression:
         regressed |= verdict.startswith("FAIL")
         expected = f"{r.backend}[{bench.format_knobs(r.knobs)}]"
         report.append({
-            "arch": r.arch, "cu_num": r.cu_num, "heads": r.heads, "head_dim": r.head_dim,
-            "kv_block_size": r.kv_block_size, "preshuffle": int(r.preshuffle), "batch": r.batch, "next_n": r.next_n,
+            "arch": r.arch, "cu_num": r.cu_num, **r.shape_key.cells(),
             "context": "any" if r.context is None else r.context,
             "lengths": (tuned_lengths(r.provenance) if lengths is None else lengths) or "uniform",
             "table_backend": expected, "ran": p.ran,

@@ -122,6 +122,8 @@ class CheckStage:
         for run in runs:
             families.setdefault(run.key.family, []).append(run)
         self.failed: dict[tuple, dict[Candidate, str]] = {}  # family -> candidate -> status
+        #: family -> a key of it, which describes it
+        self.family_keys = {family: members[0].key.shape_key for family, members in families.items()}
         self.tasks: deque[Task] = deque()
         per_family = []
         for family, members in families.items():
@@ -386,8 +388,8 @@ def tune(opts: Options) -> Outcome:
             finished = pool.run(stage, deadline=t0 + opts.time_budget / 2 if opts.time_budget else None)
             if not finished:
                 _say(opts, "[tuner] check stage stopped at half the time budget; the rest is checked while timing")
-            for (heads, head_dim, bs, pre, next_n), failed in stage.failed.items():
-                where = f"H={heads} D={head_dim} kv_block_size={bs} preshuffle={int(pre)} next_n={next_n} (check stage)"
+            for family, failed in stage.failed.items():
+                where = f"{stage.family_keys[family].describe_family()} (check stage)"
                 outcome.rejected += [(where, cand.label, status) for cand, status in failed.items()]
             for run in runs:
                 failed = stage.failed.get(run.key.family, {})

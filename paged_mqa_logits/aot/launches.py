@@ -94,7 +94,7 @@ def meta_launch_args(args):
     return dataclasses.replace(
         args, q=meta_mirror(args.q), kv_cache=meta_mirror(args.kv_cache), weights=meta_mirror(args.weights),
         out=meta_mirror(args.out), context_lens=meta_mirror(args.context_lens),
-        block_table=meta_mirror(args.block_table),
+        block_table=meta_mirror(args.block_table), q_scale=None if args.q_scale is None else meta_mirror(args.q_scale),
     )
 
 

@@ -160,7 +160,7 @@ def precompile(
             fam_calls = enumerate_calls(fam, arch=arch, cu_num=fam.cu_num or 0, hypothetical=True,
                                         include_fallbacks=include_fallbacks)
             rows = max((c.problem.rows for c in fam_calls), default=1)
-            workspace = torch.empty((rows, fam.max_model_len), dtype=torch.float32, device="meta")
+            workspace = torch.empty((rows, fam.max_model_len), dtype=fam.workspace_dtype, device="meta")
             calls += [(c, workspace) for c in fam_calls]
         summary.problems += len({c.problem for c, _ in calls})
         bar = tqdm(calls, desc=f"specialise {arch}", unit="call", disable=not progress, leave=False)

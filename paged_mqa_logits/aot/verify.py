@@ -13,7 +13,7 @@ import torch
 from triton import knobs
 
 from ..backends import registry
-from ..problem import Problem
+from ..problem import LOGITS_DTYPES, Problem
 from ..triton_internals import device
 from ..triton_internals.device import LauncherStubMissing, LauncherStubs
 from ..warmup import warm_inputs
@@ -93,7 +93,7 @@ def verify(directory: str | None = None, *, archs=None) -> VerifyResult:
                 problem = Problem.from_record(entry["problem"])
                 target = gpu_target(entry["arch"])
                 rows = entry.get("workspace_rows", problem.rows)  # untouched memory: only its size matters
-                workspace = torch.empty((rows, problem.max_model_len), dtype=torch.float32)
+                workspace = torch.empty((rows, problem.max_model_len), dtype=LOGITS_DTYPES[problem.logits_dtype])
                 args = warm_inputs(problem, device="cpu", workspace=workspace, validate=False)
                 backend = registry.get(entry["backend"])
                 result.kernels += 1

@@ -101,6 +101,17 @@ def check_knob_space(owner: str, config: dict, space: dict, extra=()) -> str | N
     return None
 
 
+def formats_unsupported(owner: str, problem: Problem, kv_formats=("fp8",), logits_dtypes=("fp32",)) -> str | None:
+    """Why ``owner``'s kernels cannot serve ``problem``'s query/key format or logits dtype
+    (``None``: they read ``problem.kv_format`` and write ``problem.logits_dtype``): the first
+    check of ``unsupported`` in a backend whose kernels serve only some of them."""
+    if problem.kv_format not in kv_formats:
+        return f"{owner} kernels read {'/'.join(kv_formats)} queries and keys, not {problem.kv_format}"
+    if problem.logits_dtype not in logits_dtypes:
+        return f"{owner} kernels write {'/'.join(logits_dtypes)} logits, not {problem.logits_dtype}"
+    return None
+
+
 # ============================================================================ cross-compilation
 @dataclass
 class CompileSpec:

@@ -6,7 +6,8 @@ unsupported shapes on a GPU) and as the last link of every fallback chain.
 What it computes is the contract of every backend (:func:`paged_mqa_logits.reference.logits_into`):
 
 * ``logits = kv_scale * sum_h weights[h] * relu(dot(q_h, k))`` in fp32, the scale applied after
-  the head sum, ``relu(x) = maxNum(x, 0)`` (IEEE 754 maxNum, the GPU ``max`` instructions): a
+  the head sum (MXFP4 inputs: the dot of the dequantised values, no per-token scale; bf16
+  logits: the fp32 logit rounded once), ``relu(x) = maxNum(x, 0)`` (IEEE 754 maxNum, the GPU ``max`` instructions): a
   NaN dot (NaN in ``q`` or a key) contributes 0; NaN weights or scales propagate, and an
   infinite or negative scale multiplies the head sum by IEEE rules (``inf * 0 = NaN``);
 * a block id outside ``[0, num_blocks)`` that validation did not check (device tensors without
@@ -44,7 +45,7 @@ class TorchBackend:
     def launch(self, args: LaunchArgs, config: dict) -> None:
         logits_into(
             args.out, args.q, args.kv_cache, args.weights, args.context_lens, args.block_table,
-            args.max_model_len, kv_block_size=args.kv_block_size, preshuffle=args.preshuffle,
+            args.max_model_len, kv_block_size=args.kv_block_size, preshuffle=args.preshuffle, q_scale=args.q_scale,
         )
 
 

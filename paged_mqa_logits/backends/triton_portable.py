@@ -11,9 +11,13 @@ so with ``RowsPerProgram >= next_n`` a KV page is read once. Smaller groups boun
 accumulator's registers (``next_n * H`` columns per token); their repeated reads of a chunk
 come from L2. The head reduction then folds ``[ChunkK, rows, H]`` to ``[ChunkK, rows]``.
 
+MXFP4 inputs are decoded to exact fp32 values as they are loaded (``_fp4_values``) and
+multiplied in bf16 on GPUs that have it; bf16 logits are the fp32 logits rounded once, by hand,
+just before the store.
+
 CPU tensors run through the Triton interpreter (an :class:`InterpretedFunction` made from the
 same Python source), which computes in fp32 after the load because its fp8 arithmetic is not
-trustworthy (docs/VERIFICATION.md). There the balanced grid has ``CPU_PROGRAMS`` programs per
+trustworthy (docs/VERIFICATION.md), and whose own fp32 -> bf16 cast truncates. There the balanced grid has ``CPU_PROGRAMS`` programs per
 row group: the interpreter runs programs one after another, and several shares exercise the
 segment boundaries the GPU sees.
 """
@@ -64,6 +68,44 @@ SCAN_BLOCK = tl.constexpr(512)
 
 
 @triton.jit
+def _e2m1(codes):
+    """fp32 values of int32 e2m1 codes (bit 3 the sign; bits 1-2 the exponent, bit 0 the
+    mantissa), built from their bits: exact, and free of any float conversion."""
+    exponent = (codes >> 1) & 3
+    mantissa = codes & 1
+    bits = tl.where(exponent > 0, ((exponent + 126) << 23) | (mantissa << 22), mantissa * 0x3F000000)
+    return (bits | ((codes & 8) << 28)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _ue8m0(exponents):
+    """fp32 ``2^(e - 127)`` of int32 ue8m0 bytes ``e``, from the bits (``e = 0``: ``2^-127``)."""
+    return tl.where(exponents == 0, 0x400000, exponents << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _fp4_values(bytes_ptr, exponent_words, mask, HEAD_DIM: tl.constexpr):
+    """fp32 ``[R, HEAD_DIM]`` values of MXFP4 rows: ``bytes_ptr`` ``[R, HEAD_DIM]`` addresses of
+    the byte of every element (``HEAD_DIM / 2`` bytes a row), ``exponent_words`` ``[R]`` int32
+    (four ue8m0 bytes, group 0 in the low byte). Each value is exact (a power of two times an
+    e2m1 value), so any dot dtype with fp32's exponent range multiplies it exactly."""
+    d = tl.arange(0, HEAD_DIM)
+    packed = tl.load(bytes_ptr, mask=mask, other=0).to(tl.int32)
+    codes = (packed >> ((d % 2) * 4)[None, :]) & 0xF
+    exponents = (exponent_words[:, None] >> ((d // 32) * 8)[None, :]) & 0xFF
+    return _e2m1(codes) * _ue8m0(exponents)
+
+
+@triton.jit
+def _round_to_bf16(x):
+    """``x`` rounded to the nearest bf16 (ties to even), still fp32: the cast that follows is
+    exact, wherever it runs (the interpreter's own fp32 -> bf16 cast truncates)."""
+    bits = x.to(tl.int32, bitcast=True)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
+    return tl.where(x != x, x, rounded.to(tl.float32, bitcast=True))
+
+
+@triton.jit
 def _block_tiles(lens_ptr, first_seq, batch, stride_lens_b, stride_lens_j, max_model_len, max_blocks,
                  NEXT_N: tl.constexpr, LENS_2D: tl.constexpr, KV_BLOCK: tl.constexpr, CHUNK: tl.constexpr):
     """Tiles of sequences ``first_seq .. first_seq + SCAN_BLOCK`` (0 past the batch)."""
@@ -105,16 +147,19 @@ def _balanced_share(lens_ptr, batch, stride_lens_b, stride_lens_j, max_model_len
 
 
 @triton.jit
-def _score_segment(q_ptr, kv_fp8_ptr, kv_f32_ptr, weights_ptr, out_ptr, lens_ptr, block_table_ptr,
+def _score_segment(q_ptr, q_scale_ptr, kv_fp8_ptr, kv_f32_ptr, weights_ptr, out_ptr, lens_ptr, block_table_ptr,
                    b, row_group, chunk_begin, chunk_end,
-                   stride_q_b, stride_q_j, stride_q_h, stride_block, stride_w, stride_out, stride_lens_b,
-                   stride_lens_j, stride_table, max_model_len, max_blocks, num_blocks,
+                   stride_q_b, stride_q_j, stride_q_h, stride_qs_b, stride_qs_j, stride_block, stride_w, stride_out,
+                   stride_lens_b, stride_lens_j, stride_table, max_model_len, max_blocks, num_blocks,
                    NEXT_N: tl.constexpr, ROWS: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
                    KV_BLOCK: tl.constexpr, CHUNK: tl.constexpr, PRESHUFFLE: tl.constexpr, LENS_2D: tl.constexpr,
-                   DOT_DTYPE: tl.constexpr, NUM_STAGES: tl.constexpr):
+                   DOT_DTYPE: tl.constexpr, NUM_STAGES: tl.constexpr, KV_FP4: tl.constexpr, OUT_BF16: tl.constexpr):
     """Chunks ``[chunk_begin, chunk_end)`` of sequence ``b`` scored against next_n rows
-    ``[row_group*ROWS, (row_group+1)*ROWS)``."""
+    ``[row_group*ROWS, (row_group+1)*ROWS)``. ``KV_FP4``: MXFP4 queries and keys (``kv_fp8_ptr``
+    the cache bytes, ``kv_f32_ptr`` its int32 exponent words); ``OUT_BF16``: bf16 logits."""
     M: tl.constexpr = ROWS * HEADS
+    # bytes of a key (and of a query head): an fp8 byte, or half a byte, per element
+    KEY_BYTES: tl.constexpr = HEAD_DIM // 2 if KV_FP4 else HEAD_DIM
     seq_len = _sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
     j = row_group * ROWS + tl.arange(0, ROWS)
     row_len = _row_lengths(lens_ptr, b, seq_len, j, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
@@ -125,7 +170,12 @@ def _score_segment(q_ptr, kv_fp8_ptr, kv_f32_ptr, weights_ptr, out_ptr, lens_ptr
     d = tl.arange(0, HEAD_DIM)
     j_of_m = row_group * ROWS + m // HEADS
     q_offsets = b.to(tl.int64) * stride_q_b + j_of_m * stride_q_j + (m % HEADS) * stride_q_h
-    q = tl.load(q_ptr + q_offsets[:, None] + d[None, :], mask=(j_of_m < NEXT_N)[:, None], other=0.0)
+    if KV_FP4:
+        q_words = tl.load(q_scale_ptr + b.to(tl.int64) * stride_qs_b + j_of_m * stride_qs_j + m % HEADS,
+                          mask=j_of_m < NEXT_N, other=0)
+        q = _fp4_values(q_ptr + q_offsets[:, None] + (d // 2)[None, :], q_words, (j_of_m < NEXT_N)[:, None], HEAD_DIM)
+    else:
+        q = tl.load(q_ptr + q_offsets[:, None] + d[None, :], mask=(j_of_m < NEXT_N)[:, None], other=0.0)
     q = q.to(DOT_DTYPE)
     w = tl.load(weights_ptr + (b.to(tl.int64) * NEXT_N + j_of_m) * stride_w + m % HEADS, mask=j_of_m < NEXT_N, other=0.0)
     w = tl.reshape(w, (ROWS, HEADS))
@@ -142,35 +192,48 @@ def _score_segment(q_ptr, kv_fp8_ptr, kv_f32_ptr, weights_ptr, out_ptr, lens_ptr
         # [0, num_blocks) (an invalid id yields a real block's logits, the documented rule).
         block = tl.maximum(tl.minimum(block, num_blocks - 1), 0).to(tl.int64)
         slot = token % KV_BLOCK
+        column = d // 2 if KV_FP4 else d  # the byte of each element
         if PRESHUFFLE:
-            key_offsets = (slot // 16 * 16 * HEAD_DIM + slot % 16 * 16)[:, None] + (d // 16 * 256 + d % 16)[None, :]
+            key_offsets = ((slot // 16 * 16 * KEY_BYTES + slot % 16 * 16)[:, None]
+                           + (column // 16 * 256 + column % 16)[None, :])
         else:
-            key_offsets = (slot * HEAD_DIM)[:, None] + d[None, :]
-        keys = tl.load(kv_fp8_ptr + (block * stride_block)[:, None] + key_offsets, mask=in_range[:, None], other=0.0)
-        scale = tl.load(kv_f32_ptr + block * (stride_block // 4) + (KV_BLOCK * HEAD_DIM // 4) + slot, mask=in_range, other=0.0)
+            key_offsets = (slot * KEY_BYTES)[:, None] + column[None, :]
+        key_ptrs = kv_fp8_ptr + (block * stride_block)[:, None] + key_offsets
+        # the token's 4-byte word after the block's keys: its fp32 scale, or its fp4 exponents
+        word = tl.load(kv_f32_ptr + block * (stride_block // 4) + (KV_BLOCK * KEY_BYTES // 4) + slot, mask=in_range,
+                       other=0)
+        if KV_FP4:
+            keys = _fp4_values(key_ptrs, word, in_range[:, None], HEAD_DIM)
+        else:
+            keys = tl.load(key_ptrs, mask=in_range[:, None], other=0.0)
 
         # Tokens on the M side of the dot: the head reduction then runs along N, inside a thread
         # and its quad, instead of across warps.
         scores = tl.dot(keys.to(DOT_DTYPE), tl.trans(q))  # [CHUNK, M] fp32
-        # The per-token scale is factored out of the ReLU (exact for the non-negative scales
-        # fp8 quantisation produces, as in DeepGEMM): two ALU ops per score instead of three.
         scores = tl.reshape(scores, (CHUNK, ROWS, HEADS))
-        logits = tl.sum(tl.maximum(scores, 0.0) * w[None, :, :], axis=2) * scale[:, None]  # [CHUNK, ROWS]
+        logits = tl.sum(tl.maximum(scores, 0.0) * w[None, :, :], axis=2)  # [CHUNK, ROWS]
+        if not KV_FP4:
+            # The per-token scale is factored out of the ReLU (exact for the non-negative scales
+            # fp8 quantisation produces, as in DeepGEMM): two ALU ops per score instead of three.
+            logits = logits * word[:, None]
+        if OUT_BF16:
+            logits = _round_to_bf16(logits)
         visible = token[:, None] < visible_end[None, :]
-        tl.store(out_rows[None, :] + token[:, None], logits, mask=visible)
+        tl.store(out_rows[None, :] + token[:, None], logits.to(out_ptr.dtype.element_ty), mask=visible)
 
 
 # Sizes that vary per call stay unspecialised so one compiled kernel serves every batch.
 @triton.jit(do_not_specialize=("max_model_len", "max_blocks", "num_splits", "batch", "num_blocks"))
 def _paged_mqa_logits_kernel(
-    q_ptr, kv_fp8_ptr, kv_f32_ptr, weights_ptr, out_ptr, lens_ptr, block_table_ptr,
-    stride_q_b, stride_q_j, stride_q_h,
+    q_ptr, q_scale_ptr, kv_fp8_ptr, kv_f32_ptr, weights_ptr, out_ptr, lens_ptr, block_table_ptr,
+    stride_q_b, stride_q_j, stride_q_h, stride_qs_b, stride_qs_j,
     stride_block,  # bytes between cache blocks
     stride_w, stride_out, stride_lens_b, stride_lens_j, stride_table,
     max_model_len, max_blocks, num_splits, batch, num_blocks,
     NEXT_N: tl.constexpr, ROWS: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     KV_BLOCK: tl.constexpr, CHUNK: tl.constexpr, PRESHUFFLE: tl.constexpr, LENS_2D: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, NUM_STAGES: tl.constexpr, BALANCED: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, NUM_STAGES: tl.constexpr, BALANCED: tl.constexpr, KV_FP4: tl.constexpr,
+    OUT_BF16: tl.constexpr,
 ):
     """Balanced: program (row group g, p) of a persistent grid scores its equal share of the
     batch's chunks (``schedule.py``) for rows [g*ROWS, (g+1)*ROWS), segment by segment.
@@ -186,12 +249,12 @@ def _paged_mqa_logits_kernel(
             seq_len = _sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
             tiles = tl.cdiv(tl.minimum(tl.minimum(seq_len, max_model_len), max_blocks * KV_BLOCK), CHUNK)
             count = tl.minimum(tiles - tile, stop - item)
-            _score_segment(q_ptr, kv_fp8_ptr, kv_f32_ptr, weights_ptr, out_ptr, lens_ptr, block_table_ptr,
-                           b, row_group, tile, tile + count,
-                           stride_q_b, stride_q_j, stride_q_h, stride_block, stride_w, stride_out, stride_lens_b,
-                           stride_lens_j, stride_table, max_model_len, max_blocks, num_blocks,
-                           NEXT_N, ROWS, HEADS, HEAD_DIM, KV_BLOCK, CHUNK, PRESHUFFLE, LENS_2D, DOT_DTYPE,
-                           NUM_STAGES)
+            _score_segment(q_ptr, q_scale_ptr, kv_fp8_ptr, kv_f32_ptr, weights_ptr, out_ptr, lens_ptr,
+                           block_table_ptr, b, row_group, tile, tile + count,
+                           stride_q_b, stride_q_j, stride_q_h, stride_qs_b, stride_qs_j, stride_block, stride_w,
+                           stride_out, stride_lens_b, stride_lens_j, stride_table, max_model_len, max_blocks,
+                           num_blocks, NEXT_N, ROWS, HEADS, HEAD_DIM, KV_BLOCK, CHUNK, PRESHUFFLE, LENS_2D,
+                           DOT_DTYPE, NUM_STAGES, KV_FP4, OUT_BF16)
             item += tl.maximum(count, 0)  # zero-length sequences between long ones hold no items
             b += 1
             tile = tile * 0
@@ -202,16 +265,22 @@ def _paged_mqa_logits_kernel(
         num_chunks = tl.cdiv(tl.minimum(tl.minimum(seq_len, max_model_len), max_blocks * KV_BLOCK), CHUNK)
         per_split = tl.cdiv(num_chunks, num_splits)
         chunk_begin = split * per_split
-        _score_segment(q_ptr, kv_fp8_ptr, kv_f32_ptr, weights_ptr, out_ptr, lens_ptr, block_table_ptr,
+        _score_segment(q_ptr, q_scale_ptr, kv_fp8_ptr, kv_f32_ptr, weights_ptr, out_ptr, lens_ptr, block_table_ptr,
                        b, row_group, chunk_begin, tl.minimum(chunk_begin + per_split, num_chunks),
-                       stride_q_b, stride_q_j, stride_q_h, stride_block, stride_w, stride_out, stride_lens_b,
-                       stride_lens_j, stride_table, max_model_len, max_blocks, num_blocks,
-                       NEXT_N, ROWS, HEADS, HEAD_DIM, KV_BLOCK, CHUNK, PRESHUFFLE, LENS_2D, DOT_DTYPE, NUM_STAGES)
+                       stride_q_b, stride_q_j, stride_q_h, stride_qs_b, stride_qs_j, stride_block, stride_w,
+                       stride_out, stride_lens_b, stride_lens_j, stride_table, max_model_len, max_blocks, num_blocks,
+                       NEXT_N, ROWS, HEADS, HEAD_DIM, KV_BLOCK, CHUNK, PRESHUFFLE, LENS_2D, DOT_DTYPE, NUM_STAGES,
+                       KV_FP4, OUT_BF16)
 
 
 def _dot_dtype(problem: Problem, interpreter: bool):
     if interpreter:
         return tl.float32
+    if problem.kv_format == "fp4":
+        # the dequantised values are exact in any dtype with fp32's exponent range: bf16 where
+        # the chip multiplies it (sm_80+, every gfx this package knows), else fp32 (tf32: exact too)
+        bf16 = problem.arch.startswith("gfx") or (problem.arch.startswith("sm_") and int(problem.arch[3:]) >= 80)
+        return tl.bfloat16 if bf16 else tl.float32
     native_fp8 = problem.arch.startswith("gfx") or (problem.arch.startswith("sm_") and int(problem.arch[3:]) >= 89)
     if native_fp8:
         return tl.float8e4nv if problem.fp8 == "fn" else tl.float8e4b8
@@ -280,21 +349,25 @@ class TritonBackend:
             if splits <= 0:
                 splits = derive_split_kv(max(p.cu_num, 1), p.batch * row_groups, p.work_context, chunk)
             grid = (row_groups, splits, p.batch)
-        kv_fp8 = args.kv_cache.view(args.q.dtype)
-        kv_f32 = args.kv_cache.view(torch.float32)
+        fp4 = p.kv_format == "fp4"
+        kv_fp8 = args.kv_cache.view(args.q.dtype)  # uint8 for fp4
+        kv_f32 = args.kv_cache.view(torch.int32 if fp4 else torch.float32)
+        q_scale = args.q_scale if fp4 else args.q  # any pointer when there is none: never read
+        scale_strides = (q_scale.stride(0), q_scale.stride(1)) if fp4 else (0, 0)
         lens = args.context_lens
         lens_strides = (lens.stride(0), lens.stride(1) if lens.dim() == 2 else 0)
         kernel = interpreted(_paged_mqa_logits_kernel) if on_cpu else _paged_mqa_logits_kernel
         stages = int(config.get("num_stages") or 3)
         options = {} if on_cpu else {"num_warps": int(config.get("num_warps") or 4), "num_stages": stages}
         kernel[grid](
-            args.q, kv_fp8, kv_f32, args.weights, args.out, lens, args.block_table,
-            args.q.stride(0), args.q.stride(1), args.q.stride(2),
+            args.q, q_scale, kv_fp8, kv_f32, args.weights, args.out, lens, args.block_table,
+            args.q.stride(0), args.q.stride(1), args.q.stride(2), *scale_strides,
             args.kv_cache.stride(0), args.weights.stride(0), args.out.stride(0), *lens_strides,
             args.block_table.stride(0), args.max_model_len, args.max_blocks, splits, p.batch, args.num_blocks,
             NEXT_N=p.next_n, ROWS=rows, HEADS=p.heads, HEAD_DIM=p.head_dim, KV_BLOCK=args.kv_block_size,
             CHUNK=chunk, PRESHUFFLE=args.preshuffle, LENS_2D=p.lens_2d, DOT_DTYPE=_dot_dtype(p, on_cpu),
-            NUM_STAGES=stages, BALANCED=schedule == BALANCED, **options,
+            NUM_STAGES=stages, BALANCED=schedule == BALANCED, KV_FP4=fp4, OUT_BF16=p.logits_dtype == "bf16",
+            **options,
         )
 
 

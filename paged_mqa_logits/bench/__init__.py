@@ -37,17 +37,17 @@ next_n 1 (backend ``deepgemm-flat``), which reads every KV page next_n times.
 from .cli import main
 from .deepgemm import DEEPGEMM_NEXT_N, deepgemm_available, deepgemm_flattens, deepgemm_runner, deepgemm_unsupported
 from .environment import Environment, copy_bandwidth, environment
-from .measure import (SENTINEL_BITS, DeviceLost, Impl, Measurement, Schedule, Timing, check, format_knobs, measure,
-                      parse_knobs, runners, time_calls)
+from .measure import (SENTINEL_BITS, SENTINEL_BITS_BF16, DeviceLost, Impl, Measurement, Schedule, Timing, check,
+                      format_knobs, measure, parse_knobs, runners, time_calls)
 from .report import COLUMNS, anchor_us, csv_row, geomean, load_anchor, print_table, summary, write_csv
 from .shapes import DEFAULT_GRID, LENGTH_MODES, Shape, grid_shapes, shapes_from_csv
 from .workload import MIN_WORKING_SET, Accounting, Workload, accounting, build_workload
 
 __all__ = [
     "main", "DEEPGEMM_NEXT_N", "deepgemm_available", "deepgemm_flattens", "deepgemm_runner", "deepgemm_unsupported",
-    "Environment", "copy_bandwidth", "environment", "SENTINEL_BITS", "DeviceLost", "Impl", "Measurement", "Schedule",
-    "Timing", "check", "format_knobs", "measure", "parse_knobs", "runners", "time_calls", "COLUMNS", "anchor_us",
-    "csv_row", "geomean", "load_anchor", "print_table", "summary", "write_csv", "DEFAULT_GRID", "LENGTH_MODES",
-    "Shape", "grid_shapes", "shapes_from_csv", "MIN_WORKING_SET", "Accounting", "Workload", "accounting",
-    "build_workload",
+    "Environment", "copy_bandwidth", "environment", "SENTINEL_BITS", "SENTINEL_BITS_BF16", "DeviceLost", "Impl",
+    "Measurement", "Schedule", "Timing", "check", "format_knobs", "measure", "parse_knobs", "runners", "time_calls",
+    "COLUMNS", "anchor_us", "csv_row", "geomean", "load_anchor", "print_table", "summary", "write_csv",
+    "DEFAULT_GRID", "LENGTH_MODES", "Shape", "grid_shapes", "shapes_from_csv", "MIN_WORKING_SET", "Accounting",
+    "Workload", "accounting", "build_workload",
 ]

@@ -10,7 +10,7 @@ import torch
 from tqdm import tqdm
 
 from .. import backends
-from ..problem import HEAD_DIM, Problem, Target
+from ..problem import HEAD_DIM, KV_FORMATS, LOGITS_DTYPES, Problem, Target
 from ..validate import PagedMQAArgumentError, check_problem
 from .deepgemm import deepgemm_available
 from .environment import environment
@@ -87,12 +87,18 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--preshuffle", action="store_true", help="preshuffled cache (see --preshuffle-values for both)")
     g.add_argument("--preshuffle-values", default=None, help="e.g. 0,1 to bench both layouts")
     g.add_argument("--lens-1d", action="store_true", help="1-D context_lens instead of vLLM's 2-D layout")
+    g.add_argument("--kv-format", default=None, choices=KV_FORMATS,
+                   help="query/key format: fp8, or fp4 (MXFP4: 68 cache bytes a token instead of 132); "
+                        "default fp8, or a --shapes file's column")
+    g.add_argument("--logits-dtype", default=None, choices=tuple(LOGITS_DTYPES),
+                   help="logits dtype (bf16: 2 bytes a logit); default fp32, or a --shapes file's column")
     lengths = g.add_mutually_exclusive_group()
     lengths.add_argument("--ragged", action="store_true", help="per-sequence contexts in [context/2, context]")
     lengths.add_argument("--wide-ragged", action="store_true",
                          help="per-sequence contexts uniform in [1, context], as in serving decode batches")
     g.add_argument("--shapes", default=None,
-                   help="CSV of shapes: heads,next_n,batch,context (or contexts) [,kv_block_size,preshuffle]")
+                   help="CSV of shapes: heads,next_n,batch,context (or contexts) [,kv_block_size,preshuffle,kv_format,"
+                        "logits_dtype]")
     i = p.add_argument_group("what to time (default: the production dispatch)")
     i.add_argument("--backend", default=None, help="backend name(s), comma-separated")
     i.add_argument("--config", default=None, help="knobs for --backend, e.g. 'ChunkK=128,SplitKV=0'")
@@ -100,8 +106,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="every tuner candidate of the backend(s); with --config, those with its knob values")
     i.add_argument("--dispatch", action="store_true", help="also time the production dispatch")
     i.add_argument("--deepgemm", action="store_true",
-                   help="also time DeepGEMM's fp8_paged_mqa_logits on the same inputs (flattened to next_n 1 "
-                        "where it refuses the next_n, as vLLM runs it)")
+                   help="also time DeepGEMM on the same inputs (fp8_paged_mqa_logits; fp8_fp4_paged_mqa_logits with "
+                        "the logits dtype for bf16 logits or fp4; flattened to next_n 1 where it refuses the next_n, "
+                        "as vLLM runs it; fp4 on sm_90 has no DeepGEMM peer and is skipped)")
     i.add_argument("--no-hint", action="store_true", help="call without context_hint (the table's 'any' rows)")
     i.add_argument("--clean-logits", action="store_true",
                    help="calls with clean_logits=True (-inf wherever a row sees nothing); not with --deepgemm")
@@ -142,11 +149,13 @@ def main(argv: list[str] | None = None) -> int:
     ragged = "wide" if a.wide_ragged else ("half" if a.ragged else "")
     if a.shapes:
         shapes = shapes_from_csv(a.shapes, contexts=_int_list(a.context) if a.context else None,
-                                 lens_2d=not a.lens_1d, ragged=ragged)
+                                 lens_2d=not a.lens_1d, ragged=ragged, kv_format=a.kv_format,
+                                 logits_dtype=a.logits_dtype)
     else:
         shapes = grid_shapes(_int_list(a.heads), _int_list(a.next_n), _int_list(a.batch),
                              _int_list(a.context), _int_list(a.kv_block_size), pre,
-                             lens_2d=not a.lens_1d, ragged=ragged, head_dim=a.head_dim)
+                             lens_2d=not a.lens_1d, ragged=ragged, head_dim=a.head_dim,
+                             kv_format=a.kv_format or "fp8", logits_dtype=a.logits_dtype or "fp32")
     for shape in shapes:  # the op's own rules, before anything is built: an error names the option
         try:
             check_problem(arch=None, cu_num=None, batch=shape.batch, next_n=shape.next_n, heads=shape.heads,

@@ -1,5 +1,6 @@
-"""DeepGEMM's ``fp8_paged_mqa_logits`` on the same inputs, for same-run comparisons (imported
-only when the ``deep_gemm`` package is present)."""
+"""DeepGEMM's paged MQA logits on the same inputs, for same-run comparisons (imported only when
+the ``deep_gemm`` package is present): ``fp8_paged_mqa_logits`` for fp8 inputs and fp32 logits,
+``fp8_fp4_paged_mqa_logits`` (with ``logits_dtype``) for bf16 logits and MXFP4 inputs."""
 
 from __future__ import annotations
 
@@ -26,13 +27,27 @@ def deepgemm_available() -> str | None:
 def deepgemm_unsupported(shape: Shape, arch: str) -> str | None:
     if arch != "sm_90" and not arch.startswith("sm_10"):
         return f"DeepGEMM's paged MQA logits targets sm_90/sm_100, not {arch}"
+    if shape.kv_format == "fp4" and arch == "sm_90":
+        return "DeepGEMM serves MXFP4 on sm_100/sm_120 only: fp4 has no DeepGEMM peer on sm_90"
     if shape.preshuffle or shape.kv_block_size not in (32, 64) or shape.heads not in (32, 64):
         return "DeepGEMM serves plain (not preshuffled) caches with KVBlockSize 32/64 and H 32/64"
-    return deepgemm_available()
+    missing = deepgemm_available()
+    if missing is None and _needs_fp8_fp4_entry(shape):
+        import deep_gemm
+
+        if not hasattr(deep_gemm, "fp8_fp4_paged_mqa_logits"):
+            return "this DeepGEMM has no fp8_fp4_paged_mqa_logits (needed for bf16 logits and MXFP4)"
+    return missing
+
+
+def _needs_fp8_fp4_entry(shape: Shape) -> bool:
+    return shape.kv_format != "fp8" or shape.logits_dtype != "fp32"
 
 
 def deepgemm_runner(inputs: dict, next_n: int, slots: int, flatten: bool = False) -> Callable[[], torch.Tensor]:
-    """DeepGEMM's ``fp8_paged_mqa_logits`` on our inputs (the same co-packed uint8 cache layout).
+    """DeepGEMM on our inputs (the same co-packed uint8 cache layouts): ``fp8_paged_mqa_logits``,
+    or ``fp8_fp4_paged_mqa_logits`` with the inputs' logits dtype and ``(q, q_sf)`` where the
+    logits are bf16 or the inputs MXFP4.
 
     ``get_paged_mqa_logits_metadata(context_lens_2d, block_kv, slots)`` is computed once, outside
     the timed calls, as an engine does once per decode step. Recent DeepGEMM takes 2-D lengths
@@ -52,17 +67,24 @@ def deepgemm_runner(inputs: dict, next_n: int, slots: int, flatten: bool = False
         offsets = torch.arange(next_n, device=lens.device, dtype=torch.int32) - (next_n - 1)
         lens = (lens[:, None] + offsets[None, :]).clamp_min(0).to(torch.int32)
     lens = lens.contiguous()
-    q, kv, w, table, mml = (inputs["q_fp8"].contiguous(), inputs["kv_cache"], inputs["weights"],
-                            inputs["kv_indices"], inputs["max_model_len"])
+    q, q_sf, kv, w, table, mml = (inputs["q_fp8"].contiguous(), inputs["q_scale"], inputs["kv_cache"],
+                                  inputs["weights"], inputs["kv_indices"], inputs["max_model_len"])
     if flatten:
         b, n, h, d = q.shape
         q = q.reshape(b * n, 1, h, d)
+        q_sf = None if q_sf is None else q_sf.reshape(b * n, 1, h)
         lens = lens.reshape(b * n, 1).contiguous()
         table = table.repeat_interleave(n, dim=0).contiguous()
     schedule = deep_gemm.get_paged_mqa_logits_metadata(lens, inputs["kv_block_size"], slots)
+    logits_dtype = inputs["out_logits"].dtype
+    if q_sf is None and logits_dtype == torch.float32:
+        def run() -> torch.Tensor:
+            return deep_gemm.fp8_paged_mqa_logits(q, kv, w, lens, table, schedule, mml, False)
+    else:
+        q_in = (q if q_sf is None else q.view(torch.float4_e2m1fn_x2), None if q_sf is None else q_sf.contiguous())
 
-    def run() -> torch.Tensor:
-        return deep_gemm.fp8_paged_mqa_logits(q, kv, w, lens, table, schedule, mml, False)
+        def run() -> torch.Tensor:
+            return deep_gemm.fp8_fp4_paged_mqa_logits(q_in, kv, w, lens, table, schedule, mml, False, logits_dtype)
 
     return run
 

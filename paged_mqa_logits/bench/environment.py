@@ -35,7 +35,8 @@ class Environment:
             f"# date: {self.date}",
             f"# copy_bandwidth_GBps: {self.copy_gbps:.0f} (device-to-device copy, read + write, same run)",
             "# method: docs/BENCHMARK.md -- rotating make_inputs copies past L2, warm-up outside capture, "
-            "median of CUDA-graph replays / calls; bytes = KV (D+4 per walked token) + logits written",
+            "median of CUDA-graph replays / calls; bytes = KV (D+4 per walked token; D/2+4 in fp4) + logits "
+            "written (4 bytes each; 2 in bf16)",
         ]
         if command:
             lines.append(f"# command: {command}")

@@ -21,6 +21,16 @@ from .shapes import Shape
 from .workload import Workload
 
 SENTINEL_BITS = 0x7FBADBAD  # a signalling-NaN payload no kernel computes: "never written"
+#: the same for bf16 logits, whose NaNs have 7 payload bits
+SENTINEL_BITS_BF16 = 0x7FBA
+
+
+def fill_sentinel(out: torch.Tensor) -> None:
+    """Fill ``out`` (fp32 or bf16 logits) with the "never written" NaN of its dtype."""
+    if out.dtype == torch.bfloat16:
+        out.view(torch.int16).fill_(SENTINEL_BITS_BF16)
+    else:
+        out.view(torch.int32).fill_(SENTINEL_BITS)
 
 
 @dataclass(frozen=True)
@@ -91,7 +101,7 @@ def check(impl: Impl, workload: Workload, call: Callable, clean_logits: bool = F
     ``clean_logits`` every position a row does not see must be ``-inf``."""
 
     args = workload.args[0]
-    args.out.view(torch.int32).fill_(SENTINEL_BITS)
+    fill_sentinel(args.out)
     before = args.out.clone()
     result = call()
     _sync(workload.device)

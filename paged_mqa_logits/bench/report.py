@@ -29,13 +29,15 @@ def load_anchor(path: str | None) -> dict[tuple, float]:
 
 
 def anchor_us(anchor: dict, shape: Shape) -> float | None:
-    """The anchor applies to the shapes it was measured on: plain cache, 2-D, uniform lengths."""
-    if shape.preshuffle or not shape.lens_2d or shape.ragged:
+    """The anchor applies to the shapes it was measured on: plain cache, 2-D, uniform lengths, fp8
+    inputs, fp32 logits."""
+    if shape.preshuffle or not shape.lens_2d or shape.ragged or shape.shape_key.format_note():
         return None
     return anchor.get((shape.heads, shape.head_dim, shape.kv_block_size, shape.next_n, shape.batch, shape.context))
 
 
-COLUMNS = ["impl", "backend", "knobs", "H", "D", "kv_block_size", "preshuffle", "lens_2d", "ragged", "next_n", "batch",
+COLUMNS = ["impl", "backend", "knobs", "H", "D", "kv_block_size", "preshuffle", "kv_format", "logits_dtype", "lens_2d",
+           "ragged", "next_n", "batch",
            "context", "us", "GBps", "frac_of_copy_bw", "TFLOPs", "calc_diff", "mask_ok", "rotate", "calls", "spread",
            "timing", "deepgemm_us", "speedup_vs_deepgemm", "anchor_us_cross_run", "speedup_vs_anchor_cross_run",
            "status"]
@@ -61,7 +63,8 @@ def csv_row(m: Measurement, anchor: dict, deepgemm: dict[Shape, float]) -> dict:
     d_us = deepgemm.get(s) if m.impl.kind != "deepgemm" else None
     return {
         "impl": m.impl.kind, "backend": m.backend or "", "knobs": format_knobs(m.knobs), "H": s.heads,
-        "D": s.head_dim, "kv_block_size": s.kv_block_size, "preshuffle": int(s.preshuffle), "lens_2d": int(s.lens_2d),
+        "D": s.head_dim, "kv_block_size": s.kv_block_size, "preshuffle": int(s.preshuffle), "kv_format": s.kv_format,
+        "logits_dtype": s.logits_dtype, "lens_2d": int(s.lens_2d),
         "ragged": s.ragged or "0", "next_n": s.next_n, "batch": s.batch, "context": s.context,
         "us": _fmt(m.us, 2), "GBps": _fmt(m.gbps, 0), "frac_of_copy_bw": _fmt(m.frac_of_copy_bw, 3),
         "TFLOPs": _fmt(m.tflops, 1), "calc_diff": f"{m.calc_diff:.2e}" if m.calc_diff is not None else "",

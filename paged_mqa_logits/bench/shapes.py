@@ -34,10 +34,12 @@ class Shape(ShapeKeyFields):
 
     @classmethod
     def of(cls, heads: int, next_n: int, batch: int, context: int, kv_block_size: int = DEFAULT_KV_BLOCK_SIZE,
-           preshuffle: bool = False, head_dim: int = HEAD_DIM, lens_2d: bool = True, ragged="") -> "Shape":
-        """A shape from its numbers (the defaults: the bench's block size, the op's head_dim)."""
+           preshuffle: bool = False, head_dim: int = HEAD_DIM, lens_2d: bool = True, ragged="", kv_format: str = "fp8",
+           logits_dtype: str = "fp32") -> "Shape":
+        """A shape from its numbers (the defaults: the bench's block size, the op's head_dim, fp8
+        inputs, fp32 logits)."""
         key = ShapeKey(heads=heads, head_dim=head_dim, kv_block_size=kv_block_size, preshuffle=preshuffle,
-                       batch=batch, next_n=next_n)
+                       batch=batch, next_n=next_n, kv_format=kv_format, logits_dtype=logits_dtype)
         return cls(key, context, lens_2d, ragged)
 
     def __post_init__(self):
@@ -62,12 +64,13 @@ class Shape(ShapeKeyFields):
     def describe(self) -> str:
         return (f"H={self.heads} next_n={self.next_n} batch={self.batch} context={self.context} "
                 f"kv_block_size={self.kv_block_size} preshuffle={int(self.preshuffle)}"
-                + ("" if self.lens_2d else " lens=1d") + (f" ragged={self.ragged}" if self.ragged else ""))
+                + ("" if self.lens_2d else " lens=1d") + (f" ragged={self.ragged}" if self.ragged else "")
+                + self.shape_key.format_note())
 
 
 def grid_shapes(heads, next_n, batch, context, kv_block_size=(DEFAULT_KV_BLOCK_SIZE,), preshuffle=(False,), *,
-                lens_2d=True, ragged="", head_dim=HEAD_DIM) -> list[Shape]:
-    return [Shape.of(h, n, b, c, bs, p, head_dim, lens_2d, ragged)
+                lens_2d=True, ragged="", head_dim=HEAD_DIM, kv_format="fp8", logits_dtype="fp32") -> list[Shape]:
+    return [Shape.of(h, n, b, c, bs, p, head_dim, lens_2d, ragged, kv_format, logits_dtype)
             for h, n, bs, p, c, b in itertools.product(heads, next_n, kv_block_size, preshuffle, context, batch)]
 
 
@@ -75,10 +78,12 @@ def _int_list(text) -> list[int]:
     return [int(x) for x in str(text).replace(";", " ").replace("|", " ").replace(",", " ").split()]
 
 
-def shapes_from_csv(path: str, *, contexts=None, lens_2d=True, ragged="") -> list[Shape]:
+def shapes_from_csv(path: str, *, contexts=None, lens_2d=True, ragged="", kv_format=None,
+                    logits_dtype=None) -> list[Shape]:
     """Shapes from a CSV with columns ``heads``/``H``, ``next_n``, ``batch`` and ``context`` (or
     ``contexts``, a ``;``-separated list, as in the tuner's untuned files), optionally
-    ``kv_block_size``, ``preshuffle``, ``head_dim``. ``contexts`` (a list) overrides the file's."""
+    ``kv_block_size``, ``preshuffle``, ``head_dim``, ``kv_format``, ``logits_dtype``.
+    ``contexts`` (a list), ``kv_format`` and ``logits_dtype`` override the file's."""
     shapes = []
     with open(path, newline="") as f:
         rows = csv.DictReader(line for line in f if line.strip() and not line.lstrip().startswith("#"))
@@ -89,7 +94,9 @@ def shapes_from_csv(path: str, *, contexts=None, lens_2d=True, ragged="") -> lis
                 raise ValueError(f"{path}: row {row} has no context (give --context)")
             cells = {"heads": row.get("heads") or row.get("H"), "head_dim": row.get("head_dim") or str(HEAD_DIM),
                      "kv_block_size": row.get("kv_block_size") or str(DEFAULT_KV_BLOCK_SIZE),
-                     "preshuffle": row.get("preshuffle") or "0", "batch": row.get("batch"), "next_n": row.get("next_n")}
+                     "preshuffle": row.get("preshuffle") or "0", "batch": row.get("batch"), "next_n": row.get("next_n"),
+                     "kv_format": kv_format or row.get("kv_format"),
+                     "logits_dtype": logits_dtype or row.get("logits_dtype")}
             try:
                 key = ShapeKey.parse(cells)
             except ValueError as exc:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..arch import detect, native_fp8_dtype
-from ..problem import LaunchArgs
+from ..problem import LOGITS_DTYPES, LaunchArgs, token_bytes
 from ..reference import logits_into, make_inputs
 from ..validate import build_launch_args
 from .shapes import Shape
@@ -23,8 +23,8 @@ class Accounting:
     """What one call must do, from the host-side lengths (never read from the device)."""
 
     visible: int  # (row, key) pairs written
-    kv_bytes: int  # keys + scales of the tokens every sequence walks
-    logits_bytes: int
+    kv_bytes: int  # keys + scales of the tokens every sequence walks (132 a token in fp8, 68 in fp4)
+    logits_bytes: int  # 4 a logit in fp32, 2 in bf16
 
     @property
     def bytes(self) -> int:
@@ -43,7 +43,8 @@ def accounting(shape: Shape, lens: list[int], max_model_len: int, max_blocks: in
         rows = [min(max(length - shape.next_n + j + 1, 0), width) for j in range(shape.next_n)]
         visible += sum(rows)
         walked += max(rows)
-    return Accounting(visible, walked * (shape.head_dim + 4), visible * 4)
+    logit_size = LOGITS_DTYPES[shape.logits_dtype].itemsize
+    return Accounting(visible, walked * token_bytes(shape.head_dim, shape.kv_format), visible * logit_size)
 
 
 def _copy_footprint(shape: Shape, lens: list[int]) -> tuple[int, int]:
@@ -51,7 +52,9 @@ def _copy_footprint(shape: Shape, lens: list[int]) -> tuple[int, int]:
     make_inputs draws float32 keys and quantises them out of place: ~16 bytes per key element."""
     blocks = sum(math.ceil(n / shape.kv_block_size) for n in lens)
     key_elems = blocks * shape.kv_block_size * shape.head_dim
-    persistent = blocks * shape.kv_block_size * (shape.head_dim + 4) + shape.batch * shape.next_n * (max(lens) + 8) * 4
+    logit_size = LOGITS_DTYPES[shape.logits_dtype].itemsize
+    persistent = (blocks * shape.kv_block_size * token_bytes(shape.head_dim, shape.kv_format)
+                  + shape.batch * shape.next_n * (max(lens) + 8) * logit_size)
     return persistent, 16 * key_elems
 
 
@@ -82,10 +85,7 @@ class Workload:
 
         if context_hint == self.context_hint:
             return self
-        args = [build_launch_args(inp["q_fp8"], inp["kv_cache"], inp["weights"], inp["out_logits"],
-                                  inp["context_lens"], inp["kv_indices"], inp["max_model_len"],
-                                  self.shape.preshuffle, self.shape.kv_block_size, context_hint=context_hint)
-                for inp in self.inputs]
+        args = [_launch_args(inp, context_hint) for inp in self.inputs]
         self.reference()
         return Workload(self.shape, self.device, self.inputs, args, self.lens, self.accounting, context_hint,
                         self._reference)
@@ -96,13 +96,21 @@ class Workload:
 
             inp = self.inputs[0]
             rows = self.shape.batch * self.shape.next_n
-            ref = torch.full((rows, inp["max_model_len"]), float("-inf"), dtype=torch.float32, device=self.device)
+            ref = torch.full((rows, inp["max_model_len"]), float("-inf"), dtype=inp["out_logits"].dtype,
+                             device=self.device)
             # Big column chunks on a GPU: the reference is not what is being timed.
             logits_into(ref, inp["q_fp8"], inp["kv_cache"], inp["weights"], inp["context_lens"], inp["kv_indices"],
                         inp["max_model_len"], kv_block_size=self.shape.kv_block_size, preshuffle=self.shape.preshuffle,
-                        max_elements=(1 << 28) if self.device.type == "cuda" else (1 << 25))
+                        max_elements=(1 << 28) if self.device.type == "cuda" else (1 << 25), q_scale=inp["q_scale"])
             self._reference = ref
         return self._reference
+
+
+def _launch_args(inp: dict, context_hint: int | None) -> LaunchArgs:
+    """The validated call of one input copy (``make_inputs``' dict) with ``context_hint``."""
+    return build_launch_args(inp["q_fp8"], inp["kv_cache"], inp["weights"], inp["out_logits"], inp["context_lens"],
+                             inp["kv_indices"], inp["max_model_len"], inp["preshuffle"], inp["kv_block_size"],
+                             context_hint=context_hint, q_scale=inp["q_scale"])
 
 
 def build_workload(shape: Shape, device: str | torch.device = "cpu", *, copies: int | None = None,
@@ -138,10 +146,9 @@ def build_workload(shape: Shape, device: str | torch.device = "cpu", *, copies: 
     for i in range(copies):
         inp = make_inputs(shape.batch, shape.next_n, shape.heads, lens, kv_block_size=shape.kv_block_size,
                           preshuffle=shape.preshuffle, fp8_dtype=native_fp8_dtype(arch), lens_2d=shape.lens_2d,
-                          max_model_len=max(lens), device=dev, seed=seed + i, head_dim=shape.head_dim)
+                          max_model_len=max(lens), device=dev, seed=seed + i, head_dim=shape.head_dim,
+                          kv_format=shape.kv_format, logits_dtype=LOGITS_DTYPES[shape.logits_dtype])
         inputs.append(inp)
-        args.append(build_launch_args(inp["q_fp8"], inp["kv_cache"], inp["weights"], inp["out_logits"],
-                                      inp["context_lens"], inp["kv_indices"], inp["max_model_len"],
-                                      shape.preshuffle, shape.kv_block_size, context_hint=hint))
+        args.append(_launch_args(inp, hint))
     acc = accounting(shape, lens, inputs[0]["max_model_len"], inputs[0]["kv_indices"].shape[1])
     return Workload(shape, dev, inputs, args, lens, acc, hint)

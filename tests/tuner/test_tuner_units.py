@@ -287,3 +287,22 @@ def test_dry_run_lists_candidates_for_another_target(tmp_path, capsys):
     assert rc == 0 and "batch=32 next_n=2 contexts=8192" in out and "triton[ChunkK=" in out
     assert "1 key(s) to tune on sm_90/cu132" in out and not os.path.exists(tmp_path / "out.csv")
     assert cli.main([keys, "-o", str(tmp_path / "out.csv"), "--backends", "nonesuch", "--dry-run"]) != 0
+
+
+def test_keys_carry_the_format_and_logits_dtype_into_candidates_and_rows(tmp_path, capsys):
+    path = write(tmp_path, "f.csv", "heads,head_dim,kv_block_size,preshuffle,batch,next_n,kv_format,logits_dtype,"
+                                    "contexts\n64,128,64,0,8,1,fp4,bf16,8192\n64,128,64,0,8,1,,,8192\n")
+    fp4, fp8 = read_untuned([path])
+    assert (fp4.kv_format, fp4.logits_dtype, fp8.kv_format, fp8.logits_dtype) == ("fp4", "bf16", "fp8", "fp32")
+    assert fp4.family != fp8.family  # tuned separately: their kernels differ
+    sm90 = Target.described("sm_90", 132)
+    cands, skipped = candidates_for(fp4, sm90, ["gluon", "triton"])
+    assert {c.backend for c in cands} == {"triton"} and "fp4" in skipped["gluon"]
+    assert problem_for(fp4, sm90, 8192).kv_format == "fp4"
+    out = str(tmp_path / "again.csv")
+    from tuner.keys import write_untuned
+
+    write_untuned(out, [fp4])
+    assert read_untuned([out]) == [fp4]
+    rc = cli.main([path, "--dry-run", "--arch", "sm90", "--cu-num", "132", "--backends", "triton"])
+    assert rc == 0 and "kv_format=fp4 logits_dtype=bf16" in capsys.readouterr().out

@@ -30,7 +30,7 @@ import torch
 from ...arch import native_fp8
 from ...problem import LaunchArgs, Problem, Target
 from ...schedule import BALANCED, SCHEDULES, derive_split_kv, persistent_programs
-from ..base import MAX_SPLIT_KV, check_knob_space
+from ..base import MAX_SPLIT_KV, check_knob_space, formats_unsupported
 from . import build
 from .plan import ARCHS, CHUNK_KS, MFMA_KINDS, WAVE_PER_EUS, WAVE_ROLES, KernelPlan
 from .toolchain import NOT_INSTALLED, flydsl_installed
@@ -81,6 +81,9 @@ class FlyDSLBackend:
     def unsupported(self, problem: Problem) -> str | None:
         if problem.arch not in ARCHS:
             return f"flydsl kernels are built for gfx942/gfx950, not {problem.arch}"
+        formats = formats_unsupported("flydsl", problem)  # MXFP4 and bf16 logits: not yet in its kernels
+        if formats is not None:
+            return formats
         if problem.fp8 != native_fp8(problem.arch):
             return (f"{problem.arch} computes fp8 e4m3{native_fp8(problem.arch)} natively; the inputs are "
                     f"e4m3{problem.fp8}")

@@ -36,7 +36,7 @@ from __future__ import annotations
 import importlib
 
 from ...problem import LaunchArgs, Problem, Target
-from ..base import CompileSpec
+from ..base import CompileSpec, formats_unsupported
 from .variant import GluonVariant
 
 #: variant modules, in preference order for an arch's default variant
@@ -81,6 +81,9 @@ class GluonBackend:
     def unsupported(self, problem: Problem) -> str | None:
         if problem.arch == "cpu":  # what CPU tensors run as (arch.detect)
             return "gluon kernels run on GPU tensors only, got CPU tensors"
+        formats = formats_unsupported("gluon", problem)  # MXFP4 and bf16 logits: not yet in its kernels
+        if formats is not None:
+            return formats
         if self._serving(problem):
             return None
         reasons = [f"{v.name}: {v.unsupported(problem)}" for v in _VARIANTS]
