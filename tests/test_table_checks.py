@@ -89,6 +89,16 @@ def test_shipped_tables_pass_the_checks():
         assert table.parse_file(path)
 
 
+def test_shipped_tables_hold_each_key_once():
+    """A key written twice in one file (a merge that kept both sides) is legal, the fastest row
+    wins, but hides which row a reader should trust: the shipped tables hold each key once."""
+    for path in table.shipped_files():
+        seen = {}
+        for row in table.parse_file(path):
+            assert row.key not in seen, f"{row.source} repeats {seen[row.key]}"
+            seen[row.key] = row.source
+
+
 def test_every_backend_implements_check_config():
     for name in backends.names():
         backend = backends.get(name)
