@@ -109,6 +109,23 @@ def test_unsupported_shapes_and_archs(kwargs, expected):
     assert expected in BACKEND.unsupported(problem(**kwargs))
 
 
+def test_fp4_is_served_on_the_scaled_mfma_only():
+    fp4 = {arch: dataclasses.replace(problem(arch), kv_format="fp4") for arch in ("gfx942", "gfx950")}
+    assert BACKEND.unsupported(fp4["gfx950"]) is None
+    assert "fp4 needs the f8f6f4 MFMA, which gfx942 does not have" in BACKEND.unsupported(fp4["gfx942"])
+    # an MXFP4 call is judged without an fp8 flavour (its problem carries the chip's)
+    assert BACKEND.unsupported(dataclasses.replace(fp4["gfx950"], fp8="fnuz")) is None
+    candidates = BACKEND.candidates(fp4["gfx950"])
+    assert candidates and {c["Mfma"] for c in candidates} == {"f8f6f4"}
+    assert BACKEND.default_config(fp4["gfx950"])["Mfma"] == "f8f6f4"
+    plan = BACKEND.plan(fp4["gfx950"], {"Mfma": "fp8"})
+    assert plan.config_error() == "Mfma must be one of ('f8f6f4',) for fp4, got 'fp8'"
+    assert plan.name.endswith("_fp4") and plan.stage_bytes == 64 * 64 and plan.tile_bytes == 1024
+    assert BACKEND.plan(problem(), {}).stage_bytes == 64 * 128
+    bf16 = dataclasses.replace(problem(), logits_dtype="bf16")
+    assert BACKEND.unsupported(bf16) == "flydsl kernels write fp32 logits, not bf16"
+
+
 def _fake_rocm(monkeypatch, arch_name):
     monkeypatch.setattr(torch.version, "hip", "6.4.0", raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -227,11 +244,13 @@ def test_work_split_covers_every_row_and_tile():
 
 # ============================================================================ the kernel, emulated
 def _launch_args(inp, arch, cu_num=8):
-    args = build_launch_args(*positional(inp))
+    args = build_launch_args(*positional(inp), q_scale=inp["q_scale"])
     return dataclasses.replace(args, problem=dataclasses.replace(args.problem, arch=arch, cu_num=cu_num))
 
 
 def _emulated(case, arch, config, grid_x=None, cu_num=8, trace_stores=False):
+    """Build ``case`` (its ``kv_format`` / ``logits_dtype`` too), emulate ``config``'s kernel on
+    it and check the output against the reference."""
     inp = build(case, fp8_dtype=FP8[arch])
     args = _launch_args(inp, arch, cu_num)
     plan = BACKEND.plan(args.problem, config)
@@ -251,6 +270,42 @@ def test_emulated_kernel_matches_reference(seed):
     # split: the derived split count, one split, three; balanced: 8 CUs x 1, a single program, 3 programs
     inp, check, _, _ = _emulated(case, arch, config, grid_x=(None, 1, 3)[seed % 3])
     assert check.ok, f"{arch} {case} {config}: {check.describe()}"
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_emulated_fp4_kernel_matches_reference(seed):
+    """MXFP4 queries and keys on gfx950's scaled MFMA (e2m1 operands, the exponents as its e8m0
+    block scales) against the exact fp4 reference, over the random matrix (block sizes, both
+    cache layouts, padded block strides, 1-D/2-D lengths, next_n 1..8) and every knob."""
+    case = dict(random_case(800 + seed, heads=(32, 64), block_sizes=(16, 32, 64, 128, 256), max_context=400),
+                kv_format="fp4")
+    roles = WAVE_ROLES[seed // 3 % 2]
+    config = {"ChunkK": CHUNK_KS[seed % 2], "WavePerEU": 2 if roles == "split" else 1,
+              "Schedule": schedule.SCHEDULES[seed // 2 % 2], "WaveRoles": roles}
+    inp, check, plan, stats = _emulated(case, "gfx950", config, grid_x=(None, 1, 3)[seed % 3])
+    assert inp["q_scale"] is not None and plan.kv_format == "fp4" and plan.mfma == "f8f6f4"
+    assert check.ok, f"{case} {config}: {check.describe()}"
+    assert set(stats.mfma) <= {"v_mfma_scale_f32_16x16x128_f8f6f4"}
+
+
+def test_emulated_fp4_kernel_uses_every_exponent():
+    """Exponents far from 127 in q and k (each group its own): a kernel that dropped, swapped or
+    misplaced one group's exponent (q's or k's) would be off by powers of two, not rounding."""
+    case = _ragged_case(12, 4, 3, True, max_context=150, heads=64, kv_block_size=32)
+    inp = build(dict(case, kv_format="fp4"))
+    gen = torch.Generator().manual_seed(1)
+    q_scale = inp["q_scale"]
+    q_scale.copy_(torch.randint(117, 138, (*q_scale.shape, 4), generator=gen, dtype=torch.uint8).view(torch.int32)[..., 0])
+    cache = inp["kv_cache"]
+    blocks, block_kv, stride = cache.shape[0], cache.shape[1], cache.stride(0)
+    words = cache.as_strided((blocks, block_kv * 4), (stride, 1), cache.storage_offset() + block_kv * 64)
+    words.copy_(torch.randint(117, 138, words.shape, generator=gen, dtype=torch.uint8))
+    args = _launch_args(inp, "gfx950")
+    plan = BACKEND.plan(args.problem, {"ChunkK": 64, "WavePerEU": 1})
+    before = inp["out_logits"].clone()
+    emulate(plan, args, BACKEND.grid_x(args.problem, plan, {}))
+    check = check_logits(inp["out_logits"], before, reference_for(inp))
+    assert check.ok, check.describe()
 
 
 def _ragged_case(seed, batch, next_n, lens_2d, max_context, heads=32, kv_block_size=32, empty=0.3):
@@ -431,6 +486,29 @@ def test_emulated_scaled_mfma_applies_its_scales():
     assert np.all(neutral == 128)  # 128 dims of 1 x 1
     assert np.all(ops.mfma_scaled(parts, parts, ops.zero_acc(), 128, 125) == 64)
     assert dict(ops.stats.mfma) == {"v_mfma_scale_f32_16x16x128_f8f6f4": 8}
+
+
+def test_emulated_scaled_mfma_on_fp4_operands():
+    """The fp4 model of the scaled MFMA: 32 e2m1 codes per lane, low nibble first, lane quarter
+    ``g`` holding K block ``g``, each lane's codes scaled by its own e8m0 byte (255: NaN)."""
+    from paged_mqa_logits.backends.flydsl.emulate import EmulatedOps, _Memory
+    from paged_mqa_logits.fp4 import pack_e2m1
+
+    ops = EmulatedOps(KernelPlan("gfx950", 32, 1, 64, True, True, 64, 1, mfma="f8f6f4", kv_format="fp4"),
+                      _Memory(), 0, 0)
+    codes = torch.zeros(4, 64, 32, dtype=torch.uint8)
+    codes[..., 0], codes[..., 31] = 2, 0xB  # 1.0 first and -1.5 last: the nibble order matters
+    packed = pack_e2m1(codes).numpy()  # [wave, lane, 16]
+    parts = [packed[..., :8], packed[..., 8:]]
+    quarter = np.arange(64) // 16
+    scale_a = np.broadcast_to(127 + quarter, (4, 64)).astype(np.int32)  # group g: 2^g
+    ones = np.full((4, 64), 127 | 0x5500, np.int32)  # only byte 0 counts
+    acc = ops.mfma_scaled(parts, parts, ops.zero_acc(), scale_a, ones, operand_format="fp4")
+    assert np.all(acc == (1 + 1.5 ** 2) * (1 + 2 + 4 + 8))
+    with np.errstate(invalid="ignore"):
+        nan = ops.mfma_scaled(parts, parts, ops.zero_acc(), scale_a, np.full((4, 64), 255, np.int32),
+                              operand_format="fp4")
+    assert np.isnan(nan).all()
 
 
 def test_emulator_faults_on_a_barrier_in_wave_divergent_code():

@@ -29,6 +29,15 @@ Data layouts, chosen once here:
   ``v_mfma_scale_f32_16x16x128_f8f6f4`` (``Mfma=f8f6f4``, gfx950) takes a lane's 32 bytes of all
   four k-steps at once, in that order (dims ``16g + (0..15)``, then ``64 + 16g + (0..15)``), with
   neutral e8m0 scales: one instruction per (16 heads, 16 tokens) instead of four.
+* **MXFP4** (``kv_format="fp4"``, gfx950): a token's key is 64 bytes of packed e2m1 pairs, so
+  the stage (and a tile, 1 KiB) is the same image at half the width: token ``t``, byte ``d`` at
+  ``(t // 16) * 1024 + (d // 16) * 256 + (t % 16) * 16 + d % 16``. Lane quarter ``g`` feeds the
+  scaled MFMA bytes ``16g..16g+15`` of its head / token, i.e. dims ``32g..32g+31``: exactly
+  MXFP4 group ``g``, so the lane's e8m0 block scale is that group's exponent (byte ``g`` of
+  ``q_scale[b, j, h]`` for A, of the token's exponent word after the block's keys for B) and
+  the instruction computes ``sum_g 2^(eq_g + ek_g - 254) * dot_g`` itself. Whatever order the
+  hardware gives the four lane quarters' K blocks, A and B use the same one and each lane's
+  32 codes share one exponent, so the product is the same. No per-token fp32 scale follows.
 * **Rows**: wave ``w`` owns rows ``rg, rg + row_groups, ...`` (``rg = w % row_groups``). Where
   ``next_n`` leaves some waves' last row slot empty (3, 5..7), those waves branch around that
   slot's MFMAs (per tile) and its reduction and store (per tile group), wave-uniform: no work
@@ -48,9 +57,8 @@ bounds them (out-of-range reads give 0, out-of-range stores are dropped). An out
 import torch
 
 from ...schedule import BALANCED
-from .plan import HEAD_DIM, TILE, WAVE_SIZE, WAVES, KernelPlan
+from .plan import TILE, WAVE_SIZE, WAVES, KernelPlan
 
-PAGE_TILE_BYTES = TILE * HEAD_DIM  # 2 KiB: one 16-token tile of keys
 #: e8m0 exponent 127 = 2^0: the scaled MFMA's scales leave the fp8 products as they are
 NEUTRAL_SCALE = 127
 #: lengths each lane loads per round of the schedule's scan (independent loads in flight)
@@ -281,7 +289,8 @@ class KernelBody:
                 I.add(out_base, I.mul(I.mul(I.to_i64(out_row), I.to_i64(a["stride_out"])), 4)), I.mul(visible, 4))
             q_row = I.add(q_base, I.add(I.mul(I.to_i64(self.b), I.to_i64(a["stride_q_b"])),
                                          I.mul(I.to_i64(j_safe), I.to_i64(a["stride_q_j"]))))
-            q_rsrc = I.buffer_resource(q_row, I.select(valid, I.add(I.mul(a["stride_q_h"], p.heads - 1), HEAD_DIM), 0))
+            q_rsrc = I.buffer_resource(q_row, I.select(valid, I.add(I.mul(a["stride_q_h"], p.heads - 1),
+                                                                     p.key_row_bytes), 0))
             w_rsrc = I.buffer_resource(I.add(w_base, I.mul(I.mul(I.to_i64(out_row), I.to_i64(a["stride_w"])), 4)),
                                        I.select(valid, 4 * p.heads, 0))
             q_frags, weights = [], []
@@ -290,12 +299,28 @@ class KernelBody:
                 # same few VGPRs for every m (and for every segment: nothing new stays live)
                 q_heads = I.uniform(I.mul(a["stride_q_h"], 16 * m))
                 frags = []
-                for half in range(2):  # dims 64*half + 16g + (0..15) -> k-steps 2*half, 2*half + 1
+                # fp8: dims 64*half + 16g + (0..15) -> k-steps 2*half, 2*half + 1; fp4: the one
+                # 16-byte half holds dims 32g + (0..31), MXFP4 group g
+                for half in range(2 if p.kv_format == "fp8" else 1):
                     off = I.add(I.mul(self.c, a["stride_q_h"]), I.add(I.mul(self.g, 16), 64 * half))
                     frags += I.buffer_load_pair(q_rsrc, off, q_heads)
                 q_frags.append(frags)
                 weights.append(I.buffer_load_f32x4(w_rsrc, I.mul(self.g, 16), 64 * m))
-            self.rows.append(dict(out=out_rsrc, q=q_frags, w=weights))
+            row = dict(out=out_rsrc, q=q_frags, w=weights)
+            if p.kv_format == "fp4":
+                row["q_exponents"] = self._query_exponents(j_safe, valid)
+            self.rows.append(row)
+
+    def _query_exponents(self, j, valid):
+        """fp4: per 16-head tile ``m``, the ue8m0 exponent of this lane's query group: byte ``g``
+        of ``q_scale[b, j, 16m + c]`` (in the low byte, where the scaled MFMA reads it)."""
+        I = self.ops
+        p, a = self.p, self.a
+        row = I.add(I.mul(self.b, a["stride_qs_b"]), I.mul(j, a["stride_qs_j"]))
+        rsrc = I.buffer_resource(I.add(I.base_address(a["q_scale"]), I.mul(I.to_i64(row), 4)),
+                                 I.select(valid, 4 * p.heads, 0))
+        shift = I.mul(self.g, 8)
+        return [I.shr(I.buffer_load_i32(rsrc, I.mul(I.add(self.c, 16 * m), 4)), shift) for m in range(p.m_tiles)]
 
     # ------------------------------------------------------------------ a stage's pages
     def stage_pages(self, chunk, live):
@@ -338,7 +363,7 @@ class KernelBody:
         p = self.p
         dma = p.dma_bytes
         per_instr = WAVE_SIZE * dma
-        key_bytes = p.kv_block_size * (HEAD_DIM + 4)  # keys + scales: the block's packed extent
+        key_bytes = p.kv_block_size * (p.key_row_bytes + 4)  # keys + scale words: the block's packed extent
         stage_base = I.add(self.lds, I.mul(parity, p.stage_bytes))
         for u in range(p.dma_tiles_per_wave):
             tile = I.add(I.mul(self.wave, p.dma_tiles_per_wave), u)
@@ -346,8 +371,8 @@ class KernelBody:
             base = _pick(I, [pb for pb, _ in pages], page)
             ok = _pick(I, [ok for _, ok in pages], page)
             rsrc = I.buffer_resource(base, I.select(ok, key_bytes, 0))
-            page_offset = I.uniform(I.mul(self.tile_in_page(chunk, tile), PAGE_TILE_BYTES))
-            lds_tile = I.add(stage_base, I.mul(tile, PAGE_TILE_BYTES))
+            page_offset = I.uniform(I.mul(self.tile_in_page(chunk, tile), p.tile_bytes))
+            lds_tile = I.add(stage_base, I.mul(tile, p.tile_bytes))
             for k in range(p.dma_per_tile):
                 in_tile = k * per_instr  # bytes of the LDS tile this instruction fills
                 source = I.uniform(I.add(page_offset, self._dma_source_offset(in_tile)))
@@ -361,10 +386,10 @@ class KernelBody:
         p, lane = self.p, self.lane
         if p.preshuffle:
             return I.mul(lane, p.dma_bytes)
-        if p.dma_bytes == 4:  # 256 B = one (tile, 16-dim) slab: lane -> token l/4, dims 4*(l%4)..
-            return I.add(I.mul(I.shr(lane, 2), HEAD_DIM), I.mul(I.bit_and(lane, 3), 4))
-        # 1 KiB = four 16-dim slabs: lane -> token l%16, dims 16*(l/16)..
-        return I.add(I.mul(I.bit_and(lane, 15), HEAD_DIM), I.mul(I.shr(lane, 4), 16))
+        if p.dma_bytes == 4:  # 256 B = one (tile, 16-byte) slab: lane -> token l/4, bytes 4*(l%4)..
+            return I.add(I.mul(I.shr(lane, 2), p.key_row_bytes), I.mul(I.bit_and(lane, 3), 4))
+        # 1 KiB = four 16-byte slabs: lane -> token l%16, bytes 16*(l/16)..
+        return I.add(I.mul(I.bit_and(lane, 15), p.key_row_bytes), I.mul(I.shr(lane, 4), 16))
 
     def _dma_source_offset(self, in_tile: int) -> int:
         """Source offset (inside the cache tile) of the instruction filling LDS tile bytes from
@@ -382,18 +407,26 @@ class KernelBody:
         return I.add(first, sub)
 
     def prefetch_scales(self, chunk, pages):
-        """Per lane and tile group: the fp32 scale of the token this lane will store."""
+        """The per-token words after a block's keys, loaded a stage ahead. fp8: per lane and tile
+        group, the fp32 scale of the token this lane will store. fp4: per tile of the wave, the
+        exponent word of token ``c`` (the lane quarter picks its group's byte at the MFMA)."""
         I = self.ops
         p = self.p
-        scales = []
-        for group in range(p.reduce_groups):
-            tile = self.final_tile(group)
-            base = _pick(I, [pb for pb, _ in pages], self.page_of_tile(tile))
-            token = I.add(I.mul(chunk, p.chunk_k), I.add(I.mul(tile, TILE), self.c))
-            in_page = I.bit_and(token, p.kv_block_size - 1)
-            offset = I.add(I.mul(in_page, 4), p.kv_block_size * HEAD_DIM)
-            scales.append(I.global_load_f32(I.add(base, I.to_i64(offset))))
-        return scales
+        if p.kv_format == "fp4":
+            first = I.mul(self.tg, p.tiles_per_wave)
+            return [I.global_load_i32(self._scale_word(chunk, pages, I.add(first, k))) for k in range(p.tiles_per_wave)]
+        return [I.global_load_f32(self._scale_word(chunk, pages, self.final_tile(group)))
+                for group in range(p.reduce_groups)]
+
+    def _scale_word(self, chunk, pages, tile):
+        """Address of the word after the keys of token ``c`` of stage tile ``tile``."""
+        I = self.ops
+        p = self.p
+        base = _pick(I, [pb for pb, _ in pages], self.page_of_tile(tile))
+        token = I.add(I.mul(chunk, p.chunk_k), I.add(I.mul(tile, TILE), self.c))
+        in_page = I.bit_and(token, p.kv_block_size - 1)
+        offset = I.add(I.mul(in_page, 4), p.kv_block_size * p.key_row_bytes)
+        return I.add(base, I.to_i64(offset))
 
     # ------------------------------------------------------------------ compute
     def compute_stage(self, chunk, parity, scales, rows):
@@ -410,8 +443,10 @@ class KernelBody:
         lane_part = I.add(I.mul(self.g, 256), I.mul(self.c, 16))
         first_tile = I.mul(self.tg, p.tiles_per_wave)
 
-        def read_keys(k):  # B operands of the wave's k-th tile: k-steps 0..3
-            addr = I.add(I.add(stage_base, I.mul(I.add(first_tile, k), PAGE_TILE_BYTES)), lane_part)
+        def read_keys(k):  # B operands of the wave's k-th tile: k-steps 0..3 (fp4: group g's 32 codes)
+            addr = I.add(I.add(stage_base, I.mul(I.add(first_tile, k), p.tile_bytes)), lane_part)
+            if p.kv_format == "fp4":
+                return dict(codes=I.lds_read_pair(addr), exponents=I.shr(scales[k], I.mul(self.g, 8)))
             return I.lds_read_pair(addr) + I.lds_read_pair(I.add(addr, 1024))
 
         def only_if_real(slot, work, otherwise=None):
@@ -432,8 +467,9 @@ class KernelBody:
             if (k + 1) % p.reduce_group == 0:  # a tile group is complete: reduce and store it
                 group = k // p.reduce_group
                 offset = self._group_offset(chunk, group)
+                scale = scales[group] if p.kv_format == "fp8" else None
                 for slot, (row, row_partials) in enumerate(zip(rows, partials)):
-                    only_if_real(slot, lambda: self._store_row(row, row_partials, offset, scales[group]))
+                    only_if_real(slot, lambda: self._store_row(row, row_partials, offset, scale))
                 partials = [[] for _ in rows]
             I.sched_fence()
             keys = upcoming
@@ -448,16 +484,21 @@ class KernelBody:
         return I.select(writer, I.mul(token, 4), I.OUT_OF_RANGE)
 
     def _store_row(self, row, row_partials, offset, scale):
-        # ReLU is positively homogeneous and scales are >= 0: scale after the head sum.
+        # ReLU is positively homogeneous and scales are >= 0: scale after the head sum (fp4 keys
+        # have no per-token scale: ``None``)
         I = self.ops
-        I.buffer_store_f32(I.fmul(self._reduce_tiles(row_partials), scale), row["out"], offset)
+        logits = self._reduce_tiles(row_partials)
+        I.buffer_store_f32(logits if scale is None else I.fmul(logits, scale), row["out"], offset)
 
     def _head_sum(self, row, tile_keys):
         """``sum_h w[h] * relu(S[h, token])`` over this lane's heads, for one row and one tile."""
         I = self.ops
         total = I.zero_f32()
         for m in range(self.p.m_tiles):
-            if self.p.mfma == "f8f6f4":  # all four k-steps' operands in one 128-deep instruction
+            if self.p.kv_format == "fp4":  # e2m1 operands, each lane's 32 codes scaled by its group's exponent
+                acc = I.mfma_scaled(row["q"][m], tile_keys["codes"], I.zero_acc(), row["q_exponents"][m],
+                                    tile_keys["exponents"], operand_format="fp4")
+            elif self.p.mfma == "f8f6f4":  # all four k-steps' operands in one 128-deep instruction
                 acc = I.mfma_scaled(row["q"][m], tile_keys, I.zero_acc(), NEUTRAL_SCALE, NEUTRAL_SCALE)
             else:
                 acc = I.zero_acc()
@@ -544,9 +585,9 @@ class KernelBody:
             self.split_schedule()
 
 
-ARG_NAMES = ("q", "kv", "weights", "out", "lens", "table", "stride_q_b", "stride_q_j", "stride_q_h", "stride_block",
+ARG_NAMES = ("q", "kv", "weights", "out", "lens", "table", "q_scale", "stride_q_b", "stride_q_j", "stride_q_h", "stride_block",
              "stride_w", "stride_out", "stride_lens_b", "stride_lens_j", "stride_table", "max_model_len",
-             "max_blocks", "grid_x", "batch")
+             "max_blocks", "grid_x", "batch", "stride_qs_b", "stride_qs_j")
 
 
 def grid(plan: KernelPlan, grid_x: int, batch: int) -> tuple[int, int]:
@@ -567,9 +608,12 @@ def launch_arguments(args, grid_x: int) -> tuple:
     else:
         lens_2d_view, (stride_lens_b, stride_lens_j) = lens, lens.stride()
     q = args.q.view(torch.uint8)
+    # fp8 calls have no query exponents: the lengths stand in for the tensor argument, never read
+    q_scale, (stride_qs_b, stride_qs_j) = ((args.q_scale, args.q_scale.stride()[:2]) if args.q_scale is not None
+                                           else (lens_2d_view, (0, 0)))
     return (
-        q, args.kv_cache, args.weights, args.out, lens_2d_view, args.block_table,
+        q, args.kv_cache, args.weights, args.out, lens_2d_view, args.block_table, q_scale,
         q.stride(0), q.stride(1), q.stride(2), args.kv_cache.stride(0), args.weights.stride(0), args.out.stride(0),
         stride_lens_b, stride_lens_j, args.block_table.stride(0), args.max_model_len, args.max_blocks, grid_x,
-        args.problem.batch,
+        args.problem.batch, stride_qs_b, stride_qs_j,
     )

@@ -28,11 +28,11 @@ import importlib
 import torch
 
 from ...arch import native_fp8
-from ...problem import LaunchArgs, Problem, Target
+from ...problem import KV_FORMATS, LaunchArgs, Problem, Target
 from ...schedule import BALANCED, SCHEDULES, derive_split_kv, persistent_programs
 from ..base import MAX_SPLIT_KV, check_knob_space, formats_unsupported
 from . import build
-from .plan import ARCHS, CHUNK_KS, MFMA_KINDS, WAVE_PER_EUS, WAVE_ROLES, KernelPlan
+from .plan import ARCHS, CHUNK_KS, KV_FORMAT_MFMA, MFMA_KINDS, WAVE_PER_EUS, WAVE_ROLES, KernelPlan
 from .toolchain import NOT_INSTALLED, flydsl_installed
 
 def rocm_runtime_problem(arch: str) -> str | None:
@@ -81,10 +81,11 @@ class FlyDSLBackend:
     def unsupported(self, problem: Problem) -> str | None:
         if problem.arch not in ARCHS:
             return f"flydsl kernels are built for gfx942/gfx950, not {problem.arch}"
-        formats = formats_unsupported("flydsl", problem)  # MXFP4 and bf16 logits: not yet in its kernels
+        formats = formats_unsupported("flydsl", problem, kv_formats=KV_FORMATS)  # bf16 logits: not yet
         if formats is not None:
             return formats
-        if problem.fp8 != native_fp8(problem.arch):
+        # an MXFP4 call has no fp8 flavour of its own (``problem.fp8`` is the chip's)
+        if problem.kv_format == "fp8" and problem.fp8 != native_fp8(problem.arch):
             return (f"{problem.arch} computes fp8 e4m3{native_fp8(problem.arch)} natively; the inputs are "
                     f"e4m3{problem.fp8}")
         if problem.head_dim != 128:
@@ -123,7 +124,8 @@ class FlyDSLBackend:
         GPU has run the split roles: they are a tuner candidate), the balanced schedule where
         the cache layout allows it (else split) and the highest occupancy (up to 4 workgroups
         per CU) the shape fits."""
-        base = {"ChunkK": 64, "SplitKV": 0, "Mfma": MFMA_KINDS.get(problem.arch, ("fp8",))[0],
+        kinds = [k for k in MFMA_KINDS.get(problem.arch, ("fp8",)) if k in KV_FORMAT_MFMA.get(problem.kv_format, ())]
+        base = {"ChunkK": 64, "SplitKV": 0, "Mfma": (kinds or ["fp8"])[0],
                 "WaveRoles": WAVE_ROLES[0]}
         for schedule in SCHEDULES:
             for wave_per_eu in sorted(WAVE_PER_EUS, reverse=True):
@@ -137,7 +139,7 @@ class FlyDSLBackend:
                           kv_block_size=problem.kv_block_size, preshuffle=problem.preshuffle,
                           lens_2d=problem.lens_2d, chunk_k=int(config["ChunkK"]), wave_per_eu=int(config["WavePerEU"]),
                           schedule=str(config["Schedule"]), mfma=str(config["Mfma"]),
-                          wave_roles=str(config.get("WaveRoles", WAVE_ROLES[0])))
+                          wave_roles=str(config.get("WaveRoles", WAVE_ROLES[0])), kv_format=problem.kv_format)
 
     def grid_x(self, problem: Problem, plan: KernelPlan, config: dict) -> int:
         """Workgroups along x. Balanced: one resident wave of them, ``CUs x`` workgroups per CU

@@ -27,7 +27,13 @@ confirms):
 * ``v_mfma_scale_f32_16x16x128_f8f6f4`` (gfx950, fp8 e4m3 A and B): lane ``l`` holds 32 bytes
   of each operand, byte ``e`` = K index ``16 * (l // 16) + e`` (``e < 16``) or
   ``64 + 16 * (l // 16) + e - 16``; each lane's bytes are multiplied by ``2^(scale - 127)`` of
-  its e8m0 scale byte (opsel 0); the result is placed as for the 16x16x32 MFMA.
+  its e8m0 scale byte (opsel 0); the result is placed as for the 16x16x32 MFMA;
+* the same instruction with fp4 e2m1 A and B (cbsz = blgp = 4): lane ``l`` holds 16 bytes of
+  each operand, 32 codes, code ``e`` in byte ``e // 2`` (the low nibble first, as MXFP4 packs
+  them) at K index ``32 * (l // 16) + e``; its e8m0 byte scales those 32 codes. (The kernel is
+  indifferent to which K block the hardware assigns each lane quarter, since A and B follow the
+  same rule; what it relies on is that one lane's 32 codes share its one scale byte.) An e8m0
+  byte of 255 is NaN, as in the OCP MX format.
 
 Every MFMA a wave issues is counted (``EmulationStats.mfma``; per wave with the LDS DMAs in
 ``EmulationStats.by_wave``, so the tests see which waves copy and which score), and output
@@ -46,6 +52,7 @@ import numpy as np
 import torch
 
 from ...arch import native_fp8_dtype
+from ...fp4 import E2M1_VALUES
 from ...problem import LaunchArgs
 from .algorithm import ARG_NAMES, KernelBody, grid, launch_arguments
 from .plan import WAVE_SIZE, KernelPlan
@@ -89,6 +96,13 @@ class _Memory:
             return
         data, offset = self._locate(address, values.shape[-1])
         data[offset[..., None] + np.arange(values.shape[-1])] = values
+
+
+def _e2m1(bytes_: np.ndarray) -> np.ndarray:
+    """``[..., n]`` bytes of packed e2m1 pairs -> ``[..., 2n]`` float32 values, low nibble first."""
+    codes = np.stack((bytes_ & 0xF, bytes_ >> 4), axis=-1).reshape(*bytes_.shape[:-1], -1)
+    magnitude = np.asarray(E2M1_VALUES, np.float32)[codes & 7]
+    return np.where(codes & 8, -magnitude, magnitude).astype(np.float32)
 
 
 class _Resource:
@@ -316,6 +330,9 @@ class EmulatedOps:
     def global_load_f32(self, address):
         return self.memory.read(np.asarray(address, np.int64), 4).view(np.float32)[..., 0]
 
+    def global_load_i32(self, address):
+        return self.memory.read(np.asarray(address, np.int64), 4).view(np.int32)[..., 0]
+
     def lds_dma(self, rsrc, lds_address, lane_offset, uniform_offset, nbytes):
         for name, value in (("M0", lds_address), ("soffset", uniform_offset)):
             value = self._int(value)
@@ -371,23 +388,30 @@ class EmulatedOps:
             out[..., i] += d[:, 4 * group + i, row]
         return out
 
-    def mfma_scaled(self, a_parts, b_parts, acc, scale_a, scale_b):
+    def mfma_scaled(self, a_parts, b_parts, acc, scale_a, scale_b, operand_format="fp8"):
         self.stats.mfma["v_mfma_scale_f32_16x16x128_f8f6f4"] += int(self.active.sum())
         self._count("mfma")
         lane = np.arange(WAVE_SIZE)
         row, group = lane % 16, lane // 16
+        decode = self._fp8 if operand_format == "fp8" else _e2m1
         operands = []
         for parts, scale in ((a_parts, scale_a), (b_parts, scale_b)):
-            values = self._fp8(np.concatenate(parts, axis=-1))  # [wave, lane, 32]
-            exponent = (self._int(scale) & 0xFF).astype(np.int32) - 127
-            operands.append(values * np.exp2(exponent.astype(np.float32))[..., None])
+            values = decode(np.concatenate(parts, axis=-1))  # [wave, lane, 32]
+            byte = (self._int(scale) & 0xFF).astype(np.int32)
+            with np.errstate(invalid="ignore", over="ignore"):
+                factor = np.where(byte == 255, np.float32(np.nan), np.exp2((byte - 127).astype(np.float32)))
+                operands.append((values * factor[..., None]).astype(np.float32))
         a_mat = np.zeros((self.waves, 16, 128), np.float32)
         b_mat = np.zeros((self.waves, 128, 16), np.float32)
         for e in range(32):
-            k = 16 * group + e if e < 16 else 64 + 16 * group + e - 16
+            if operand_format == "fp8":
+                k = 16 * group + e if e < 16 else 64 + 16 * group + e - 16
+            else:
+                k = 32 * group + e
             a_mat[:, row, k] = operands[0][:, :, e]
             b_mat[:, k, row] = operands[1][:, :, e]
-        d = a_mat @ b_mat
+        with np.errstate(invalid="ignore", over="ignore"):  # NaN scales: NaN results, as on the GPU
+            d = a_mat @ b_mat
         out = acc.copy()
         for i in range(4):
             out[..., i] += d[:, 4 * group + i, row]
@@ -421,7 +445,7 @@ def emulate(plan: KernelPlan, args: LaunchArgs, grid_x: int, trace_stores: bool 
     splits per sequence (split)."""
     memory = _Memory()
     values = list(launch_arguments(args, grid_x))
-    for i in range(6):  # tensors -> addresses in the emulated address space
+    for i in range(7):  # tensors -> addresses in the emulated address space
         values[i] = memory.tensor_address(values[i])
     named = dict(zip(ARG_NAMES, values))
     stats = EmulationStats()
