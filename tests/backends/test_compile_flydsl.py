@@ -197,6 +197,24 @@ def test_fp4_kernels_compile_for_gfx950(tmp_path):
         assert record.lds_bytes == plan.lds_bytes == 2 * plan.chunk_k * 64
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_bf16_logits_kernels_compile(arch, tmp_path):
+    """bf16 logits: the stores are 2-byte ``buffer_store_short`` (no 4-byte store of logits), for
+    fp8 on both archs and fp4 on gfx950, and the kernels pass the usual checks."""
+    _require_flydsl()
+    formats = ("fp8", "fp4") if arch == "gfx950" else ("fp8",)
+    plans = [BACKEND.plan(build._problem(arch, 64, 2, 64, True, True, kv_format, "bf16"), {"ChunkK": 64})
+             for kv_format in formats]
+    records = build.compile_plans(arch, plans, str(tmp_path), progress=False)
+    assert check_records(records) == []
+    for record in records:
+        assert record.ok and record.name.endswith("_bf16"), record.name
+        with open(record.isa) as f:
+            isa = f.read()
+        assert re.search(r"^\s*buffer_store_short ", isa, re.M), record.name
+        assert not re.search(r"^\s*buffer_store_dword ", isa, re.M), record.name
+
+
 def test_knob_space_covers_every_candidate():
     for arch in ARCHS:
         names = {plan.name for plan in build.knob_space(BACKEND, arch)}
@@ -207,6 +225,7 @@ def test_knob_space_covers_every_candidate():
                     for config in BACKEND.candidates(problem):
                         assert BACKEND.plan(problem, config).name in names
         assert any(name.endswith("_fp4") for name in names) == (arch == "gfx950")
+        assert any(name.endswith("_bf16") for name in names)
         layouts = {re.search(r"_kb(\d+)_(shuf|plain)_(1d|2d)_", n).groups() for n in names}
         assert len(layouts) == 5 * 2 * 2  # every block size x cache layout x length layout
 

@@ -122,8 +122,6 @@ def test_fp4_is_served_on_the_scaled_mfma_only():
     assert plan.config_error() == "Mfma must be one of ('f8f6f4',) for fp4, got 'fp8'"
     assert plan.name.endswith("_fp4") and plan.stage_bytes == 64 * 64 and plan.tile_bytes == 1024
     assert BACKEND.plan(problem(), {}).stage_bytes == 64 * 128
-    bf16 = dataclasses.replace(problem(), logits_dtype="bf16")
-    assert BACKEND.unsupported(bf16) == "flydsl kernels write fp32 logits, not bf16"
 
 
 def _fake_rocm(monkeypatch, arch_name):
@@ -306,6 +304,34 @@ def test_emulated_fp4_kernel_uses_every_exponent():
     emulate(plan, args, BACKEND.grid_x(args.problem, plan, {}))
     check = check_logits(inp["out_logits"], before, reference_for(inp))
     assert check.ok, check.describe()
+
+
+@pytest.mark.parametrize("arch, kv_format, config", [
+    ("gfx942", "fp8", {"ChunkK": 64}), ("gfx950", "fp8", {"ChunkK": 128, "Mfma": "fp8", "Schedule": "split"}),
+    ("gfx950", "fp8", {"ChunkK": 64, "WavePerEU": 2, "WaveRoles": "split"}),
+    ("gfx950", "fp4", {"ChunkK": 128}), ("gfx950", "fp4", {"ChunkK": 64, "Schedule": "split"}),
+])
+def test_emulated_bf16_logits_are_the_fp32_logits_rounded_once(arch, kv_format, config):
+    """bf16 logits: the same kernel's fp32 result rounded to nearest even at the store (bit for
+    bit), every visible position written exactly once and nothing else (2-byte stores bounded
+    by the row), and the reference's bf16 logits matched."""
+    case = dict(_ragged_case(21, 6, 3, True, max_context=300, heads=64, kv_block_size=32), kv_format=kv_format)
+    outs = {}
+    for logits_dtype in (torch.float32, torch.bfloat16):
+        inp, check, plan, stats = _emulated(dict(case, logits_dtype=logits_dtype), arch, config, trace_stores=True)
+        assert check.ok, f"{logits_dtype}: {check.describe()}"
+        assert plan.logits_dtype == {torch.float32: "fp32", torch.bfloat16: "bf16"}[logits_dtype]
+        out = inp["out_logits"]
+        counts = torch.zeros(out.shape[0], out.stride(0), dtype=torch.int32)
+        for elements in stats.stores.values():
+            np.add.at(counts.numpy(), np.divmod(elements, out.stride(0)), 1)
+        visible = _visible_rows(inp, plan)
+        assert torch.equal(counts, (torch.arange(out.stride(0))[None, :] < visible[:, None]).int())
+        outs[logits_dtype] = (out, visible)
+    (fp32, visible), (bf16, _) = outs[torch.float32], outs[torch.bfloat16]
+    mask = torch.arange(fp32.shape[1])[None, :] < visible[:, None]
+    assert mask.any()
+    assert torch.equal(bf16[mask].view(torch.int16), fp32[mask].to(torch.bfloat16).view(torch.int16))
 
 
 def _ragged_case(seed, batch, next_n, lens_2d, max_context, heads=32, kv_block_size=32, empty=0.3):

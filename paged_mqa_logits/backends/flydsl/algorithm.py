@@ -285,8 +285,9 @@ class KernelBody:
             j_safe = I.smin(j, p.next_n - 1)
             visible = I.select(valid, I.smin(self.row_length(j_safe), self.end), 0)
             out_row = I.add(I.mul(self.b, p.next_n), j_safe)
+            size = p.logits_bytes
             out_rsrc = I.buffer_resource(
-                I.add(out_base, I.mul(I.mul(I.to_i64(out_row), I.to_i64(a["stride_out"])), 4)), I.mul(visible, 4))
+                I.add(out_base, I.mul(I.mul(I.to_i64(out_row), I.to_i64(a["stride_out"])), size)), I.mul(visible, size))
             q_row = I.add(q_base, I.add(I.mul(I.to_i64(self.b), I.to_i64(a["stride_q_b"])),
                                          I.mul(I.to_i64(j_safe), I.to_i64(a["stride_q_j"]))))
             q_rsrc = I.buffer_resource(q_row, I.select(valid, I.add(I.mul(a["stride_q_h"], p.heads - 1),
@@ -481,14 +482,18 @@ class KernelBody:
         p = self.p
         token = I.add(I.mul(chunk, p.chunk_k), I.add(I.mul(self.final_tile(group), TILE), self.c))
         writer = {4: I.true(), 2: I.eq(I.bit_and(self.g, 1), 0), 1: I.eq(self.g, 0)}[p.reduce_group]
-        return I.select(writer, I.mul(token, 4), I.OUT_OF_RANGE)
+        return I.select(writer, I.mul(token, p.logits_bytes), I.OUT_OF_RANGE)
 
     def _store_row(self, row, row_partials, offset, scale):
         # ReLU is positively homogeneous and scales are >= 0: scale after the head sum (fp4 keys
         # have no per-token scale: ``None``)
         I = self.ops
         logits = self._reduce_tiles(row_partials)
-        I.buffer_store_f32(logits if scale is None else I.fmul(logits, scale), row["out"], offset)
+        logits = logits if scale is None else I.fmul(logits, scale)
+        if self.p.logits_dtype == "bf16":  # the fp32 result, rounded once (to nearest even)
+            I.buffer_store_bf16(logits, row["out"], offset)
+        else:
+            I.buffer_store_f32(logits, row["out"], offset)
 
     def _head_sum(self, row, tile_keys):
         """``sum_h w[h] * relu(S[h, token])`` over this lane's heads, for one row and one tile."""

@@ -28,7 +28,7 @@ import importlib
 import torch
 
 from ...arch import native_fp8
-from ...problem import KV_FORMATS, LaunchArgs, Problem, Target
+from ...problem import KV_FORMATS, LOGITS_DTYPES, LaunchArgs, Problem, Target
 from ...schedule import BALANCED, SCHEDULES, derive_split_kv, persistent_programs
 from ..base import MAX_SPLIT_KV, check_knob_space, formats_unsupported
 from . import build
@@ -81,7 +81,7 @@ class FlyDSLBackend:
     def unsupported(self, problem: Problem) -> str | None:
         if problem.arch not in ARCHS:
             return f"flydsl kernels are built for gfx942/gfx950, not {problem.arch}"
-        formats = formats_unsupported("flydsl", problem, kv_formats=KV_FORMATS)  # bf16 logits: not yet
+        formats = formats_unsupported("flydsl", problem, kv_formats=KV_FORMATS, logits_dtypes=tuple(LOGITS_DTYPES))
         if formats is not None:
             return formats
         # an MXFP4 call has no fp8 flavour of its own (``problem.fp8`` is the chip's)
@@ -139,7 +139,8 @@ class FlyDSLBackend:
                           kv_block_size=problem.kv_block_size, preshuffle=problem.preshuffle,
                           lens_2d=problem.lens_2d, chunk_k=int(config["ChunkK"]), wave_per_eu=int(config["WavePerEU"]),
                           schedule=str(config["Schedule"]), mfma=str(config["Mfma"]),
-                          wave_roles=str(config.get("WaveRoles", WAVE_ROLES[0])), kv_format=problem.kv_format)
+                          wave_roles=str(config.get("WaveRoles", WAVE_ROLES[0])), kv_format=problem.kv_format,
+                          logits_dtype=problem.logits_dtype)
 
     def grid_x(self, problem: Problem, plan: KernelPlan, config: dict) -> int:
         """Workgroups along x. Balanced: one resident wave of them, ``CUs x`` workgroups per CU

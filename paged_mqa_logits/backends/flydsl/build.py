@@ -43,17 +43,18 @@ MAX_WORKERS = 4
 
 # ============================================================================ what to compile
 def _problem(arch: str, heads: int, next_n: int, kv_block_size: int, preshuffle: bool, lens_2d: bool,
-             kv_format: str = "fp8"):
+             kv_format: str = "fp8", logits_dtype: str = "fp32"):
     return Problem(arch, 0, 1, next_n, heads, 128, kv_block_size, preshuffle, None, lens_2d, native_fp8(arch), 8192,
-                   kv_format=kv_format)
+                   kv_format=kv_format, logits_dtype=logits_dtype)
 
 
 def knob_space(backend, arch: str) -> list[KernelPlan]:
     """Every candidate (ChunkK x WavePerEU x Schedule x Mfma) of the canonical layout (KVBlockSize 64, Preshuffle,
     2-D lengths) for heads 32/64 and next_n 1..8, plus each cache/length layout (KVBlockSize
     16..256, plain and Preshuffle, 1-D and 2-D) with the default knobs for two shapes; each for
-    every query/key format ``arch`` serves. ``backend`` is the flydsl backend object, whose
-    ``plan`` realises a config."""
+    every query/key format ``arch`` serves; and bf16 logits with the default knobs for every
+    (format, heads, next_n) of the canonical layout (they change only the store). ``backend``
+    is the flydsl backend object, whose ``plan`` realises a config."""
     plans: dict[str, KernelPlan] = {}
     for kv_format in KV_FORMATS:
         if backend.unsupported(_problem(arch, 64, 1, 64, True, True, kv_format)) is not None:
@@ -63,6 +64,9 @@ def knob_space(backend, arch: str) -> list[KernelPlan]:
                 problem = _problem(arch, heads, next_n, 64, True, True, kv_format)
                 for plan in (backend.plan(problem, config) for config in backend.candidates(problem)):
                     plans[plan.name] = plan
+                bf16 = _problem(arch, heads, next_n, 64, True, True, kv_format, "bf16")
+                plan = backend.plan(bf16, backend.default_config(bf16))
+                plans[plan.name] = plan
         for heads, next_n in ((64, 1), (32, 3)):
             for kv_block_size in KV_BLOCK_SIZES:
                 for preshuffle in (True, False):
@@ -81,7 +85,8 @@ def config_plans(backend, arch: str, configs: list[dict]) -> list[KernelPlan]:
         knobs = {k: v for k, v in config.items() if k in backend.knobs}
         for lens_2d in (True, False):
             problem = _problem(arch, config["heads"], config["next_n"], config["kv_block_size"],
-                               bool(config["preshuffle"]), lens_2d, config.get("kv_format") or "fp8")
+                               bool(config["preshuffle"]), lens_2d, config.get("kv_format") or "fp8",
+                               config.get("logits_dtype") or "fp32")
             if backend.unsupported(problem) is None:
                 plan = backend.plan(problem, knobs)
                 plans[plan.name] = plan
@@ -273,8 +278,9 @@ def _placeholder_args(plan: KernelPlan) -> tuple:
     import torch
 
     u8, f32, i32 = torch.uint8, torch.float32, torch.int32
+    logits = torch.bfloat16 if plan.logits_dtype == "bf16" else f32
     tensors = (torch.zeros(1, 1, 1, 16, dtype=u8), torch.zeros(1, 1, 1, 16, dtype=u8), torch.zeros(1, 4, dtype=f32),
-               torch.zeros(1, 4, dtype=f32), torch.zeros(1, 1, dtype=i32), torch.zeros(1, 1, dtype=i32),
+               torch.zeros(1, 4, dtype=logits), torch.zeros(1, 1, dtype=i32), torch.zeros(1, 1, dtype=i32),
                torch.zeros(1, 1, 1, dtype=i32))
     return tensors + (1,) * 15
 

@@ -327,6 +327,15 @@ class EmulatedOps:
         if self.store_trace is not None:
             self.store_trace.append(rsrc.address[ok] + offset[ok])
 
+    def buffer_store_bf16(self, value, rsrc, offset):
+        offset = self._int(offset).astype(np.int64)
+        ok = (offset + 2 <= rsrc.num_records) & self.active[:, None]
+        values = torch.from_numpy(np.ascontiguousarray(np.broadcast_to(value, self.shape).astype(np.float32)))
+        bits = values.to(torch.bfloat16).view(torch.int16).numpy()  # round to nearest even, as v_cvt does
+        self.memory.write(rsrc.address[ok] + offset[ok], bits[ok][:, None].view(np.uint8))
+        if self.store_trace is not None:
+            self.store_trace.append(rsrc.address[ok] + offset[ok])
+
     def global_load_f32(self, address):
         return self.memory.read(np.asarray(address, np.int64), 4).view(np.float32)[..., 0]
 
@@ -455,6 +464,7 @@ def emulate(plan: KernelPlan, args: LaunchArgs, grid_x: int, trace_stores: bool 
             KernelBody(plan, EmulatedOps(plan, memory, x, y, stats, trace_stores), named).run()
     if trace_stores:  # byte addresses -> element indices of the output's storage
         out_base = named["out"]
-        stats.stores = {ids: (np.concatenate(chunks) - out_base) // 4 if chunks else np.zeros(0, np.int64)
+        size = args.out.element_size()
+        stats.stores = {ids: (np.concatenate(chunks) - out_base) // size if chunks else np.zeros(0, np.int64)
                         for ids, chunks in stats.stores.items()}
     return stats

@@ -244,6 +244,14 @@ def buffer_store_f32(value, resource, byte_offset):
     rocdl.RawPtrBufferStoreOp(_raw(value), resource, _raw(byte_offset), const32(0))
 
 
+def buffer_store_bf16(value, resource, byte_offset):
+    """An fp32 rounded to bf16 (to nearest even) and stored as 2 bytes (``buffer_store_short``);
+    dropped like :func:`buffer_store_f32` out of range."""
+    rounded = arith.truncf(ir.BF16Type.get(), _raw(value))
+    bits = arith.bitcast(ir.IntegerType.get_signless(16), rounded)
+    rocdl.RawPtrBufferStoreOp(bits, resource, _raw(byte_offset), const32(0))
+
+
 def global_load_f32(address):
     """One fp32 at a per-lane 64-bit address (``global_load_dword``)."""
     ptr = llvm.inttoptr(ir.Type.parse("!llvm.ptr<1>"), _raw(address))

@@ -96,6 +96,8 @@ class KernelPlan:
     #: the query/key format (``problem.KV_FORMATS``): ``fp4`` stages half the bytes per token and
     #: scores them with the scaled MFMA on e2m1 operands (see KV_FORMAT_MFMA)
     kv_format: str = "fp8"
+    #: the logits dtype (``problem.LOGITS_DTYPES``): ``bf16`` rounds the fp32 result once, at the store
+    logits_dtype: str = "fp32"
 
     # ------------------------------------------------------------------ waves
     @property
@@ -171,6 +173,11 @@ class KernelPlan:
         return HEAD_DIM if self.kv_format == "fp8" else HEAD_DIM // 2
 
     @property
+    def logits_bytes(self) -> int:
+        """Bytes of one stored logit."""
+        return 4 if self.logits_dtype == "fp32" else 2
+
+    @property
     def tile_bytes(self) -> int:
         """Bytes of one 16-token tile of keys in LDS (and in a Preshuffle cache block)."""
         return TILE * self.key_row_bytes
@@ -222,7 +229,8 @@ class KernelPlan:
         return (f"flydsl_{self.arch}_h{self.heads}_n{self.next_n}_kb{self.kv_block_size}"
                 f"_{'shuf' if self.preshuffle else 'plain'}_{'2d' if self.lens_2d else '1d'}"
                 f"_ck{self.chunk_k}_w{self.wave_per_eu}_{self.schedule}_{self.mfma}"
-                f"{'_roles' if self.wave_roles == 'split' else ''}{'_fp4' if self.kv_format == 'fp4' else ''}")
+                f"{'_roles' if self.wave_roles == 'split' else ''}{'_fp4' if self.kv_format == 'fp4' else ''}"
+                f"{'_bf16' if self.logits_dtype == 'bf16' else ''}")
 
     def problem_error(self) -> str | None:
         """Why this plan's shape cannot be built (``None`` = it can)."""
@@ -235,6 +243,8 @@ class KernelPlan:
         if not set(KV_FORMAT_MFMA[self.kv_format]) & set(MFMA_KINDS.get(self.arch, ())):
             return (f"{self.kv_format} needs the {'/'.join(KV_FORMAT_MFMA[self.kv_format])} MFMA, which "
                     f"{self.arch} does not have")
+        if self.logits_dtype not in ("fp32", "bf16"):
+            return f"logits_dtype must be fp32 or bf16, got {self.logits_dtype!r}"
         if not 1 <= self.next_n <= 8:
             return f"next_n must be in 1..8, got {self.next_n}"
         if self.kv_block_size not in KV_BLOCK_SIZES:
