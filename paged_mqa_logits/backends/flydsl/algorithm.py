@@ -63,6 +63,17 @@ from .plan import TILE, WAVE_SIZE, WAVES, KernelPlan
 NEUTRAL_SCALE = 127
 #: lengths each lane loads per round of the schedule's scan (independent loads in flight)
 SCAN_UNROLL = 4
+#: the chip's fp8 bytes of the e2m1 magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 (codes 0..7), as the
+#: (high, low) words of a ``v_perm_b32`` byte table: e4m3fnuz (bias 8) on gfx942, e4m3fn
+#: (bias 7) on gfx950; every one of them is exact in both
+E2M1_AS_FP8 = {"gfx942": (0x54504C48, 0x44403800), "gfx950": (0x4C484440, 0x3C383000)}
+#: the two ue8m0 biases of a product of a query and a key exponent
+EXPONENT_BIAS_2 = 254
+
+
+def _signed32(v: int) -> int:
+    """An unsigned 32-bit constant as the i32 of the same bits."""
+    return v - (1 << 32) if v >= 1 << 31 else v
 
 
 def _log2(n: int) -> int:
@@ -308,18 +319,64 @@ class KernelBody:
                 q_frags.append(frags)
                 weights.append(I.buffer_load_f32x4(w_rsrc, I.mul(self.g, 16), 64 * m))
             row = dict(out=out_rsrc, q=q_frags, w=weights)
-            if p.kv_format == "fp4":
+            if p.kv_format == "fp4" and p.mfma == "fp8":
+                row["q"], row["q_words"] = self._widened_query(q_rsrc, j_safe, valid)
+            elif p.kv_format == "fp4":
                 row["q_exponents"] = self._query_exponents(j_safe, valid)
             self.rows.append(row)
+
+    def _query_scale_resource(self, j, valid):
+        I = self.ops
+        p, a = self.p, self.a
+        row = I.add(I.mul(self.b, a["stride_qs_b"]), I.mul(j, a["stride_qs_j"]))
+        return I.buffer_resource(I.add(I.base_address(a["q_scale"]), I.mul(I.to_i64(row), 4)),
+                                 I.select(valid, 4 * p.heads, 0))
+
+    def _widened_query(self, q_rsrc, j, valid):
+        """fp4 on the plain fp8 MFMA: per 16-head tile ``m``, the A operands of k-steps 0..3 (k-step
+        ``ks`` = MXFP4 group ``ks``: lane quarter ``g`` feeds codes ``8g..8g+7`` of it, widened
+        to fp8 by :meth:`_widen_e2m1`), and the exponent words of the heads whose results the
+        lane holds (``16m + 4g + i``, i < 4)."""
+        I = self.ops
+        p, a = self.p, self.a
+        scale_rsrc = self._query_scale_resource(j, valid)
+        operands, words = [], []
+        for m in range(p.m_tiles):
+            head = I.mul(I.add(self.c, 16 * m), a["stride_q_h"])
+            operands.append([self._widen_e2m1(I.buffer_load_i32(q_rsrc, I.add(head, I.add(I.mul(self.g, 4), 16 * ks))))
+                             for ks in range(p.k_steps)])
+            words.append([I.buffer_load_i32(scale_rsrc, I.mul(I.add(I.mul(self.g, 4), 16 * m + i), 4))
+                          for i in range(4)])
+        return operands, words
+
+    def _widen_e2m1(self, packed):
+        """Eight e2m1 codes (four packed bytes) as eight fp8 bytes of the chip's flavour, exactly:
+        the even codes (low nibbles) in the low word, the odd ones in the high word (A and B are
+        widened alike, so the order of a k-step's elements does not matter). A byte table
+        (``v_perm_b32``) maps the magnitudes; the sign goes to bit 7 where the magnitude is not
+        0 (e2m1's -0 must not become e4m3fnuz's NaN byte 0x80)."""
+        I = self.ops
+        table_hi, table_lo = (_signed32(w) for w in E2M1_AS_FP8[self.p.arch])
+        halves = []
+        for nibbles in (I.bit_and(packed, 0x0F0F0F0F), I.bit_and(I.shr(packed, 4), 0x0F0F0F0F)):
+            magnitude = I.bit_and(nibbles, 0x07070707)
+            fp8 = I.byte_permute(table_hi, table_lo, magnitude)
+            nonzero = I.bit_and(I.add(magnitude, 0x7F7F7F7F), _signed32(0x80808080))  # bit 7: magnitude >= 1
+            sign = I.bit_and(I.mul(nibbles, 16), nonzero)  # bit 3 of each code -> bit 7 of its byte
+            halves.append(I.add(fp8, sign))  # disjoint bits: the table's bytes are below 0x80
+        return I.i64_from_halves(halves[0], halves[1])
+
+    def _exponent(self, word, group):
+        """ue8m0 byte ``group`` of an exponent word."""
+        I = self.ops
+        return I.bit_and(I.shr(word, 8 * group) if group else word, 0xFF) if group < 3 else I.shr(word, 24)
 
     def _query_exponents(self, j, valid):
         """fp4: per 16-head tile ``m``, the ue8m0 exponent of this lane's query group: byte ``g``
         of ``q_scale[b, j, 16m + c]`` (in the low byte, where the scaled MFMA reads it)."""
         I = self.ops
-        p, a = self.p, self.a
-        row = I.add(I.mul(self.b, a["stride_qs_b"]), I.mul(j, a["stride_qs_j"]))
-        rsrc = I.buffer_resource(I.add(I.base_address(a["q_scale"]), I.mul(I.to_i64(row), 4)),
-                                 I.select(valid, 4 * p.heads, 0))
+        p = self.p
+        rsrc = self._query_scale_resource(j, valid)
         shift = I.mul(self.g, 8)
         return [I.shr(I.buffer_load_i32(rsrc, I.mul(I.add(self.c, 16 * m), 4)), shift) for m in range(p.m_tiles)]
 
@@ -442,10 +499,16 @@ class KernelBody:
         p = self.p
         stage_base = I.add(self.lds, I.mul(parity, p.stage_bytes))
         lane_part = I.add(I.mul(self.g, 256), I.mul(self.c, 16))
+        if p.kv_format == "fp4" and p.mfma == "fp8":  # widened fp4: token c, codes 8g..8g+7 of a group
+            word_part = I.add(I.mul(self.c, 16), I.mul(self.g, 4))
         first_tile = I.mul(self.tg, p.tiles_per_wave)
 
         def read_keys(k):  # B operands of the wave's k-th tile: k-steps 0..3 (fp4: group g's 32 codes)
             addr = I.add(I.add(stage_base, I.mul(I.add(first_tile, k), p.tile_bytes)), lane_part)
+            if p.kv_format == "fp4" and p.mfma == "fp8":  # k-step ks: 4 bytes of group ks's 16-byte slab
+                words = I.add(I.add(stage_base, I.mul(I.add(first_tile, k), p.tile_bytes)), word_part)
+                return dict(codes=[self._widen_e2m1(I.lds_read_i32(I.add(words, 256 * ks))) for ks in range(p.k_steps)],
+                            exponents=[I.sub(self._exponent(scales[k], ks), EXPONENT_BIAS_2) for ks in range(p.k_steps)])
             if p.kv_format == "fp4":
                 return dict(codes=I.lds_read_pair(addr), exponents=I.shr(scales[k], I.mul(self.g, 8)))
             return I.lds_read_pair(addr) + I.lds_read_pair(I.add(addr, 1024))
@@ -500,6 +563,9 @@ class KernelBody:
         I = self.ops
         total = I.zero_f32()
         for m in range(self.p.m_tiles):
+            if self.p.kv_format == "fp4" and self.p.mfma == "fp8":
+                total = self._widened_head_sum(row, tile_keys, m, total)
+                continue
             if self.p.kv_format == "fp4":  # e2m1 operands, each lane's 32 codes scaled by its group's exponent
                 acc = I.mfma_scaled(row["q"][m], tile_keys["codes"], I.zero_acc(), row["q_exponents"][m],
                                     tile_keys["exponents"], operand_format="fp4")
@@ -511,6 +577,22 @@ class KernelBody:
                     acc = I.mfma(row["q"][m][ks], tile_keys[ks], acc)
             for i in range(4):
                 total = I.fma(row["w"][m][i], I.relu(I.acc_element(acc, i)), total)
+        return total
+
+    def _widened_head_sum(self, row, tile_keys, m, total):
+        """fp4 widened to fp8, heads ``16m..16m+15``: one MFMA per group (its own accumulator: the
+        products of e2m1 values and their sums over 32 elements are exact in fp32), then each
+        group's sum times ``2^(eq + ek - 254)`` (``v_ldexp_f32``: exact up to fp32's range) and
+        the four added, as the reference's ``sum_g 2^(eq_g + ek_g - 254) * dot_g``."""
+        I = self.ops
+        accs = [I.mfma(row["q"][m][ks], tile_keys["codes"][ks], I.zero_acc()) for ks in range(self.p.k_steps)]
+        for i in range(4):
+            word = row["q_words"][m][i]
+            score = None
+            for ks, acc in enumerate(accs):
+                term = I.ldexp(I.acc_element(acc, i), I.add(self._exponent(word, ks), tile_keys["exponents"][ks]))
+                score = term if score is None else I.fadd(score, term)
+            total = I.fma(row["w"][m][i], I.relu(score), total)
         return total
 
     def _reduce_tiles(self, partials):

@@ -90,7 +90,11 @@ class FlyDSLBackend:
                     f"e4m3{problem.fp8}")
         if problem.head_dim != 128:
             return f"head_dim must be 128, got {problem.head_dim}"
-        return self.plan(problem, {}).problem_error()
+        plan = self.plan(problem, {})
+        error = plan.problem_error()
+        if error is None and problem.kv_format == "fp4" and not self.candidates(problem):  # widened, widest shapes
+            return f"no {problem.arch} kernel configuration fits: {plan.config_error()}"
+        return error
 
     def unavailable(self, target: Target) -> str | None:
         if not flydsl_installed():

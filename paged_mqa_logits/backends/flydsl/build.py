@@ -65,8 +65,9 @@ def knob_space(backend, arch: str) -> list[KernelPlan]:
                 for plan in (backend.plan(problem, config) for config in backend.candidates(problem)):
                     plans[plan.name] = plan
                 bf16 = _problem(arch, heads, next_n, 64, True, True, kv_format, "bf16")
-                plan = backend.plan(bf16, backend.default_config(bf16))
-                plans[plan.name] = plan
+                if backend.unsupported(bf16) is None:
+                    plan = backend.plan(bf16, backend.default_config(bf16))
+                    plans[plan.name] = plan
         for heads, next_n in ((64, 1), (32, 3)):
             for kv_block_size in KV_BLOCK_SIZES:
                 for preshuffle in (True, False):

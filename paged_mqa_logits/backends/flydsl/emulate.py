@@ -33,7 +33,9 @@ confirms):
   them) at K index ``32 * (l // 16) + e``; its e8m0 byte scales those 32 codes. (The kernel is
   indifferent to which K block the hardware assigns each lane quarter, since A and B follow the
   same rule; what it relies on is that one lane's 32 codes share its one scale byte.) An e8m0
-  byte of 255 is NaN, as in the OCP MX format.
+  byte of 255 is NaN, as in the OCP MX format;
+* ``v_perm_b32`` (selector bytes 0..7 only: byte ``s`` of ``hi:lo``, ``lo`` holding 0..3),
+  ``v_ldexp_f32`` (``x * 2^n`` rounded once to fp32), ``ds_read_b32``.
 
 Every MFMA a wave issues is counted (``EmulationStats.mfma``; per wave with the LDS DMAs in
 ``EmulationStats.by_wave``, so the tests see which waves copy and which score), and output
@@ -356,6 +358,12 @@ class EmulatedOps:
             raise EmulationFault(f"LDS DMA past the allocation ({target.max()} + {nbytes} > {self.lds.size})")
         self.lds[target[self.active][..., None] + np.arange(nbytes)] = data[self.active]
 
+    def lds_read_i32(self, address):
+        address = self._int(address).astype(np.int64)
+        if (address % 4).any() or address.min() < 0 or address.max() + 4 > self.lds.size:
+            raise EmulationFault("misaligned or out-of-range ds_read_b32")
+        return np.ascontiguousarray(self.lds[address[..., None] + np.arange(4)]).view(np.int32)[..., 0]
+
     def lds_read_pair(self, address):
         address = self._int(address).astype(np.int64)
         if (address % 16).any() or address.min() < 0 or address.max() + 16 > self.lds.size:
@@ -425,6 +433,23 @@ class EmulatedOps:
         for i in range(4):
             out[..., i] += d[:, 4 * group + i, row]
         return out
+
+    def byte_permute(self, hi, lo, selector):
+        hi, lo, selector = (self._int(v) for v in (hi, lo, selector))
+        source = np.concatenate([np.ascontiguousarray(np.broadcast_to(v, self.shape))[..., None].view(np.uint8)
+                                 for v in (lo, hi)], axis=-1)  # [wave, lane, 8]: lo's bytes first
+        picks = np.ascontiguousarray(np.broadcast_to(selector, self.shape))[..., None].view(np.uint8)
+        if (picks > 7).any():
+            raise EmulationFault("v_perm_b32 selectors above 7 (constant bytes) are not modelled")
+        return np.ascontiguousarray(np.take_along_axis(source, picks.astype(np.int64), axis=-1)).view(np.int32)[..., 0]
+
+    def i64_from_halves(self, lo, hi):
+        return np.concatenate([np.ascontiguousarray(np.broadcast_to(self._int(v), self.shape))[..., None].view(np.uint8)
+                               for v in (lo, hi)], axis=-1)
+
+    def ldexp(self, x, n):
+        with np.errstate(over="ignore", under="ignore"):
+            return np.ldexp(np.asarray(x, np.float32), self._int(n)).astype(np.float32)
 
     def relu(self, x):
         return np.maximum(x, np.float32(0))

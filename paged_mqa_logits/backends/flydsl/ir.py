@@ -271,6 +271,12 @@ def lds_read_pair(address):
     return [_element(pair, 0), _element(pair, 1)]
 
 
+def lds_read_i32(address):
+    """4 bytes from LDS (``ds_read_b32``)."""
+    ptr = llvm.inttoptr(ir.Type.parse("!llvm.ptr<3>"), _raw(address))
+    return llvm.LoadOp(i32_type(), ptr, alignment=4).result
+
+
 def lds_dma(resource, lds_address_uniform, lane_offset, uniform_offset, nbytes):
     """Asynchronous global->LDS copy: lane ``l`` moves ``nbytes`` from
     ``resource + uniform_offset + lane_offset`` to LDS ``lds_address_uniform + l * nbytes``
@@ -347,6 +353,22 @@ def mfma_scaled(a_parts, b_parts, acc, scale_a, scale_b, operand_format="fp8"):
     return fx_rocdl.mfma_scale_f32_16x16x128_f8f6f4(
         vec_type(4, f32_type()),
         [_operand_bytes(a_parts), _operand_bytes(b_parts), _raw(acc), fmt, fmt, 0, scales[0], 0, scales[1]])
+
+
+def byte_permute(hi, lo, selector):
+    """``v_perm_b32``: byte ``i`` of the result is byte ``selector.byte[i]`` (0..7) of the 8 bytes
+    ``hi:lo`` (0..3 from ``lo``)."""
+    return llvm.call_intrinsic(i32_type(), "llvm.amdgcn.perm", [_raw(hi), _raw(lo), _raw(selector)], [], [])
+
+
+def i64_from_halves(lo, hi):
+    """Two i32 as one i64 MFMA operand (``lo`` its bytes 0..3)."""
+    return llvm.bitcast(i64_type(), vector.from_elements(vec_type(2, i32_type()), [_raw(lo), _raw(hi)]))
+
+
+def ldexp(x, n):
+    """``x * 2^n`` (``v_ldexp_f32``): exact where the result is a normal fp32."""
+    return llvm.call_intrinsic(f32_type(), "llvm.ldexp.f32.i32", [_raw(x), _raw(n)], [], [])
 
 
 def true():

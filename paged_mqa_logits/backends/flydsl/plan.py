@@ -70,9 +70,11 @@ BALANCED_MAX_PAGES = 2
 #: (spilling 8 / 2 registers under the balanced schedule on gfx942 / gfx950 with the plain
 #: MFMA), while the uniform kernel fits
 ROLES_MAX_HEAD_ROWS_TWO_GROUPS = 127
-#: the MFMAs that can score a format: MXFP4 needs the scaled MFMA, whose e8m0 block scales are
-#: its per-32-element exponents (gfx950 only)
-KV_FORMAT_MFMA = {"fp8": tuple(MFMA_K), "fp4": ("f8f6f4",)}
+#: the MFMAs that can score a format: MXFP4 reads its codes on the scaled MFMA, whose e8m0 block
+#: scales are its per-32-element exponents (gfx950), or widens them to the chip's fp8 for the
+#: plain fp8 MFMA, one 32-element group per k-step, and folds each group's exponents into its
+#: fp32 partial sums (gfx942, and a tuner candidate on gfx950)
+KV_FORMAT_MFMA = {"fp8": tuple(MFMA_K), "fp4": ("f8f6f4", "fp8")}
 
 
 def row_groups(next_n: int) -> int:
@@ -221,7 +223,14 @@ class KernelPlan:
         ChunkK) space with LLVM from flydsl 0.5.0: Q fragments (heads/2 per row slot) and
         weights (heads/4 per row slot) stay resident; the reduce group's keys, accumulators and
         partials add 0 / 34 / 60 for 1 / 2 / 4 tiles; 30 for addresses, masks and scales. The
-        compile checks (``build.compile_records``) are what proves a candidate fits."""
+        compile checks (``build.compile_records``) are what proves a candidate fits.
+
+        fp4 widened to fp8 (``Mfma=fp8``) keeps four accumulators per 16-head tile and the
+        per-group query exponents live: about 38 per (row slot, tile, 16 heads) plus 20, from
+        gfx942 compiles of heads 32/64, next_n 1..4 (heads 32, next_n 1, ChunkK 128: 171;
+        heads 64, next_n 2, ChunkK 64: 281; heads 64, next_n 4: over 512, spilling)."""
+        if self.kv_format == "fp4" and self.mfma == "fp8":
+            return 20 + 38 * self.rows_per_wave * self.tiles_per_wave * self.m_tiles
         return self.rows_per_wave * self.heads * 3 // 4 + {1: 0, 2: 34, 4: 60}[self.reduce_group] + 30
 
     @property
