@@ -19,6 +19,11 @@ sync), ``Mfma`` (gfx950: ``f8f6f4``, the default, the scaled 16x16x128 MFMA with
 scales; ``fp8``, the plain 16x16x32 one -- gfx942 has only ``fp8``) and ``WaveRoles``
 (``uniform``, the default: 4 waves that each copy and score; ``split``: 8 waves, 4 that only
 copy the next stage into LDS and 4 that only score; ``WavePerEU`` even, see ``plan.WAVE_ROLES``).
+
+Formats: fp8 or MXFP4 queries and keys, fp32 or bf16 logits. MXFP4 runs on gfx950's scaled MFMA
+with e2m1 operands (``Mfma=f8f6f4``), or widened to fp8 for the plain MFMA (``Mfma=fp8``: the
+only kind on gfx942; shapes whose every configuration would spill registers are declined, so
+dispatch falls through); see ``plan.KV_FORMAT_MFMA``.
 """
 
 from __future__ import annotations
