@@ -149,3 +149,55 @@ def test_function_level_imports_have_a_reason():
     _, late, _ = _imports()
     unexplained = sorted({f"{m} imports {t} inside a function" for m, t in late if m not in LATE_IMPORTS})
     assert not unexplained, "\n".join(unexplained)
+
+
+#: backend package -> its device modules (kernels and what builds them), which import no host
+#: module of their backend; FlyDSL's kernel builders read the kernel's static shape (``plan``)
+DEVICE_MODULES = {
+    "paged_mqa_logits.backends.gluon": ("kernels",),
+    "paged_mqa_logits.backends.flydsl": ("algorithm", "ir", "kernel", "plan"),
+}
+
+
+def _is_device(module: str) -> bool:
+    return any(module.startswith(f"{package}.{name}") and module[len(package) + 1:].split(".")[0] == name
+               for package, names in DEVICE_MODULES.items() for name in names)
+
+
+def _host_imports_of_kernels(edges: dict[str, set], late: list[tuple[str, str]]) -> list[str]:
+    """``device module imports host module`` for every import (module level or not) of a device
+    module that is neither another device module nor in the lowest layer."""
+    pairs = [(m, t) for m, targets in edges.items() for t in targets] + list(late)
+    return sorted(f"{m} imports {t}" for m, t in pairs
+                  if _is_device(m) and not _is_device(t) and _layer(t) != 0)
+
+
+def test_kernel_modules_import_no_host_module():
+    edges, late, modules = _imports()
+    kernels = [m for m in modules if _is_device(m)]
+    assert "paged_mqa_logits.backends.gluon.kernels.hopper_pipes" in kernels
+    assert "paged_mqa_logits.backends.flydsl.algorithm" in kernels
+    assert not _host_imports_of_kernels(edges, late), "\n".join(_host_imports_of_kernels(edges, late))
+
+
+def test_a_kernel_importing_host_code_would_be_found():
+    edges = {"paged_mqa_logits.backends.gluon.kernels.cdna": {"paged_mqa_logits.backends.gluon.common",
+                                                              "paged_mqa_logits.backends.gluon.kernels.device",
+                                                              "paged_mqa_logits.triton_internals.gluon_api"}}
+    late = [("paged_mqa_logits.backends.flydsl.kernel", "paged_mqa_logits.backends.flydsl.build")]
+    assert _host_imports_of_kernels(edges, late) == [
+        "paged_mqa_logits.backends.flydsl.kernel imports paged_mqa_logits.backends.flydsl.build",
+        "paged_mqa_logits.backends.gluon.kernels.cdna imports paged_mqa_logits.backends.gluon.common"]
+
+
+def test_every_gluon_variant_is_a_host_and_kernel_pair():
+    """``backends/gluon/<family>.py`` (the host side, with ``VARIANT``) and
+    ``backends/gluon/kernels/<family>.py`` (its device code), for every variant module."""
+    gluon = os.path.join(ROOT, "paged_mqa_logits", "backends", "gluon")
+    tree = ast.parse(open(os.path.join(gluon, "__init__.py")).read())
+    families = next(ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+                    and getattr(node.targets[0], "id", None) == "VARIANT_MODULES")
+    assert families
+    missing = [f for f in families if not os.path.exists(os.path.join(gluon, "kernels", f + ".py"))
+               or not os.path.exists(os.path.join(gluon, f + ".py"))]
+    assert not missing, missing
