@@ -19,7 +19,7 @@ LAYERS = (
     ("backends", ("backends",)),
     ("dispatch", ("table", "dispatch")),
     ("op", ("op", "torch_op", "compat")),
-    ("tools", ("warmup", "aot", "compile", "sass", "bench", "explain", "kernel_cache", "__main__")),
+    ("tools", ("aot", "bench", "explain", "kernel_cache", "__main__")),
     ("facade", ("__init__",)),  # the package root re-exports the public API
 )
 

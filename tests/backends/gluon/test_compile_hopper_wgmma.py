@@ -34,7 +34,7 @@ from paged_mqa_logits.triton_internals.toolchain import ptxas_for  # noqa: E402
 from paged_mqa_logits.backends.gluon import common  # noqa: E402
 from paged_mqa_logits.backends.gluon import hopper_wgmma as wg  # noqa: E402
 from paged_mqa_logits.backends.gluon.kernels.hopper_wgmma import row_groups  # noqa: E402
-from paged_mqa_logits.compile import LDS_LIMIT_BYTES, check_records, compile_specs  # noqa: E402
+from paged_mqa_logits.aot.compile import LDS_LIMIT_BYTES, check_records, compile_specs  # noqa: E402
 from paged_mqa_logits.problem import Problem  # noqa: E402
 from test_hopper_wgmma_host import ARCH, WG, problem  # noqa: E402
 

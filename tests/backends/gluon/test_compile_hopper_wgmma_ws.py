@@ -29,7 +29,7 @@ from paged_mqa_logits.backends.gluon import common  # noqa: E402
 from paged_mqa_logits.backends.gluon import hopper_wgmma as wg  # noqa: E402
 from paged_mqa_logits.backends.gluon import hopper_wgmma_ws as ws  # noqa: E402
 from paged_mqa_logits.backends.gluon.kernels.hopper_wgmma import row_groups  # noqa: E402
-from paged_mqa_logits.compile import check_records, compile_specs  # noqa: E402
+from paged_mqa_logits.aot.compile import check_records, compile_specs  # noqa: E402
 from paged_mqa_logits.problem import Problem  # noqa: E402
 from test_hopper_wgmma_ws_host import ARCH, WS, problem  # noqa: E402
 

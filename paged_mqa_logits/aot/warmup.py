@@ -30,17 +30,17 @@ import torch
 
 from tqdm import tqdm
 
-from . import backends, dispatch
-from .triton_internals.device import current_device
-from .triton_internals.specialise import in_jit_cache
-from .aot import launches
-from .triton_internals import cache_overlay as overlay
-from .arch import detect
-from .op import launch
-from .problem import HEAD_DIM, LOGITS_DTYPES, LaunchArgs, Problem, ShapeKey, Target, fp8_dtype, key_bytes, token_bytes
-from .reference import make_inputs
-from .table import table_configs
-from .validate import MAX_MODEL_LEN, PagedMQAArgumentError, build_launch_args, check_problem, max_model_len_rule
+from .. import backends, dispatch
+from ..triton_internals.device import current_device
+from ..triton_internals.specialise import in_jit_cache
+from . import launches
+from ..triton_internals import cache_overlay as overlay
+from ..arch import detect
+from ..op import launch
+from ..problem import HEAD_DIM, LOGITS_DTYPES, LaunchArgs, Problem, ShapeKey, Target, fp8_dtype, key_bytes, token_bytes
+from ..reference import make_inputs
+from ..table import table_configs
+from ..validate import MAX_MODEL_LEN, PagedMQAArgumentError, build_launch_args, check_problem, max_model_len_rule
 
 #: max_model_len used when none is given (DeepSeek-V3.2's 163840-token context)
 WARMUP_DEFAULT_MAX_MODEL_LEN = 163840
