@@ -1,5 +1,5 @@
-"""The package's imports flow one way (docs/ARCHITECTURE.md): no cycle, every module-level
-import points to the same or a lower layer, and a package module is imported inside a function
+"""The package's imports flow one way, on the map of layers that docs/ARCHITECTURE.md draws (read
+from that file, not copied here): no cycle, every module-level import points to the same or a lower layer, and a package module is imported inside a function
 only where there is a reason that is not a cycle (a CLI subcommand, an optional dependency, a
 process that must not load torch before it forks). Read from the sources with ``ast``: no
 module is imported to check it."""
@@ -12,16 +12,24 @@ import os
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = ("paged_mqa_logits", "tuner")
 
+MAP = os.path.join(ROOT, "docs", "ARCHITECTURE.md")
+
+
+def read_layers(text: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """The layer map of docs/ARCHITECTURE.md: the first fenced block after ``## Layers``, one
+    ``layer: module, module`` line per layer, lowest first."""
+    section = text[text.index("## Layers"):]
+    start = section.index("```") + 3
+    block = section[start:section.index("```", start)]
+    layers = []
+    for line in block.strip().splitlines():
+        name, _, modules = line.partition(":")
+        layers.append((name.strip(), tuple(m.strip() for m in modules.split(",") if m.strip())))
+    return tuple(layers)
+
+
 #: lowest first; a module may import its own layer and the ones before it
-LAYERS = (
-    ("base", ("errors", "arch", "problem", "signature", "schedule", "triton_internals", "cli", "files")),
-    ("validation", ("validate", "fp4", "reference")),
-    ("backends", ("backends",)),
-    ("dispatch", ("table", "dispatch")),
-    ("op", ("op", "torch_op", "compat")),
-    ("tools", ("aot", "bench", "explain", "kernel_cache", "__main__")),
-    ("facade", ("__init__",)),  # the package root re-exports the public API
-)
+LAYERS = read_layers(open(MAP).read())
 
 #: module -> why it imports package modules inside functions
 LATE_IMPORTS = {
@@ -80,13 +88,11 @@ def _imports() -> tuple[dict[str, set], list[tuple[str, str]], dict]:
 
 
 def _layer(module: str) -> int:
-    if module.startswith("tuner"):
-        return len(LAYERS)
-    head = module.split(".")[1] if "." in module else "__init__"
+    head = module.split(".")[0] if module.startswith("tuner") else module.split(".")[1] if "." in module else "__init__"
     for index, (_, names) in enumerate(LAYERS):
         if head in names:
             return index
-    raise AssertionError(f"{module} is in no layer of tests/test_architecture.py: add it")
+    raise AssertionError(f"{module} is in no layer of the map in docs/ARCHITECTURE.md: add it")
 
 
 def _cycles(edges: dict[str, set]) -> list[list[str]]:
@@ -121,6 +127,19 @@ def _cycles(edges: dict[str, set]) -> list[list[str]]:
     return found
 
 
+def test_the_map_is_read_from_the_architecture_document():
+    assert [name for name, _ in LAYERS][:2] == ["base", "validation"] and LAYERS[-1] == ("tuner", ("tuner",))
+    assert read_layers("## Layers\n\n```\nlow: a, b\nhigh: c\n```\n") == (("low", ("a", "b")), ("high", ("c",)))
+
+
+def test_every_module_is_on_exactly_one_line_of_the_map():
+    _, _, modules = _imports()
+    named = [m for _, names in LAYERS for m in names]
+    assert len(named) == len(set(named)), "a module is on two lines of the map"
+    tops = {m.split(".")[0] if m.startswith("tuner") else m.split(".")[1] if "." in m else "__init__" for m in modules}
+    assert tops == set(named), f"not in the map: {sorted(tops - set(named))}; in the map only: {sorted(set(named) - tops)}"
+
+
 def test_the_scan_sees_the_package():
     edges, _, modules = _imports()
     assert len(modules) > 60
@@ -139,8 +158,7 @@ def test_a_cycle_would_be_found():
 
 def test_imports_flow_from_higher_layers_to_lower():
     edges, _, _ = _imports()
-    upward = [f"{m} ({LAYERS[_layer(m)][0] if _layer(m) < len(LAYERS) else 'tuner'}) imports {t} "
-              f"({LAYERS[_layer(t)][0] if _layer(t) < len(LAYERS) else 'tuner'})"
+    upward = [f"{m} ({LAYERS[_layer(m)][0]}) imports {t} ({LAYERS[_layer(t)][0]})"
               for m, targets in edges.items() for t in targets if _layer(t) > _layer(m)]
     assert not upward, "\n".join(sorted(upward))
 
