@@ -191,9 +191,7 @@ def _option_value(argv: list[str], option: str) -> str | None:
 
 
 def _bench(argv: list[str]) -> int:
-    # The bench's parser is its own (bench/cli.py): it does not know --debug, which cli.run handles,
-    # and a device it cannot use is named here, before the bench tries to allocate on it.
-    argv = cli.strip_debug(argv)
+    # A device the bench cannot use is named here, before the bench tries to allocate on it.
     if "-h" not in argv and "--help" not in argv:
         device = _option_value(argv, "--device")
         if device is not None:

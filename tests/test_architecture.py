@@ -219,3 +219,37 @@ def test_every_gluon_variant_is_a_host_and_kernel_pair():
     missing = [f for f in families if not os.path.exists(os.path.join(gluon, "kernels", f + ".py"))
                or not os.path.exists(os.path.join(gluon, f + ".py"))]
     assert not missing, missing
+
+
+#: the most lines of code a function may have, its docstring aside; kernel bodies (functions a
+#: ``jit`` or ``kernel`` decorator compiles for the device) are exempt: their length is the
+#: schedule of one program, split only where the compiler inlines it back
+MAX_FUNCTION_LINES = 80
+
+
+def _long_functions(source: str, where: str) -> list[str]:
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        if any(word in ast.unparse(d) for d in node.decorator_list for word in ("jit", "kernel")):
+            continue
+        body = node.body
+        if len(body) > 1 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+            body = body[1:]  # the docstring
+        lines = node.end_lineno - body[0].lineno + 1
+        if lines > MAX_FUNCTION_LINES:
+            out.append(f"{where}:{node.lineno} {node.name}: {lines} lines")
+    return out
+
+
+def test_no_function_is_longer_than_80_lines_outside_kernel_bodies():
+    long = [line for module, path in _modules().items() for line in _long_functions(open(path).read(), path)]
+    assert not long, "\n".join(long)
+
+
+def test_a_long_function_would_be_found():
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
+    source = f'def short():\n    """doc\n    more doc"""\n{body}\n\n\ndef long():\n{body}\n    return x0\n\n\n' \
+             f'@gluon.jit\ndef kernel():\n{body}\n    return x0\n'
+    assert _long_functions(source, "m.py") == [f"m.py:{MAX_FUNCTION_LINES + 6} long: {MAX_FUNCTION_LINES + 1} lines"]
