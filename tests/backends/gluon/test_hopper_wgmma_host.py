@@ -42,7 +42,7 @@ def meta_launch_args(p: Problem, block_pad: int = 0, num_blocks: int = 50, cache
                       out=torch.empty(p.batch * p.next_n, width, device="meta"), context_lens=lens,
                       block_table=torch.empty(p.batch, -(-p.max_model_len // p.kv_block_size), dtype=torch.int32,
                                               device="meta"),
-                      max_model_len=p.max_model_len, kv_block_size=p.kv_block_size, preshuffle=p.preshuffle, problem=p)
+                      max_model_len=p.max_model_len, problem=p)
 
 
 def recorded_launches(variant, args: LaunchArgs, config: dict) -> list[dict]:
