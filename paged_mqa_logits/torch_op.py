@@ -138,9 +138,13 @@ def paged_mqa_logits(
     as :func:`paged_mqa_logits.op.paged_mqa_logits_eager`; works under ``torch.compile(fullgraph=True)``
     and inside CUDA/HIP graph capture."""
     # Spelled out for readers and tools: upstream's positional order, the keywords vLLM passes.
-    # tests/test_signature.py keeps it equal to signature.OP; the body forwards every argument by
-    # name, so it needs no edit when an argument is added.
-    return call(locals())
+    # tests/test_signature.py keeps the parameters and the forwarded names equal to signature.OP.
+    # Named one by one, not as locals(): torch 2.11's Dynamo cannot trace locals(), and this
+    # function runs inside torch.compile(fullgraph=True).
+    return call(dict(q_fp8=q_fp8, kv_cache=kv_cache, weights=weights, out_logits=out_logits, context_lens=context_lens,
+                     kv_indices=kv_indices, max_model_len=max_model_len, Preshuffle=Preshuffle, KVBlockSize=KVBlockSize,
+                     context_hint=context_hint, clean_logits=clean_logits, backend=backend, config=config,
+                     q_scale=q_scale))
 
 
 paged_mqa_logits.__doc__ += "\n\n" + (_op.paged_mqa_logits_eager.__doc__ or "")

@@ -66,6 +66,22 @@ def test_the_public_signature_is_the_declarations():
     assert _parameters(torch_op.paged_mqa_logits) == list(OP.python.parameters.values())
 
 
+def test_the_public_entry_forwards_every_declared_argument_by_name(monkeypatch):
+    """Each argument forwarded as itself, without ``locals()`` (which torch 2.11's Dynamo
+    cannot trace, breaking ``torch.compile(fullgraph=True)`` of the entry point)."""
+    import ast
+    import textwrap
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(torch_op.paged_mqa_logits)))
+    assert not [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "locals"]
+    seen = {}
+    monkeypatch.setattr(torch_op, "call", lambda values: seen.update(values))
+    values = {name: object() for name in OP.names}
+    positional = [values[name] for name in OP.positional]
+    torch_op.paged_mqa_logits(*positional, **{k: v for k, v in values.items() if k not in OP.positional})
+    assert seen == values
+
+
 def test_the_aiter_signature_is_the_declared_positional_part_then_aiters_knobs():
     params = _parameters(aiter.deepgemm_fp8_paged_mqa_logits)
     shared = [p for p in OP.python.parameters.values() if p.kind is p.POSITIONAL_OR_KEYWORD]

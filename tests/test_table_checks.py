@@ -89,6 +89,33 @@ def test_shipped_tables_pass_the_checks():
         assert table.parse_file(path)
 
 
+def test_shipped_tables_hold_each_key_once():
+    """A key written twice in one file (a merge that kept both sides) is legal, the fastest row
+    wins, but hides which row a reader should trust: the shipped tables hold each key once."""
+    for path in table.shipped_files():
+        seen = {}
+        for row in table.parse_file(path):
+            assert row.key not in seen, f"{row.source} repeats {seen[row.key]}"
+            seen[row.key] = row.source
+
+
+def test_the_tuned_sm_90_table_covers_the_keys_it_was_tuned_for():
+    """Every key of the compact untuned table (what the H200 tuning covers) has its rows in the
+    tuned table: an edit that drops rows (a merge, a script keyed wrongly) falls back to the
+    nearest batch's pick, silently slower, without this."""
+    import csv
+
+    config_dir = table.shipped_config_dir()
+    tuned = {(r.heads, r.head_dim, r.kv_block_size, r.preshuffle, r.batch, r.next_n)
+             for r in table.parse_file(str(config_dir / "sm_90_tuned.csv"))}
+    with open(config_dir / "sm_90_compact_untuned.csv") as f:
+        keys = [row for row in csv.DictReader(line for line in f if not line.startswith("#"))]
+    assert keys
+    missing = [k for k in keys if (int(k["heads"]), int(k["head_dim"]), int(k["kv_block_size"]),
+                                   bool(int(k["preshuffle"])), int(k["batch"]), int(k["next_n"])) not in tuned]
+    assert not missing, missing
+
+
 def test_every_backend_implements_check_config():
     for name in backends.names():
         backend = backends.get(name)

@@ -7,7 +7,8 @@ whole tiles; 2: consumers pair up on each tile, each scoring every other row gro
 ``RowsPerMMA`` (next_n rows per wgmma), ``num_stages`` (ring slots per team), ``CtasPerSM``
 (programs per SM the register split and the persistent grid are sized for), ``KeyCopy``
 (``tma``: one TMA box per cache block where the call's cache allows it, see :func:`key_box`;
-``gather``: cp.async), ``Schedule`` and ``SplitKV`` (as ``wgmma``'s). Tiles are 64 tokens
+``gather``: cp.async), ``Overlap`` (1: a consumer issues a tile's wgmmas before the previous
+tile's epilogue, holding two tiles' accumulators), ``Schedule`` and ``SplitKV`` (as ``wgmma``'s). Tiles are 64 tokens
 (``ChunkK`` 64, one wgmma's M). The kernel writes ``clean_logits``' ``-inf`` itself.
 """
 
@@ -85,12 +86,14 @@ def consumer_groups(problem: Problem, rows: int, split: int, part: int = 0) -> t
     return wg.problem_row_groups(problem, rows)[part::split]
 
 
-def consumer_need(problem: Problem, rows: int, split: int, schedule: str) -> int:
+def consumer_need(problem: Problem, rows: int, split: int, schedule: str, overlap: int = 0) -> int:
     """Registers per thread a consumer needs: every accumulator of its groups at once (its
-    wgmmas are all issued before the first is waited for), their weights, and the overheads."""
+    wgmmas are all issued before the first is waited for; with ``overlap``, two tiles' worth),
+    their weights, and the overheads."""
     groups = consumer_groups(problem, rows, split)
     columns = sum(r * problem.heads for _, r in groups)
-    need = columns // 2 + columns // 4 + CONSUMER_OVERHEAD + EXTRA_GROUP_REGS * max(len(groups) - 1, 0)
+    need = (columns // 2 * (1 + overlap) + columns // 4 + CONSUMER_OVERHEAD
+            + EXTRA_GROUP_REGS * max(len(groups) - 1, 0))
     if problem.next_n & (problem.next_n - 1):
         need += UNEVEN_ROWS_REGS
     if split > 1 and schedule == common.SPLIT:
@@ -112,7 +115,7 @@ WGMMA_OPERAND_REGS = 26
 
 
 def fits(problem: Problem, rows: int, stages: int, consumers: int, split: int, ctas: int, key_copy: str,
-         schedule: str = common.BALANCED) -> bool:
+         schedule: str = common.BALANCED, overlap: int = 0) -> bool:
     """Every consumer part has a row group (a config with more parts than groups runs, its
     spare consumers freeing their slots unscored, but is never worth proposing); the
     consumers' registers and ``ctas`` programs' shared memory fit an SM; the widest wgmma
@@ -122,8 +125,9 @@ def fits(problem: Problem, rows: int, stages: int, consumers: int, split: int, c
         return False
     widest = max(r for _, r in groups) * problem.heads
     smem = shared_bytes(problem, stages, consumers, split)
-    return (consumer_need(problem, rows, split, schedule) <= consumer_registers(ctas, consumers, split, key_copy)
-            and widest // 2 + WGMMA_OPERAND_REGS <= max_registers(ctas, consumers, split)
+    return (consumer_need(problem, rows, split, schedule, overlap)
+            <= consumer_registers(ctas, consumers, split, key_copy)
+            and widest // 2 * (1 + overlap) + WGMMA_OPERAND_REGS <= max_registers(ctas, consumers, split)
             and smem <= lds_limit("sm_90") and ctas * (smem + 1024) <= wg.SM_SHARED_BYTES)
 
 
@@ -164,6 +168,7 @@ class WgmmaPipesVariant(GluonVariant):
     archs = ("sm_90",)
     knob_space = {"ChunkK": (TILE,), "RowsPerMMA": (1, 2, 4, 8), "num_stages": range(2, 9),
                   "Consumers": (1, 2, 3, 4), "RowSplit": (1, 2), "CtasPerSM": (1, 2), "KeyCopy": ("gather", "tma"),
+                  "Overlap": (0, 1),
                   "Schedule": common.SCHEDULES, "SplitKV": range(0, MAX_SPLIT_KV + 1), "num_warps": (CONSUMER_WARPS,)}
     kernel = wgmma_pipes_logits_kernel
     cleans_logits = True
@@ -192,18 +197,20 @@ class WgmmaPipesVariant(GluonVariant):
         self.require_in("CtasPerSM", ctas, self.knob_space["CtasPerSM"])
         key_copy = pick["KeyCopy"] or "tma"
         self.require_in("KeyCopy", key_copy, self.knob_space["KeyCopy"])
+        overlap = int(config.get("Overlap") or 0)
+        self.require_in("Overlap", overlap, self.knob_space["Overlap"])
         splits = int(config.get("SplitKV") or 0)
         self.require(splits >= 0, "SplitKV", splits, "an integer >= 0")
         warps = int(config.get("num_warps") or CONSUMER_WARPS)
         self.require(warps == CONSUMER_WARPS, "num_warps", warps, f"{CONSUMER_WARPS} (a consumer warpgroup)")
         return {"ChunkK": chunk, "RowsPerMMA": rows, "num_stages": stages, "Consumers": consumers, "RowSplit": split,
-                "CtasPerSM": ctas, "KeyCopy": key_copy, "SplitKV": splits, "num_warps": CONSUMER_WARPS,
-                "Schedule": self.schedule(problem, config)}
+                "CtasPerSM": ctas, "KeyCopy": key_copy, "Overlap": overlap, "SplitKV": splits,
+                "num_warps": CONSUMER_WARPS, "Schedule": self.schedule(problem, config)}
 
     def admits(self, problem: Problem, config: dict) -> bool:
         k = self.knobs(problem, config)
         return fits(problem, k["RowsPerMMA"], k["num_stages"], k["Consumers"], k["RowSplit"], k["CtasPerSM"],
-                    k["KeyCopy"], k["Schedule"])
+                    k["KeyCopy"], k["Schedule"], k["Overlap"])
 
     def shape_reason(self, problem: Problem) -> str | None:
         if problem.heads > wg.MAX_MMA_N:
@@ -215,26 +222,29 @@ class WgmmaPipesVariant(GluonVariant):
 
     # ------------------------------------------------------------------------- candidates
     @staticmethod
-    def _setting(rows: int, stages: int, consumers: int, split: int, ctas: int, key_copy: str, schedule: str) -> dict:
+    def _setting(rows: int, stages: int, consumers: int, split: int, ctas: int, key_copy: str, schedule: str,
+                 overlap: int = 0) -> dict:
         return {"ChunkK": TILE, "RowsPerMMA": rows, "num_stages": stages, "Consumers": consumers, "RowSplit": split,
-                "CtasPerSM": ctas, "KeyCopy": key_copy, "SplitKV": 0, "num_warps": CONSUMER_WARPS,
-                "Schedule": schedule}
+                "CtasPerSM": ctas, "KeyCopy": key_copy, "Overlap": overlap, "SplitKV": 0,
+                "num_warps": CONSUMER_WARPS, "Schedule": schedule}
 
-    #: (Consumers, RowSplit, CtasPerSM, ring depths): four 112-register consumers per SM in one
-    #: program, with whole tiles or in pairs; three or two in one program (more registers
-    #: each); one per program, two programs per SM
-    TEAM_SHAPES = ((4, 1, 1, (2, 3, 4)), (4, 2, 1, (3, 4, 6)), (3, 1, 1, (3, 4)), (2, 1, 1, (4, 6)),
-                   (2, 2, 1, (4, 6)), (1, 1, 2, (4, 6)))
+    #: (Consumers, RowSplit, CtasPerSM, ring depths, Overlap): four 112-register consumers per SM
+    #: in one program, with whole tiles or in pairs; three or two in one program (more registers
+    #: each); one per program, two programs per SM; and the overlapped consumers, whose second
+    #: set of accumulators needs the registers of fewer consumers (four only for narrow tiles)
+    TEAM_SHAPES = ((4, 1, 1, (2, 3, 4), 0), (4, 2, 1, (3, 4, 6), 0), (3, 1, 1, (3, 4), 0), (2, 1, 1, (4, 6), 0),
+                   (2, 2, 1, (4, 6), 0), (1, 1, 2, (4, 6), 0),
+                   (4, 1, 1, (3, 4), 1), (3, 1, 1, (3, 4), 1), (2, 1, 1, (3, 4, 6), 1), (2, 2, 1, (4, 6), 1))
 
     def candidate_groups(self, problem: Problem):
         """Per team shape, ring depth and schedule, the widest row grouping that fits; keys by
         TMA where the cache layout allows (see :func:`key_box`), else by gather."""
         key_copy = "tma" if key_box(problem, "tma", 16 if problem.kv_aligned16 else 4) else "gather"
         schedules = (common.BALANCED, common.SPLIT) if problem.batch < 64 else (common.BALANCED,)
-        for consumers, split, ctas, depths in self.TEAM_SHAPES:
+        for consumers, split, ctas, depths, overlap in self.TEAM_SHAPES:
             for stages in depths:
                 for schedule in schedules:
-                    yield [self._setting(rows, stages, consumers, split, ctas, key_copy, schedule)
+                    yield [self._setting(rows, stages, consumers, split, ctas, key_copy, schedule, overlap)
                            for rows in wg._rows_options(problem)]
 
     def default_config(self, problem: Problem) -> dict:
@@ -253,7 +263,8 @@ class WgmmaPipesVariant(GluonVariant):
         return dict(NEXT_N=problem.next_n, NEXT_N_POW2=wg.triton_next_pow2(problem.next_n), HEADS=problem.heads,
                     KV_BLOCK=problem.kv_block_size, ROWS_PER_MMA=wg.rows_per_mma(problem, k["RowsPerMMA"]),
                     STAGES=k["num_stages"], PRESHUFFLE=problem.preshuffle, LENS_2D=problem.lens_2d,
-                    BALANCED=k["Schedule"] == common.BALANCED, CONSUMERS=k["Consumers"], ROW_SPLIT=k["RowSplit"])
+                    BALANCED=k["Schedule"] == common.BALANCED, CONSUMERS=k["Consumers"], ROW_SPLIT=k["RowSplit"],
+                    OVERLAP=k["Overlap"])
 
     def options(self, problem: Problem, config: dict) -> dict:
         k = self.knobs(problem, config)

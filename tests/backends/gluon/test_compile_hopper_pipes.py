@@ -65,6 +65,9 @@ SAMPLE = [
     _config(64, 2, 4, 1, 2, 3, block_stride_pad=4),  # a TMA config on an unaligned cache: 4-byte gathers
     _config(64, 2, 4, 1, 2, 3, q_misaligned=1),  # q rows not 16-byte aligned: plain-load Q
     _config(64, 1, 4, 2, 1, 3),  # a spare consumer part: more parts than row groups
+    _config(64, 2, 2, 1, 2, 4, Overlap=1),  # overlapped consumers: two tiles' accumulators
+    _config(64, 4, 2, 2, 2, 4, Overlap=1),  # overlapped pairs
+    _config(32, 2, 4, 1, 2, 3, Overlap=1, key_copy="gather", kv_block_size=16),
 ]
 
 
@@ -100,7 +103,13 @@ def _check(cfg, record):
     # each consumer part issues its own groups' wgmmas, 4 k-steps each
     wgmmas = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k32\.f32\.e4m3\.e4m3", ptx)
     assert sorted(set(wgmmas)) == sorted({str(n * p.heads) for _, n in groups}), record.name
-    assert len(wgmmas) == teams * len(groups) * 4, (record.name, len(wgmmas))
+    # an overlapped consumer issues from four places: a sequence's first tile, the two of a loop
+    # step, and the tile an even count leaves
+    sites = 4 if k["Overlap"] else 1
+    assert len(wgmmas) == teams * len(groups) * 4 * sites, (record.name, len(wgmmas))
+    if k["Overlap"]:  # a tile's wgmmas wait while the next tile's stay in flight, unserialised
+        per_tile = len(groups[0::split])
+        assert re.search(rf"wgmma\.wait_group\.sync\.aligned {per_tile};", ptx), record.name
     box = hp.key_box(p, k["KeyCopy"], 4 if cfg.get("block_stride_pad") else 16)
     # the register split the host sized the program for (a gathering call's, where TMA cannot run)
     assert f".maxnreg {hp.max_registers(ctas, consumers, split)}" in ptx, record.name
@@ -125,7 +134,11 @@ def _check(cfg, record):
     # the consumers' tile loops: a wgmma loop per consumer, none with local memory or a barrier
     # wider than its own warpgroup
     code = sass.parse(open(record.isa[: -len(".ptx")] + ".sass").read())
-    tile_loops = sass.innermost_loops_with(code, "QGMMA")
+    # A backward branch whose span takes in a partition's start or end (the CTA-wide barrier 1
+    # every partition meets there: an overlapped consumer's last tiles sit after its tile loop)
+    # is the workers' dispatch loop seen through the layout, not a tile loop.
+    tile_loops = [loop for loop in sass.innermost_loops_with(code, "QGMMA")
+                  if not any(re.fullmatch(r"BAR\.SYNC\S*\s+0x1\s*;?", i.text.strip()) for i in loop)]
     scoring = teams * min(split, len(groups))
     assert len(tile_loops) >= scoring, (record.name, len(tile_loops))
     # q rows that are not 16-byte aligned (a layout no engine passes) leave the worker
@@ -162,6 +175,7 @@ def test_sample_compiles_and_checks(sample):
 
 def test_sample_covers_every_code_path():
     assert {c["Consumers"] for c in SAMPLE} == {1, 2, 3, 4} and {c["RowSplit"] for c in SAMPLE} == {1, 2}
+    assert {c.get("Overlap", 0) for c in SAMPLE} == {0, 1}
     assert {c["KeyCopy"] for c in SAMPLE} == {"tma", "gather"} and {c["Schedule"] for c in SAMPLE} == \
         {"balanced", "split"}
     assert {c["kv_block_size"] for c in SAMPLE} >= {1, 16, 32, 64}

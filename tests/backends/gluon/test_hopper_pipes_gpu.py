@@ -1,9 +1,9 @@
 """What only the ``wgmma_pipes`` kernel does, on an H200 (the rest of its matrix runs in
 test_gluon_gpu.py and test_schedule_gpu.py with the other variants): ``clean_logits`` written
 by the kernel itself (``-inf`` over the positions a row does not see, in its tiles and in the
-tail past them up to ``max_model_len``) for every team shape, both schedules, TMA and gathered
-keys, every block size and 2-D lengths that differ per row; and the op using it instead of its
-own cleaning pass.
+tail past them up to ``max_model_len``) for every team shape, overlapped consumers or not, both
+schedules, TMA and gathered keys, every block size and 2-D lengths that differ per row; and the
+op using it instead of its own cleaning pass.
 
 Skipped (with the reason printed) without an sm_90 GPU.
 """
@@ -22,20 +22,25 @@ from test_gluon_gpu import launch_args, variant_module
 
 pytestmark = pytest.mark.gpu
 
-#: (Consumers, RowSplit, CtasPerSM, RowsPerMMA, num_stages, KeyCopy, Schedule)
+#: (Consumers, RowSplit, CtasPerSM, RowsPerMMA, num_stages, KeyCopy, Schedule, Overlap)
 TEAMS = (
-    (4, 1, 1, 1, 3, "tma", "balanced"),
-    (4, 2, 1, 1, 4, "tma", "balanced"),
-    (2, 1, 1, 2, 4, "gather", "balanced"),
-    (4, 1, 1, 1, 3, "tma", "split"),
-    (1, 1, 2, 2, 4, "tma", "split"),
+    (4, 1, 1, 1, 3, "tma", "balanced", 0),
+    (4, 2, 1, 1, 4, "tma", "balanced", 0),
+    (2, 1, 1, 2, 4, "gather", "balanced", 0),
+    (4, 1, 1, 1, 3, "tma", "split", 0),
+    (1, 1, 2, 2, 4, "tma", "split", 0),
+    # overlapped consumers: each team's tiles two to a loop step, an odd or even count left over
+    (2, 1, 1, 2, 4, "tma", "balanced", 1),
+    (2, 2, 1, 2, 4, "tma", "balanced", 1),
+    (2, 1, 1, 2, 3, "gather", "split", 1),
+    (4, 1, 1, 2, 3, "tma", "balanced", 1),
 )
 
 
 def _config(index: int) -> dict:
-    consumers, split, ctas, rows, stages, key_copy, schedule = TEAMS[index]
+    consumers, split, ctas, rows, stages, key_copy, schedule, overlap = TEAMS[index]
     return {"variant": "wgmma_pipes", "Consumers": consumers, "RowSplit": split, "CtasPerSM": ctas,
-            "RowsPerMMA": rows, "num_stages": stages, "KeyCopy": key_copy, "Schedule": schedule}
+            "RowsPerMMA": rows, "num_stages": stages, "KeyCopy": key_copy, "Schedule": schedule, "Overlap": overlap}
 
 
 def _independent_rows(inp: dict, rng: random.Random) -> None:
@@ -49,7 +54,7 @@ def _independent_rows(inp: dict, rng: random.Random) -> None:
 
 @pytest.mark.parametrize("team", range(len(TEAMS)))
 @pytest.mark.parametrize("kv_block_size", (16, 32, 64, 128))
-@pytest.mark.parametrize("heads,next_n", ((64, 2), (64, 4), (32, 3)))
+@pytest.mark.parametrize("heads,next_n", ((64, 2), (64, 4), (32, 3), (32, 1)))
 def test_kernel_cleans_logits(team, kv_block_size, heads, next_n):
     module = variant_module("wgmma_pipes")
     rng = random.Random(team * 1000 + kv_block_size + next_n)

@@ -366,18 +366,92 @@ def _score_tile(keys, q_stage, scale_slot, empty_bar, weights, limits, out_ptr, 
     if len(GROUPS) == 0:
         async_copy.mbarrier_arrive(empty_bar, increment_count=False)
     else:
-        acc0, _ = _group_layouts(NEXT_N, HEADS, ROWS_PER_MMA, GROUPS[0])
-        scale = scale_slot.reshape([_TILE]).load(gl.SliceLayout(1, acc0.type.layout))
-        pending = ()
-        for i in gl.static_range(len(GROUPS)):
-            pending = pending + (wg._issue_group(keys, q_stage, GROUPS[i], NEXT_N, HEADS, _TILE, ROWS_PER_MMA),)
-        scores = ()
-        for i in gl.static_range(len(GROUPS)):
-            scores = scores + (warpgroup_mma_wait(len(GROUPS) - 1 - i, deps=(pending[i],)),)
-        async_copy.mbarrier_arrive(empty_bar, increment_count=False)  # no copy pending: arrives now
-        for i in gl.static_range(len(GROUPS)):
-            _finish_group(out_ptr, scores[i], scale, weights[i], limits[i], b, tile, stride_out, max_model_len,
-                          cleaning, NEXT_N, HEADS, ROWS_PER_MMA, GROUPS[i])
+        scale, pending = _issue_tile(keys, q_stage, scale_slot, NEXT_N, HEADS, ROWS_PER_MMA, GROUPS)
+        _retire_tile(pending, scale, empty_bar, weights, limits, out_ptr, b, tile, stride_out, max_model_len,
+                     cleaning, NEXT_N, HEADS, ROWS_PER_MMA, GROUPS, 0)
+
+
+@gluon.jit
+def _await_tile(full_bars, n, STAGES: gl.constexpr, KEY_BOX: gl.constexpr, TEAM: gl.constexpr, TEAMS: gl.constexpr):
+    """Wait until the program's ``n``-th tile (one of team ``TEAM``'s) has landed; its ring slot."""
+    slot, phase = _team_slot(n // TEAMS, STAGES)
+    ring_slot = TEAM * STAGES + slot
+    mbarrier.wait(full_bars.index(ring_slot), phase)
+    if KEY_BOX == 0:
+        fence_async_shared()  # the gathered keys' cp.async bytes, seen by wgmma's async proxy
+    return ring_slot, phase
+
+
+@gluon.jit
+def _issue_tile(keys, q_stage, scale_slot, NEXT_N: gl.constexpr, HEADS: gl.constexpr, ROWS_PER_MMA: gl.constexpr,
+                GROUPS: gl.constexpr):
+    """The tile's scales (read while its slot is held) and its groups' wgmmas, in flight."""
+    acc0, _ = _group_layouts(NEXT_N, HEADS, ROWS_PER_MMA, GROUPS[0])
+    scale = scale_slot.reshape([_TILE]).load(gl.SliceLayout(1, acc0.type.layout))
+    pending = ()
+    for i in gl.static_range(len(GROUPS)):
+        pending = pending + (wg._issue_group(keys, q_stage, GROUPS[i], NEXT_N, HEADS, _TILE, ROWS_PER_MMA),)
+    return scale, pending
+
+
+@gluon.jit
+def _retire_tile(pending, scale, empty_bar, weights, limits, out_ptr, b, tile, stride_out, max_model_len, cleaning,
+                 NEXT_N: gl.constexpr, HEADS: gl.constexpr, ROWS_PER_MMA: gl.constexpr, GROUPS: gl.constexpr,
+                 NEWER: gl.constexpr):
+    """Wait for a tile's wgmmas while ``NEWER`` later groups stay in flight, free its slot (every
+    thread for itself), then its epilogues."""
+    scores = ()
+    for i in gl.static_range(len(GROUPS)):
+        scores = scores + (warpgroup_mma_wait(NEWER + len(GROUPS) - 1 - i, deps=(pending[i],)),)
+    async_copy.mbarrier_arrive(empty_bar, increment_count=False)  # no copy pending: arrives now
+    for i in gl.static_range(len(GROUPS)):
+        _finish_group(out_ptr, scores[i], scale, weights[i], limits[i], b, tile, stride_out, max_model_len,
+                      cleaning, NEXT_N, HEADS, ROWS_PER_MMA, GROUPS[i])
+
+
+@gluon.jit
+def _score_tiles_overlapped(key_ring, scale_ring, full_bars, empty_bars, q_stage, weights, limits, out_ptr, b, tile,
+                            k, first, count, stride_out, max_model_len, cleaning, NEXT_N: gl.constexpr,
+                            HEADS: gl.constexpr, ROWS_PER_MMA: gl.constexpr, STAGES: gl.constexpr,
+                            KEY_BOX: gl.constexpr, TEAM: gl.constexpr, TEAMS: gl.constexpr, GROUPS: gl.constexpr):
+    """``Overlap=1``: the team's tiles ``first, first + TEAMS, ... < count`` of a sequence, each
+    tile's wgmmas issued before the previous tile's epilogue, so a consumer's tensor-core work
+    runs under its own epilogue rather than between its tiles. Two sets of accumulators, ``a``
+    and ``b``, take the tiles in turn, two tiles per loop step: a set is retired before it is
+    issued again, so neither is copied while its wgmmas run (ptxas would serialise them)."""
+    L: gl.constexpr = len(GROUPS)
+    n = gl.cdiv(gl.maximum(count - first, 0), TEAMS)  # the team's tiles here
+    if n > 0:
+        slot_a, _ = _await_tile(full_bars, k + first, STAGES, KEY_BOX, TEAM, TEAMS)
+        scale_a, pending_a = _issue_tile(key_ring.index(slot_a), q_stage, scale_ring.index(slot_a), NEXT_N, HEADS,
+                                         ROWS_PER_MMA, GROUPS)
+        j = 1
+        while j + 1 < n:
+            i = first + j * TEAMS
+            slot_b, _ = _await_tile(full_bars, k + i, STAGES, KEY_BOX, TEAM, TEAMS)
+            scale_b, pending_b = _issue_tile(key_ring.index(slot_b), q_stage, scale_ring.index(slot_b), NEXT_N,
+                                             HEADS, ROWS_PER_MMA, GROUPS)
+            _retire_tile(pending_a, scale_a, empty_bars.index(slot_a), weights, limits, out_ptr, b, tile + i - TEAMS,
+                         stride_out, max_model_len, cleaning, NEXT_N, HEADS, ROWS_PER_MMA, GROUPS, L)
+            slot_a, _ = _await_tile(full_bars, k + i + TEAMS, STAGES, KEY_BOX, TEAM, TEAMS)
+            scale_a, pending_a = _issue_tile(key_ring.index(slot_a), q_stage, scale_ring.index(slot_a), NEXT_N,
+                                             HEADS, ROWS_PER_MMA, GROUPS)
+            _retire_tile(pending_b, scale_b, empty_bars.index(slot_b), weights, limits, out_ptr, b, tile + i,
+                         stride_out, max_model_len, cleaning, NEXT_N, HEADS, ROWS_PER_MMA, GROUPS, L)
+            j += 2
+        last = first + (n - 1) * TEAMS
+        if j < n:  # an even count: one tile left after the pairs
+            slot_b, _ = _await_tile(full_bars, k + last, STAGES, KEY_BOX, TEAM, TEAMS)
+            scale_b, pending_b = _issue_tile(key_ring.index(slot_b), q_stage, scale_ring.index(slot_b), NEXT_N,
+                                             HEADS, ROWS_PER_MMA, GROUPS)
+            _retire_tile(pending_a, scale_a, empty_bars.index(slot_a), weights, limits, out_ptr, b,
+                         tile + last - TEAMS, stride_out, max_model_len, cleaning, NEXT_N, HEADS, ROWS_PER_MMA,
+                         GROUPS, L)
+            _retire_tile(pending_b, scale_b, empty_bars.index(slot_b), weights, limits, out_ptr, b, tile + last,
+                         stride_out, max_model_len, cleaning, NEXT_N, HEADS, ROWS_PER_MMA, GROUPS, 0)
+        else:
+            _retire_tile(pending_a, scale_a, empty_bars.index(slot_a), weights, limits, out_ptr, b, tile + last,
+                         stride_out, max_model_len, cleaning, NEXT_N, HEADS, ROWS_PER_MMA, GROUPS, 0)
 
 
 @gluon.jit
@@ -394,7 +468,7 @@ def _finish_group(out_ptr, scores, scale, weight, limit, b, tile, stride_out, ma
 def _consumer(pointers, strides, sizes, buffers, share,
               NEXT_N: gl.constexpr, HEADS: gl.constexpr, KV_BLOCK: gl.constexpr, ROWS_PER_MMA: gl.constexpr,
               STAGES: gl.constexpr, LENS_2D: gl.constexpr, KEY_BOX: gl.constexpr, TEAM: gl.constexpr,
-              TEAMS: gl.constexpr, PART: gl.constexpr, ROW_SPLIT: gl.constexpr):
+              TEAMS: gl.constexpr, PART: gl.constexpr, ROW_SPLIT: gl.constexpr, OVERLAP: gl.constexpr):
     """Score team ``TEAM``'s tiles of the share, row groups ``PART, PART + ROW_SPLIT, ...``."""
     GROUPS: gl.constexpr = _part_groups(NEXT_N, ROWS_PER_MMA, PART, ROW_SPLIT)
     q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, table_ptr = pointers
@@ -416,15 +490,16 @@ def _consumer(pointers, strides, sizes, buffers, share,
             weights, limits = _sequence_operands(weight_ring.index(stage), lens_ptr, b, seq_len, end, stride_lens_b,
                                                  stride_lens_j, NEXT_N, HEADS, ROWS_PER_MMA, LENS_2D, GROUPS)
             first = (TEAM - k % TEAMS + TEAMS) % TEAMS
-            for i in range(first, count, TEAMS):
-                slot, phase = _team_slot((k + i) // TEAMS, STAGES)
-                ring_slot = TEAM * STAGES + slot
-                mbarrier.wait(full_bars.index(ring_slot), phase)
-                if KEY_BOX == 0:
-                    fence_async_shared()  # the gathered keys' cp.async bytes, likewise
-                _score_tile(key_ring.index(ring_slot), q_stage, scale_ring.index(ring_slot),
-                            empty_bars.index(ring_slot), weights, limits, out_ptr, b, tile + i, stride_out,
-                            max_model_len, clean_logits != 0, NEXT_N, HEADS, ROWS_PER_MMA, GROUPS)
+            if OVERLAP and len(GROUPS) > 0:
+                _score_tiles_overlapped(key_ring, scale_ring, full_bars, empty_bars, q_stage, weights, limits, out_ptr,
+                                        b, tile, k, first, count, stride_out, max_model_len, clean_logits != 0,
+                                        NEXT_N, HEADS, ROWS_PER_MMA, STAGES, KEY_BOX, TEAM, TEAMS, GROUPS)
+            else:
+                for i in range(first, count, TEAMS):
+                    ring_slot, phase = _await_tile(full_bars, k + i, STAGES, KEY_BOX, TEAM, TEAMS)
+                    _score_tile(key_ring.index(ring_slot), q_stage, scale_ring.index(ring_slot),
+                                empty_bars.index(ring_slot), weights, limits, out_ptr, b, tile + i, stride_out,
+                                max_model_len, clean_logits != 0, NEXT_N, HEADS, ROWS_PER_MMA, GROUPS)
             async_copy.mbarrier_arrive(q_empty.index(stage), increment_count=False)  # done with Q and weights
             q_iter += 1
         k += count
@@ -478,7 +553,8 @@ def wgmma_pipes_logits_kernel(
     NEXT_N: gl.constexpr, NEXT_N_POW2: gl.constexpr, HEADS: gl.constexpr, KV_BLOCK: gl.constexpr,
     ROWS_PER_MMA: gl.constexpr, STAGES: gl.constexpr, PRESHUFFLE: gl.constexpr, LENS_2D: gl.constexpr,
     KV_ALIGN: gl.constexpr, Q_ASYNC: gl.constexpr, KEY_BOX: gl.constexpr, BALANCED: gl.constexpr,
-    CONSUMERS: gl.constexpr, ROW_SPLIT: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    CONSUMERS: gl.constexpr, ROW_SPLIT: gl.constexpr, OVERLAP: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr,
 ):
     """Score the program's share (see the module docstring) with ``CONSUMERS`` consumer
     warpgroups in teams of ``ROW_SPLIT``, one producer warp and one ring per team."""
@@ -517,16 +593,16 @@ def wgmma_pipes_logits_kernel(
     if CONSUMERS == 1:
         gl.warp_specialize([
             (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK, ROWS_PER_MMA, STAGES,
-                         LENS_2D, KEY_BOX, 0, 1, 0, 1)),
+                         LENS_2D, KEY_BOX, 0, 1, 0, 1, OVERLAP)),
             (_producer, (pointers, strides, sizes, key_desc, scale_desc, buffers, share, tail_share, NEXT_N, HEADS,
                          KV_BLOCK, STAGES, PRESHUFFLE, LENS_2D, KV_ALIGN, Q_ASYNC, KEY_BOX, 0, 1)),
         ], [_PRODUCER_WARPS], [PRODUCER_REGS])
     elif CONSUMERS == 2 and ROW_SPLIT == 1:
         gl.warp_specialize([
             (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK, ROWS_PER_MMA, STAGES,
-                         LENS_2D, KEY_BOX, 0, 2, 0, 1)),
+                         LENS_2D, KEY_BOX, 0, 2, 0, 1, OVERLAP)),
             (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK, ROWS_PER_MMA, STAGES,
-                         LENS_2D, KEY_BOX, 1, 2, 0, 1)),
+                         LENS_2D, KEY_BOX, 1, 2, 0, 1, OVERLAP)),
             (_producer, (pointers, strides, sizes, key_desc, scale_desc, buffers, share, tail_share, NEXT_N, HEADS,
                          KV_BLOCK, STAGES, PRESHUFFLE, LENS_2D, KV_ALIGN, Q_ASYNC, KEY_BOX, 0, 2)),
             (_producer, (pointers, strides, sizes, key_desc, scale_desc, buffers, share, tail_share, NEXT_N, HEADS,
@@ -535,20 +611,20 @@ def wgmma_pipes_logits_kernel(
     elif CONSUMERS == 2:
         gl.warp_specialize([
             (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK, ROWS_PER_MMA, STAGES,
-                         LENS_2D, KEY_BOX, 0, 1, 0, 2)),
+                         LENS_2D, KEY_BOX, 0, 1, 0, 2, OVERLAP)),
             (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK, ROWS_PER_MMA, STAGES,
-                         LENS_2D, KEY_BOX, 0, 1, 1, 2)),
+                         LENS_2D, KEY_BOX, 0, 1, 1, 2, OVERLAP)),
             (_producer, (pointers, strides, sizes, key_desc, scale_desc, buffers, share, tail_share, NEXT_N, HEADS,
                          KV_BLOCK, STAGES, PRESHUFFLE, LENS_2D, KV_ALIGN, Q_ASYNC, KEY_BOX, 0, 1)),
         ], [_CONSUMER_WARPS, _PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
     elif CONSUMERS == 3:
         gl.warp_specialize([
             (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK, ROWS_PER_MMA, STAGES,
-                         LENS_2D, KEY_BOX, 0, 3, 0, 1)),
+                         LENS_2D, KEY_BOX, 0, 3, 0, 1, OVERLAP)),
             (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK, ROWS_PER_MMA, STAGES,
-                         LENS_2D, KEY_BOX, 1, 3, 0, 1)),
+                         LENS_2D, KEY_BOX, 1, 3, 0, 1, OVERLAP)),
             (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK, ROWS_PER_MMA, STAGES,
-                         LENS_2D, KEY_BOX, 2, 3, 0, 1)),
+                         LENS_2D, KEY_BOX, 2, 3, 0, 1, OVERLAP)),
             (_producer, (pointers, strides, sizes, key_desc, scale_desc, buffers, share, tail_share, NEXT_N, HEADS,
                          KV_BLOCK, STAGES, PRESHUFFLE, LENS_2D, KV_ALIGN, Q_ASYNC, KEY_BOX, 0, 3)),
             (_producer, (pointers, strides, sizes, key_desc, scale_desc, buffers, share, tail_share, NEXT_N, HEADS,
@@ -560,13 +636,13 @@ def wgmma_pipes_logits_kernel(
     elif CONSUMERS == 4 and ROW_SPLIT == 1:
         gl.warp_specialize([
             (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK, ROWS_PER_MMA, STAGES,
-                         LENS_2D, KEY_BOX, 0, 4, 0, 1)),
+                         LENS_2D, KEY_BOX, 0, 4, 0, 1, OVERLAP)),
             (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK, ROWS_PER_MMA, STAGES,
-                         LENS_2D, KEY_BOX, 1, 4, 0, 1)),
+                         LENS_2D, KEY_BOX, 1, 4, 0, 1, OVERLAP)),
             (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK, ROWS_PER_MMA, STAGES,
-                         LENS_2D, KEY_BOX, 2, 4, 0, 1)),
+                         LENS_2D, KEY_BOX, 2, 4, 0, 1, OVERLAP)),
             (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK, ROWS_PER_MMA, STAGES,
-                         LENS_2D, KEY_BOX, 3, 4, 0, 1)),
+                         LENS_2D, KEY_BOX, 3, 4, 0, 1, OVERLAP)),
             (_producer, (pointers, strides, sizes, key_desc, scale_desc, buffers, share, tail_share, NEXT_N, HEADS,
                          KV_BLOCK, STAGES, PRESHUFFLE, LENS_2D, KV_ALIGN, Q_ASYNC, KEY_BOX, 0, 4)),
             (_producer, (pointers, strides, sizes, key_desc, scale_desc, buffers, share, tail_share, NEXT_N, HEADS,
@@ -581,13 +657,13 @@ def wgmma_pipes_logits_kernel(
     else:
         gl.warp_specialize([
             (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK, ROWS_PER_MMA, STAGES,
-                         LENS_2D, KEY_BOX, 0, 2, 0, 2)),
+                         LENS_2D, KEY_BOX, 0, 2, 0, 2, OVERLAP)),
             (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK, ROWS_PER_MMA, STAGES,
-                         LENS_2D, KEY_BOX, 0, 2, 1, 2)),
+                         LENS_2D, KEY_BOX, 0, 2, 1, 2, OVERLAP)),
             (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK, ROWS_PER_MMA, STAGES,
-                         LENS_2D, KEY_BOX, 1, 2, 0, 2)),
+                         LENS_2D, KEY_BOX, 1, 2, 0, 2, OVERLAP)),
             (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK, ROWS_PER_MMA, STAGES,
-                         LENS_2D, KEY_BOX, 1, 2, 1, 2)),
+                         LENS_2D, KEY_BOX, 1, 2, 1, 2, OVERLAP)),
             (_producer, (pointers, strides, sizes, key_desc, scale_desc, buffers, share, tail_share, NEXT_N, HEADS,
                          KV_BLOCK, STAGES, PRESHUFFLE, LENS_2D, KV_ALIGN, Q_ASYNC, KEY_BOX, 0, 2)),
             (_producer, (pointers, strides, sizes, key_desc, scale_desc, buffers, share, tail_share, NEXT_N, HEADS,
