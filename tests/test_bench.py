@@ -11,7 +11,9 @@ import sys
 import pytest
 import torch
 
+from paged_mqa_logits.__main__ import main as run_cli
 from paged_mqa_logits.backends import registry
+from paged_mqa_logits.cli import USAGE_ERROR, CliError
 from paged_mqa_logits import backends, bench
 from paged_mqa_logits.bench import Impl, Schedule, Shape
 
@@ -284,18 +286,20 @@ def test_cli_wide_ragged_grid_marks_its_rows_and_summarises_them(tmp_path, capsy
     _, rows = _read(out)
     assert [r["ragged"] for r in rows] == ["wide"]
     assert "torch[default] [wide ragged [1, C]]: 1 shapes" in capsys.readouterr().out
-    with pytest.raises(SystemExit):  # the two ragged modes exclude each other
+    with pytest.raises(CliError, match="not allowed with argument"):  # the two ragged modes exclude each other
         bench.main(["--ragged", "--wide-ragged", "--device", "cpu"])
 
 
 @pytest.mark.parametrize("argv, named", [(["--batch", "x"], "--batch"), (["--context", "0"], "--context"),
                                          (["--backend", "nosuch"], "--backend")])
 def test_cli_rejects_bad_options_naming_them(argv, named, capsys):
-    with pytest.raises(SystemExit) as exc:
+    """The bench's parser is the shared one: a usage error is a ``CliError`` naming the option,
+    and the command line prints it as one line with exit status 2."""
+    with pytest.raises(CliError, match=f"argument {named}"):
         bench.main(argv + ["--device", "cpu", "--quiet"])
-    assert exc.value.code != 0
-    err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert f"argument {named}" in err
+    assert run_cli(["bench", *argv, "--device", "cpu", "--quiet"]) == USAGE_ERROR
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"argument {named}" in err[0] and err[0].startswith("python -m paged_mqa_logits bench")
 
 
 # ----------------------------------------------------------------------------- formats
