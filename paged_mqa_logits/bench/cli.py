@@ -115,6 +115,9 @@ def parser() -> ArgumentParser:
     m.add_argument("--device", default=None, help="cuda / cuda:1 / cpu (default: a GPU if present)")
     m.add_argument("--replays", type=int, default=None, help="graph replays per measurement (default GPU 10, CPU 3)")
     m.add_argument("--copies", type=int, default=None, help="rotating copies (default: past 4x L2, >= 512 MiB)")
+    m.add_argument("--cold-l2", action="store_true",
+                   help="GPU: write twice the L2 before every call and time each call alone (its own graph, "
+                        "events around its replay), as vendors time kernels; default: graphs cycling over copies")
     m.add_argument("--max-copies", type=int, default=256)
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--anchor", default=None,
@@ -138,7 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     env = environment(device)
     target = Target(env.arch, env.cu_num, torch.device(device).type)
     anchor = load_anchor(a.anchor)
-    schedule = Schedule(replays=a.replays or (10 if device.type == "cuda" else 3))
+    if a.cold_l2 and device.type != "cuda":
+        p.error(f"argument --cold-l2: flushes a GPU's L2 between calls; --device is {device}")
+    schedule = Schedule(replays=a.replays or (10 if device.type == "cuda" else 3), cold_l2=a.cold_l2)
     command = "python -m paged_mqa_logits bench " + " ".join(argv if argv is not None else sys.argv[1:])
     for line in env.header_lines(command):
         print(line)
