@@ -19,7 +19,7 @@ require_triton()  # before anything else: a clear message instead of a failure d
 from .dispatch import reload_tuned_table
 from .op import PagedMQAArgumentError
 from .torch_op import paged_mqa_logits
-from .warmup import warmup
+from .aot.warmup import warmup
 from .explain import explain
 
 __all__ = ["paged_mqa_logits", "warmup", "reload_tuned_table", "explain", "PagedMQAArgumentError"]

@@ -191,9 +191,7 @@ def _option_value(argv: list[str], option: str) -> str | None:
 
 
 def _bench(argv: list[str]) -> int:
-    # The bench's parser is its own (bench/cli.py): it does not know --debug, which cli.run handles,
-    # and a device it cannot use is named here, before the bench tries to allocate on it.
-    argv = cli.strip_debug(argv)
+    # A device the bench cannot use is named here, before the bench tries to allocate on it.
     if "-h" not in argv and "--help" not in argv:
         device = _option_value(argv, "--device")
         if device is not None:
@@ -205,7 +203,7 @@ COMMANDS = {
     "demo": (demo, "synthetic inputs on the best device, dispatched and checked against the reference"),
     "explain": (explain_cmd, "which backend/knobs/rule a problem gets (no GPU needed)"),
     "bench": (_bench, "time backends or the dispatch with the method of docs/BENCHMARK.md"),
-    "compile": (_delegate("paged_mqa_logits.compile"), "cross-compile a backend's candidates for an arch (no GPU needed)"),
+    "compile": (_delegate("paged_mqa_logits.aot.compile"), "cross-compile a backend's candidates for an arch (no GPU needed)"),
     "precompile": (_delegate("paged_mqa_logits.kernel_cache"),
                    "fill the run-time kernel cache with what the tuned table can pick (no GPU needed)"),
 }

@@ -53,8 +53,8 @@ class ArgumentParser(argparse.ArgumentParser):
 
 @contextlib.contextmanager
 def one_line_usage_errors() -> Iterator[None]:
-    """Within the block, every ``argparse`` parser (including ones this package does not
-    create itself, such as the bench's) raises :class:`CliError` on a usage error."""
+    """Within the block, every ``argparse`` parser (including one this package does not
+    create itself, a plain ``argparse.ArgumentParser``) raises :class:`CliError` on a usage error."""
     original = argparse.ArgumentParser.error
 
     def error(self, message):

@@ -1,8 +1,10 @@
-"""``python -m paged_mqa_logits.kernel_cache``: the precompile CLI the CMake target runs, and
-the names of the ahead-of-time cache under the spelling scripts and notebooks have used.
+"""Deprecated alias of the ahead-of-time package: ``python -m paged_mqa_logits.kernel_cache``
+(the precompile CLI, which the CMake target and ``python -m paged_mqa_logits precompile`` run)
+and the names scripts and notebooks have imported from here.
 
-The implementation lives in the :mod:`paged_mqa_logits.aot` package (overlay, launches,
-precompile, verify, cli); this module only re-exports it.
+New code imports from where each name lives: :mod:`paged_mqa_logits.aot` (launches, precompile,
+verify, cli) and ``triton_internals.cache_overlay``. This module defines nothing of its own;
+``tests/test_kernel_cache.py`` checks that every name here is the one of its home module.
 """
 
 from __future__ import annotations

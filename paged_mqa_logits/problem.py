@@ -368,9 +368,7 @@ class LaunchArgs:
     context_lens: torch.Tensor  # [B] or [B, next_n] int32
     block_table: torch.Tensor  # [B, max_blocks] int32
     max_model_len: int
-    kv_block_size: int
-    preshuffle: bool
-    problem: Problem
+    problem: Problem  # the call's one home of kv_block_size, preshuffle and the other key fields
     clean_logits: bool = False
     q_scale: torch.Tensor | None = None  # fp4: [B, next_n, H] int32, four ue8m0 exponents per head
 
@@ -390,4 +388,4 @@ class LaunchArgs:
     @property
     def visible_width(self) -> int:
         """Columns any row can see: ``min(max_model_len, max_blocks * kv_block_size)``."""
-        return min(self.max_model_len, self.max_blocks * self.kv_block_size)
+        return min(self.max_model_len, self.max_blocks * self.problem.kv_block_size)

@@ -44,20 +44,20 @@ def shuffle_block_keys(keys: torch.Tensor) -> torch.Tensor:
     Byte of (token ``t``, dim ``d``) lands at flat offset
     ``(t // 16) * 16 * D + (d // 16) * 256 + (t % 16) * 16 + (d % 16)`` of the block.
     """
-    *lead, bs, d = keys.shape
-    if bs % SHUFFLE_TILE or d % SHUFFLE_TILE:
-        raise ValueError(f"Preshuffle needs kv_block_size and head_dim multiples of 16, got {bs} and {d}")
+    *lead, kv_block_size, d = keys.shape
+    if kv_block_size % SHUFFLE_TILE or d % SHUFFLE_TILE:
+        raise ValueError(f"Preshuffle needs kv_block_size and head_dim multiples of 16, got {kv_block_size} and {d}")
     t = SHUFFLE_TILE
-    tiles = keys.reshape(*lead, bs // t, t, d // t, t)  # [.., tg, t, dg, d16]
-    return tiles.transpose(-3, -2).contiguous().reshape(*lead, bs, d)
+    tiles = keys.reshape(*lead, kv_block_size // t, t, d // t, t)  # [.., tg, t, dg, d16]
+    return tiles.transpose(-3, -2).contiguous().reshape(*lead, kv_block_size, d)
 
 
 def unshuffle_block_keys(keys: torch.Tensor) -> torch.Tensor:
     """Inverse of :func:`shuffle_block_keys`."""
-    *lead, bs, d = keys.shape
+    *lead, kv_block_size, d = keys.shape
     t = SHUFFLE_TILE
-    tiles = keys.reshape(*lead, bs // t, d // t, t, t)  # [.., tg, dg, t, d16]
-    return tiles.transpose(-3, -2).contiguous().reshape(*lead, bs, d)
+    tiles = keys.reshape(*lead, kv_block_size // t, d // t, t, t)  # [.., tg, dg, t, d16]
+    return tiles.transpose(-3, -2).contiguous().reshape(*lead, kv_block_size, d)
 
 
 def pack_kv_cache(
@@ -75,8 +75,8 @@ def pack_kv_cache(
     ``block_stride`` (bytes, multiple of 4) lets a block occupy more than its packed size, as
     in engines whose cache pages are padded; the padding bytes are filled with 0xFF.
     """
-    num_blocks, bs, d = keys_fp8.shape  # d: key bytes
-    packed = bs * (d + 4)
+    num_blocks, kv_block_size, d = keys_fp8.shape  # d: key bytes
+    packed = kv_block_size * (d + 4)
     stride = packed if block_stride is None else block_stride
     if stride < packed or stride % 4:
         raise ValueError(f"block_stride must be a multiple of 4 and >= {packed}, got {stride}")
@@ -84,14 +84,15 @@ def pack_kv_cache(
     if preshuffle:
         key_bytes = shuffle_block_keys(key_bytes)
     flat = torch.full((num_blocks, stride), 0xFF, dtype=torch.uint8, device=keys_fp8.device)
-    flat[:, : bs * d] = key_bytes.reshape(num_blocks, bs * d)
+    flat[:, : kv_block_size * d] = key_bytes.reshape(num_blocks, kv_block_size * d)
     words = scales if scales.dtype == torch.int32 else scales.float()  # fp4 exponents, else fp32 scales
-    flat[:, bs * d : packed] = words.contiguous().view(torch.uint8).reshape(num_blocks, bs * 4)
-    return flat.as_strided((num_blocks, bs, 1, d + 4), (stride, d + 4, d + 4, 1))
+    flat[:, kv_block_size * d : packed] = words.contiguous().view(torch.uint8).reshape(num_blocks, kv_block_size * 4)
+    return flat.as_strided((num_blocks, kv_block_size, 1, d + 4), (stride, d + 4, d + 4, 1))
 
 
 def _block_views(kv_cache: torch.Tensor, kv_block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Strided uint8 views ``keys [num_blocks, bs * D]`` and ``scale_bytes [num_blocks, bs * 4]``."""
+    """Strided uint8 views ``keys [num_blocks, kv_block_size * D]`` and
+    ``scale_bytes [num_blocks, kv_block_size * 4]``."""
     num_blocks, stride0 = kv_cache.shape[0], kv_cache.stride(0)
     d = kv_cache.shape[-1] - 4
     base = kv_cache.storage_offset()
@@ -103,7 +104,8 @@ def _block_views(kv_cache: torch.Tensor, kv_block_size: int) -> tuple[torch.Tens
 def unpack_kv_cache(
     kv_cache: torch.Tensor, *, kv_block_size: int, preshuffle: bool, fp8_dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Inverse of :func:`pack_kv_cache`: ``(keys_fp8 [num_blocks, bs, D], scales [num_blocks, bs])``;
+    """Inverse of :func:`pack_kv_cache`: ``(keys_fp8 [num_blocks, kv_block_size, D],
+    scales [num_blocks, kv_block_size])``;
     with ``fp8_dtype=FP4_DTYPE``, the packed fp4 bytes ``[.., D / 2]`` uint8 and int32 exponent words."""
     d = kv_cache.shape[-1] - SCALE_BYTES
     keys, scale_bytes = _block_views(kv_cache, kv_block_size)
@@ -117,7 +119,8 @@ def unpack_kv_cache(
 
 # ----------------------------------------------------------------------------- semantics
 def _gather_keys(kv_cache, block_ids, kv_block_size, preshuffle, key_dtype):
-    """Dequantised keys and scales of the blocks ``block_ids [B, n]``: ``[B, n*bs, D]``, ``[B, n*bs]``
+    """Dequantised keys and scales of the blocks ``block_ids [B, n]``: ``[B, n*kv_block_size, D]``,
+    ``[B, n*kv_block_size]``
     (the scales ``None`` for fp4 keys, ``key_dtype=FP4_DTYPE``: their exponents are in the keys)."""
     d = kv_cache.shape[-1] - SCALE_BYTES  # key bytes
     keys, scale_bytes = _block_views(kv_cache, kv_block_size)

@@ -82,7 +82,7 @@ META_COLUMNS = ("backend", "us", "provenance")
 #: every column but the optional key columns (tables written before those existed lack them)
 REQUIRED_COLUMNS = (tuple(c for c in KEY_COLUMNS if c not in OPTIONAL_KEY_COLUMNS) + ("backend",) + COMMON_KNOBS
                     + ("us", "provenance"))
-KNOWN_BACKENDS = ("torch", "triton", "gluon", "flydsl")
+KNOWN_BACKENDS = backends.registry.BACKEND_NAMES
 
 
 class TableError(PagedMQAArgumentError):

@@ -164,16 +164,16 @@ def build_launch_args(
 
     if not isinstance(Preshuffle, bool):
         _fail("Preshuffle", "a bool", type(Preshuffle).__name__)
-    block_size = _host_int("KVBlockSize", KVBlockSize, 1)
-    expected = kv_block_size_rule(block_size, Preshuffle)
+    kv_block_size = _host_int("KVBlockSize", KVBlockSize, 1)
+    expected = kv_block_size_rule(kv_block_size, Preshuffle)
     if expected is not None:
-        _fail("KVBlockSize", expected, block_size)
+        _fail("KVBlockSize", expected, kv_block_size)
     max_model_len = _host_int("max_model_len", max_model_len, 0, MAX_MODEL_LEN)
     if context_hint is not None:
         context_hint = _host_int("context_hint", context_hint, 0)
 
     row = token_bytes(head_dim, kv_format)
-    kv = _cache(kv_cache, block_size, row, kv_format)
+    kv = _cache(kv_cache, kv_block_size, row, kv_format)
 
     rows = batch * next_n
     w = _tensor("weights", weights, (torch.float32,), (2,))
@@ -213,7 +213,7 @@ def build_launch_args(
         _fail("kv_cache", "at least one block (num_blocks >= 1)", "num_blocks 0")
     _check_no_overlap(out, rows, max_model_len, inputs)
     if device.type == "cpu" or CHECK_DEVICE_IDS:
-        check_block_ids(lens, table, next_n, block_size, max_model_len, kv.shape[0])
+        check_block_ids(lens, table, next_n, kv_block_size, max_model_len, kv.shape[0])
 
     info = arch_mod.detect(device)
     if kv_format == "fp8":
@@ -227,14 +227,14 @@ def build_launch_args(
 
     problem = Problem(
         arch=info.arch, cu_num=info.cu_num, batch=batch, next_n=next_n, heads=heads, head_dim=head_dim,
-        kv_block_size=block_size, preshuffle=Preshuffle, context=context_hint, lens_2d=lens.dim() == 2,
+        kv_block_size=kv_block_size, preshuffle=Preshuffle, context=context_hint, lens_2d=lens.dim() == 2,
         fp8=flavour, max_model_len=max_model_len,
         # a packed stride (or a single block) is the described default, 0: keys stay comparable
-        kv_block_stride=0 if kv.shape[0] == 1 or kv.stride(0) == block_size * row else kv.stride(0),
+        kv_block_stride=0 if kv.shape[0] == 1 or kv.stride(0) == kv_block_size * row else kv.stride(0),
         kv_base_aligned=kv.data_ptr() % 16 == 0, kv_32bit=kv_fits_32bit(kv), kv_format=kv_format,
         logits_dtype=logits_dtype_name(out.dtype),
     )
-    return LaunchArgs(q, kv, w, out, lens, table, max_model_len, block_size, Preshuffle, problem, q_scale=q_scale)
+    return LaunchArgs(q, kv, w, out, lens, table, max_model_len, problem, q_scale=q_scale)
 
 
 def _query(q_fp8, q_scale) -> tuple[torch.Tensor, torch.Tensor | None, str]:
@@ -273,8 +273,8 @@ def padded_token_row(head_dim: int) -> int:
     return -(-(head_dim + 4) // 16) * 16
 
 
-def _cache(kv_cache, block_size: int, row: int, kv_format: str) -> torch.Tensor:
-    """The cache as the documented uint8 layout ``[num_blocks, block_size, 1, row]``, every block
+def _cache(kv_cache, kv_block_size: int, row: int, kv_format: str) -> torch.Tensor:
+    """The cache as the documented uint8 layout ``[num_blocks, kv_block_size, 1, row]``, every block
     packed (tokens ``row`` bytes apart), block stride and base multiples of 4 (the scale words).
     An fp8 cache is accepted fp8-typed too (AITER's callers hand the cache over as e4m3), and at
     KVBlockSize 1 with each token row padded to :func:`padded_token_row` bytes (the padding is
@@ -283,31 +283,32 @@ def _cache(kv_cache, block_size: int, row: int, kv_format: str) -> torch.Tensor:
     kv = _tensor("kv_cache", kv_cache, (torch.uint8,) + (FP8_TYPES if fp8 else ()), (4,))
     if kv.dtype != torch.uint8:
         kv = kv.view(torch.uint8)  # one byte per element either way: the same bytes
-    widths = (row, padded_token_row(HEAD_DIM)) if fp8 and block_size == 1 else (row,)
-    if kv.shape[1] != block_size or kv.shape[2] != 1 or kv.shape[3] not in widths:
+    widths = (row, padded_token_row(HEAD_DIM)) if fp8 and kv_block_size == 1 else (row,)
+    if kv.shape[1] != kv_block_size or kv.shape[2] != 1 or kv.shape[3] not in widths:
         layout = "" if fp8 else " (fp4: D / 2 + 4)"
-        _fail("kv_cache", f"shape [num_blocks, KVBlockSize={block_size}, 1, {' or '.join(map(str, widths))}]{layout}",
+        shape = f"[num_blocks, KVBlockSize={kv_block_size}, 1, {' or '.join(map(str, widths))}]"
+        _fail("kv_cache", f"shape {shape}{layout}",
               f"shape {tuple(kv.shape)}")
     kv = kv[..., :row] if kv.shape[3] != row else kv
-    packed = block_size * row
-    if kv.stride(3) != 1 or (block_size > 1 and kv.stride(1) != row):
+    packed = kv_block_size * row
+    if kv.stride(3) != 1 or (kv_block_size > 1 and kv.stride(1) != row):
         _fail("kv_cache", f"every block packed contiguously (strides [*, {row}, *, 1])", f"strides {kv.stride()}")
     if kv.shape[0] > 1 and (kv.stride(0) < packed or kv.stride(0) % 4):
         _fail("kv_cache", f"a block stride (stride(0)) that is a multiple of 4 and >= {packed} bytes", kv.stride(0))
     if kv.storage_offset() % 4:
         _fail("kv_cache", "a storage offset that is a multiple of 4 bytes (4-byte scale words)", kv.storage_offset())
-    return _canonical_size_one_strides(kv, block_size, row)
+    return _canonical_size_one_strides(kv, kv_block_size, row)
 
 
-def _canonical_size_one_strides(kv: torch.Tensor, block_size: int, row: int) -> torch.Tensor:
+def _canonical_size_one_strides(kv: torch.Tensor, kv_block_size: int, row: int) -> torch.Tensor:
     """The same cache with the strides of its size-1 dimensions (dim 2; dim 1 at KVBlockSize 1;
     dim 0 with a single block) set to the packed layout's (``row`` bytes a token). Those strides
     address nothing, so validation accepts any value, but backends view the bytes as 4-byte
     scale words, which torch refuses for strides that are not multiples of 4."""
     strides = list(kv.stride())
     if kv.shape[0] <= 1:
-        strides[0] = block_size * row
-    if block_size == 1:
+        strides[0] = kv_block_size * row
+    if kv_block_size == 1:
         strides[1] = row
     strides[2] = row
     if tuple(strides) == kv.stride():

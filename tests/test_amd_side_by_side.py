@@ -15,7 +15,7 @@ import amd_side_by_side as sbs  # noqa: E402
 import cdna_cycles  # noqa: E402
 from paged_mqa_logits import table  # noqa: E402
 from paged_mqa_logits.backends.gluon import cdna  # noqa: E402
-from paged_mqa_logits.compile import max_waves_per_simd  # noqa: E402
+from paged_mqa_logits.aot.compile import max_waves_per_simd  # noqa: E402
 
 REPORT = os.path.join(ROOT, "benchmarks", "amd", "side_by_side.csv")
 MFMA_OF = {("gfx942", "fp8"): "v_mfma_f32_(16x16x32|32x32x16)_fp8_fp8",

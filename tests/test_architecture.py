@@ -1,5 +1,5 @@
-"""The package's imports flow one way (docs/ARCHITECTURE.md): no cycle, every module-level
-import points to the same or a lower layer, and a package module is imported inside a function
+"""The package's imports flow one way, on the map of layers that docs/ARCHITECTURE.md draws (read
+from that file, not copied here): no cycle, every module-level import points to the same or a lower layer, and a package module is imported inside a function
 only where there is a reason that is not a cycle (a CLI subcommand, an optional dependency, a
 process that must not load torch before it forks). Read from the sources with ``ast``: no
 module is imported to check it."""
@@ -12,16 +12,24 @@ import os
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = ("paged_mqa_logits", "tuner")
 
+MAP = os.path.join(ROOT, "docs", "ARCHITECTURE.md")
+
+
+def read_layers(text: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """The layer map of docs/ARCHITECTURE.md: the first fenced block after ``## Layers``, one
+    ``layer: module, module`` line per layer, lowest first."""
+    section = text[text.index("## Layers"):]
+    start = section.index("```") + 3
+    block = section[start:section.index("```", start)]
+    layers = []
+    for line in block.strip().splitlines():
+        name, _, modules = line.partition(":")
+        layers.append((name.strip(), tuple(m.strip() for m in modules.split(",") if m.strip())))
+    return tuple(layers)
+
+
 #: lowest first; a module may import its own layer and the ones before it
-LAYERS = (
-    ("base", ("errors", "arch", "problem", "signature", "schedule", "triton_internals", "cli", "files")),
-    ("validation", ("validate", "fp4", "reference")),
-    ("backends", ("backends",)),
-    ("dispatch", ("table", "dispatch")),
-    ("op", ("op", "torch_op", "compat")),
-    ("tools", ("warmup", "aot", "compile", "sass", "bench", "explain", "kernel_cache", "__main__")),
-    ("facade", ("__init__",)),  # the package root re-exports the public API
-)
+LAYERS = read_layers(open(MAP).read())
 
 #: module -> why it imports package modules inside functions
 LATE_IMPORTS = {
@@ -80,13 +88,11 @@ def _imports() -> tuple[dict[str, set], list[tuple[str, str]], dict]:
 
 
 def _layer(module: str) -> int:
-    if module.startswith("tuner"):
-        return len(LAYERS)
-    head = module.split(".")[1] if "." in module else "__init__"
+    head = module.split(".")[0] if module.startswith("tuner") else module.split(".")[1] if "." in module else "__init__"
     for index, (_, names) in enumerate(LAYERS):
         if head in names:
             return index
-    raise AssertionError(f"{module} is in no layer of tests/test_architecture.py: add it")
+    raise AssertionError(f"{module} is in no layer of the map in docs/ARCHITECTURE.md: add it")
 
 
 def _cycles(edges: dict[str, set]) -> list[list[str]]:
@@ -121,6 +127,19 @@ def _cycles(edges: dict[str, set]) -> list[list[str]]:
     return found
 
 
+def test_the_map_is_read_from_the_architecture_document():
+    assert [name for name, _ in LAYERS][:2] == ["base", "validation"] and LAYERS[-1] == ("tuner", ("tuner",))
+    assert read_layers("## Layers\n\n```\nlow: a, b\nhigh: c\n```\n") == (("low", ("a", "b")), ("high", ("c",)))
+
+
+def test_every_module_is_on_exactly_one_line_of_the_map():
+    _, _, modules = _imports()
+    named = [m for _, names in LAYERS for m in names]
+    assert len(named) == len(set(named)), "a module is on two lines of the map"
+    tops = {m.split(".")[0] if m.startswith("tuner") else m.split(".")[1] if "." in m else "__init__" for m in modules}
+    assert tops == set(named), f"not in the map: {sorted(tops - set(named))}; in the map only: {sorted(set(named) - tops)}"
+
+
 def test_the_scan_sees_the_package():
     edges, _, modules = _imports()
     assert len(modules) > 60
@@ -139,8 +158,7 @@ def test_a_cycle_would_be_found():
 
 def test_imports_flow_from_higher_layers_to_lower():
     edges, _, _ = _imports()
-    upward = [f"{m} ({LAYERS[_layer(m)][0] if _layer(m) < len(LAYERS) else 'tuner'}) imports {t} "
-              f"({LAYERS[_layer(t)][0] if _layer(t) < len(LAYERS) else 'tuner'})"
+    upward = [f"{m} ({LAYERS[_layer(m)][0]}) imports {t} ({LAYERS[_layer(t)][0]})"
               for m, targets in edges.items() for t in targets if _layer(t) > _layer(m)]
     assert not upward, "\n".join(sorted(upward))
 
@@ -149,3 +167,89 @@ def test_function_level_imports_have_a_reason():
     _, late, _ = _imports()
     unexplained = sorted({f"{m} imports {t} inside a function" for m, t in late if m not in LATE_IMPORTS})
     assert not unexplained, "\n".join(unexplained)
+
+
+#: backend package -> its device modules (kernels and what builds them), which import no host
+#: module of their backend; FlyDSL's kernel builders read the kernel's static shape (``plan``)
+DEVICE_MODULES = {
+    "paged_mqa_logits.backends.gluon": ("kernels",),
+    "paged_mqa_logits.backends.flydsl": ("algorithm", "ir", "kernel", "plan"),
+}
+
+
+def _is_device(module: str) -> bool:
+    return any(module.startswith(f"{package}.{name}") and module[len(package) + 1:].split(".")[0] == name
+               for package, names in DEVICE_MODULES.items() for name in names)
+
+
+def _host_imports_of_kernels(edges: dict[str, set], late: list[tuple[str, str]]) -> list[str]:
+    """``device module imports host module`` for every import (module level or not) of a device
+    module that is neither another device module nor in the lowest layer."""
+    pairs = [(m, t) for m, targets in edges.items() for t in targets] + list(late)
+    return sorted(f"{m} imports {t}" for m, t in pairs
+                  if _is_device(m) and not _is_device(t) and _layer(t) != 0)
+
+
+def test_kernel_modules_import_no_host_module():
+    edges, late, modules = _imports()
+    kernels = [m for m in modules if _is_device(m)]
+    assert "paged_mqa_logits.backends.gluon.kernels.hopper_pipes" in kernels
+    assert "paged_mqa_logits.backends.flydsl.algorithm" in kernels
+    assert not _host_imports_of_kernels(edges, late), "\n".join(_host_imports_of_kernels(edges, late))
+
+
+def test_a_kernel_importing_host_code_would_be_found():
+    edges = {"paged_mqa_logits.backends.gluon.kernels.cdna": {"paged_mqa_logits.backends.gluon.common",
+                                                              "paged_mqa_logits.backends.gluon.kernels.device",
+                                                              "paged_mqa_logits.triton_internals.gluon_api"}}
+    late = [("paged_mqa_logits.backends.flydsl.kernel", "paged_mqa_logits.backends.flydsl.build")]
+    assert _host_imports_of_kernels(edges, late) == [
+        "paged_mqa_logits.backends.flydsl.kernel imports paged_mqa_logits.backends.flydsl.build",
+        "paged_mqa_logits.backends.gluon.kernels.cdna imports paged_mqa_logits.backends.gluon.common"]
+
+
+def test_every_gluon_variant_is_a_host_and_kernel_pair():
+    """``backends/gluon/<family>.py`` (the host side, with ``VARIANT``) and
+    ``backends/gluon/kernels/<family>.py`` (its device code), for every variant module."""
+    gluon = os.path.join(ROOT, "paged_mqa_logits", "backends", "gluon")
+    tree = ast.parse(open(os.path.join(gluon, "__init__.py")).read())
+    families = next(ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+                    and getattr(node.targets[0], "id", None) == "VARIANT_MODULES")
+    assert families
+    missing = [f for f in families if not os.path.exists(os.path.join(gluon, "kernels", f + ".py"))
+               or not os.path.exists(os.path.join(gluon, f + ".py"))]
+    assert not missing, missing
+
+
+#: the most lines of code a function may have, its docstring aside; kernel bodies (functions a
+#: ``jit`` or ``kernel`` decorator compiles for the device) are exempt: their length is the
+#: schedule of one program, split only where the compiler inlines it back
+MAX_FUNCTION_LINES = 80
+
+
+def _long_functions(source: str, where: str) -> list[str]:
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        if any(word in ast.unparse(d) for d in node.decorator_list for word in ("jit", "kernel")):
+            continue
+        body = node.body
+        if len(body) > 1 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+            body = body[1:]  # the docstring
+        lines = node.end_lineno - body[0].lineno + 1
+        if lines > MAX_FUNCTION_LINES:
+            out.append(f"{where}:{node.lineno} {node.name}: {lines} lines")
+    return out
+
+
+def test_no_function_is_longer_than_80_lines_outside_kernel_bodies():
+    long = [line for module, path in _modules().items() for line in _long_functions(open(path).read(), path)]
+    assert not long, "\n".join(long)
+
+
+def test_a_long_function_would_be_found():
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
+    source = f'def short():\n    """doc\n    more doc"""\n{body}\n\n\ndef long():\n{body}\n    return x0\n\n\n' \
+             f'@gluon.jit\ndef kernel():\n{body}\n    return x0\n'
+    assert _long_functions(source, "m.py") == [f"m.py:{MAX_FUNCTION_LINES + 6} long: {MAX_FUNCTION_LINES + 1} lines"]

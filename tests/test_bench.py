@@ -11,7 +11,9 @@ import sys
 import pytest
 import torch
 
+from paged_mqa_logits.__main__ import main as run_cli
 from paged_mqa_logits.backends import registry
+from paged_mqa_logits.cli import USAGE_ERROR, CliError
 from paged_mqa_logits import backends, bench
 from paged_mqa_logits.bench import Impl, Schedule, Shape
 
@@ -276,6 +278,47 @@ def test_graph_timing_on_gpu():
     assert m.timing == "graph" and m.calls % wl.copies == 0 and 0 < m.frac_of_copy_bw < 1.5
 
 
+class _ScriptedEvent:
+    """A stand-in for a CUDA event: records into a shared log; elapsed times are scripted."""
+
+    def __init__(self, log, elapsed_ms):
+        self.log, self.elapsed_ms = log, elapsed_ms
+
+    def record(self):
+        self.log.append("event")
+
+    def elapsed_time(self, end):
+        return self.elapsed_ms.pop(0)
+
+
+def test_cold_samples_flush_before_each_call_and_time_it_alone():
+    from paged_mqa_logits.bench.measure import cold_samples
+
+    log, elapsed = [], [0.004, 0.006, 0.010, 0.020]  # ms: replay 1 calls a, b; replay 2 calls a, b
+    runs = [lambda: log.append("a"), lambda: log.append("b")]
+    samples = cold_samples(runs, lambda: log.append("flush"), lambda: _ScriptedEvent(log, elapsed),
+                           lambda: log.append("sync"), replays=2)
+    # the flush is outside each call's pair of events, and every call has its own pair
+    per_replay = ["flush", "event", "a", "event", "flush", "event", "b", "event", "sync"]
+    assert log == per_replay * 2
+    assert samples == pytest.approx([5.0, 15.0])  # the mean call of each replay, in microseconds
+
+
+def test_cold_l2_needs_a_gpu(capsys):
+    with pytest.raises(CliError, match="argument --cold-l2: flushes a GPU's L2 between calls; --device is cpu"):
+        bench.main(["--cold-l2", "--device", "cpu", "--quiet", "--backend", "torch"])
+
+
+def test_cold_l2_timing_on_gpu():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA/ROCm GPU: the L2 flush and events")
+    shape = Shape.of(heads=32, next_n=2, batch=4, context=2048)
+    wl = bench.build_workload(shape, "cuda", max_copies=2)
+    m = bench.measure(Impl.of("triton"), wl, Schedule(replays=3, cold_l2=True))
+    assert m.ok, m.status
+    assert m.timing == "cold-l2" and m.calls == wl.copies and m.us > 0
+
+
 def test_cli_wide_ragged_grid_marks_its_rows_and_summarises_them(tmp_path, capsys):
     out = tmp_path / "bench.csv"
     rc = bench.main(["--heads", "16", "--next-n", "1", "--batch", "5", "--context", "64", "--kv-block-size", "16",
@@ -284,18 +327,20 @@ def test_cli_wide_ragged_grid_marks_its_rows_and_summarises_them(tmp_path, capsy
     _, rows = _read(out)
     assert [r["ragged"] for r in rows] == ["wide"]
     assert "torch[default] [wide ragged [1, C]]: 1 shapes" in capsys.readouterr().out
-    with pytest.raises(SystemExit):  # the two ragged modes exclude each other
+    with pytest.raises(CliError, match="not allowed with argument"):  # the two ragged modes exclude each other
         bench.main(["--ragged", "--wide-ragged", "--device", "cpu"])
 
 
 @pytest.mark.parametrize("argv, named", [(["--batch", "x"], "--batch"), (["--context", "0"], "--context"),
                                          (["--backend", "nosuch"], "--backend")])
 def test_cli_rejects_bad_options_naming_them(argv, named, capsys):
-    with pytest.raises(SystemExit) as exc:
+    """The bench's parser is the shared one: a usage error is a ``CliError`` naming the option,
+    and the command line prints it as one line with exit status 2."""
+    with pytest.raises(CliError, match=f"argument {named}"):
         bench.main(argv + ["--device", "cpu", "--quiet"])
-    assert exc.value.code != 0
-    err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert f"argument {named}" in err
+    assert run_cli(["bench", *argv, "--device", "cpu", "--quiet"]) == USAGE_ERROR
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"argument {named}" in err[0] and err[0].startswith("python -m paged_mqa_logits bench")
 
 
 # ----------------------------------------------------------------------------- formats

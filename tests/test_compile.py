@@ -1,4 +1,4 @@
-"""The cross-compilation driver (``paged_mqa_logits/compile.py``), on its own: ISA and PTX
+"""The cross-compilation driver (``paged_mqa_logits/aot/compile.py``), on its own: ISA and PTX
 parsing, the checks CI applies to every record, which configs it builds, and the one summary
 line ``python -m paged_mqa_logits compile`` ends with. (Each backend's compile matrix is
 checked by its own tests under tests/backends/.)"""
@@ -14,10 +14,10 @@ import pytest
 pytest.importorskip("triton.experimental.gluon")
 
 from paged_mqa_logits import __main__ as pml_cli  # noqa: E402
-from paged_mqa_logits import compile as compile_mod  # noqa: E402
+from paged_mqa_logits.aot import compile as compile_mod  # noqa: E402
 from paged_mqa_logits import table  # noqa: E402
 from paged_mqa_logits.backends.gluon import cdna  # noqa: E402
-from paged_mqa_logits.compile import (  # noqa: E402
+from paged_mqa_logits.aot.compile import (  # noqa: E402
     CompileRecord, amd_hot_loop, amd_loop_instructions, amd_resources, backend_specs, check_records, compile_spec, max_waves_per_simd,
     ptx_mma_instructions, sass_mma_instructions, summary_line, summary_table, table_kernel_configs, target)
 

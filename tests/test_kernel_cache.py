@@ -18,7 +18,7 @@ from paged_mqa_logits import reload_tuned_table
 from paged_mqa_logits.triton_internals.compiler import cache_invalidating_env
 from paged_mqa_logits.triton_internals.launchers import per_kernel_launchers
 from paged_mqa_logits.problem import LOGITS_DTYPES, Problem
-from paged_mqa_logits.warmup import warm_inputs
+from paged_mqa_logits.aot.warmup import warm_inputs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the sm_90 TMA row: its keys go by TMA descriptor, which a launch builds on the host
@@ -228,3 +228,16 @@ def test_a_relative_xdg_cache_home_is_ignored(monkeypatch, tmp_path):
     assert overlay.default_dirs()[-1] == str(tmp_path / "xdg" / "paged_mqa_logits" / "kernel_cache")
     monkeypatch.setenv("XDG_CACHE_HOME", "relative/cache")
     assert overlay.default_dirs()[-1] == str(tmp_path / ".cache" / "paged_mqa_logits" / "kernel_cache")
+
+
+def test_the_deprecated_kernel_cache_module_only_aliases_the_aot_names():
+    """``paged_mqa_logits.kernel_cache`` keeps its CLI and names, each the very object of its
+    home module (the ``aot`` package or the cache overlay), so the two spellings never drift."""
+    from paged_mqa_logits.aot import cli, launches, precompile, verify
+    from paged_mqa_logits.backends import registry
+
+    homes = (cli, launches, precompile, verify, overlay, registry)
+    for name in kc.__all__:
+        owners = [m for m in homes if getattr(m, name, None) is getattr(kc, name)]
+        assert owners, f"kernel_cache.{name} is not a name of the aot package or the overlay"
+    assert kc.main is cli.main and kc.PROG == cli.PROG

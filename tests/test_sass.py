@@ -1,7 +1,7 @@
-"""``paged_mqa_logits.sass``: loops found from backward branches, and the local-memory traffic
+"""``paged_mqa_logits.aot.sass``: loops found from backward branches, and the local-memory traffic
 inside the loops that issue matrix instructions (what the sm_90 spill check judges)."""
 
-from paged_mqa_logits import sass
+from paged_mqa_logits.aot import sass
 
 LISTING = """
         /*0000*/                   MOV R1, c[0x0][0x28] ;

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from paged_mqa_logits import PagedMQAArgumentError, reload_tuned_table
-from paged_mqa_logits.warmup import Family, enumerate_calls, table_families, warm_inputs, warmup
+from paged_mqa_logits.aot.warmup import Family, enumerate_calls, table_families, warm_inputs, warmup
 
 TABLE = """\
 arch,cu_num,heads,head_dim,kv_block_size,preshuffle,batch,next_n,context,backend,ChunkK,WavePerEU,SplitKV,num_warps,num_stages,us,provenance
@@ -126,7 +126,7 @@ def test_after_warmup_capture_compiles_nothing(kv_format, logits_dtype):
     fam = Family(heads=64, kv_block_size=64, next_n=(1, 2), batch_sizes=sizes, max_model_len=max_model_len,
                  kv_format=kv_format, logits_dtype=logits_dtype)
     workspace = torch.empty((max(sizes) * 2, max_model_len), dtype=fam.workspace_dtype, device="cuda")
-    from paged_mqa_logits.warmup import enumerate_calls as calls_of
+    from paged_mqa_logits.aot.warmup import enumerate_calls as calls_of
     from paged_mqa_logits.arch import detect
 
     info = detect("cuda")

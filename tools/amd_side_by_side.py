@@ -41,7 +41,7 @@ from paged_mqa_logits.arch import ARCH_SPECS
 from paged_mqa_logits.backends.flydsl import build as flydsl_build
 from paged_mqa_logits.backends.flydsl.backend import BACKEND as FLYDSL
 from paged_mqa_logits.backends.gluon import cdna, common
-from paged_mqa_logits.compile import amd_resources, compile_specs
+from paged_mqa_logits.aot.compile import amd_resources, compile_specs
 from paged_mqa_logits.problem import Target
 
 MFMA = cdna.VARIANT

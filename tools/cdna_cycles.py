@@ -45,7 +45,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from paged_mqa_logits.compile import amd_hot_loop
+from paged_mqa_logits.aot.compile import amd_hot_loop
 
 #: the model's name in table provenances (``estimate:<MODEL>``); a change of the model's
 #: constants or rules gets a new name

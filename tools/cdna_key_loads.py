@@ -31,7 +31,7 @@ import tempfile
 from triton.experimental.gluon import language as gl
 
 from paged_mqa_logits.backends.gluon import cdna, cdna_keys, common
-from paged_mqa_logits.compile import amd_loop_instructions, amd_resources, compile_specs
+from paged_mqa_logits.aot.compile import amd_loop_instructions, amd_resources, compile_specs
 
 MFMA = cdna.VARIANT
 

@@ -90,7 +90,7 @@ if mode == "call":
     pml.paged_mqa_logits(*args, False, $KV_BLOCK); torch.cuda.synchronize(); t2 = time.perf_counter()
     result = {"first_ms": (t1 - t0) * 1e3, "second_us": (t2 - t1) * 1e6}
 else:
-    from paged_mqa_logits.warmup import warmup
+    from paged_mqa_logits.aot.warmup import warmup
     t0 = time.perf_counter()
     s = warmup($HEADS, $KV_BLOCK, False, next_n=$NEXT_N, batch_sizes=[$BATCHES], max_model_len=$MAX_MODEL_LEN, progress=False)
     torch.cuda.synchronize(); t1 = time.perf_counter()

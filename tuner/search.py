@@ -299,8 +299,6 @@ def fixed_config_summary(runs: list[KeyRun]) -> list[str]:
 
 def tune(opts: Options) -> Outcome:
     """Run the tuner (see the module docstring); returns what it did."""
-    from tqdm import tqdm
-
     t0 = time.monotonic()
     deadline = t0 + opts.time_budget if opts.time_budget else None
     load_extra_backends()
@@ -310,6 +308,28 @@ def tune(opts: Options) -> Outcome:
                          f"got unknown {', '.join(unknown)}")
     target = resolve_target(opts)
     outcome = Outcome(target)
+    runs = plan_runs(opts, target, outcome)
+    if opts.dry_run or not runs:
+        if opts.dry_run:
+            total = sum(len(r.candidates) * len(r.key.contexts) for r in runs)
+            print(f"{len(runs)} key(s) to tune on {target.arch}/cu{target.cu_num}, {total} (candidate, context) timings")
+        outcome.seconds = time.monotonic() - t0
+        return outcome
+
+    written = time_runs(opts, target, outcome, runs, t0, deadline)
+    outcome.rows = written
+    outcome.seconds = time.monotonic() - t0
+    outcome.left = [r.key for r in runs if r.candidates and not r.finished]
+    if opts.report:
+        write_report(opts.report, outcome.measurements)
+    print_summary(opts, outcome, [r for r in runs if r.key in outcome.tuned])
+    return outcome
+
+
+def plan_runs(opts: Options, target, outcome: Outcome) -> list[KeyRun]:
+    """The keys to tune (those the output table already holds for the target are skipped
+    unless ``--all``), each with its candidates; a key no backend can serve goes to
+    ``outcome.failed``. With ``--dry-run`` prints each key's candidates."""
     keys = order_keys(read_untuned(opts.untuned, opts.contexts))
     existing = read_existing(opts.out) if opts.out else []  # --dry-run needs no output file
     done = set() if opts.retune_all else tuned_shape_keys(existing, target.arch, target.cu_num,
@@ -335,12 +355,14 @@ def tune(opts: Options) -> Outcome:
             outcome.failed.append(key)
             outcome.rejected.append((key.describe(), "-", "no backend can serve this key: " + "; ".join(
                 f"{n}: {w}" for n, w in skipped.items())))
-    if opts.dry_run or not runs:
-        if opts.dry_run:
-            total = sum(len(r.candidates) * len(r.key.contexts) for r in runs)
-            print(f"{len(runs)} key(s) to tune on {target.arch}/cu{target.cu_num}, {total} (candidate, context) timings")
-        outcome.seconds = time.monotonic() - t0
-        return outcome
+    return runs
+
+
+def time_runs(opts: Options, target, outcome: Outcome, runs: list[KeyRun], t0: float,
+              deadline: float | None) -> list:
+    """Check and compile every candidate in worker processes, then time them; each key's rows
+    are written to the output table as soon as its timings are in. The rows written."""
+    from tqdm import tqdm
 
     import torch
 
@@ -404,13 +426,7 @@ def tune(opts: Options) -> Outcome:
         bar.close()
         outcome.restarts = pool.restarts
         pool.close()
-    outcome.rows = written
-    outcome.seconds = time.monotonic() - t0
-    outcome.left = [r.key for r in runs if r.candidates and not r.finished]
-    if opts.report:
-        write_report(opts.report, outcome.measurements)
-    print_summary(opts, outcome, [r for r in runs if r.key in outcome.tuned])
-    return outcome
+    return written
 
 
 def write_report(path: str, rows: list[dict]) -> None:

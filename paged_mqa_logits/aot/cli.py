@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 
 from ..cli import ArgumentParser, int_list, run
-from ..warmup import WARMUP_DEFAULT_MAX_MODEL_LEN, Family
+from .warmup import WARMUP_DEFAULT_MAX_MODEL_LEN, Family
 from .precompile import precompile
 from .verify import verify
 

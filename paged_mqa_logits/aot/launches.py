@@ -5,7 +5,7 @@ The ahead-of-time cache never recomputes the JIT's cache hash itself: :func:`rec
 runs the real backend ``launch`` while every JIT launch is recorded instead of compiled
 (:func:`~paged_mqa_logits.triton_internals.specialise.recording_jit_launches`: Triton's binder
 and specialisation for the requested target -- the same calls the JIT makes on a device).
-:mod:`~paged_mqa_logits.warmup` uses it to predict the kernels a warm-up compiles;
+:mod:`~paged_mqa_logits.aot.warmup` uses it to predict the kernels a warm-up compiles;
 :mod:`~paged_mqa_logits.aot.precompile` and :mod:`~paged_mqa_logits.aot.verify` build on it.
 """
 

@@ -2,7 +2,7 @@
 pick, into a Triton cache directory that a fresh process finds instead of JIT-compiling.
 
 The cache *is* Triton's own on-disk cache format, filled with exactly the entries the run-time
-JIT will look up: every launch :func:`~paged_mqa_logits.warmup.warmup` would make is recorded
+JIT will look up: every launch :func:`~paged_mqa_logits.aot.warmup.warmup` would make is recorded
 (:mod:`.launches`) and compiled with ``triton.compile`` for its target. The C modules the driver
 would otherwise build with gcc on the first call are prebuilt too: the per-signature launcher
 stubs of Triton 3.6 (later versions have one generic launcher) and ``cuda_utils`` (from Triton
@@ -32,7 +32,7 @@ from ..triton_internals.compiler import cache_invalidating_env
 from ..triton_internals.launchers import prebuild_driver_utils, prebuild_launcher
 from ..triton_internals import interpreter
 from ..triton_internals.version import installed_version
-from ..warmup import WARMUP_DEFAULT_MAX_MODEL_LEN, enumerate_calls, table_families, warm_inputs
+from .warmup import WARMUP_DEFAULT_MAX_MODEL_LEN, enumerate_calls, table_families, warm_inputs
 from ..backends.registry import TRITON_BACKENDS
 from .launches import KernelLaunch, arch_of_target, gpu_target, launches_of
 from ..triton_internals.cache_overlay import (_read_manifest_or_empty, cache_files, restrict_to_owner,
@@ -124,7 +124,7 @@ def precompile(
     fallback chain's defaults) can launch for the table's problem families, specialised exactly
     like :func:`paged_mqa_logits.warmup` will launch them, into the Triton cache ``out_dir``.
 
-    ``families``: explicit :class:`~paged_mqa_logits.warmup.Family` list (default: one per
+    ``families``: explicit :class:`~paged_mqa_logits.aot.warmup.Family` list (default: one per
     (heads, kv_block_size, preshuffle, next_n, cu_num) found in the table for the arch, with
     batches ``1..max tuned batch``, the tuned contexts plus ``None`` as hints, ``lens_2d`` and
     ``max_model_len``; both override the family defaults when given). ``only`` restricts the

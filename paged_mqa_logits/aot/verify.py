@@ -16,7 +16,7 @@ from ..backends import registry
 from ..problem import LOGITS_DTYPES, Problem
 from ..triton_internals import device
 from ..triton_internals.device import LauncherStubMissing, LauncherStubs
-from ..warmup import warm_inputs
+from .warmup import warm_inputs
 from .launches import gpu_target, launches_of, meta_launch_args
 from ..triton_internals.cache_overlay import ENV_CACHE, ManifestError, activate, cache_dirs, deactivate, read_manifest
 

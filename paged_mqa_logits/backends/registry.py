@@ -25,6 +25,9 @@ _REGISTRY: dict[str, str] = {
     "gluon": "paged_mqa_logits.backends.gluon:BACKEND",
     "flydsl": "paged_mqa_logits.backends.flydsl:BACKEND",
 }
+#: the package's backends, the one list of their names (tables may name only these; a backend
+#: :func:`register` adds at run time is not one of them)
+BACKEND_NAMES = tuple(_REGISTRY)
 
 _LOADED: dict[str, Backend] = {}
 _LOAD_ERRORS: dict[str, str] = {}

@@ -45,7 +45,8 @@ class TorchBackend:
     def launch(self, args: LaunchArgs, config: dict) -> None:
         logits_into(
             args.out, args.q, args.kv_cache, args.weights, args.context_lens, args.block_table,
-            args.max_model_len, kv_block_size=args.kv_block_size, preshuffle=args.preshuffle, q_scale=args.q_scale,
+            args.max_model_len, kv_block_size=args.problem.kv_block_size, preshuffle=args.problem.preshuffle,
+            q_scale=args.q_scale,
         )
 
 

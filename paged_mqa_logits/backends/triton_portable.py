@@ -364,8 +364,8 @@ class TritonBackend:
             args.q.stride(0), args.q.stride(1), args.q.stride(2), *scale_strides,
             args.kv_cache.stride(0), args.weights.stride(0), args.out.stride(0), *lens_strides,
             args.block_table.stride(0), args.max_model_len, args.max_blocks, splits, p.batch, args.num_blocks,
-            NEXT_N=p.next_n, ROWS=rows, HEADS=p.heads, HEAD_DIM=p.head_dim, KV_BLOCK=args.kv_block_size,
-            CHUNK=chunk, PRESHUFFLE=args.preshuffle, LENS_2D=p.lens_2d, DOT_DTYPE=_dot_dtype(p, on_cpu),
+            NEXT_N=p.next_n, ROWS=rows, HEADS=p.heads, HEAD_DIM=p.head_dim, KV_BLOCK=p.kv_block_size,
+            CHUNK=chunk, PRESHUFFLE=p.preshuffle, LENS_2D=p.lens_2d, DOT_DTYPE=_dot_dtype(p, on_cpu),
             NUM_STAGES=stages, BALANCED=schedule == BALANCED, KV_FP4=fp4, OUT_BF16=p.logits_dtype == "bf16",
             **options,
         )

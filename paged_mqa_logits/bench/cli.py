@@ -3,13 +3,13 @@ settings; prints the table and summary, writes the CSV as it goes."""
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import torch
 from tqdm import tqdm
 
 from .. import backends
+from ..cli import ArgumentParser
 from ..problem import HEAD_DIM, KV_FORMATS, LOGITS_DTYPES, Problem, Target
 from ..validate import PagedMQAArgumentError, check_problem
 from .deepgemm import deepgemm_available
@@ -25,7 +25,6 @@ def _bool_list(text: str) -> list[bool]:
 
 
 def _impls(a, shape: Shape, problem: Problem, target: Target) -> list[Impl]:
-
     out = []
     if a.dispatch or not (a.backend or a.all_candidates):
         out.append(Impl("dispatch"))
@@ -64,18 +63,18 @@ def describe_grid(a, defaults: list[str], device) -> str:
 
 
 def _problem_for(shape: Shape, target: Target) -> Problem:
-
     return Problem.of(shape.shape_key, target, context=shape.context, lens_2d=shape.lens_2d,
                       max_model_len=shape.context)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
+def parser() -> ArgumentParser:
+    """The bench's options (the shared :class:`~paged_mqa_logits.cli.ArgumentParser`: defaults
+    in ``--help``, a usage error raised as ``CliError`` naming the option)."""
+    p = ArgumentParser(
         prog="python -m paged_mqa_logits bench",
         description="Time backends, knob sets, the production dispatch and (if importable) DeepGEMM in the "
                     "same run with the method of docs/BENCHMARK.md; writes a CSV and exits non-zero if any shape "
-                    "fails its check.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                    "fails its check.")
     g = p.add_argument_group("shapes (a grid, or --shapes FILE); on a CPU the grid's defaults are a small grid")
     g.add_argument("--heads", default=None, help=f"default {GPU_GRID['heads']} (CPU: {CPU_GRID['heads']})")
     g.add_argument("--next-n", default=None, help=f"default {GPU_GRID['next_n']} (CPU: {CPU_GRID['next_n']})")
@@ -116,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--device", default=None, help="cuda / cuda:1 / cpu (default: a GPU if present)")
     m.add_argument("--replays", type=int, default=None, help="graph replays per measurement (default GPU 10, CPU 3)")
     m.add_argument("--copies", type=int, default=None, help="rotating copies (default: past 4x L2, >= 512 MiB)")
+    m.add_argument("--cold-l2", action="store_true",
+                   help="GPU: write twice the L2 before every call and time each call alone (its own graph, "
+                        "events around its replay), as vendors time kernels; default: graphs cycling over copies")
     m.add_argument("--max-copies", type=int, default=256)
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--anchor", default=None,
@@ -123,11 +125,47 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--out", default=None, help="CSV to write (default: print only)")
     m.add_argument("--fail-fast", action="store_true")
     m.add_argument("--quiet", action="store_true", help="no progress bar")
-    a = p.parse_args(argv)
+    return p
 
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser()
+    a = p.parse_args(argv)
     device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and device.index is not None:
         torch.cuda.set_device(device)
+    shapes, defaults = resolve_shapes(p, a, device)
+    if a.deepgemm and deepgemm_available():
+        print(f"note: --deepgemm: {deepgemm_available()}; DeepGEMM rows are marked skipped", file=sys.stderr)
+
+    env = environment(device)
+    target = Target(env.arch, env.cu_num, torch.device(device).type)
+    anchor = load_anchor(a.anchor)
+    if a.cold_l2 and device.type != "cuda":
+        p.error(f"argument --cold-l2: flushes a GPU's L2 between calls; --device is {device}")
+    schedule = Schedule(replays=a.replays or (10 if device.type == "cuda" else 3), cold_l2=a.cold_l2)
+    command = "python -m paged_mqa_logits bench " + " ".join(argv if argv is not None else sys.argv[1:])
+    for line in env.header_lines(command):
+        print(line)
+    timed = ", ".join(dict.fromkeys(impl.label for shape in shapes
+                                    for impl in _impls(a, shape, _problem_for(shape, target), target)))
+    print(f"# run: {len(shapes)} shape(s) ({describe_grid(a, defaults, device)}), timing {timed}, "
+          f"{schedule.replays} replay(s) per measurement on {device}")
+    results, failed = run_shapes(a, shapes, device, env, target, schedule, command, anchor)
+    print_table(results, anchor)
+    for line in summary(results, anchor):
+        print("# " + line)
+    if a.out:
+        print(f"# wrote {a.out}")
+    if failed:
+        print("# FAILED: at least one shape failed its accuracy check or raised (see status)", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def resolve_shapes(p: ArgumentParser, a, device) -> tuple[list[Shape], list[str]]:
+    """The shapes to time (the grid, its unset axes given the device's defaults, or the file)
+    and the grid axes left at their defaults; checks every option first (a usage error names
+    the option)."""
     grid = CPU_GRID if device.type == "cpu" else GPU_GRID
     defaults = [] if a.shapes else [name for name in grid if getattr(a, name) is None]
     for name in defaults:
@@ -141,7 +179,6 @@ def main(argv: list[str] | None = None) -> int:
         if not values or min(values) < 1:
             p.error(f"argument {option}: expected comma-separated positive integers, got {text!r}")
     if a.backend:
-
         unknown = [n for n in a.backend.split(",") if n not in backends.names()]
         if unknown:
             p.error(f"argument --backend: unknown backend(s) {', '.join(unknown)}; known: {', '.join(backends.names())}")
@@ -167,22 +204,14 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--config needs exactly one --backend")
     if a.clean_logits and a.deepgemm:
         p.error("--clean-logits times this package's kernels only; drop --deepgemm")
-    if a.deepgemm and deepgemm_available():
-        print(f"note: --deepgemm: {deepgemm_available()}; DeepGEMM rows are marked skipped", file=sys.stderr)
-
-    env = environment(device)
-    target = Target(env.arch, env.cu_num, torch.device(device).type)
-    anchor = load_anchor(a.anchor)
-    schedule = Schedule(replays=a.replays or (10 if device.type == "cuda" else 3))
-    command = "python -m paged_mqa_logits bench " + " ".join(argv if argv is not None else sys.argv[1:])
-    for line in env.header_lines(command):
-        print(line)
-    timed = ", ".join(dict.fromkeys(impl.label for shape in shapes
-                                    for impl in _impls(a, shape, _problem_for(shape, target), target)))
-    print(f"# run: {len(shapes)} shape(s) ({describe_grid(a, defaults, device)}), timing {timed}, "
-          f"{schedule.replays} replay(s) per measurement on {device}")
+    return shapes, defaults
 
 
+def run_shapes(a, shapes: list[Shape], device, env, target: Target, schedule: Schedule, command: str,
+               anchor) -> tuple[list[Measurement], bool]:
+    """Time every shape's implementations in turn (the CSV rewritten after each shape, so a
+    later shape that takes the process down keeps what was measured); the measurements, and
+    whether any failed."""
     results: list[Measurement] = []
     bar = tqdm(total=len(shapes), unit="shape", disable=a.quiet, file=sys.stderr, dynamic_ncols=True)
     failed = lost = False
@@ -218,12 +247,4 @@ def main(argv: list[str] | None = None) -> int:
         if lost or (failed and a.fail_fast):
             break
     bar.close()
-
-    print_table(results, anchor)
-    for line in summary(results, anchor):
-        print("# " + line)
-    if a.out:
-        print(f"# wrote {a.out}")
-    if failed:
-        print("# FAILED: at least one shape failed its accuracy check or raised (see status)", file=sys.stderr)
-    return 1 if failed else 0
+    return results, failed

@@ -122,6 +122,7 @@ class Schedule:
     min_replay_us: float = 2000.0  # a replay holds at least this much work (GPU)
     max_passes: int = 64  # at most this many passes over the copies per graph
     graph: bool = True  # False: time eager passes (the fallback when capture fails)
+    cold_l2: bool = False  # GPU: flush the L2 before every call and time each call alone
 
 
 @dataclass
@@ -137,8 +138,57 @@ def _median_spread(samples: list[float]) -> tuple[float, float]:
     return med, (max(samples) - min(samples)) / med if med > 0 else 0.0
 
 
+def cold_samples(runs: list[Callable], flush: Callable, new_event: Callable, synchronize: Callable,
+                 replays: int) -> list[float]:
+    """Per replay, the mean microseconds of one call over ``runs``, each run preceded by
+    ``flush`` (outside its timed region) and bracketed by its own pair of events from
+    ``new_event`` (CUDA events: their ``elapsed_time`` is in milliseconds)."""
+    samples = []
+    for _ in range(replays):
+        pairs = []
+        for run in runs:
+            flush()
+            start, end = new_event(), new_event()
+            start.record()
+            run()
+            end.record()
+            pairs.append((start, end))
+        synchronize()
+        samples.append(statistics.fmean(start.elapsed_time(end) for start, end in pairs) * 1e3)
+    return samples
+
+
+def _time_cold_l2(calls: list[Callable], device: torch.device, schedule: Schedule) -> Timing:
+    """``Schedule.cold_l2``: each call captured in a graph of its own and replayed after a
+    write of twice the L2 (vendors' cold-cache timing); the call's time is between events
+    around its replay alone, so the flush is not in it."""
+    for call in calls:  # warm-up outside capture, as for the cycling graph
+        call()
+    torch.cuda.synchronize(device)
+    runs = []
+    try:
+        for call in calls:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                call()
+            runs.append(graph.replay)
+        method = "cold-l2"
+    except Exception as exc:  # as in time_calls: timed eagerly, and the measurement fails
+        torch.cuda.synchronize(device)
+        runs, method = list(calls), f"eager (capture failed: {type(exc).__name__}: {str(exc)[:120]})"
+    l2 = torch.cuda.get_device_properties(device).L2_cache_size
+    scratch = torch.empty(max(2 * l2, 64 << 20), dtype=torch.uint8, device=device)
+    samples = cold_samples(runs, scratch.zero_, lambda: torch.cuda.Event(enable_timing=True),
+                           lambda: torch.cuda.synchronize(device), schedule.replays)
+    us, spread = _median_spread(samples)
+    return Timing(us, len(runs), method, spread)
+
+
 def time_calls(calls: list[Callable], device: torch.device, schedule: Schedule = Schedule()) -> Timing:
-    """Per-call time of cycling over ``calls`` (see the module docstring)."""
+    """Per-call time of cycling over ``calls`` (see the module docstring), or with
+    ``schedule.cold_l2`` on a GPU, of each call after an L2 flush."""
+    if device.type == "cuda" and schedule.cold_l2:
+        return _time_cold_l2(calls, device, schedule)
     if device.type != "cuda":
         for call in calls:
             call()

@@ -125,8 +125,9 @@ def deepgemm_fp8_paged_mqa_logits(
     chunk_k = _positive_int("ChunkK", ChunkK)
     wave_per_eu = _positive_int("WavePerEU", WavePerEU)
     args = validate.build_launch_args(**op_arguments)
-    if chunk_k % args.kv_block_size and args.kv_block_size % chunk_k:
-        _fail("ChunkK", f"a multiple or a divisor of KVBlockSize={args.kv_block_size}", chunk_k)
+    kv_block_size = args.problem.kv_block_size
+    if chunk_k % kv_block_size and kv_block_size % chunk_k:
+        _fail("ChunkK", f"a multiple or a divisor of KVBlockSize={kv_block_size}", chunk_k)
     if TotalCuCount is None:
         total_cu_count = detect(q_fp8.device).cu_num or 1
     else:

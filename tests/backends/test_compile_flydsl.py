@@ -1,5 +1,5 @@
 """Compile-only builds of the FlyDSL kernel for gfx942 and gfx950 on a machine without a GPU,
-checked like every cross-compiled kernel (``paged_mqa_logits.compile.check_records``: native fp8
+checked like every cross-compiled kernel (``paged_mqa_logits.aot.compile.check_records``: native fp8
 MFMA, no scratch/spills, LDS within the chip, VGPRs for the WavePerEU occupancy), plus what the
 ISA must show for this design (LDS DMA of the right width, ds_read_b128 of the keys, barriers,
 no readfirstlane waterfall loop around any buffer load,
@@ -23,7 +23,7 @@ import pytest
 from compile_matrix import SIZES, of_size
 from paged_mqa_logits.backends.flydsl import build
 from paged_mqa_logits.backends.flydsl.backend import BACKEND, NOT_INSTALLED, flydsl_installed
-from paged_mqa_logits.compile import check_records, compile_all
+from paged_mqa_logits.aot.compile import check_records, compile_all
 from paged_mqa_logits.schedule import SCHEDULES
 
 

@@ -19,7 +19,7 @@ from paged_mqa_logits.schedule import locate, share, tile_counts
 
 pytestmark = pytest.mark.gpu
 
-gluon_device = pytest.importorskip("paged_mqa_logits.backends.gluon.device")
+gluon_device = pytest.importorskip("paged_mqa_logits.backends.gluon.kernels.device")
 from triton.experimental import gluon  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
 

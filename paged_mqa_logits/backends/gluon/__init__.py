@@ -1,27 +1,28 @@
 """``gluon`` backend: hand-laid-out Gluon kernels, one *variant* per kernel family.
 
-===========================  ============  ===================================================
-module                       variant       archs / kernel
-===========================  ============  ===================================================
-``cdna.py``                  ``mfma``      gfx942, gfx950: register MFMA, buffer loads
-``hopper_mma.py``            ``mma_v2``    sm_90: the same kernel body with ``mma_v2`` atoms
-``hopper_wgmma_host.py``     ``wgmma``     sm_90: wgmma on cp.async-staged key tiles (peak
-                                           speed; kernel: ``hopper_wgmma.py``)
-``hopper_wgmma_ws_host.py``  ``wgmma_ws``  sm_90: the same, copies in a producer warpgroup
-                                           (mbarriers; kernel: ``hopper_wgmma_ws.py``)
-``hopper_pipes.py``          ``wgmma_pipes``  sm_90: consumer teams, one producer warp and
-                                           ring each, TMA keys and scales, ``clean_logits``
-                                           fused (kernel: ``kernels/hopper_pipes.py``)
-===========================  ============  ===================================================
+Every variant is a pair of modules with one name: the host module ``<family>.py`` here (knobs,
+resource rules, candidates, launch plan, and ``VARIANT``, an instance of a
+:class:`~.variant.GluonVariant` subclass) and the device module ``kernels/<family>.py``
+(``@gluon.jit`` functions and the constexpr layouts they need). A kernel module imports no host
+module; the host module imports its kernel module.
 
-Each variant module defines ``VARIANT``, an instance of a
-:class:`~.variant.GluonVariant` subclass holding the family's atoms (knob space, resource
-rules, candidate groups, launch plan, kernel); the base class owns knob validation, candidate
-enumeration, the launch-plan cache, launch and compile specs. The other modules:
-``register_mma_kernel.py`` (the register-MMA kernel body ``mfma`` and ``mma_v2`` run) and
-``register_mma.py`` (their shared host side), ``hopper_wgmma.py`` and ``hopper_wgmma_ws.py`` (the
-sm_90 wgmma kernels and their device helpers), ``device.py`` (device helpers every kernel
-shares), ``common.py`` (host helpers every variant shares), ``variant.py`` (the base).
+======================  ===============  ==================================================
+family                  variant          archs / kernel
+======================  ===============  ==================================================
+``cdna``                ``mfma``         gfx942, gfx950: register MFMA, buffer loads (the
+                                         ``KeyLoad`` knob's costs: ``cdna_keys.py``)
+``hopper_mma``          ``mma_v2``       sm_90: the same kernel body with ``mma_v2`` atoms
+``hopper_wgmma``        ``wgmma``        sm_90: wgmma on cp.async-staged key tiles
+``hopper_wgmma_ws``     ``wgmma_ws``     sm_90: the same, copies in a producer warpgroup
+                                         (mbarriers)
+``hopper_pipes``        ``wgmma_pipes``  sm_90: consumer teams, one producer warp and ring
+                                         each, TMA keys and scales, ``clean_logits`` fused
+======================  ===============  ==================================================
+
+Shared by several families: ``register_mma`` (the register-MMA kernel body ``mfma`` and
+``mma_v2`` run, ``kernels/register_mma.py``, and their shared host side, ``register_mma.py``),
+``kernels/device.py`` (device helpers every kernel shares), ``common.py`` (host helpers every
+variant shares), ``variant.py`` (the interface and the plumbing every variant inherits).
 
 This package aggregates the variants: the backend serves a problem when any variant does, its
 candidates are the union (less those of a variant with ``tuned = False``: it stays launchable
@@ -40,7 +41,7 @@ from ..base import CompileSpec, formats_unsupported
 from .variant import GluonVariant
 
 #: variant modules, in preference order for an arch's default variant
-VARIANT_MODULES = ("hopper_wgmma_host", "hopper_wgmma_ws_host", "hopper_pipes", "hopper_mma", "cdna")
+VARIANT_MODULES = ("hopper_wgmma", "hopper_wgmma_ws", "hopper_pipes", "hopper_mma", "cdna")
 
 _VARIANTS: list[GluonVariant] = []
 _IMPORT_ERRORS: dict[str, str] = {}

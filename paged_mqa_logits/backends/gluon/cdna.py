@@ -1,7 +1,7 @@
 """gfx942 / gfx950 (CDNA3 / CDNA4) variant of the ``gluon`` backend: fp8 MFMA, buffer loads.
 
-The kernel body is :func:`register_mma_kernel.register_mma_logits_kernel`; this module supplies
-its AMD atoms and the rules of the host side (knobs, resource fits, candidates, compile layouts).
+The kernel body is :func:`kernels.register_mma.register_mma_logits_kernel`, its AMD atoms are
+``kernels/cdna.py``; this module holds the rules of the host side (knobs, resource fits, candidates, compile layouts).
 
 Atoms:
 
@@ -36,9 +36,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from triton.experimental import gluon
-from triton.experimental.gluon import language as gl
-
 from ...arch import ARCH_SPECS
 from ...problem import Problem
 from ...triton_internals.specialise import StandIn, runtime_parameters
@@ -46,51 +43,16 @@ from ...triton_internals.toolchain import AMD_VGPR_MARGIN
 from ..base import MAX_SPLIT_KV, CompileSpec
 from . import cdna_keys, common
 from .register_mma import CHUNK_SIZES, RegisterMmaVariant, rows_per_program
-from .register_mma_kernel import register_mma_logits_kernel
+from .kernels.cdna import (NUM_WARPS, buffer_gather, cache_gather, gather_layout, keys_through_lds, keys_to_operand,
+                           mfma_f8f6f4, mfma_fp8, mfma_layout)
+from .kernels.register_mma import register_mma_logits_kernel
 
 #: MFMA families per arch, default first
 MFMA_KINDS = {"gfx942": ("fp8",), "gfx950": ("f8f6f4", "fp8")}
 WAVES_PER_EU = (1, 2, 4)
-NUM_WARPS = 4  # one wave per SIMD of the CU
 THREADS_PER_WARP = 64
 #: heads per MFMA when Q is read from LDS: two 32-row tiles (32 measured no better)
 HEAD_CHUNK = 64
-
-
-# ----------------------------------------------------------------------------- atoms
-@gluon.jit
-def buffer_gather(base, offsets, mask, other):
-    """32-bit offsets from a uniform 64-bit base: one buffer descriptor, no per-lane 64-bit math."""
-    return gl.amd.cdna3.buffer_load(base, offsets, mask=mask, other=other)
-
-
-@gluon.jit
-def cache_gather(base, offsets, KV_32BIT: gl.constexpr):
-    """Cache bytes at 64-bit ``offsets``: buffer loads when the cache fits 31 bits, else global."""
-    if KV_32BIT:
-        return gl.amd.cdna3.buffer_load(base, offsets.to(gl.int32))
-    else:
-        return gl.load(base + offsets)
-
-
-@gluon.jit
-def mfma_fp8(a, b, acc):
-    return gl.amd.cdna3.mfma(a, b, acc)
-
-
-@gluon.jit
-def mfma_f8f6f4(a, b, acc):
-    # No scale tensors: unit e8m0 scales, so this is the plain fp8 product.
-    return gl.amd.cdna4.mfma_scaled(a, None, "e4m3", b, None, "e4m3", acc)
-
-
-def mfma_layout(arch: str, heads: int, chunk: int, kind: str) -> gl.amd.AMDMFMALayout:
-    """The accumulator layout (see the module docstring for why this shape)."""
-    tile = 32 if chunk // NUM_WARPS >= 32 and heads % 32 == 0 else 16
-    k = {("fp8", 32): 16, ("fp8", 16): 32, ("f8f6f4", 32): 64, ("f8f6f4", 16): 128}[(kind, tile)]
-    return gl.amd.AMDMFMALayout(version=3 if arch == "gfx942" else 4, instr_shape=[tile, tile, k],
-                                transposed=False, warps_per_cta=[1, NUM_WARPS])
-
 
 
 # ----------------------------------------------------------------------------- resource rules
@@ -181,8 +143,6 @@ def vgpr_estimate(heads: int, chunk: int, rows: int, q_lds: int, aligned: bool =
     return need
 
 
-
-
 # ----------------------------------------------------------------------------- compile layouts
 #: cache layouts a compile config may name (``layout``), as Problem fields: packed blocks;
 #: block strides padded by 4 and 16 bytes; a base 4 bytes past 16-byte alignment; past 2 GiB
@@ -218,8 +178,6 @@ def _layout_arguments(problem: Problem) -> tuple:
         values[names.index(name)] = StandIn(stand_in.dtype, stand_in.ptr_range(), problem.kv_base_aligned)
     values[names.index("stride_block")] = problem.kv_stride_bytes
     return tuple(values)
-
-
 
 
 # ----------------------------------------------------------------------------- the variant
@@ -332,8 +290,8 @@ class MfmaVariant(RegisterMmaVariant):
             return {}
         # tokens of one wave's MFMA column group: what a wave gathers per group
         tile = mfma_layout(problem.arch, problem.heads, knobs["ChunkK"], knobs["Mfma"]).instr_shape[1]
-        return dict(KEY_LAYOUT=cdna_keys.gather_layout(tile, NUM_WARPS, THREADS_PER_WARP),
-                    KEY_OPERAND=cdna_keys.keys_to_operand if tile == 32 else cdna_keys.keys_through_lds)
+        return dict(KEY_LAYOUT=gather_layout(tile, NUM_WARPS, THREADS_PER_WARP),
+                    KEY_OPERAND=keys_to_operand if tile == 32 else keys_through_lds)
 
     def programs_per_cu(self, knobs: dict) -> int:
         # WavePerEU waves per SIMD = WavePerEU programs of 4 waves per CU.

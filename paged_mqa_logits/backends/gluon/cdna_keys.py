@@ -1,6 +1,7 @@
 """How the CDNA ``mfma`` kernel brings key tiles of a plain (non-preshuffled) cache into its MFMA
 operand: the ``KeyLoad`` knob (``cdna.MfmaVariant`` resolves it; ``lds`` configs run
-``register_mma_kernel.register_mma_logits_kernel_key_layout`` with the atoms below).
+``kernels.register_mma.register_mma_logits_kernel_key_layout`` with the layouts and conversions of
+``kernels/cdna.py``; this module holds the knob and its costs).
 
 A plain cache stores each token's 128 key bytes as one contiguous row (the layout vLLM's writer
 produces). The MFMA B operand (``DotOperandLayout(1, acc, k_width=16)``) gives a lane 16
@@ -25,7 +26,7 @@ tokens (32x32 MFMA) or 16 (16x16). So:
   exchange is wave-local). With 16x16 tiles (ChunkK 64) the conversion is lowered as a lane
   shuffle instead (``ds_bpermute`` and byte permutes: 224 instead of 99 instructions in the tile
   loop, 92 instead of 64 VGPRs, gfx942 H 32), so there the tile goes through
-  :func:`staging_layout` explicitly (147 instructions, 66 VGPRs, two barriers). That layout
+  :func:`kernels.cdna.staging_layout` explicitly (147 instructions, 66 VGPRs, two barriers). That layout
   is XOR-swizzled rather than padded: the same conflict-free banks without 1/8 more LDS.
 
 Costs of ``lds`` on top of ``direct`` per tile and wave (``T = ChunkK / 4`` tokens): ``T/8``
@@ -41,57 +42,16 @@ The preshuffled layout is already stored in the operand's 16-token x 16-byte ord
 
 from __future__ import annotations
 
-from triton.experimental import gluon
-from triton.experimental.gluon import language as gl
-
 from ...triton_internals.layouts import linear_bases
+from .kernels.cdna import VECTOR_BYTES, gather_layout
 
 KNOB = "KeyLoad"
 DIRECT = "direct"
 LDS = "lds"
 #: values of the knob, the default first
 KEY_LOADS = (DIRECT, LDS)
-#: bytes of one token's keys (head_dim 128, fp8): one row of a plain cache block
-ROW_BYTES = 128
-#: bytes one lane reads per load instruction when the cache is 16-byte aligned
-VECTOR_BYTES = 16
 
 
-# ----------------------------------------------------------------------------- device side
-@gluon.constexpr_function
-def gather_layout(tile_tokens, num_warps, threads_per_warp):
-    """``[D, ChunkK]`` keys, the dim fastest: a lane holds 16 contiguous bytes of each of its
-    ``tile_tokens / 8`` tokens, 8 lanes cover a 128-byte row, so one load instruction of a wave
-    reads 8 whole rows; a wave covers ``tile_tokens`` consecutive tokens and the waves take
-    consecutive groups, round-robin, as the MFMA accumulator's ``warps_per_cta = [1, W]`` does."""
-    lanes_per_row = ROW_BYTES // VECTOR_BYTES
-    return gl.BlockedLayout([VECTOR_BYTES, tile_tokens // (threads_per_warp // lanes_per_row)],
-                            [lanes_per_row, threads_per_warp // lanes_per_row], [1, num_warps], [0, 1])
-
-
-@gluon.jit
-def keys_to_operand(keys, B_LAYOUT: gl.constexpr):
-    """Gathered keys -> the MFMA B operand (32x32 tiles: Triton lowers it through LDS)."""
-    return gl.convert_layout(keys, B_LAYOUT)
-
-
-@gluon.constexpr_function
-def staging_layout():
-    """``[D, ChunkK]`` fp8 in LDS, rows of 128 bytes, 16-byte vectors: XOR-swizzled by row (8
-    phases), so the 8 lanes writing one row and the lanes reading 16 bytes of 8 consecutive rows
-    at the same dim land on 8 different 16-byte bank groups (128 bytes of distinct banks)
-    instead of one."""
-    return gl.SwizzledSharedLayout(VECTOR_BYTES, 1, ROW_BYTES // VECTOR_BYTES, [0, 1])
-
-
-@gluon.jit
-def keys_through_lds(keys, B_LAYOUT: gl.constexpr):
-    """Gathered keys -> the MFMA B operand through an explicit LDS round trip (16x16 tiles)."""
-    staged = gl.allocate_shared_memory(keys.dtype, keys.shape, staging_layout(), keys)
-    return staged.load(B_LAYOUT)
-
-
-# ----------------------------------------------------------------------------- host side
 def key_loads(preshuffle: bool) -> tuple[str, ...]:
     """The ``KeyLoad`` values a problem's candidates take."""
     return (DIRECT,) if preshuffle else KEY_LOADS

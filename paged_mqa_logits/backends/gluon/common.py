@@ -1,4 +1,4 @@
-"""Host-side helpers every ``gluon`` variant shares (no device code: that is ``device.py`` and
+"""Host-side helpers every ``gluon`` variant shares (no device code: that is ``kernels/device.py`` and
 the kernel modules).
 
 * the schedule a config runs (``Schedule``, its default per arch) and the shape rules every
@@ -17,10 +17,6 @@ import torch
 from ...problem import Problem, kv_fits_32bit  # noqa: F401  (the 32-bit cache rule; launchers use it from here)
 from ...schedule import BALANCED, BALANCED_MIN_BATCH, SCHEDULES, SPLIT  # noqa: F401  (the variants' spelling)
 from ...triton_internals.specialise import StandIn
-
-#: kernel parameters that change from call to call without changing the code: never
-#: specialised, so a warm-up compile serves every later call (and CI compiles what runs)
-DYNAMIC_PARAMS = ("max_model_len", "max_blocks", "num_splits", "batch", "num_blocks")
 
 
 def default_schedule(problem) -> str:

@@ -1,7 +1,7 @@
 """sm_90 register-MMA variant of the ``gluon`` backend: ``mma_v2`` (``mma.sync m16n8k32`` e4m3).
 
-The kernel body is :func:`register_mma_kernel.register_mma_logits_kernel`, the one the AMD MFMA variant
-runs; this module supplies the NVIDIA atoms and the host side. Its purpose is to execute the
+The kernel body is :func:`kernels.register_mma.register_mma_logits_kernel`, the one the AMD MFMA variant
+runs; its NVIDIA atoms are ``kernels/hopper_mma.py``; this module is the host side. Its purpose is to execute the
 AMD path's shared index, mask, gather and epilogue code on our H200 (see docs/VERIFICATION.md);
 the fast Hopper kernel is the ``wgmma`` variant.
 
@@ -32,13 +32,10 @@ flight while this one is scored; 0: one tile per warp, fewer registers).
 
 from __future__ import annotations
 
-from triton.experimental import gluon
-from triton.experimental.gluon import language as gl
-
 from ...problem import Problem
-from ...triton_internals.gluon_api import mma_v2
 from ..base import MAX_SPLIT_KV
 from . import common
+from .kernels.hopper_mma import cache_gather, global_gather, mma_e4m3, mma_layout
 from .register_mma import CHUNK_SIZES, RegisterMmaVariant, rows_per_program
 
 NUM_WARPS = (4, 8)
@@ -51,24 +48,6 @@ MAX_TOKENS_PER_WARP = 16
 CTAS_PER_SM = 2
 
 
-# ----------------------------------------------------------------------------- atoms
-@gluon.jit
-def global_gather(base, offsets, mask, other):
-    return gl.load(base + offsets, mask=mask, other=other)
-
-
-@gluon.jit
-def cache_gather(base, offsets, KV_32BIT: gl.constexpr):
-    return gl.load(base + offsets)
-
-
-@gluon.jit
-def mma_e4m3(a, b, acc):
-    return mma_v2(a, b, acc)
-
-
-def mma_layout(num_warps: int) -> gl.NVMMADistributedLayout:
-    return gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, num_warps], instr_shape=[16, 8])
 
 
 # ----------------------------------------------------------------------------- resource rules

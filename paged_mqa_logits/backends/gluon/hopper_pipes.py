@@ -22,7 +22,7 @@ from ...schedule import persistent_programs
 from ...triton_internals.gluon_api import TensorDescriptor
 from ..base import MAX_SPLIT_KV
 from . import common
-from . import hopper_wgmma_host as wg
+from . import hopper_wgmma as wg
 from .kernels.hopper_pipes import (CONSUMER_WARPS, HEAD_DIM, KEY_BOX_LAYOUT, PRODUCER_WARPS, SCALE_BOX_LAYOUT, TILE,
                                    wgmma_pipes_logits_kernel)
 from .variant import GluonVariant, LaunchPlan
@@ -272,7 +272,7 @@ class WgmmaPipesVariant(GluonVariant):
 
     def num_splits(self, problem: Problem, config: dict) -> int:
         """``Schedule=split``: programs per sequence (``SplitKV``, or one wave of ``CtasPerSM``
-        programs per SM shared out by :func:`hopper_wgmma_host.derive_splits`)."""
+        programs per SM shared out by :func:`hopper_wgmma.derive_splits`)."""
         k = self.knobs(problem, config)
         return k["SplitKV"] or wg.derive_splits(problem.cu_num, problem.batch, problem.work_context, TILE,
                                                 k["CtasPerSM"])

@@ -1,517 +1,331 @@
-"""sm_90 peak-speed variant of the ``gluon`` backend: fp8 ``wgmma`` on key tiles streamed by cp.async.
+"""Host side of the sm_90 ``wgmma`` variant (its kernel: ``kernels/hopper_wgmma.py``): the resource
+rules, the split rule, the knobs and candidates, the launch plan and the compile matrix.
 
-Design (and why):
+Knobs: ``ChunkK`` (64/128 tokens per tile in the candidates; 256 accepted), ``RowsPerMMA``
+(1/2/4/8 next_n rows per wgmma), ``num_stages`` (ring depth, >= 2), ``Schedule`` (``split`` or
+``balanced``; unset: ``common.default_schedule``), ``SplitKV`` (split: 0 = derived on the host),
+``CtasPerSM`` (programs per SM the grid is sized for; 0 = the kernel's resources: estimated for
+split, read from the compiled kernel for balanced), ``num_warps`` (always 4).
 
-* **Tokens are the M dimension.** A tile is ``ChunkK`` keys ``[ChunkK, 128]`` fp8, token-major
-  (= K-major, which fp8 wgmma requires of both operands). The B operand is ``Q^T``: Q of the
-  sequence sits in shared memory (loaded once per program) and is viewed transposed, so one
-  ``wgmma m64nNk32`` scores 64 keys against ``N = rows * H`` query heads. An accumulator row is
-  a token and its columns are ``(j, h)``: the key scale is one register per accumulator row,
-  the weights are per-column values (registers for one row group, else read from shared
-  memory per group), and the head sum is in-thread adds plus two quad shuffles (the MMA layout
-  gives each quad of lanes whole rows).
-* **Each key is read once for all next_n rows.** The rows are cut into groups of at most
-  ``RowsPerMMA`` rows (powers of two: Triton shapes are), ``N = group_rows * H <= 256``. Every
-  group reuses the tile in shared memory. With several groups, the wgmma of group ``g + 1`` is
-  issued before the epilogue of group ``g``, so the tensor cores and the fp32 epilogue
-  (scale, ReLU, weight, head sum: ~3 fp32 ops per score) overlap inside the warpgroup; across
-  programs, 2-3 programs per SM interleave the same way.
-* **Keys arrive by per-token cp.async gathers** (16 bytes per thread) into a ring of
-  ``num_stages`` tiles (NVMMA 128-byte swizzle, the wgmma A layout). A gather serves every
-  block size (1..256), the block-table indirection and the Preshuffle byte order with the same
-  code. (TMA would need the plain layout, 16-byte-aligned block strides and one box per block;
-  the gather needs none of that and the copy engine is not the bottleneck.)
-* **Two schedules** (``schedule.py``). ``Schedule=split``: program ``(split, b)`` owns tiles
-  ``split, split + num_splits, ...`` of sequence ``b`` (round-robin); its first tiles do not
-  depend on the lengths, so their block-table entries, Q and the weights load *in parallel*
-  with the lengths (the chain before the first key copy is one memory latency, not two);
-  ``SplitKV = 0`` sizes the grid for one wave (``hopper_wgmma_host.derive_splits``) from the
-  host's context hint, so on a batch of widely spread lengths the short sequences' programs idle.
-  ``Schedule=balanced``: one persistent wave of ``SMs x programs per SM`` programs (the
-  compiled kernel's own occupancy, ``hopper_wgmma_host.resident_programs``), each taking an
-  equal share of the batch's tiles from an in-kernel prefix sum over the lengths
-  (``device.balanced_share``) and walking it as segments, one sequence each
-  (:func:`_score_segment`: the ring restarts, Q and the weights are reloaded, at every sequence
-  boundary). In steady state the table entries of the next tile to issue are prefetched one
-  iteration ahead either way.
-* **One warpgroup per program** (4 warps).
-
-Ring protocol (iteration ``i``, tile ``i`` in slot ``i % S``, one cp.async group per tile, Q in
-the group before them): ``cp.async.wait_group(S - 2)`` (this thread's copies of tile ``i``
-landed; groups complete in order) -> ``fence.proxy.async`` (they become visible to the async
-proxy wgmma reads through) -> ``bar.sync`` (everyone's did; everyone finished iteration
-``i - 1``, whose wgmmas were waited for to 0 and whose scales were read) -> issue tile
-``i + S - 1`` into the slot tile ``i - 1`` used -> wgmma + epilogue of tile ``i``. Copies past
-the program's last tile are masked (zero-fill a slot nobody reads), so every iteration commits
-exactly one group; the program waits for all groups before it exits (masked copies still write).
-The compiler's shared-memory barrier analysis adds two more ``bar.sync`` per iteration (it
-cannot tell ring slots apart); they are redundant but harmless.
-
-Semantics follow ``problem.py``: row ``j`` sees ``p < min(row_len(b, j), max_model_len, table
-width)``; nothing else of ``out`` is written; cache and output offsets are 64-bit; block ids
-are clamped into ``[0, num_blocks)``. The key scale is factored out of the ReLU (exact for the
-non-negative scales of fp8 quantisation).
-
-This module is the device side: the kernel, its layouts and device helpers (the warp-specialised
-variant, ``hopper_wgmma_ws.py``, reuses them). The knobs, the resource rules and the launch
-plan are the host side, ``hopper_wgmma_host.py``.
+The resource rules (:func:`resources`, :func:`fits`) estimate what ptxas allocates for a
+kernel of the given tiles, so the candidates never spill and the split rule
+(:func:`derive_splits`) never promises more programs per SM than the compiled kernel holds;
+the warp-specialised variant (``hopper_wgmma_ws.py``) builds on them.
 """
 
 from __future__ import annotations
 
-from triton.experimental import gluon
-from triton.experimental.gluon import language as gl
-
-from ...triton_internals.gluon_api import (async_copy, fence_async_shared, thread_barrier, warpgroup_mma,
-                                            warpgroup_mma_wait)
-from . import device
-from .common import DYNAMIC_PARAMS
-
-# The facts both sides read (the host module imports them from here: the kernel never imports
-# the host side).
-NUM_WARPS = 4  # one warpgroup, wgmma's unit
-HEAD_DIM = 128
-# Device-side copies of constants (jitted code may only read constexpr globals).
-_D = gl.constexpr(HEAD_DIM)
-_WARPS = gl.constexpr(NUM_WARPS)
-
-
-# ----------------------------------------------------------------------------- layouts
-# Every layout of the kernel, chosen here:
-#
-# COPY: a [rows, 128] byte tile, 16 bytes (one cp.async) per thread: 8 threads cover a 128-byte
-#   row, a warp 4 rows, the warpgroup 16 rows; taller tiles repeat over registers.
-# SCALE_COPY: [ChunkK] fp32 scales, one 4-byte cp.async per thread (replicas, when ChunkK < 128,
-#   are predicated off by the compiler).
-# MMA(N): the wgmma accumulator [ChunkK, N]: warp w holds rows 16w..16w+15 (+64 per repeat),
-#   lane l rows l/4 and l/4+8 and columns 2(l%4), 2(l%4)+1 of every 8: a row's scores sit in one
-#   quad of lanes.
-# TILE_SMEM: NVMMA shared layout, 128-byte swizzle, 8-bit: the K-major A (keys) and B (Q^T,
-#   through a transposed view of Q [rows*H, 128]) operands of fp8 wgmma.
-# VEC_SMEM: plain 1-D/2-D shared vectors (scales ring, weights, row limits).
-@gluon.constexpr_function
-def _copy_layout():
-    return gl.BlockedLayout([1, 16], [4, 8], [_WARPS, 1], [1, 0])
-
-
-@gluon.constexpr_function
-def _scale_copy_layout():
-    return gl.BlockedLayout([1], [32], [_WARPS], [0])
-
-
-@gluon.constexpr_function
-def _mma_layout(n):
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[_WARPS, 1], instr_shape=[16, n, 32])
-
-
-@gluon.constexpr_function
-def _tile_smem_layout():
-    return gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
-
-
-@gluon.constexpr_function
-def _vec_smem_layout():
-    return gl.SwizzledSharedLayout(1, 1, 1, [0])
-
-
-# ----------------------------------------------------------------------------- row groups
-@gluon.constexpr_function
-def row_groups(next_n, rows_per_mma):
-    """``(first_row, rows)`` of each wgmma: greedy powers of two of at most ``rows_per_mma``,
-    e.g. next_n 7, RowsPerMMA 4 -> (0, 4), (4, 2), (6, 1)."""
-    groups, row = [], 0
-    while row < next_n:
-        size = 1
-        while size * 2 <= min(rows_per_mma, next_n - row):
-            size *= 2
-        groups.append((row, size))
-        row += size
-    return tuple(groups)
-
-
-@gluon.constexpr_function
-def _num_groups(next_n, rows_per_mma):
-    return len(row_groups(next_n, rows_per_mma))
-
-
-@gluon.constexpr_function
-def _group_first_row(next_n, rows_per_mma, g):
-    return row_groups(next_n, rows_per_mma)[g][0]
-
-
-@gluon.constexpr_function
-def _group_rows(next_n, rows_per_mma, g):
-    return row_groups(next_n, rows_per_mma)[g][1]
-
-
-# ----------------------------------------------------------------------------- device helpers
-@gluon.jit
-def _gather(base, offsets, mask, other):
-    return gl.load(base + offsets, mask=mask, other=other)
-
-
-@gluon.jit
-def _row_limits(lens_ptr, b, seq_len, end, stride_lens_b, stride_lens_j, j, NEXT_N: gl.constexpr,
-                LENS_2D: gl.constexpr):
-    """First invisible position ``min(row_len(b, j), end)`` of query rows ``j`` (a tensor;
-    rows ``j >= NEXT_N`` get 0). Vector form of ``device.row_length``."""
-    if LENS_2D:
-        row_len = gl.load(lens_ptr + b.to(gl.int64) * stride_lens_b + j * stride_lens_j, mask=j < NEXT_N, other=0)
-    else:
-        row_len = seq_len - (NEXT_N - 1) + j
-    return gl.where(j < NEXT_N, gl.minimum(gl.maximum(row_len, 0), end), 0)
-
-
-@gluon.jit
-def _copy_query(q_ptr, q_smem, b, stride_q_b, stride_q_j, stride_q_h, NEXT_N: gl.constexpr,
-                NEXT_N_POW2: gl.constexpr, HEADS: gl.constexpr, Q_ASYNC: gl.constexpr):
-    """Sequence ``b``'s query rows into ``q_smem`` (row ``j * H + h``; rows past ``NEXT_N * H``
-    zero): a cp.async the caller commits and waits for, or, when q rows are not 16-byte aligned
-    (cp.async needs >= 4), a plain load stored to shared memory."""
-    copy_layout: gl.constexpr = _copy_layout()
-    m = gl.arange(0, NEXT_N_POW2 * HEADS, gl.SliceLayout(1, copy_layout))
-    d = gl.arange(0, _D, gl.SliceLayout(0, copy_layout))
-    q_rows = b.to(gl.int64) * stride_q_b + (m // HEADS) * stride_q_j + (m % HEADS) * stride_q_h
-    q_ptrs = q_ptr + q_rows[:, None] + d[None, :]
-    q_mask = (m < NEXT_N * HEADS)[:, None]
-    if Q_ASYNC:
-        async_copy.async_copy_global_to_shared(q_smem, q_ptrs, mask=q_mask)
-    else:
-        q_smem.store(gl.load(q_ptrs, mask=q_mask, other=0.0))
-
-
-@gluon.jit
-def _load_weights(weights_ptr, b, stride_w, NEXT_N: gl.constexpr, NEXT_N_POW2: gl.constexpr, HEADS: gl.constexpr,
-                  LAYOUT: gl.constexpr):
-    """Sequence ``b``'s weights in Q's row order (``j * H + h``; 0 past ``NEXT_N * H``)."""
-    mw = gl.arange(0, NEXT_N_POW2 * HEADS, LAYOUT)
-    return gl.load(weights_ptr + (b.to(gl.int64) * NEXT_N + mw // HEADS) * stride_w + mw % HEADS,
-                   mask=mw < NEXT_N * HEADS, other=0.0)
-
-
-@gluon.jit
-def _key_offsets(pages, tokens, d, stride_block, KV_BLOCK: gl.constexpr, PRESHUFFLE: gl.constexpr):
-    """int64 byte offsets ``[T, D]`` (token-major, the orientation of a wgmma A tile) of the key
-    bytes of ``tokens`` (with cache blocks ``pages``) and dims ``d``."""
-    token_part, dim_part = device.key_offset_parts(pages, tokens, d, stride_block, KV_BLOCK, _D, PRESHUFFLE)
-    return token_part[:, None] + dim_part[None, :]
-
-
-@gluon.jit
-def _tile_pages(table_row, tile, table_tokens, num_blocks, CHUNK: gl.constexpr, KV_BLOCK: gl.constexpr):
-    """Cache blocks of ``tile``'s tokens in the two copy layouts (read twice from the table,
-    L1-resident, rather than moved between layouts). Masked by the table width only, a host
-    value, so they can load before the lengths arrive; entries past a sequence may be garbage
-    (-1): those tokens are never copied."""
-    key_tokens = tile * CHUNK + gl.arange(0, CHUNK, gl.SliceLayout(1, _copy_layout()))
-    scale_tokens = tile * CHUNK + gl.arange(0, CHUNK, _scale_copy_layout())
-    return (device.tile_pages(table_row, key_tokens, table_tokens, num_blocks, KV_BLOCK, _gather),
-            device.tile_pages(table_row, scale_tokens, table_tokens, num_blocks, KV_BLOCK, _gather))
-
-
-@gluon.jit
-def _issue_tile(key_dst, scale_dst, kv_ptr, scale_ptr, pages, tile, end, stride_block,
-                CHUNK: gl.constexpr, KV_BLOCK: gl.constexpr, PRESHUFFLE: gl.constexpr, KV_ALIGN: gl.constexpr):
-    """cp.async the keys and scales of ``tile``'s tokens ``< end`` into one ring slot (masked
-    tokens are zero-filled and never stored); ``pages`` from :func:`_tile_pages`.
-
-    ``KV_ALIGN``: 16 when the cache base and block stride are 16-byte aligned (the JIT then
-    knows it and copies 16 bytes per cp.async); else 4, which the contract guarantees (fp32
-    scales) but the JIT cannot see, so it is stated on the addresses (cp.async moves >= 4)."""
-    key_pages, scale_pages = pages
-    copy_layout: gl.constexpr = _copy_layout()
-    tokens = tile * CHUNK + gl.arange(0, CHUNK, gl.SliceLayout(1, copy_layout))
-    d = gl.arange(0, _D, gl.SliceLayout(0, copy_layout))
-    offsets = _key_offsets(key_pages, tokens, d, stride_block, KV_BLOCK, PRESHUFFLE)
-    key_ptrs = kv_ptr + offsets
-    if KV_ALIGN < 16:
-        key_ptrs = gl.multiple_of(key_ptrs, [KV_ALIGN, KV_ALIGN])
-    async_copy.async_copy_global_to_shared(key_dst, key_ptrs, mask=(tokens < end)[:, None])
-    _issue_scales(scale_dst, scale_ptr, scale_pages, tile, end, stride_block, CHUNK, KV_BLOCK)
-
-
-@gluon.jit
-def _issue_scales(scale_dst, scale_ptr, scale_pages, tile, end, stride_block, CHUNK: gl.constexpr,
-                  KV_BLOCK: gl.constexpr):
-    """cp.async the fp32 scales of ``tile``'s tokens ``< end`` (the rest are zero-filled)."""
-    scale_tokens = tile * CHUNK + gl.arange(0, CHUNK, _scale_copy_layout())
-    async_copy.async_copy_global_to_shared(
-        scale_dst, scale_ptr + device.scale_offsets(scale_pages, scale_tokens, stride_block, KV_BLOCK, _D),
-        mask=scale_tokens < end)
-
-
-@gluon.jit
-def _group_logits(scores, scale, weight, CHUNK: gl.constexpr, ROWS: gl.constexpr, HEADS: gl.constexpr):
-    """``[CHUNK, ROWS*H]`` scores -> ``[CHUNK, ROWS]``: ``scale * sum_h w * relu(score)``.
-    ``scale`` is per accumulator row (token), ``weight`` per column (j, h). Factoring the key
-    scale out of the ReLU (exact for the non-negative scales of fp8 quantisation, as DeepGEMM
-    does) leaves two fp32 ops per score: the epilogue is what bounds next_n >= 2."""
-    y = gl.maximum(scores, 0.0) * weight[None, :]
-    logits = gl.sum(gl.reshape(y, [CHUNK, ROWS, HEADS]), axis=2)
-    return logits * gl.convert_layout(scale, gl.SliceLayout(1, logits.type.layout))[:, None]
-
-
-@gluon.jit
-def _store_logits(out_ptr, logits, b, tile, limits, stride_out, NEXT_N: gl.constexpr,
-                  FIRST_ROW: gl.constexpr, ROWS: gl.constexpr, CHUNK: gl.constexpr):
-    """``out[b*NEXT_N + j, p] = logits`` for rows ``FIRST_ROW..+ROWS`` where ``p < limits[j]``."""
-    _store_logits_from(out_ptr, logits, b, tile * CHUNK, limits, stride_out, NEXT_N, FIRST_ROW, ROWS, CHUNK)
-
-
-@gluon.jit
-def _store_logits_from(out_ptr, logits, b, first_token, limits, stride_out, NEXT_N: gl.constexpr,
-                       FIRST_ROW: gl.constexpr, ROWS: gl.constexpr, TOKENS: gl.constexpr):
-    """The logits of tokens ``first_token..+TOKENS`` (see :func:`_store_logits`)."""
-    layout: gl.constexpr = logits.type.layout
-    p = first_token + gl.arange(0, TOKENS, gl.SliceLayout(1, layout))
-    j = FIRST_ROW + gl.arange(0, ROWS, gl.SliceLayout(0, layout))
-    row_start = (b.to(gl.int64) * NEXT_N + j) * stride_out
-    gl.store(out_ptr + row_start[None, :] + p[:, None], logits, mask=p[:, None] < limits[None, :])
-
-
-@gluon.jit
-def _score_tile_halves(keys, q_smem, scale_slot, weight_regs, limit_smem, out_ptr, b, tile, stride_out,
-                       NEXT_N: gl.constexpr, HEADS: gl.constexpr, CHUNK: gl.constexpr):
-    """A single row group over a 128-token tile as two 64-token wgmmas: the second runs on the
-    tensor cores while the first half's epilogue runs on the ALUs (same registers as one
-    128-row accumulator)."""
-    HALF: gl.constexpr = CHUNK // 2
-    layout: gl.constexpr = _mma_layout(NEXT_N * HEADS)
-    q_t = q_smem.slice(0, NEXT_N * HEADS).permute((1, 0))
-    first = warpgroup_mma(keys.slice(0, HALF), q_t, gl.zeros([HALF, NEXT_N * HEADS], gl.float32, layout),
-                          use_acc=False, is_async=True)
-    second = warpgroup_mma(keys.slice(HALF, HALF), q_t, gl.zeros([HALF, NEXT_N * HEADS], gl.float32, layout),
-                           use_acc=False, is_async=True)
-    first = warpgroup_mma_wait(1, deps=(first,))
-    logits = _group_logits(first, scale_slot.slice(0, HALF).load(gl.SliceLayout(1, layout)), weight_regs,
-                           HALF, NEXT_N, HEADS)
-    limits = limit_smem.load(gl.SliceLayout(0, logits.type.layout))
-    _store_logits_from(out_ptr, logits, b, tile * CHUNK, limits, stride_out, NEXT_N, 0, NEXT_N, HALF)
-    second = warpgroup_mma_wait(0, deps=(second,))
-    logits = _group_logits(second, scale_slot.slice(HALF, HALF).load(gl.SliceLayout(1, layout)), weight_regs,
-                           HALF, NEXT_N, HEADS)
-    _store_logits_from(out_ptr, logits, b, tile * CHUNK + HALF, limits, stride_out, NEXT_N, 0, NEXT_N, HALF)
-
-
-@gluon.jit
-def _issue_group(keys, q_smem, g: gl.constexpr, NEXT_N: gl.constexpr, HEADS: gl.constexpr, CHUNK: gl.constexpr,
-                 ROWS_PER_MMA: gl.constexpr):
-    """Start the asynchronous wgmma of row group ``g``: scores ``[CHUNK, rows*H]``."""
-    first: gl.constexpr = _group_first_row(NEXT_N, ROWS_PER_MMA, g)
-    rows: gl.constexpr = _group_rows(NEXT_N, ROWS_PER_MMA, g)
-    acc = gl.zeros([CHUNK, rows * HEADS], gl.float32, _mma_layout(rows * HEADS))
-    return warpgroup_mma(keys, q_smem.slice(first * HEADS, rows * HEADS).permute((1, 0)), acc, use_acc=False,
-                         is_async=True)
-
-
-@gluon.jit
-def _finish_group(scores, scale_slot, weight_smem, limit_smem, out_ptr, b, tile, stride_out, g: gl.constexpr,
-                  NEXT_N: gl.constexpr, HEADS: gl.constexpr, CHUNK: gl.constexpr, ROWS_PER_MMA: gl.constexpr):
-    """Epilogue and store of row group ``g`` of a tile (its wgmma already waited for)."""
-    first: gl.constexpr = _group_first_row(NEXT_N, ROWS_PER_MMA, g)
-    rows: gl.constexpr = _group_rows(NEXT_N, ROWS_PER_MMA, g)
-    layout: gl.constexpr = _mma_layout(rows * HEADS)
-    scale = scale_slot.load(gl.SliceLayout(1, layout))
-    weight = weight_smem.slice(first * HEADS, rows * HEADS).load(gl.SliceLayout(0, layout))
-    logits = _group_logits(scores, scale, weight, CHUNK, rows, HEADS)
-    limits = limit_smem.slice(first, rows).load(gl.SliceLayout(0, logits.type.layout))
-    _store_logits(out_ptr, logits, b, tile, limits, stride_out, NEXT_N, first, rows, CHUNK)
-
-
-@gluon.jit
-def _score_tile_groups(keys, q_smem, scale_slot, weight_smem, limit_smem, out_ptr, b, tile, stride_out,
-                       NEXT_N: gl.constexpr, HEADS: gl.constexpr, CHUNK: gl.constexpr, ROWS_PER_MMA: gl.constexpr,
-                       FIRST_GROUP: gl.constexpr, GROUP_STEP: gl.constexpr):
-    """Row groups ``FIRST_GROUP, FIRST_GROUP + GROUP_STEP, ...`` of one tile (every group: 0, 1;
-    none when ``FIRST_GROUP`` is past the last); each next group's wgmma runs during the
-    previous group's epilogue."""
-    NUM_GROUPS: gl.constexpr = _num_groups(NEXT_N, ROWS_PER_MMA)
-    if FIRST_GROUP < NUM_GROUPS:
-        pending = _issue_group(keys, q_smem, FIRST_GROUP, NEXT_N, HEADS, CHUNK, ROWS_PER_MMA)
-        for g in gl.static_range(FIRST_GROUP + GROUP_STEP, NUM_GROUPS, GROUP_STEP):
-            issued = _issue_group(keys, q_smem, g, NEXT_N, HEADS, CHUNK, ROWS_PER_MMA)
-            done = warpgroup_mma_wait(1, deps=(pending,))
-            _finish_group(done, scale_slot, weight_smem, limit_smem, out_ptr, b, tile, stride_out, g - GROUP_STEP,
-                          NEXT_N, HEADS, CHUNK, ROWS_PER_MMA)
-            pending = issued
-        done = warpgroup_mma_wait(0, deps=(pending,))
-        LAST: gl.constexpr = FIRST_GROUP + (NUM_GROUPS - 1 - FIRST_GROUP) // GROUP_STEP * GROUP_STEP
-        _finish_group(done, scale_slot, weight_smem, limit_smem, out_ptr, b, tile, stride_out, LAST,
-                      NEXT_N, HEADS, CHUNK, ROWS_PER_MMA)
-
-
-@gluon.jit
-def _single_group_weights(weight_smem, NEXT_N: gl.constexpr, HEADS: gl.constexpr, ROWS_PER_MMA: gl.constexpr):
-    """When one wgmma covers every row, its weights in the accumulator's column layout, kept in
-    registers for a whole segment; 0 with several row groups, whose epilogues read their
-    slices of ``weight_smem`` per tile. ``weight_smem`` must be visible to every thread."""
-    if _num_groups(NEXT_N, ROWS_PER_MMA) == 1:
-        weight_regs = weight_smem.slice(0, NEXT_N * HEADS).load(gl.SliceLayout(0, _mma_layout(NEXT_N * HEADS)))
-    else:
-        weight_regs = 0
-    return weight_regs
-
-
-@gluon.jit
-def _score_tile(keys, q_smem, scale_slot, weight_regs, weight_smem, limit_smem, out_ptr, b, tile, stride_out,
-                NEXT_N: gl.constexpr, HEADS: gl.constexpr, CHUNK: gl.constexpr, ROWS_PER_MMA: gl.constexpr):
-    """Scores, epilogue and store of one tile (its keys and scales landed in a ring slot)
-    against all next_n rows of sequence ``b``: a single row group as two 64-token halves
-    (128-token tiles) or whole, else every row group (:func:`_score_tile_groups`).
-    ``weight_regs`` from :func:`_single_group_weights`."""
-    NUM_GROUPS: gl.constexpr = _num_groups(NEXT_N, ROWS_PER_MMA)
-    if NUM_GROUPS == 1 and CHUNK == 128:
-        _score_tile_halves(keys, q_smem, scale_slot, weight_regs, limit_smem, out_ptr, b, tile, stride_out,
-                           NEXT_N, HEADS, CHUNK)
-    elif NUM_GROUPS == 1:
-        mma_layout: gl.constexpr = _mma_layout(NEXT_N * HEADS)
-        scores = warpgroup_mma(keys, q_smem.slice(0, NEXT_N * HEADS).permute((1, 0)),
-                               gl.zeros([CHUNK, NEXT_N * HEADS], gl.float32, mma_layout), use_acc=False,
-                               is_async=True)
-        scale = scale_slot.load(gl.SliceLayout(1, mma_layout))
-        scores = warpgroup_mma_wait(0, deps=(scores,))
-        logits = _group_logits(scores, scale, weight_regs, CHUNK, NEXT_N, HEADS)
-        limits = limit_smem.load(gl.SliceLayout(0, logits.type.layout))
-        _store_logits(out_ptr, logits, b, tile, limits, stride_out, NEXT_N, 0, NEXT_N, CHUNK)
-    else:
-        _score_tile_groups(keys, q_smem, scale_slot, weight_smem, limit_smem, out_ptr, b, tile, stride_out,
-                           NEXT_N, HEADS, CHUNK, ROWS_PER_MMA, 0, 1)
-
-
-# ----------------------------------------------------------------------------- the kernel
-@gluon.jit
-def _score_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, table_ptr,
-                   key_ring, scale_ring, q_smem, weight_smem, limit_smem,
-                   b, first, step, n_given,
-                   stride_q_b, stride_q_j, stride_q_h, stride_block, stride_w, stride_out, stride_lens_b,
-                   stride_lens_j, stride_table, max_model_len, max_blocks, num_blocks,
-                   NEXT_N: gl.constexpr, NEXT_N_POW2: gl.constexpr, HEADS: gl.constexpr, KV_BLOCK: gl.constexpr,
-                   CHUNK: gl.constexpr, ROWS_PER_MMA: gl.constexpr, STAGES: gl.constexpr,
-                   PRESHUFFLE: gl.constexpr, LENS_2D: gl.constexpr, KV_ALIGN: gl.constexpr, Q_ASYNC: gl.constexpr,
-                   BALANCED: gl.constexpr):
-    """Score tiles ``first, first + step, ...`` of sequence ``b`` against all its next_n rows:
-    ``n_given`` tiles (balanced schedule), or as many as the sequence has from ``first`` on
-    (``Schedule=split``, where the lengths are read here). The shared memory is the caller's,
-    reused from segment to segment; everything in flight has landed when this returns."""
-    vec_layout: gl.constexpr = gl.BlockedLayout([1], [32], [_WARPS], [0])
-    NUM_GROUPS: gl.constexpr = _num_groups(NEXT_N, ROWS_PER_MMA)
-
-    # 1. What does not depend on the lengths, so that it loads in parallel with them: Q (the
-    #    first cp.async group), the weights, the block-table entries of the first tiles.
-    _copy_query(q_ptr, q_smem, b, stride_q_b, stride_q_j, stride_q_h, NEXT_N, NEXT_N_POW2, HEADS, Q_ASYNC)
-    async_copy.commit_group()  # (an empty group without cp.async: the counting stays the same)
-    weights = _load_weights(weights_ptr, b, stride_w, NEXT_N, NEXT_N_POW2, HEADS, vec_layout)
-    table_row = table_ptr + b.to(gl.int64) * stride_table
-    table_tokens = max_blocks * KV_BLOCK
-    first_pages = ()
-    for s in gl.static_range(STAGES - 1):
-        first_pages = first_pages + (_tile_pages(table_row, first + s * step, table_tokens, num_blocks, CHUNK,
-                                                 KV_BLOCK),)
-
-    # 2. The lengths: this sequence's visible end (and, splitting, this program's tile count).
-    seq_len = device.sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
-    end = device.visible_end(seq_len, max_model_len, max_blocks, KV_BLOCK)
-    if BALANCED:
-        n = n_given
-    else:
-        n = gl.cdiv(gl.cdiv(end, CHUNK) - first, step)
-    if n > 0:
-        # Weights and row limits go through shared memory once; each row group's epilogue
-        # reads its slice in the accumulator's column layout.
-        weight_smem.store(weights)
-        limit_smem.store(_row_limits(lens_ptr, b, seq_len, end, stride_lens_b, stride_lens_j,
-                                     gl.arange(0, NEXT_N_POW2, vec_layout), NEXT_N, LENS_2D))
-
-        # 3. Prologue: tiles 0..STAGES-2 in flight, one cp.async group each (masked past the end).
-        for s in gl.static_range(STAGES - 1):
-            _issue_tile(key_ring.index(s), scale_ring.index(s), kv_ptr, scale_ptr, first_pages[s],
-                        first + s * step, _issue_end(s, n, end), stride_block, CHUNK, KV_BLOCK,
-                        PRESHUFFLE, KV_ALIGN)
-            async_copy.commit_group()
-        pages = _tile_pages(table_row, first + (STAGES - 1) * step, table_tokens, num_blocks, CHUNK, KV_BLOCK)
-
-        if NUM_GROUPS == 1:
-            thread_barrier()  # the weights stored above, seen by every thread
-        weight_regs = _single_group_weights(weight_smem, NEXT_N, HEADS, ROWS_PER_MMA)
-
-        # 4. Steady state: tile i lives in slot i % STAGES.
-        for i in range(n):
-            slot = i % STAGES
-            tile = first + i * step
-            async_copy.wait_group(STAGES - 2)  # Q and tiles 0..i landed (this thread's copies)
-            fence_async_shared()  # ... and are visible to wgmma's async proxy
-            thread_barrier()  # ... for every thread; and tile i-1's slot is free
-
-            ahead = i + STAGES - 1
-            _issue_tile(key_ring.index(ahead % STAGES), scale_ring.index(ahead % STAGES), kv_ptr, scale_ptr, pages,
-                        first + ahead * step, _issue_end(ahead, n, end), stride_block, CHUNK,
-                        KV_BLOCK, PRESHUFFLE, KV_ALIGN)
-            async_copy.commit_group()
-            pages = _tile_pages(table_row, first + (ahead + 1) * step, table_tokens, num_blocks, CHUNK, KV_BLOCK)
-
-            _score_tile(key_ring.index(slot), q_smem, scale_ring.index(slot), weight_regs, weight_smem, limit_smem,
-                        out_ptr, b, tile, stride_out, NEXT_N, HEADS, CHUNK, ROWS_PER_MMA)
-    async_copy.wait_group(0)  # no copy may outlive the segment (the tail groups are masked)
-    thread_barrier()  # every thread is done with Q, the ring and the vectors before the next segment
-
-
-@gluon.jit
-def _issue_end(i, n, end):
-    """The ``end`` a copy of the segment's ``i``-th tile is masked with: the sequence's end for
-    the segment's own tiles, 0 past them (so a balanced share never copies the next program's
-    tiles, and a copy past the segment is one that moves nothing)."""
-    return gl.where(i < n, end, 0)
-
-
-@gluon.jit(do_not_specialize=DYNAMIC_PARAMS)
-def wgmma_logits_kernel(
-    q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, table_ptr,
-    stride_q_b, stride_q_j, stride_q_h,
-    stride_block,  # bytes between cache blocks (multiple of 4)
-    stride_w, stride_out, stride_lens_b, stride_lens_j, stride_table,
-    max_model_len, max_blocks, num_splits, batch, num_blocks,
-    NEXT_N: gl.constexpr, NEXT_N_POW2: gl.constexpr, HEADS: gl.constexpr, KV_BLOCK: gl.constexpr,
-    CHUNK: gl.constexpr, ROWS_PER_MMA: gl.constexpr, STAGES: gl.constexpr,
-    PRESHUFFLE: gl.constexpr, LENS_2D: gl.constexpr, KV_ALIGN: gl.constexpr, Q_ASYNC: gl.constexpr,
-    BALANCED: gl.constexpr,
-):
-    """Balanced: program ``p`` of the persistent grid scores its equal share of the batch's
-    tiles (``schedule.py``), segment by segment. Split: program ``(split, b)`` scores tiles
-    ``split, split + num_splits, ...`` of sequence ``b``. Either way against all next_n rows
-    of the sequence (see the module docstring)."""
-    tile_smem: gl.constexpr = _tile_smem_layout()
-    vec_smem: gl.constexpr = _vec_smem_layout()
-    Q_ROWS: gl.constexpr = NEXT_N_POW2 * HEADS
-    key_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, CHUNK, _D], tile_smem)
-    scale_ring = gl.allocate_shared_memory(gl.float32, [STAGES, CHUNK], vec_smem)
-    q_smem = gl.allocate_shared_memory(gl.float8e4nv, [Q_ROWS, _D], tile_smem)
-    weight_smem = gl.allocate_shared_memory(gl.float32, [Q_ROWS], vec_smem)
-    limit_smem = gl.allocate_shared_memory(gl.int32, [NEXT_N_POW2], vec_smem)
-
-    if BALANCED:
-        item, stop, b, tile = device.balanced_share(
-            lens_ptr, batch, stride_lens_b, stride_lens_j, max_model_len, max_blocks, gl.program_id(0),
-            gl.num_programs(0), NEXT_N, LENS_2D, KV_BLOCK, CHUNK, device.scan_layout(32, _WARPS))
-        while item < stop:
-            seq_len = device.sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
-            tiles = gl.cdiv(device.visible_end(seq_len, max_model_len, max_blocks, KV_BLOCK), CHUNK)
-            count = gl.minimum(tiles - tile, stop - item)
-            if count > 0:  # zero-length sequences between long ones hold no items
-                _score_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, table_ptr,
-                               key_ring, scale_ring, q_smem, weight_smem, limit_smem, b, tile, 1, count,
-                               stride_q_b, stride_q_j, stride_q_h, stride_block, stride_w, stride_out,
-                               stride_lens_b, stride_lens_j, stride_table, max_model_len, max_blocks, num_blocks,
-                               NEXT_N, NEXT_N_POW2, HEADS, KV_BLOCK, CHUNK, ROWS_PER_MMA, STAGES, PRESHUFFLE,
-                               LENS_2D, KV_ALIGN, Q_ASYNC, BALANCED)
-                item += count
-            b += 1
-            tile = tile * 0
-    else:
-        _score_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, table_ptr,
-                       key_ring, scale_ring, q_smem, weight_smem, limit_smem, gl.program_id(1), gl.program_id(0),
-                       num_splits, 0,
-                       stride_q_b, stride_q_j, stride_q_h, stride_block, stride_w, stride_out,
-                       stride_lens_b, stride_lens_j, stride_table, max_model_len, max_blocks, num_blocks,
-                       NEXT_N, NEXT_N_POW2, HEADS, KV_BLOCK, CHUNK, ROWS_PER_MMA, STAGES, PRESHUFFLE,
-                       LENS_2D, KV_ALIGN, Q_ASYNC, BALANCED)
-
+import math
+
+from ...arch import lds_limit
+from ...problem import LaunchArgs, Problem
+from ...schedule import persistent_programs
+from ...triton_internals.specialise import StandIn
+from ..base import MAX_SPLIT_KV
+from . import common
+from .kernels.hopper_wgmma import HEAD_DIM, NUM_WARPS, row_groups, wgmma_logits_kernel
+from .variant import GluonVariant
+
+CHUNK_SIZES = (64, 128, 256)
+MAX_MMA_N = 256  # wgmma's largest N
+#: fp32 registers per thread the live accumulators may take (of the 255 ptxas allows)
+ACC_REG_BUDGET = 128
+SM_REGISTERS = 65536
+SM_SHARED_BYTES = 228 * 1024  # per SM; one program may use lds_limit("sm_90")
+SM_COUNT_H100 = 132  # used only when a problem carries no SM count (hypothetical problems)
+
+
+def _pow2_floor(x: int) -> int:
+    return 1 << (max(int(x), 1).bit_length() - 1)
+
+
+def max_rows_per_mma(heads: int) -> int:
+    return max(1, min(8, MAX_MMA_N // heads))
+
+
+def rows_per_mma(problem: Problem, rows: int) -> int:
+    """``RowsPerMMA`` as the kernel runs it: at most the largest power of two <= next_n."""
+    return min(rows, _pow2_floor(problem.next_n))
+
+
+def problem_row_groups(problem: Problem, rows: int) -> tuple:
+    """``(first_row, rows)`` of each wgmma of ``problem`` at ``RowsPerMMA`` ``rows``."""
+    return row_groups(problem.next_n, rows_per_mma(problem, rows))
+
+
+def live_accumulators(problem: Problem, groups, chunk: int) -> int:
+    """fp32 accumulator registers per thread live at once while ``groups`` are scored in turn:
+    one group's, or two consecutive groups' while one is reduced and the next computed (0 for
+    no group)."""
+    widths = [r * problem.heads * (chunk // 64) for _, r in groups]  # accumulator columns x M repeats
+    pairs = [a + b for a, b in zip(widths, widths[1:])] or widths or [0]
+    return max(pairs) // 2
+
+
+def resources(problem: Problem, chunk: int, rows: int, stages: int) -> dict:
+    """Host-side estimate of a program's footprint, calibrated on ptxas's reports for every
+    (heads, next_n, RowsPerMMA, ChunkK) of the contract (tests/backends/gluon/
+    test_compile_hopper_wgmma.py checks the candidates never spill):
+
+    * ``acc_regs``: fp32 accumulator registers per thread that are live at once (one group, or
+      two consecutive groups while one is reduced and the next computed);
+    * ``acc_budget``: what ``acc_regs`` may reach without spills: 128, but 64 from three row
+      groups on (ptxas then keeps more of the unrolled epilogues' state live);
+    * ``regs_estimate``: accumulators, the weights when one group keeps them in registers, ~36
+      of addresses and loop state, ~12 per row group beyond two (fit to ptxas, +-20);
+    * ``smem``: the key/scale ring, Q, the weights and the row limits;
+    * ``ctas_per_sm``: programs an SM holds (registers, shared memory), for ``SplitKV = 0``.
+    """
+    groups = problem_row_groups(problem, rows)
+    acc_regs = live_accumulators(problem, groups, chunk)
+    weight_regs = groups[0][1] * problem.heads // 4 if len(groups) == 1 else 0  # kept in registers
+    regs = min(255, acc_regs + weight_regs + 36 + (12 * len(groups) if len(groups) > 2 else 0))
+    q_rows = triton_next_pow2(problem.next_n) * problem.heads
+    smem = stages * chunk * (HEAD_DIM + 4) + q_rows * (HEAD_DIM + 4) + 4 * triton_next_pow2(problem.next_n)
+    by_regs = SM_REGISTERS // ((-(-regs // 8) * 8) * 32 * NUM_WARPS)
+    by_smem = SM_SHARED_BYTES // (smem + 1024)  # the driver reserves 1 KB per program
+    return {"acc_regs": acc_regs, "acc_budget": ACC_REG_BUDGET if len(groups) <= 2 else ACC_REG_BUDGET // 2,
+            "regs_estimate": regs, "smem": smem, "ctas_per_sm": max(1, min(by_regs, by_smem, 8))}
+
+
+def triton_next_pow2(x: int) -> int:
+    return 1 << (max(int(x), 1) - 1).bit_length()
+
+
+def fits(problem: Problem, chunk: int, rows: int, stages: int) -> bool:
+    r = resources(problem, chunk, rows, stages)
+    return r["acc_regs"] <= r["acc_budget"] and r["smem"] <= lds_limit("sm_90")
+
+
+def derive_splits(cu_num: int, batch: int, context: int, chunk: int, ctas_per_sm: int) -> int:
+    """``SplitKV = 0``: programs per sequence for one wave of ``cu_num * ctas_per_sm`` programs,
+    with equal tile counts: the most splits the wave allows, then as few as give the same
+    tiles per program (a partial extra wave or unequal shares would set the time)."""
+    tiles = max(1, math.ceil(max(context, 1) / chunk))
+    slots = max(1, cu_num or SM_COUNT_H100) * max(1, ctas_per_sm)
+    most = max(1, min(tiles, slots // max(batch, 1)))
+    per_program = math.ceil(tiles / most)
+    return max(1, math.ceil(tiles / per_program))
+
+
+def resident_programs(compiled) -> int | None:
+    """Programs of a compiled kernel one SM holds at once, from its real register and shared
+    memory use (``None`` when the kernel object does not say). The balanced schedule sizes its
+    persistent grid with it: a grid one program per SM too large runs a second, almost empty
+    wave that doubles the time, and the estimate of :func:`resources` is only a fit."""
+    try:
+        compiled._init_handles()
+        regs, shared = int(compiled.n_regs), int(compiled.metadata.shared)
+    except Exception:  # a kernel object of another Triton version, or a stand-in
+        return None
+    if regs <= 0:
+        return None
+    warp_regs = -(-regs * 32 // 256) * 256  # registers are allocated per warp, 256 at a time
+    by_regs = SM_REGISTERS // (warp_regs * NUM_WARPS)
+    by_smem = SM_SHARED_BYTES // (shared + 1024)  # the driver reserves 1 KB per program
+    return max(1, min(by_regs, by_smem, 8))
+
+
+def alignment(q, kv) -> dict:
+    """Per-call constexprs from the tensors' addresses and strides (what the JIT specialises on
+    anyway, so they add no kernel variants): see :func:`alignment_of`."""
+    return alignment_of(q.data_ptr(), q.stride()[:3], kv.data_ptr(), kv.stride(0))
+
+
+#: the ``KV_ALIGN`` values of :func:`alignment_of`: 16-byte aligned cache blocks, else the 4 bytes
+#: the contract guarantees
+KV_ALIGNS = (16, 4)
+
+
+def alignment_of(q_address: int, q_strides, kv_address: int, kv_block_stride: int) -> dict:
+    """``KV_ALIGN`` 16 or 4 (see ``hopper_wgmma._issue_tile``), ``Q_ASYNC`` when every q row starts
+    16-byte aligned."""
+    kv_aligned = kv_address % 16 == 0 and kv_block_stride % 16 == 0
+    q_async = q_address % 16 == 0 and all(s % 16 == 0 for s in q_strides)
+    aligned, least = KV_ALIGNS
+    return {"KV_ALIGN": aligned if kv_aligned else least, "Q_ASYNC": q_async}
+
+
+def _rows_options(problem: Problem) -> list[int]:
+    """RowsPerMMA values that change the kernel, widest first."""
+    widest = min(max_rows_per_mma(problem.heads), _pow2_floor(problem.next_n))
+    return [widest >> k for k in range(widest.bit_length())]
+
+
+def _stages_for(chunk: int) -> tuple[int, int]:
+    """A shallow and a deep ring per tile size: >= 2 tiles in flight while one is scored."""
+    return {64: (4, 6), 128: (3, 4), 256: (2, 3)}[chunk]
+
+
+class WgmmaVariant(GluonVariant):
+    name = "wgmma"
+    archs = ("sm_90",)
+    #: allowed values per knob (combinations are judged by :meth:`knobs`)
+    knob_space = {"ChunkK": CHUNK_SIZES, "RowsPerMMA": (1, 2, 4, 8), "num_stages": range(2, 9),
+                  "SplitKV": range(0, MAX_SPLIT_KV + 1), "CtasPerSM": range(0, 9), "num_warps": (NUM_WARPS,),
+                  "Schedule": common.SCHEDULES}
+    kernel = wgmma_logits_kernel
+
+    # ------------------------------------------------------------------------- knobs
+    def tile_knobs(self, problem: Problem, config: dict,
+                   default_keys=("ChunkK", "RowsPerMMA", "num_stages")) -> tuple[dict, dict]:
+        """``ChunkK``, ``RowsPerMMA``, ``num_stages`` (the default config's where any of
+        ``default_keys`` is unset), checked against wgmma's limits for the problem's heads; and
+        the default config consulted (empty when every one of ``default_keys`` is set)."""
+        default = self.default_config(problem) if any(config.get(k) is None for k in default_keys) else {}
+        chunk = int(config.get("ChunkK") or default["ChunkK"])
+        rows = int(config.get("RowsPerMMA") or default["RowsPerMMA"])
+        stages = int(config.get("num_stages") or default["num_stages"])
+        self.require_in("ChunkK", chunk, self.knob_space["ChunkK"])
+        self.require(rows >= 1 and not rows & (rows - 1), "RowsPerMMA", rows, "a power of two")
+        self.require(rows * problem.heads <= MAX_MMA_N, "RowsPerMMA", rows,
+                     f"RowsPerMMA x heads <= {MAX_MMA_N} (wgmma's largest N), got {rows} x {problem.heads} heads")
+        self.require(2 <= stages <= 8, "num_stages", stages, "an integer in 2..8")
+        warps = int(config.get("num_warps") or NUM_WARPS)
+        self.require(warps == NUM_WARPS, "num_warps", warps, f"{NUM_WARPS} (one warpgroup)")
+        return {"ChunkK": chunk, "RowsPerMMA": rows, "num_stages": stages}, default
+
+    def knobs(self, problem: Problem, config: dict) -> dict:
+        """Unset knobs take the default config's values (``SplitKV``, ``CtasPerSM``: 0)."""
+        tile, _ = self.tile_knobs(problem, config)
+        split = int(config.get("SplitKV") or 0)
+        ctas = int(config.get("CtasPerSM") or 0)
+        self.require(split >= 0, "SplitKV", split, "an integer >= 0")
+        self.require(ctas >= 0, "CtasPerSM", ctas, "an integer >= 0")
+        return {**tile, "SplitKV": split, "CtasPerSM": ctas, "num_warps": NUM_WARPS,
+                "Schedule": self.schedule(problem, config)}
+
+    def admits(self, problem: Problem, config: dict) -> bool:
+        k = self.knobs(problem, config)
+        return fits(problem, k["ChunkK"], k["RowsPerMMA"], k["num_stages"])
+
+    def shape_reason(self, problem: Problem) -> str | None:
+        if problem.heads > MAX_MMA_N:
+            return f"heads must be <= {MAX_MMA_N} (one wgmma N covers all heads of a row), got {problem.heads}"
+        if not any(fits(problem, 64, 1, stages) for stages in (2, 3)):
+            return f"no tile configuration fits sm_90's registers and shared memory for {problem.describe()}"
+        return None
+
+    # ------------------------------------------------------------------------- candidates
+    def candidate_groups(self, problem: Problem):
+        """The two widest row groupings that fit, x ChunkK 64/128 x a shallow and a deep ring; and,
+        where the derived split count is large (latency-bound shapes), half of it."""
+        groupings = 0
+        for rows in _rows_options(problem):
+            fitting = [(chunk, stages) for chunk in (64, 128) for stages in _stages_for(chunk)
+                       if fits(problem, chunk, rows, stages)]
+            for chunk, stages in fitting:
+                for schedule in (common.BALANCED, common.SPLIT):
+                    yield [{"ChunkK": chunk, "RowsPerMMA": rows, "num_stages": stages, "SplitKV": 0, "CtasPerSM": 0,
+                            "num_warps": NUM_WARPS, "Schedule": schedule}]
+            groupings += bool(fitting)
+            if groupings == 2:
+                break
+        base = dict(self.default_config(problem), Schedule=common.SPLIT)
+        derived = self.num_splits(problem, base)
+        if derived >= 8:
+            yield [dict(base, SplitKV=derived // 2)]
+
+    def default_config(self, problem: Problem) -> dict:
+        """The widest row grouping that fits (one wgmma for all rows when N <= 256 allows it:
+        fewest A-tile reads, no second accumulator); 128-token tiles when a group is at most 64
+        columns wide (per-tile overheads dominate narrow tiles), else 64; the shallow ring."""
+        for rows in _rows_options(problem):
+            for chunk in ((128, 64) if rows * problem.heads <= 64 else (64, 128)):
+                for stages in _stages_for(chunk) + (2,):
+                    if fits(problem, chunk, rows, stages):
+                        return {"variant": self.name, "ChunkK": chunk, "RowsPerMMA": rows, "num_stages": stages,
+                                "SplitKV": 0, "CtasPerSM": 0, "num_warps": NUM_WARPS,
+                                "Schedule": common.default_schedule(problem)}
+        raise ValueError(f"{self.owner}: no configuration fits {problem.describe()}")
+
+    # ------------------------------------------------------------------------- launch plan
+    def programs_per_sm(self, problem: Problem, config: dict) -> int:
+        """``CtasPerSM``, or the programs an SM holds by :func:`resources` when it is 0."""
+        k = self.knobs(problem, config)
+        return k["CtasPerSM"] or resources(problem, k["ChunkK"], k["RowsPerMMA"], k["num_stages"])["ctas_per_sm"]
+
+    def num_splits(self, problem: Problem, config: dict) -> int:
+        """``Schedule=split``: programs per sequence (``SplitKV``, or :func:`derive_splits`)."""
+        k = self.knobs(problem, config)
+        if k["SplitKV"] > 0:
+            return k["SplitKV"]
+        return derive_splits(problem.cu_num, problem.batch, problem.work_context, k["ChunkK"],
+                             self.programs_per_sm(problem, config))
+
+    def grid(self, problem: Problem, config: dict, compiled=None) -> tuple[tuple[int, int], int]:
+        """``(grid, num_splits)``: one persistent wave of ``SMs * programs_per_sm`` programs
+        (balanced; the compiled kernel's own occupancy when ``CtasPerSM = 0`` and it is given),
+        or ``(splits, batch)`` programs (split)."""
+        k = self.knobs(problem, config)
+        if k["Schedule"] == common.BALANCED:
+            per_sm = k["CtasPerSM"] or (compiled is not None and resident_programs(compiled)) \
+                or self.programs_per_sm(problem, config)
+            return (persistent_programs(problem.cu_num or SM_COUNT_H100, per_sm), 1), 1
+        splits = self.num_splits(problem, config)
+        return (splits, problem.batch), splits
+
+    def constexprs(self, problem: Problem, config: dict) -> dict:
+        k = self.knobs(problem, config)
+        return dict(NEXT_N=problem.next_n, NEXT_N_POW2=triton_next_pow2(problem.next_n), HEADS=problem.heads,
+                    KV_BLOCK=problem.kv_block_size, CHUNK=k["ChunkK"],
+                    ROWS_PER_MMA=rows_per_mma(problem, k["RowsPerMMA"]), STAGES=k["num_stages"],
+                    PRESHUFFLE=problem.preshuffle, LENS_2D=problem.lens_2d,
+                    BALANCED=k["Schedule"] == common.BALANCED)
+
+    def options(self, problem: Problem, config: dict) -> dict:
+        return {"num_warps": NUM_WARPS}
+
+    def call_constexprs(self, args: LaunchArgs) -> dict:
+        return alignment(args.q, args.kv_cache)
+
+    def plan(self, args: LaunchArgs, config: dict) -> tuple[tuple, int, dict]:
+        """Grid ``(splits, batch)`` (split) or one persistent wave (balanced). No host sync, no
+        allocation at launch: the plan is cached by the base."""
+        p = args.problem
+        kwargs = {**self.constexprs(p, config), **self.options(p, config)}
+        compiled = None
+        if kwargs["BALANCED"]:  # the grid follows the compiled kernel's occupancy (compiled here once)
+            try:
+                compiled = self.kernel.warmup(*common.kernel_arguments(args, 1), grid=(1,), **kwargs,
+                                              **self.call_constexprs(args))
+            except Exception:  # no loaded kernel to ask (a stand-in driver): the estimate sizes the grid
+                compiled = None
+        return (*self.grid(p, config, compiled), kwargs)
+
+    # ------------------------------------------------------------------------- compile specs
+    def spec_arguments(self, problem: Problem, cfg: dict) -> tuple[tuple, dict, dict]:
+        """A typical vLLM call of ``problem``: ``cfg``'s ``block_stride_pad`` pads the cache block
+        stride (4: not 16-byte aligned), ``q_misaligned`` puts q rows at an odd address (the
+        plain-load Q path). The alignment constexprs join the knobs (``kvalign``, ``qasync``), so
+        each path has its own spec name."""
+        runtime = list(common.typical_arguments(problem))
+        if cfg.get("block_stride_pad"):
+            runtime[10] += int(cfg["block_stride_pad"])
+        if cfg.get("q_misaligned"):
+            runtime[0] = StandIn(runtime[0].dtype, runtime[0].ptr_range(), aligned=False)
+        aligned = alignment_of(runtime[0].data_ptr(), runtime[7:10], runtime[1].data_ptr(), runtime[10])
+        return (tuple(runtime), {**self.constexprs(problem, cfg), **aligned},
+                {"kvalign": aligned["KV_ALIGN"], "qasync": int(aligned["Q_ASYNC"])})
+
+    def kernel_key(self, problem: Problem, cfg: dict) -> tuple:
+        """What makes two configs of one problem compile to the same kernel."""
+        return tuple(sorted(self.constexprs(problem, cfg).items()))
+
+    def matrix_candidates(self, problem: Problem) -> list[dict]:
+        return self.candidates(problem) + [self.default_config(problem)]
+
+    def compile_matrix(self, arch: str) -> list[dict]:
+        """Every candidate of ``common.representative_problems`` (deduplicated by kernel)."""
+        out, seen = [], set()
+        for fields in common.representative_problems(arch):
+            problem = common.problem_for(arch, self.fp8[arch], fields)
+            for cand in self.matrix_candidates(problem):
+                key = self.kernel_key(problem, cand)
+                if key not in seen:
+                    seen.add(key)
+                    out.append(dict(fields, **cand))
+        return out
+
+
+VARIANT = WgmmaVariant()

@@ -1,4 +1,4 @@
-"""Host side of the variants that launch the register-MMA kernel (``register_mma_kernel.py``):
+"""Host side of the variants that launch the register-MMA kernel (``kernels/register_mma.py``):
 ``mfma`` (``cdna.py``) and ``mma_v2`` (``hopper_mma.py``).
 
 What the two share: the knobs ``ChunkK``, ``SplitKV``, ``ReuseKV``, ``QInLDS``, ``Prefetch``
@@ -10,10 +10,12 @@ memory, the programs a CU/SM runs at once, and its knobs and resource rules.
 
 from __future__ import annotations
 
+from abc import abstractmethod
+
 from ...problem import LaunchArgs, Problem
 from ...schedule import derive_split_kv, persistent_programs
 from . import common
-from .register_mma_kernel import register_mma_logits_kernel, register_mma_logits_kernel_key_layout
+from .kernels.register_mma import register_mma_logits_kernel, register_mma_logits_kernel_key_layout
 from .variant import GluonVariant
 
 #: tokens per tile (``ChunkK``)
@@ -42,18 +44,18 @@ class RegisterMmaVariant(GluonVariant):
     kv_32bit_loads = False
 
     # ------------------------------------------------------------------------- arch atoms
+    @abstractmethod
     def atoms(self, problem: Problem, knobs: dict) -> dict:
         """The kernel's arch constexprs: ``ACC``, ``K_WIDTH``, ``MMA``, ``LOAD``, ``LOAD_KV``,
         ``THREADS_PER_WARP``; plus ``KEY_LAYOUT`` / ``KEY_OPERAND`` where the keys are gathered in
         another layout than the B operand (then :meth:`kernel_for` picks the kernel taking them)."""
-        raise NotImplementedError
 
     def kernel_for(self, constexprs: dict):
         return register_mma_logits_kernel_key_layout if "KEY_LAYOUT" in constexprs else register_mma_logits_kernel
 
+    @abstractmethod
     def programs_per_cu(self, knobs: dict) -> int:
         """Programs one CU (SM) runs at once: what ``SplitKV = 0`` and the balanced grid size for."""
-        raise NotImplementedError
 
     # ------------------------------------------------------------------------- derived
     def rows(self, problem: Problem, knobs: dict) -> int:

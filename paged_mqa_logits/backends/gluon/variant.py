@@ -18,12 +18,15 @@ A variant is one kernel family of the backend (``mfma``, ``mma_v2``, ``wgmma``, 
 * compile specs: a hypothetical problem per compile config, the kernel specialised as the JIT
   specialises a typical vLLM call, a unique file name.
 
-A subclass holds only its atoms: the knob space and how an unset knob resolves, the resource
-rules (:meth:`~GluonVariant.admits`), the candidate groups, the launch plan and the kernel.
+A subclass holds only its atoms: the eight abstract methods (how an unset knob resolves, the
+resource rules (:meth:`~GluonVariant.admits`), the candidate groups, the default config, the
+constexprs and compile options, the launch plan, the compile matrix) and the class attributes
+(name, archs, knob space, kernel). The other methods have a default a family may override.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import NamedTuple
 
 from ...arch import native_fp8
@@ -53,7 +56,7 @@ class LaunchPlan(NamedTuple):
     call_inputs: object = None
 
 
-class GluonVariant:
+class GluonVariant(ABC):
     """One kernel family of the ``gluon`` backend (see the module docstring)."""
 
     #: the ``variant`` knob value that selects this family
@@ -82,42 +85,45 @@ class GluonVariant:
         return f"gluon/{self.name}"
 
     # ------------------------------------------------------------------------- atoms
+    @abstractmethod
     def knobs(self, problem: Problem, config: dict) -> dict:
         """Every knob of :attr:`knob_space` as this family runs ``config`` on ``problem``
         (unset ones resolved); raises :class:`KnobError` on a value or combination it cannot run."""
-        raise NotImplementedError
 
+    @abstractmethod
     def admits(self, problem: Problem, config: dict) -> bool:
         """Whether ``config`` fits the chip's registers and shared memory for ``problem``."""
-        raise NotImplementedError
 
+    @abstractmethod
     def candidate_groups(self, problem: Problem):
         """Groups of knob settings (without ``variant``), in preference order: each group
         contributes its first setting that :meth:`admits` accepts, if any."""
-        raise NotImplementedError
 
+    @abstractmethod
     def default_config(self, problem: Problem) -> dict:
-        raise NotImplementedError
+        """The config a problem runs when no tuned row names one (every knob set)."""
 
+    @abstractmethod
     def constexprs(self, problem: Problem, config: dict) -> dict:
-        raise NotImplementedError
+        """The kernel's constexprs for ``config`` on ``problem`` (the same for every call)."""
 
+    @abstractmethod
     def options(self, problem: Problem, config: dict) -> dict:
-        raise NotImplementedError
+        """The compile options (``num_warps``, ...) of ``config`` on ``problem``."""
 
+    @abstractmethod
     def plan(self, args: LaunchArgs, config: dict) -> LaunchPlan | tuple[tuple, int, dict]:
         """The :class:`LaunchPlan` of a launch of ``config`` (or its ``(grid, num_splits, kernel
         keyword arguments)`` when :meth:`call_parts` needs nothing of the config)."""
-        raise NotImplementedError
 
     def kernel_for(self, constexprs: dict):
         """The ``@gluon.jit`` kernel a launch with these constexprs runs: :attr:`kernel`, unless
         the family has a second entry point for some of its configs."""
         return self.kernel
 
+    @abstractmethod
     def compile_matrix(self, arch: str) -> list[dict]:
         """The compile configs (problem fields + knobs) ``compile`` builds for ``arch`` by default."""
-        raise NotImplementedError
 
     def shape_reason(self, problem: Problem) -> str | None:
         """Why the family cannot serve a problem the common shape rules admit (``None``: it can)."""

@@ -47,9 +47,9 @@ from paged_mqa_logits.triton_internals.device import simulated_device  # noqa: E
 from paged_mqa_logits.triton_internals.specialise import compiled_kernels  # noqa: E402
 from paged_mqa_logits.triton_internals.toolchain import AMD_VGPR_MARGIN  # noqa: E402
 from paged_mqa_logits.backends.gluon import BACKEND, cdna, cdna_keys, common  # noqa: E402
-from paged_mqa_logits.backends.gluon.register_mma_kernel import (  # noqa: E402
+from paged_mqa_logits.backends.gluon.kernels.register_mma import (  # noqa: E402
     register_mma_logits_kernel, register_mma_logits_kernel_key_layout)
-from paged_mqa_logits.compile import amd_loop_instructions, amd_resources, check_records, compile_specs  # noqa: E402
+from paged_mqa_logits.aot.compile import amd_loop_instructions, amd_resources, check_records, compile_specs  # noqa: E402
 from paged_mqa_logits.op import build_launch_args  # noqa: E402
 from paged_mqa_logits.reference import make_inputs  # noqa: E402
 

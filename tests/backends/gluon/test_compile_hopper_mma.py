@@ -26,8 +26,8 @@ from paged_mqa_logits.triton_internals.device import simulated_device  # noqa: E
 from paged_mqa_logits.triton_internals.specialise import compiled_kernels  # noqa: E402
 from paged_mqa_logits.triton_internals.toolchain import nvidia_tool, ptxas_for  # noqa: E402
 from paged_mqa_logits.backends.gluon import BACKEND, common, hopper_mma  # noqa: E402
-from paged_mqa_logits.backends.gluon.register_mma_kernel import register_mma_logits_kernel  # noqa: E402
-from paged_mqa_logits.compile import check_records, compile_specs, nvidia_resources  # noqa: E402
+from paged_mqa_logits.backends.gluon.kernels.register_mma import register_mma_logits_kernel  # noqa: E402
+from paged_mqa_logits.aot.compile import check_records, compile_specs, nvidia_resources  # noqa: E402
 from paged_mqa_logits.op import build_launch_args  # noqa: E402
 from paged_mqa_logits.reference import make_inputs  # noqa: E402
 

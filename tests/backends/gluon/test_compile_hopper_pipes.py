@@ -26,11 +26,11 @@ import pytest
 
 pytest.importorskip("triton.experimental.gluon")
 
-from paged_mqa_logits import sass  # noqa: E402
+from paged_mqa_logits.aot import sass  # noqa: E402
 from paged_mqa_logits.backends.gluon import common  # noqa: E402
 from paged_mqa_logits.backends.gluon import hopper_pipes as hp  # noqa: E402
-from paged_mqa_logits.backends.gluon.hopper_wgmma import row_groups  # noqa: E402
-from paged_mqa_logits.compile import check_records, compile_specs  # noqa: E402
+from paged_mqa_logits.backends.gluon.kernels.hopper_wgmma import row_groups  # noqa: E402
+from paged_mqa_logits.aot.compile import check_records, compile_specs  # noqa: E402
 from paged_mqa_logits.triton_internals.toolchain import nvidia_tool  # noqa: E402
 from paged_mqa_logits.triton_internals.version import parse_version  # noqa: E402
 

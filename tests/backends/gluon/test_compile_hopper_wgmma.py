@@ -1,6 +1,6 @@
 """CPU CI for the sm_90 ``wgmma`` kernel (backends/gluon/hopper_wgmma.py): every kernel the
 candidate set can launch is cross-compiled for sm_90 and inspected, and the host side's
-resource estimates (backends/gluon/hopper_wgmma_host.py) are checked against what ptxas did;
+resource estimates (backends/gluon/hopper_wgmma.py) are checked against what ptxas did;
 the rest of the host side is tested without compiling in test_hopper_wgmma_host.py.
 
 Compile matrix (~65 kernels, ~1 minute on 2 cores):
@@ -32,9 +32,9 @@ pytest.importorskip("triton.experimental.gluon")
 from compile_matrix import SIZES, of_size  # noqa: E402
 from paged_mqa_logits.triton_internals.toolchain import ptxas_for  # noqa: E402
 from paged_mqa_logits.backends.gluon import common  # noqa: E402
-from paged_mqa_logits.backends.gluon import hopper_wgmma_host as wg  # noqa: E402
-from paged_mqa_logits.backends.gluon.hopper_wgmma import row_groups  # noqa: E402
-from paged_mqa_logits.compile import LDS_LIMIT_BYTES, check_records, compile_specs  # noqa: E402
+from paged_mqa_logits.backends.gluon import hopper_wgmma as wg  # noqa: E402
+from paged_mqa_logits.backends.gluon.kernels.hopper_wgmma import row_groups  # noqa: E402
+from paged_mqa_logits.aot.compile import LDS_LIMIT_BYTES, check_records, compile_specs  # noqa: E402
 from paged_mqa_logits.problem import Problem  # noqa: E402
 from test_hopper_wgmma_host import ARCH, WG, problem  # noqa: E402
 

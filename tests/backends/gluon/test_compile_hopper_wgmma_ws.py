@@ -3,7 +3,7 @@ every candidate of the benchmark grid's shapes (H 32/64 x next_n 1-4, KVBlockSiz
 default of other code paths (KVBlockSize 1/16 Preshuffle, 1-D lengths, next_n 5 and 8 at H 32)
 and a cache block stride / q rows that are not 16-byte aligned (4-byte copies, plain-load Q)
 is cross-compiled for sm_90 and inspected against what the host side
-(backends/gluon/hopper_wgmma_ws_host.py) assumes; the rest of the host side is tested without
+(backends/gluon/hopper_wgmma_ws.py) assumes; the rest of the host side is tested without
 compiling in test_hopper_wgmma_ws_host.py.
 
 Each kernel must compile; hold fp8 wgmmas of exactly its row groups' widths; fork into a
@@ -26,10 +26,10 @@ pytest.importorskip("triton.experimental.gluon")
 from compile_matrix import SIZES, of_size  # noqa: E402
 from paged_mqa_logits.triton_internals.toolchain import ptxas_for  # noqa: E402
 from paged_mqa_logits.backends.gluon import common  # noqa: E402
-from paged_mqa_logits.backends.gluon import hopper_wgmma_host as wg  # noqa: E402
-from paged_mqa_logits.backends.gluon import hopper_wgmma_ws_host as ws  # noqa: E402
-from paged_mqa_logits.backends.gluon.hopper_wgmma import row_groups  # noqa: E402
-from paged_mqa_logits.compile import check_records, compile_specs  # noqa: E402
+from paged_mqa_logits.backends.gluon import hopper_wgmma as wg  # noqa: E402
+from paged_mqa_logits.backends.gluon import hopper_wgmma_ws as ws  # noqa: E402
+from paged_mqa_logits.backends.gluon.kernels.hopper_wgmma import row_groups  # noqa: E402
+from paged_mqa_logits.aot.compile import check_records, compile_specs  # noqa: E402
 from paged_mqa_logits.problem import Problem  # noqa: E402
 from test_hopper_wgmma_ws_host import ARCH, WS, problem  # noqa: E402
 

@@ -308,12 +308,13 @@ def test_graph_replay_is_bit_identical_to_eager_and_never_syncs(name, heads, nex
 
 @pytest.mark.parametrize("seed", range(8))
 def test_gathered_key_tiles_on_the_register_mma_twin(seed):
-    """The shared kernel body's ``KeyLoad=lds`` path (``cdna_keys``: keys gathered in whole rows,
+    """The shared kernel body's ``KeyLoad=lds`` path (``kernels/cdna.py``: keys gathered in whole rows,
     pages in that layout, ``gl.convert_layout`` to the operand) run with the ``mma_v2`` atoms on
     sm_90, so the H200 executes the index and conversion code the AMD ``lds`` kernels compile."""
     module = variant_module("mma_v2")
-    from paged_mqa_logits.backends.gluon import cdna_keys, common
-    from paged_mqa_logits.backends.gluon.register_mma_kernel import register_mma_logits_kernel_key_layout
+    from paged_mqa_logits.backends.gluon import common
+    from paged_mqa_logits.backends.gluon.kernels import cdna as cdna_kernels
+    from paged_mqa_logits.backends.gluon.kernels.register_mma import register_mma_logits_kernel_key_layout
 
     arch = device_arch()
     case = random_case(9500 + seed, heads=(32, 64), max_context=700, max_batch=4, block_sizes=(1, 16, 64, 256))
@@ -325,7 +326,7 @@ def test_gathered_key_tiles_on_the_register_mma_twin(seed):
     grid, splits = module.program_grid(p, config)
     warps = module.options(p, config)["num_warps"]
     kwargs = dict(module.constexprs(p, config), **module.options(p, config),
-                  KEY_LAYOUT=cdna_keys.gather_layout(8, warps, 32), KEY_OPERAND=cdna_keys.keys_to_operand)
+                  KEY_LAYOUT=cdna_kernels.gather_layout(8, warps, 32), KEY_OPERAND=cdna_kernels.keys_to_operand)
     before = inp["out_logits"].clone()
     register_mma_logits_kernel_key_layout[grid](*common.kernel_arguments(args, splits), **kwargs)
     torch.cuda.synchronize()
@@ -343,7 +344,7 @@ def test_two_tile_prefetch_on_the_register_mma_twin(seed):
     next split's tiles, which must stay unwritten by it)."""
     module = variant_module("mma_v2")
     from paged_mqa_logits.backends.gluon import common
-    from paged_mqa_logits.backends.gluon.register_mma_kernel import register_mma_logits_kernel
+    from paged_mqa_logits.backends.gluon.kernels.register_mma import register_mma_logits_kernel
 
     arch = device_arch()
     case = random_case(9700 + seed, heads=(32, 64), max_context=900, max_batch=4, block_sizes=(1, 16, 64, 256))

@@ -14,7 +14,7 @@ pytest.importorskip("triton.experimental.gluon")
 
 from paged_mqa_logits.backends.gluon import BACKEND  # noqa: E402
 from paged_mqa_logits.backends.gluon import hopper_pipes as hp  # noqa: E402
-from paged_mqa_logits.backends.gluon import hopper_wgmma_host as wg  # noqa: E402
+from paged_mqa_logits.backends.gluon import hopper_wgmma as wg  # noqa: E402
 from test_hopper_wgmma_host import KnobCounter, meta_launch_args, problem, recorded_launches  # noqa: E402
 
 PIPES = hp.VARIANT

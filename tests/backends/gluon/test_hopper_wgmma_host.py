@@ -1,4 +1,4 @@
-"""The host side of the sm_90 ``wgmma`` variant (backends/gluon/hopper_wgmma_host.py), without a
+"""The host side of the sm_90 ``wgmma`` variant (backends/gluon/hopper_wgmma.py), without a
 GPU: support, candidates and their resource fit, the split rule, and the launch path, whose
 kernel arguments Triton's own binder specialises on meta tensors (``kernel_cache.record_launches``).
 The kernels themselves are cross-compiled in test_compile_hopper_wgmma.py."""
@@ -12,7 +12,7 @@ pytest.importorskip("triton.experimental.gluon")
 import torch  # noqa: E402
 
 from paged_mqa_logits import kernel_cache  # noqa: E402
-from paged_mqa_logits.backends.gluon import hopper_wgmma_host as wg  # noqa: E402
+from paged_mqa_logits.backends.gluon import hopper_wgmma as wg  # noqa: E402
 from paged_mqa_logits.problem import LaunchArgs, Problem  # noqa: E402
 from paged_mqa_logits.triton_internals.compiler import GPUTarget  # noqa: E402
 
@@ -42,7 +42,7 @@ def meta_launch_args(p: Problem, block_pad: int = 0, num_blocks: int = 50, cache
                       out=torch.empty(p.batch * p.next_n, width, device="meta"), context_lens=lens,
                       block_table=torch.empty(p.batch, -(-p.max_model_len // p.kv_block_size), dtype=torch.int32,
                                               device="meta"),
-                      max_model_len=p.max_model_len, kv_block_size=p.kv_block_size, preshuffle=p.preshuffle, problem=p)
+                      max_model_len=p.max_model_len, problem=p)
 
 
 def recorded_launches(variant, args: LaunchArgs, config: dict) -> list[dict]:

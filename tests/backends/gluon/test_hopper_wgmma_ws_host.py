@@ -1,5 +1,5 @@
 """The host side of the sm_90 warp-specialised ``wgmma_ws`` variant
-(backends/gluon/hopper_wgmma_ws_host.py), without a GPU: knob errors, the register split, the
+(backends/gluon/hopper_wgmma_ws.py), without a GPU: knob errors, the register split, the
 candidates' fit and grid, and the launch path, whose kernel arguments Triton's own binder
 specialises on meta tensors. The kernels themselves are cross-compiled in
 test_compile_hopper_wgmma_ws.py."""
@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("triton.experimental.gluon")
 
-from paged_mqa_logits.backends.gluon import hopper_wgmma_ws_host as ws  # noqa: E402
+from paged_mqa_logits.backends.gluon import hopper_wgmma_ws as ws  # noqa: E402
 from paged_mqa_logits.problem import Problem  # noqa: E402
 from test_hopper_wgmma_host import KnobCounter, meta_launch_args, recorded_launches  # noqa: E402
 

@@ -49,8 +49,8 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from ....triton_internals.gluon_api import (async_copy, fence_async_shared, thread_barrier, tma, warpgroup_mma,
                                              warpgroup_mma_wait)
-from .. import device
-from .. import hopper_wgmma as wg
+from . import device
+from . import hopper_wgmma as wg
 
 #: the facts the host side reads
 CONSUMER_WARPS = 4  # a warpgroup: wgmma's unit

@@ -7,14 +7,18 @@
 * paged addressing: a token's cache block (clamped into the cache), the byte offsets of its
   key bytes (plain and Preshuffle) and of its scale.
 
-The register-MMA kernel (``register_mma_kernel.py``) and the wgmma kernels
-(``hopper_wgmma.py``, ``hopper_wgmma_ws.py``) are built from these.
+The register-MMA kernel (``register_mma.py``) and the wgmma kernels (``hopper_wgmma.py``,
+``hopper_wgmma_ws.py``, ``hopper_pipes.py``) of this directory are built from these.
 """
 
 from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+
+#: kernel parameters that change from call to call without changing the code: never
+#: specialised, so a warm-up compile serves every later call (and CI compiles what runs)
+DYNAMIC_PARAMS = ("max_model_len", "max_blocks", "num_splits", "batch", "num_blocks")
 
 
 # ----------------------------------------------------------------------------- row lengths

@@ -26,18 +26,18 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 
 import triton
 
-from .arch import ARCH_SPECS, normalise_arch, triton_target
-from .backends import registry
-from .backends.base import CompileRecord, CompileSpec, SelfCompiled, SpecCompiled
-from .cli import ArgumentParser, CliError
-from .files import atomic_write
-from .problem import HEAD_DIM, Problem, ShapeKey, Target
-from .validate import arch_rule
+from ..arch import ARCH_SPECS, normalise_arch, triton_target
+from ..backends import registry
+from ..backends.base import CompileRecord, CompileSpec, SelfCompiled, SpecCompiled
+from ..cli import ArgumentParser, CliError
+from ..files import atomic_write
+from ..problem import HEAD_DIM, Problem, ShapeKey, Target
+from ..validate import arch_rule
 from .sass import hot_loop_spills
-from .triton_internals.compiler import ASTSource, GluonASTSource
-from .triton_internals import interpreter
-from .triton_internals.toolchain import nvidia_tool
-from . import table
+from ..triton_internals.compiler import ASTSource, GluonASTSource
+from ..triton_internals import interpreter
+from ..triton_internals.toolchain import nvidia_tool
+from .. import table
 
 ARCHS = ("gfx942", "gfx950", "sm_90")
 #: LDS / shared-memory limit of each cross-compilation arch, as CI checks it (a view of

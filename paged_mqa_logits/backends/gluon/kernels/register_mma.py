@@ -60,9 +60,8 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from ...triton_internals.gluon_api import thread_barrier
-from .common import DYNAMIC_PARAMS
-from .device import (balanced_share, key_offset_parts, row_length, scale_offsets, scan_layout, sequence_length,
+from ....triton_internals.gluon_api import thread_barrier
+from .device import (DYNAMIC_PARAMS, balanced_share, key_offset_parts, row_length, scale_offsets, scan_layout, sequence_length,
                      split_tile_range, tile_pages, visible_end)
 
 

@@ -30,17 +30,17 @@ import torch
 
 from tqdm import tqdm
 
-from . import backends, dispatch
-from .triton_internals.device import current_device
-from .triton_internals.specialise import in_jit_cache
-from .aot import launches
-from .triton_internals import cache_overlay as overlay
-from .arch import detect
-from .op import launch
-from .problem import HEAD_DIM, LOGITS_DTYPES, LaunchArgs, Problem, ShapeKey, Target, fp8_dtype, key_bytes, token_bytes
-from .reference import make_inputs
-from .table import table_configs
-from .validate import MAX_MODEL_LEN, PagedMQAArgumentError, build_launch_args, check_problem, max_model_len_rule
+from .. import backends, dispatch
+from ..triton_internals.device import current_device
+from ..triton_internals.specialise import in_jit_cache
+from . import launches
+from ..triton_internals import cache_overlay as overlay
+from ..arch import detect
+from ..op import launch
+from ..problem import HEAD_DIM, LOGITS_DTYPES, LaunchArgs, Problem, ShapeKey, Target, fp8_dtype, key_bytes, token_bytes
+from ..reference import make_inputs
+from ..table import table_configs
+from ..validate import MAX_MODEL_LEN, PagedMQAArgumentError, build_launch_args, check_problem, max_model_len_rule
 
 #: max_model_len used when none is given (DeepSeek-V3.2's 163840-token context)
 WARMUP_DEFAULT_MAX_MODEL_LEN = 163840
@@ -115,11 +115,11 @@ def table_families(arch: str, *, max_model_len: int = WARMUP_DEFAULT_MAX_MODEL_L
         if fields["context"] is not None:
             g["contexts"].add(fields["context"])
     return [
-        Family(heads=h, kv_block_size=bs, preshuffle=pre, next_n=tuple(sorted(g["next_n"])),
+        Family(heads=h, kv_block_size=kv_block_size, preshuffle=pre, next_n=tuple(sorted(g["next_n"])),
                batch_sizes=tuple(range(1, g["batch"] + 1)), max_model_len=max_model_len,
                context_hints=(None,) + tuple(sorted(g["contexts"])), lens_2d=tuple(lens_2d), cu_num=cu,
                kv_format=fmt, logits_dtype=logits)
-        for (h, bs, pre, fmt, logits, cu), g in sorted(groups.items())
+        for (h, kv_block_size, pre, fmt, logits, cu), g in sorted(groups.items())
     ]
 
 
@@ -141,9 +141,9 @@ def warm_inputs(problem: Problem, *, device, workspace: torch.Tensor, kv_cache: 
     """
     device = torch.device(device)
     p = problem
-    bs, ctx = p.kv_block_size, warm_context(p)
-    blocks = math.ceil(ctx / bs)
-    width = max(1, math.ceil(p.max_model_len / bs))
+    kv_block_size, ctx = p.kv_block_size, warm_context(p)
+    blocks = math.ceil(ctx / kv_block_size)
+    width = max(1, math.ceil(p.max_model_len / kv_block_size))
     dtype = fp8_dtype(p.fp8)
     fp4 = p.kv_format == "fp4"
     if workspace.dtype != LOGITS_DTYPES[p.logits_dtype]:
@@ -152,10 +152,10 @@ def warm_inputs(problem: Problem, *, device, workspace: torch.Tensor, kv_cache: 
     out = workspace[: p.rows]
     if device.type == "meta":
         row = token_bytes(HEAD_DIM, p.kv_format)
-        packed = bs * row
+        packed = kv_block_size * row
         nblocks = max(1, p.batch * blocks)
         kv = kv_cache if kv_cache is not None else torch.empty(
-            (nblocks, packed), dtype=torch.uint8, device=device).as_strided((nblocks, bs, 1, row),
+            (nblocks, packed), dtype=torch.uint8, device=device).as_strided((nblocks, kv_block_size, 1, row),
                                                                             (packed, row, row, 1))
         q = torch.empty((p.batch, p.next_n, p.heads, key_bytes(HEAD_DIM, p.kv_format)),
                         dtype=torch.uint8 if fp4 else dtype, device=device)
@@ -163,10 +163,10 @@ def warm_inputs(problem: Problem, *, device, workspace: torch.Tensor, kv_cache: 
         weights = torch.empty((p.rows, p.heads), dtype=torch.float32, device=device)
         lens = torch.empty((p.batch, p.next_n) if p.lens_2d else (p.batch,), dtype=torch.int32, device=device)
         table = torch.empty((p.batch, width), dtype=torch.int32, device=device)
-        return LaunchArgs(q, kv, weights, out, lens, table, p.max_model_len, bs, p.preshuffle, p, q_scale=q_scale)
+        return LaunchArgs(q, kv, weights, out, lens, table, p.max_model_len, p, q_scale=q_scale)
 
-    inp = make_inputs(p.batch, p.next_n, p.heads, ctx, kv_block_size=bs, preshuffle=p.preshuffle, fp8_dtype=dtype,
-                      lens_2d=p.lens_2d, max_model_len=ctx, device=device, seed=seed, kv_format=p.kv_format)
+    inp = make_inputs(p.batch, p.next_n, p.heads, ctx, kv_block_size=kv_block_size, preshuffle=p.preshuffle,
+                      fp8_dtype=dtype, lens_2d=p.lens_2d, max_model_len=ctx, device=device, seed=seed, kv_format=p.kv_format)
     table = torch.full((p.batch, width), -1, dtype=torch.int32, device=device)
     table[:, :blocks] = inp["kv_indices"][:, :blocks]
     kv = inp["kv_cache"]
@@ -174,10 +174,10 @@ def warm_inputs(problem: Problem, *, device, workspace: torch.Tensor, kv_cache: 
         kv = kv_cache
         table[:, :blocks] %= kv_cache.shape[0]
     if not validate:
-        return LaunchArgs(inp["q_fp8"], kv, inp["weights"], out, inp["context_lens"], table, p.max_model_len, bs,
-                          p.preshuffle, p, q_scale=inp["q_scale"])
+        return LaunchArgs(inp["q_fp8"], kv, inp["weights"], out, inp["context_lens"], table, p.max_model_len, p,
+                          q_scale=inp["q_scale"])
     args = build_launch_args(inp["q_fp8"], kv, inp["weights"], out, inp["context_lens"], table, p.max_model_len,
-                             p.preshuffle, bs, p.context, inp["q_scale"])
+                             p.preshuffle, kv_block_size, p.context, inp["q_scale"])
     if args.problem != p:
         raise RuntimeError(f"warmup inputs describe {args.problem.describe()}, expected {p.describe()}")
     return args
