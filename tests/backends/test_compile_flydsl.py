@@ -170,14 +170,86 @@ def test_only_table_compiles_what_the_table_names(monkeypatch, tmp_path):
     assert check_records(records) == []
 
 
+def test_fp4_kernels_compile_for_gfx950(tmp_path):
+    """MXFP4 kernels: the scaled MFMA on e2m1 A and B (``cbsz:4 blgp:4``, 4-VGPR operands), one
+    per (row, tile, 16 heads) of the wave's stage, half-width DMA and key reads, and the usual
+    checks (no spills, occupancy), under both schedules and both wave roles."""
+    _require_flydsl()
+    plans = []
+    for heads, next_n, knobs in ((64, 8, {"ChunkK": 64, "WavePerEU": 2}),
+                                 (32, 1, {"ChunkK": 128, "WavePerEU": 4, "WaveRoles": "split"}),
+                                 (64, 3, {"ChunkK": 128, "WavePerEU": 2, "Schedule": "split"})):
+        problem = build._problem("gfx950", heads, next_n, 64, next_n != 3, True, "fp4")
+        plans.append(BACKEND.plan(problem, knobs))
+    plans.append(BACKEND.plan(build._problem("gfx950", 64, 2, 16, False, False, "fp4"), {"Schedule": "split"}))
+    records = build.compile_plans("gfx950", plans, str(tmp_path), progress=False)
+    assert check_records(records) == []
+    for record, plan in zip(records, plans):
+        assert record.ok and record.mma_instructions == ["v_mfma_scale_f32_16x16x128_f8f6f4"], record.name
+        with open(record.isa) as f:
+            isa = f.read()
+        mfmas = re.findall(r"^\s*v_mfma\S* v\[\d+:\d+\], v\[(\d+):(\d+)\], .*$", isa, re.M)
+        assert len(mfmas) == plan.rows_per_wave * plan.tiles_per_wave * plan.m_tiles, record.name
+        assert all(int(hi) - int(lo) == 3 for lo, hi in mfmas)  # 16 bytes of e2m1 codes per lane
+        assert all("cbsz:4 blgp:4" in line for line in re.findall(r"^\s*v_mfma.*$", isa, re.M))
+        copies = re.findall(r"^\s*buffer_load_dwordx4 .* lds$", isa, re.M)
+        assert len(copies) == 2 * plan.dma_tiles_per_wave * plan.dma_per_tile, record.name
+        assert record.lds_bytes == plan.lds_bytes == 2 * plan.chunk_k * 64
+
+
+def test_widened_fp4_kernels_compile_for_gfx942(tmp_path):
+    """MXFP4 on gfx942 (no scaled MFMA): the codes widened to e4m3fnuz by a byte table
+    (``v_perm_b32``), four plain fp8 MFMAs per (row, tile, 16 heads) -- one per group -- and each
+    group's exponents folded in by ``v_ldexp_f32``; no spills at the knobs the plan admits."""
+    _require_flydsl()
+    plans = [BACKEND.plan(build._problem("gfx942", heads, next_n, 64, preshuffle, True, "fp4"), knobs)
+             for heads, next_n, preshuffle, knobs in (
+                 (32, 4, True, {"ChunkK": 64, "WavePerEU": 1}),
+                 (64, 2, False, {"ChunkK": 64, "WavePerEU": 1, "Schedule": "split"}),
+                 (32, 1, True, {"ChunkK": 64, "WavePerEU": 2, "WaveRoles": "split"}))]
+    assert all(plan.config_error() is None and plan.mfma == "fp8" for plan in plans)
+    records = build.compile_plans("gfx942", plans, str(tmp_path), progress=False)
+    assert check_records(records) == []
+    for record, plan in zip(records, plans):
+        assert record.ok and record.mma_instructions == ["v_mfma_f32_16x16x32_fp8_fp8"], record.name
+        with open(record.isa) as f:
+            isa = f.read()
+        mfmas = re.findall(r"^\s*v_mfma", isa, re.M)
+        assert len(mfmas) == plan.rows_per_wave * plan.tiles_per_wave * plan.m_tiles * 4, record.name
+        assert "v_perm_b32" in isa and "v_ldexp_f32" in isa, record.name
+        assert re.search(r"^\s*ds_read2?(st64)?_b32 ", isa, re.M), record.name  # 4-byte key reads (paired)
+        assert record.lds_bytes == plan.lds_bytes == 2 * plan.chunk_k * 64
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_bf16_logits_kernels_compile(arch, tmp_path):
+    """bf16 logits: the stores are 2-byte ``buffer_store_short`` (no 4-byte store of logits), for
+    fp8 on both archs and fp4 on gfx950, and the kernels pass the usual checks."""
+    _require_flydsl()
+    formats = ("fp8", "fp4") if arch == "gfx950" else ("fp8",)
+    plans = [BACKEND.plan(build._problem(arch, 64, 2, 64, True, True, kv_format, "bf16"), {"ChunkK": 64})
+             for kv_format in formats]
+    records = build.compile_plans(arch, plans, str(tmp_path), progress=False)
+    assert check_records(records) == []
+    for record in records:
+        assert record.ok and record.name.endswith("_bf16"), record.name
+        with open(record.isa) as f:
+            isa = f.read()
+        assert re.search(r"^\s*buffer_store_short ", isa, re.M), record.name
+        assert not re.search(r"^\s*buffer_store_dword ", isa, re.M), record.name
+
+
 def test_knob_space_covers_every_candidate():
     for arch in ARCHS:
         names = {plan.name for plan in build.knob_space(BACKEND, arch)}
         for heads in (32, 64):
             for next_n in range(1, 9):
-                problem = build._problem(arch, heads, next_n, 64, True, True)
-                for config in BACKEND.candidates(problem):
-                    assert BACKEND.plan(problem, config).name in names
+                for kv_format in ("fp8", "fp4"):
+                    problem = build._problem(arch, heads, next_n, 64, True, True, kv_format)
+                    for config in BACKEND.candidates(problem):
+                        assert BACKEND.plan(problem, config).name in names
+        assert any(name.endswith("_fp4") for name in names)
+        assert any(name.endswith("_bf16") for name in names)
         layouts = {re.search(r"_kb(\d+)_(shuf|plain)_(1d|2d)_", n).groups() for n in names}
         assert len(layouts) == 5 * 2 * 2  # every block size x cache layout x length layout
 

@@ -109,6 +109,24 @@ def test_unsupported_shapes_and_archs(kwargs, expected):
     assert expected in BACKEND.unsupported(problem(**kwargs))
 
 
+def test_fp4_is_served_natively_on_gfx950_and_widened_where_it_fits():
+    fp4 = {arch: dataclasses.replace(problem(arch), kv_format="fp4") for arch in ("gfx942", "gfx950")}
+    assert BACKEND.unsupported(fp4["gfx950"]) is None and BACKEND.unsupported(fp4["gfx942"]) is None
+    # an MXFP4 call is judged without an fp8 flavour (its problem carries the chip's)
+    assert BACKEND.unsupported(dataclasses.replace(fp4["gfx950"], fp8="fnuz")) is None
+    assert {c["Mfma"] for c in BACKEND.candidates(fp4["gfx950"])} == {"f8f6f4", "fp8"}
+    assert {c["Mfma"] for c in BACKEND.candidates(fp4["gfx942"])} == {"fp8"}
+    assert BACKEND.default_config(fp4["gfx950"])["Mfma"] == "f8f6f4"
+    assert BACKEND.default_config(fp4["gfx942"])["Mfma"] == "fp8"
+    plan = BACKEND.plan(fp4["gfx950"], {})
+    assert plan.name.endswith("_fp4") and plan.stage_bytes == 64 * 64 and plan.tile_bytes == 1024
+    # widened, the widest shapes need more registers than a SIMD has: declined, so dispatch falls through
+    wide = dataclasses.replace(fp4["gfx942"], next_n=8)
+    assert BACKEND.unsupported(wide).startswith("no gfx942 kernel configuration fits: heads=64, next_n=8")
+    assert BACKEND.unsupported(dataclasses.replace(wide, arch="gfx950")) is None  # the scaled MFMA fits
+    assert BACKEND.plan(problem(), {}).stage_bytes == 64 * 128
+
+
 def _fake_rocm(monkeypatch, arch_name):
     monkeypatch.setattr(torch.version, "hip", "6.4.0", raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -227,11 +245,13 @@ def test_work_split_covers_every_row_and_tile():
 
 # ============================================================================ the kernel, emulated
 def _launch_args(inp, arch, cu_num=8):
-    args = build_launch_args(*positional(inp))
+    args = build_launch_args(*positional(inp), q_scale=inp["q_scale"])
     return dataclasses.replace(args, problem=dataclasses.replace(args.problem, arch=arch, cu_num=cu_num))
 
 
 def _emulated(case, arch, config, grid_x=None, cu_num=8, trace_stores=False):
+    """Build ``case`` (its ``kv_format`` / ``logits_dtype`` too), emulate ``config``'s kernel on
+    it and check the output against the reference."""
     inp = build(case, fp8_dtype=FP8[arch])
     args = _launch_args(inp, arch, cu_num)
     plan = BACKEND.plan(args.problem, config)
@@ -251,6 +271,113 @@ def test_emulated_kernel_matches_reference(seed):
     # split: the derived split count, one split, three; balanced: 8 CUs x 1, a single program, 3 programs
     inp, check, _, _ = _emulated(case, arch, config, grid_x=(None, 1, 3)[seed % 3])
     assert check.ok, f"{arch} {case} {config}: {check.describe()}"
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_emulated_widened_fp4_kernel_matches_reference(seed):
+    """MXFP4 widened to the chip's fp8 for the plain MFMA (gfx942, and gfx950 with Mfma=fp8), the
+    exponents folded into each group's fp32 sums, against the exact fp4 reference; over the
+    random matrix restricted to the shapes it serves."""
+    arch = ("gfx942", "gfx950")[seed % 2]
+    case = dict(random_case(850 + seed, heads=(32, 64), block_sizes=(16, 32, 64, 128, 256), max_context=400),
+                kv_format="fp4")
+    roles = WAVE_ROLES[seed // 4 % 2]  # split roles: WavePerEU 2, half the registers
+    case["next_n"] = min(case["next_n"], (4 if case["heads"] == 32 else 2) // (2 if roles == "split" else 1))
+    config = {"ChunkK": 64, "WavePerEU": 2 if roles == "split" else 1, "Schedule": schedule.SCHEDULES[seed // 2 % 2],
+              "Mfma": "fp8", "WaveRoles": roles}
+    inp, check, plan, stats = _emulated(case, arch, config, grid_x=(None, 1, 3)[seed % 3])
+    assert plan.config_error() is None, plan.config_error()
+    assert check.ok, f"{case} {config}: {check.describe()}"
+    assert set(stats.mfma) <= {"v_mfma_f32_16x16x32_fp8_fp8"}
+
+
+def test_widening_maps_every_e2m1_code_to_the_chips_fp8():
+    """The widening (a v_perm_b32 byte table, the sign moved to bit 7 except on zero) turns each
+    of the 16 codes, in either nibble of any byte, into the fp8 byte of the same value (e2m1's
+    -0 to +0: 0x80 is NaN in e4m3fnuz); the even codes land in the low word."""
+    from paged_mqa_logits.backends.flydsl.algorithm import KernelBody
+    from paged_mqa_logits.backends.flydsl.emulate import EmulatedOps, _Memory
+    from paged_mqa_logits.fp4 import e2m1_values, pack_e2m1
+
+    for arch in ("gfx942", "gfx950"):
+        plan = KernelPlan(arch, 32, 1, 64, True, True, 64, 1, mfma="fp8", kv_format="fp4")
+        ops = EmulatedOps(plan, _Memory(), 0, 0)
+        body = KernelBody(plan, ops, {})
+        codes = torch.randint(0, 16, (4, 64, 8), generator=torch.Generator().manual_seed(3), dtype=torch.uint8)
+        codes[0, 0] = torch.arange(8, dtype=torch.uint8)
+        codes[0, 1] = torch.arange(8, 16, dtype=torch.uint8)
+        words = pack_e2m1(codes).contiguous().view(torch.int32)[..., 0].numpy()
+        widened = body._widen_e2m1(words)  # [wave, lane, 8] bytes
+        expected = e2m1_values(torch.cat((codes[..., 0::2], codes[..., 1::2]), dim=-1))
+        assert torch.equal(torch.from_numpy(np.ascontiguousarray(widened)).view(FP8[arch]).float(), expected), arch
+        assert not (widened == 0x80).any()  # zero is 0x00 on both chips
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_emulated_fp4_kernel_matches_reference(seed):
+    """MXFP4 queries and keys on gfx950's scaled MFMA (e2m1 operands, the exponents as its e8m0
+    block scales) against the exact fp4 reference, over the random matrix (block sizes, both
+    cache layouts, padded block strides, 1-D/2-D lengths, next_n 1..8) and every knob."""
+    case = dict(random_case(800 + seed, heads=(32, 64), block_sizes=(16, 32, 64, 128, 256), max_context=400),
+                kv_format="fp4")
+    roles = WAVE_ROLES[seed // 3 % 2]
+    config = {"ChunkK": CHUNK_KS[seed % 2], "WavePerEU": 2 if roles == "split" else 1,
+              "Schedule": schedule.SCHEDULES[seed // 2 % 2], "WaveRoles": roles}
+    inp, check, plan, stats = _emulated(case, "gfx950", config, grid_x=(None, 1, 3)[seed % 3])
+    assert inp["q_scale"] is not None and plan.kv_format == "fp4" and plan.mfma == "f8f6f4"
+    assert check.ok, f"{case} {config}: {check.describe()}"
+    assert set(stats.mfma) <= {"v_mfma_scale_f32_16x16x128_f8f6f4"}
+
+
+@pytest.mark.parametrize("arch, mfma", [("gfx950", "f8f6f4"), ("gfx942", "fp8")])
+def test_emulated_fp4_kernel_uses_every_exponent(arch, mfma):
+    """Exponents far from 127 in q and k (each group its own): a kernel that dropped, swapped or
+    misplaced one group's exponent (q's or k's) would be off by powers of two, not rounding."""
+    case = _ragged_case(12, 4, 2, True, max_context=150, heads=64, kv_block_size=32)
+    inp = build(dict(case, kv_format="fp4"))
+    gen = torch.Generator().manual_seed(1)
+    q_scale = inp["q_scale"]
+    q_scale.copy_(torch.randint(117, 138, (*q_scale.shape, 4), generator=gen, dtype=torch.uint8).view(torch.int32)[..., 0])
+    cache = inp["kv_cache"]
+    blocks, block_kv, stride = cache.shape[0], cache.shape[1], cache.stride(0)
+    words = cache.as_strided((blocks, block_kv * 4), (stride, 1), cache.storage_offset() + block_kv * 64)
+    words.copy_(torch.randint(117, 138, words.shape, generator=gen, dtype=torch.uint8))
+    args = _launch_args(inp, arch)
+    plan = BACKEND.plan(args.problem, {"ChunkK": 64, "WavePerEU": 1, "Mfma": mfma})
+    assert plan.config_error() is None
+    before = inp["out_logits"].clone()
+    emulate(plan, args, BACKEND.grid_x(args.problem, plan, {}))
+    check = check_logits(inp["out_logits"], before, reference_for(inp))
+    assert check.ok, check.describe()
+
+
+@pytest.mark.parametrize("arch, kv_format, config", [
+    ("gfx942", "fp8", {"ChunkK": 64}), ("gfx950", "fp8", {"ChunkK": 128, "Mfma": "fp8", "Schedule": "split"}),
+    ("gfx950", "fp8", {"ChunkK": 64, "WavePerEU": 2, "WaveRoles": "split"}),
+    ("gfx950", "fp4", {"ChunkK": 128}), ("gfx950", "fp4", {"ChunkK": 64, "Schedule": "split"}),
+    ("gfx942", "fp4", {"ChunkK": 64, "WavePerEU": 1}),
+])
+def test_emulated_bf16_logits_are_the_fp32_logits_rounded_once(arch, kv_format, config):
+    """bf16 logits: the same kernel's fp32 result rounded to nearest even at the store (bit for
+    bit), every visible position written exactly once and nothing else (2-byte stores bounded
+    by the row), and the reference's bf16 logits matched."""
+    case = dict(_ragged_case(21, 6, 3, True, max_context=300, heads=64, kv_block_size=32), kv_format=kv_format)
+    outs = {}
+    for logits_dtype in (torch.float32, torch.bfloat16):
+        inp, check, plan, stats = _emulated(dict(case, logits_dtype=logits_dtype), arch, config, trace_stores=True)
+        assert check.ok, f"{logits_dtype}: {check.describe()}"
+        assert plan.logits_dtype == {torch.float32: "fp32", torch.bfloat16: "bf16"}[logits_dtype]
+        out = inp["out_logits"]
+        counts = torch.zeros(out.shape[0], out.stride(0), dtype=torch.int32)
+        for elements in stats.stores.values():
+            np.add.at(counts.numpy(), np.divmod(elements, out.stride(0)), 1)
+        visible = _visible_rows(inp, plan)
+        assert torch.equal(counts, (torch.arange(out.stride(0))[None, :] < visible[:, None]).int())
+        outs[logits_dtype] = (out, visible)
+    (fp32, visible), (bf16, _) = outs[torch.float32], outs[torch.bfloat16]
+    mask = torch.arange(fp32.shape[1])[None, :] < visible[:, None]
+    assert mask.any()
+    assert torch.equal(bf16[mask].view(torch.int16), fp32[mask].to(torch.bfloat16).view(torch.int16))
 
 
 def _ragged_case(seed, batch, next_n, lens_2d, max_context, heads=32, kv_block_size=32, empty=0.3):
@@ -431,6 +558,29 @@ def test_emulated_scaled_mfma_applies_its_scales():
     assert np.all(neutral == 128)  # 128 dims of 1 x 1
     assert np.all(ops.mfma_scaled(parts, parts, ops.zero_acc(), 128, 125) == 64)
     assert dict(ops.stats.mfma) == {"v_mfma_scale_f32_16x16x128_f8f6f4": 8}
+
+
+def test_emulated_scaled_mfma_on_fp4_operands():
+    """The fp4 model of the scaled MFMA: 32 e2m1 codes per lane, low nibble first, lane quarter
+    ``g`` holding K block ``g``, each lane's codes scaled by its own e8m0 byte (255: NaN)."""
+    from paged_mqa_logits.backends.flydsl.emulate import EmulatedOps, _Memory
+    from paged_mqa_logits.fp4 import pack_e2m1
+
+    ops = EmulatedOps(KernelPlan("gfx950", 32, 1, 64, True, True, 64, 1, mfma="f8f6f4", kv_format="fp4"),
+                      _Memory(), 0, 0)
+    codes = torch.zeros(4, 64, 32, dtype=torch.uint8)
+    codes[..., 0], codes[..., 31] = 2, 0xB  # 1.0 first and -1.5 last: the nibble order matters
+    packed = pack_e2m1(codes).numpy()  # [wave, lane, 16]
+    parts = [packed[..., :8], packed[..., 8:]]
+    quarter = np.arange(64) // 16
+    scale_a = np.broadcast_to(127 + quarter, (4, 64)).astype(np.int32)  # group g: 2^g
+    ones = np.full((4, 64), 127 | 0x5500, np.int32)  # only byte 0 counts
+    acc = ops.mfma_scaled(parts, parts, ops.zero_acc(), scale_a, ones, operand_format="fp4")
+    assert np.all(acc == (1 + 1.5 ** 2) * (1 + 2 + 4 + 8))
+    with np.errstate(invalid="ignore"):
+        nan = ops.mfma_scaled(parts, parts, ops.zero_acc(), scale_a, np.full((4, 64), 255, np.int32),
+                              operand_format="fp4")
+    assert np.isnan(nan).all()
 
 
 def test_emulator_faults_on_a_barrier_in_wave_divergent_code():

@@ -29,6 +29,15 @@ Data layouts, chosen once here:
   ``v_mfma_scale_f32_16x16x128_f8f6f4`` (``Mfma=f8f6f4``, gfx950) takes a lane's 32 bytes of all
   four k-steps at once, in that order (dims ``16g + (0..15)``, then ``64 + 16g + (0..15)``), with
   neutral e8m0 scales: one instruction per (16 heads, 16 tokens) instead of four.
+* **MXFP4** (``kv_format="fp4"``, gfx950): a token's key is 64 bytes of packed e2m1 pairs, so
+  the stage (and a tile, 1 KiB) is the same image at half the width: token ``t``, byte ``d`` at
+  ``(t // 16) * 1024 + (d // 16) * 256 + (t % 16) * 16 + d % 16``. Lane quarter ``g`` feeds the
+  scaled MFMA bytes ``16g..16g+15`` of its head / token, i.e. dims ``32g..32g+31``: exactly
+  MXFP4 group ``g``, so the lane's e8m0 block scale is that group's exponent (byte ``g`` of
+  ``q_scale[b, j, h]`` for A, of the token's exponent word after the block's keys for B) and
+  the instruction computes ``sum_g 2^(eq_g + ek_g - 254) * dot_g`` itself. Whatever order the
+  hardware gives the four lane quarters' K blocks, A and B use the same one and each lane's
+  32 codes share one exponent, so the product is the same. No per-token fp32 scale follows.
 * **Rows**: wave ``w`` owns rows ``rg, rg + row_groups, ...`` (``rg = w % row_groups``). Where
   ``next_n`` leaves some waves' last row slot empty (3, 5..7), those waves branch around that
   slot's MFMAs (per tile) and its reduction and store (per tile group), wave-uniform: no work
@@ -48,13 +57,23 @@ bounds them (out-of-range reads give 0, out-of-range stores are dropped). An out
 import torch
 
 from ...schedule import BALANCED
-from .plan import HEAD_DIM, TILE, WAVE_SIZE, WAVES, KernelPlan
+from .plan import TILE, WAVE_SIZE, WAVES, KernelPlan
 
-PAGE_TILE_BYTES = TILE * HEAD_DIM  # 2 KiB: one 16-token tile of keys
 #: e8m0 exponent 127 = 2^0: the scaled MFMA's scales leave the fp8 products as they are
 NEUTRAL_SCALE = 127
 #: lengths each lane loads per round of the schedule's scan (independent loads in flight)
 SCAN_UNROLL = 4
+#: the chip's fp8 bytes of the e2m1 magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 (codes 0..7), as the
+#: (high, low) words of a ``v_perm_b32`` byte table: e4m3fnuz (bias 8) on gfx942, e4m3fn
+#: (bias 7) on gfx950; every one of them is exact in both
+E2M1_AS_FP8 = {"gfx942": (0x54504C48, 0x44403800), "gfx950": (0x4C484440, 0x3C383000)}
+#: the two ue8m0 biases of a product of a query and a key exponent
+EXPONENT_BIAS_2 = 254
+
+
+def _signed32(v: int) -> int:
+    """An unsigned 32-bit constant as the i32 of the same bits."""
+    return v - (1 << 32) if v >= 1 << 31 else v
 
 
 def _log2(n: int) -> int:
@@ -277,11 +296,13 @@ class KernelBody:
             j_safe = I.smin(j, p.next_n - 1)
             visible = I.select(valid, I.smin(self.row_length(j_safe), self.end), 0)
             out_row = I.add(I.mul(self.b, p.next_n), j_safe)
+            size = p.logits_bytes
             out_rsrc = I.buffer_resource(
-                I.add(out_base, I.mul(I.mul(I.to_i64(out_row), I.to_i64(a["stride_out"])), 4)), I.mul(visible, 4))
+                I.add(out_base, I.mul(I.mul(I.to_i64(out_row), I.to_i64(a["stride_out"])), size)), I.mul(visible, size))
             q_row = I.add(q_base, I.add(I.mul(I.to_i64(self.b), I.to_i64(a["stride_q_b"])),
                                          I.mul(I.to_i64(j_safe), I.to_i64(a["stride_q_j"]))))
-            q_rsrc = I.buffer_resource(q_row, I.select(valid, I.add(I.mul(a["stride_q_h"], p.heads - 1), HEAD_DIM), 0))
+            q_rsrc = I.buffer_resource(q_row, I.select(valid, I.add(I.mul(a["stride_q_h"], p.heads - 1),
+                                                                     p.key_row_bytes), 0))
             w_rsrc = I.buffer_resource(I.add(w_base, I.mul(I.mul(I.to_i64(out_row), I.to_i64(a["stride_w"])), 4)),
                                        I.select(valid, 4 * p.heads, 0))
             q_frags, weights = [], []
@@ -290,12 +311,74 @@ class KernelBody:
                 # same few VGPRs for every m (and for every segment: nothing new stays live)
                 q_heads = I.uniform(I.mul(a["stride_q_h"], 16 * m))
                 frags = []
-                for half in range(2):  # dims 64*half + 16g + (0..15) -> k-steps 2*half, 2*half + 1
+                # fp8: dims 64*half + 16g + (0..15) -> k-steps 2*half, 2*half + 1; fp4: the one
+                # 16-byte half holds dims 32g + (0..31), MXFP4 group g
+                for half in range(2 if p.kv_format == "fp8" else 1):
                     off = I.add(I.mul(self.c, a["stride_q_h"]), I.add(I.mul(self.g, 16), 64 * half))
                     frags += I.buffer_load_pair(q_rsrc, off, q_heads)
                 q_frags.append(frags)
                 weights.append(I.buffer_load_f32x4(w_rsrc, I.mul(self.g, 16), 64 * m))
-            self.rows.append(dict(out=out_rsrc, q=q_frags, w=weights))
+            row = dict(out=out_rsrc, q=q_frags, w=weights)
+            if p.kv_format == "fp4" and p.mfma == "fp8":
+                row["q"], row["q_words"] = self._widened_query(q_rsrc, j_safe, valid)
+            elif p.kv_format == "fp4":
+                row["q_exponents"] = self._query_exponents(j_safe, valid)
+            self.rows.append(row)
+
+    def _query_scale_resource(self, j, valid):
+        I = self.ops
+        p, a = self.p, self.a
+        row = I.add(I.mul(self.b, a["stride_qs_b"]), I.mul(j, a["stride_qs_j"]))
+        return I.buffer_resource(I.add(I.base_address(a["q_scale"]), I.mul(I.to_i64(row), 4)),
+                                 I.select(valid, 4 * p.heads, 0))
+
+    def _widened_query(self, q_rsrc, j, valid):
+        """fp4 on the plain fp8 MFMA: per 16-head tile ``m``, the A operands of k-steps 0..3 (k-step
+        ``ks`` = MXFP4 group ``ks``: lane quarter ``g`` feeds codes ``8g..8g+7`` of it, widened
+        to fp8 by :meth:`_widen_e2m1`), and the exponent words of the heads whose results the
+        lane holds (``16m + 4g + i``, i < 4)."""
+        I = self.ops
+        p, a = self.p, self.a
+        scale_rsrc = self._query_scale_resource(j, valid)
+        operands, words = [], []
+        for m in range(p.m_tiles):
+            head = I.mul(I.add(self.c, 16 * m), a["stride_q_h"])
+            operands.append([self._widen_e2m1(I.buffer_load_i32(q_rsrc, I.add(head, I.add(I.mul(self.g, 4), 16 * ks))))
+                             for ks in range(p.k_steps)])
+            words.append([I.buffer_load_i32(scale_rsrc, I.mul(I.add(I.mul(self.g, 4), 16 * m + i), 4))
+                          for i in range(4)])
+        return operands, words
+
+    def _widen_e2m1(self, packed):
+        """Eight e2m1 codes (four packed bytes) as eight fp8 bytes of the chip's flavour, exactly:
+        the even codes (low nibbles) in the low word, the odd ones in the high word (A and B are
+        widened alike, so the order of a k-step's elements does not matter). A byte table
+        (``v_perm_b32``) maps the magnitudes; the sign goes to bit 7 where the magnitude is not
+        0 (e2m1's -0 must not become e4m3fnuz's NaN byte 0x80)."""
+        I = self.ops
+        table_hi, table_lo = (_signed32(w) for w in E2M1_AS_FP8[self.p.arch])
+        halves = []
+        for nibbles in (I.bit_and(packed, 0x0F0F0F0F), I.bit_and(I.shr(packed, 4), 0x0F0F0F0F)):
+            magnitude = I.bit_and(nibbles, 0x07070707)
+            fp8 = I.byte_permute(table_hi, table_lo, magnitude)
+            nonzero = I.bit_and(I.add(magnitude, 0x7F7F7F7F), _signed32(0x80808080))  # bit 7: magnitude >= 1
+            sign = I.bit_and(I.mul(nibbles, 16), nonzero)  # bit 3 of each code -> bit 7 of its byte
+            halves.append(I.add(fp8, sign))  # disjoint bits: the table's bytes are below 0x80
+        return I.i64_from_halves(halves[0], halves[1])
+
+    def _exponent(self, word, group):
+        """ue8m0 byte ``group`` of an exponent word."""
+        I = self.ops
+        return I.bit_and(I.shr(word, 8 * group) if group else word, 0xFF) if group < 3 else I.shr(word, 24)
+
+    def _query_exponents(self, j, valid):
+        """fp4: per 16-head tile ``m``, the ue8m0 exponent of this lane's query group: byte ``g``
+        of ``q_scale[b, j, 16m + c]`` (in the low byte, where the scaled MFMA reads it)."""
+        I = self.ops
+        p = self.p
+        rsrc = self._query_scale_resource(j, valid)
+        shift = I.mul(self.g, 8)
+        return [I.shr(I.buffer_load_i32(rsrc, I.mul(I.add(self.c, 16 * m), 4)), shift) for m in range(p.m_tiles)]
 
     # ------------------------------------------------------------------ a stage's pages
     def stage_pages(self, chunk, live):
@@ -338,7 +421,7 @@ class KernelBody:
         p = self.p
         dma = p.dma_bytes
         per_instr = WAVE_SIZE * dma
-        key_bytes = p.kv_block_size * (HEAD_DIM + 4)  # keys + scales: the block's packed extent
+        key_bytes = p.kv_block_size * (p.key_row_bytes + 4)  # keys + scale words: the block's packed extent
         stage_base = I.add(self.lds, I.mul(parity, p.stage_bytes))
         for u in range(p.dma_tiles_per_wave):
             tile = I.add(I.mul(self.wave, p.dma_tiles_per_wave), u)
@@ -346,8 +429,8 @@ class KernelBody:
             base = _pick(I, [pb for pb, _ in pages], page)
             ok = _pick(I, [ok for _, ok in pages], page)
             rsrc = I.buffer_resource(base, I.select(ok, key_bytes, 0))
-            page_offset = I.uniform(I.mul(self.tile_in_page(chunk, tile), PAGE_TILE_BYTES))
-            lds_tile = I.add(stage_base, I.mul(tile, PAGE_TILE_BYTES))
+            page_offset = I.uniform(I.mul(self.tile_in_page(chunk, tile), p.tile_bytes))
+            lds_tile = I.add(stage_base, I.mul(tile, p.tile_bytes))
             for k in range(p.dma_per_tile):
                 in_tile = k * per_instr  # bytes of the LDS tile this instruction fills
                 source = I.uniform(I.add(page_offset, self._dma_source_offset(in_tile)))
@@ -361,10 +444,10 @@ class KernelBody:
         p, lane = self.p, self.lane
         if p.preshuffle:
             return I.mul(lane, p.dma_bytes)
-        if p.dma_bytes == 4:  # 256 B = one (tile, 16-dim) slab: lane -> token l/4, dims 4*(l%4)..
-            return I.add(I.mul(I.shr(lane, 2), HEAD_DIM), I.mul(I.bit_and(lane, 3), 4))
-        # 1 KiB = four 16-dim slabs: lane -> token l%16, dims 16*(l/16)..
-        return I.add(I.mul(I.bit_and(lane, 15), HEAD_DIM), I.mul(I.shr(lane, 4), 16))
+        if p.dma_bytes == 4:  # 256 B = one (tile, 16-byte) slab: lane -> token l/4, bytes 4*(l%4)..
+            return I.add(I.mul(I.shr(lane, 2), p.key_row_bytes), I.mul(I.bit_and(lane, 3), 4))
+        # 1 KiB = four 16-byte slabs: lane -> token l%16, bytes 16*(l/16)..
+        return I.add(I.mul(I.bit_and(lane, 15), p.key_row_bytes), I.mul(I.shr(lane, 4), 16))
 
     def _dma_source_offset(self, in_tile: int) -> int:
         """Source offset (inside the cache tile) of the instruction filling LDS tile bytes from
@@ -382,18 +465,26 @@ class KernelBody:
         return I.add(first, sub)
 
     def prefetch_scales(self, chunk, pages):
-        """Per lane and tile group: the fp32 scale of the token this lane will store."""
+        """The per-token words after a block's keys, loaded a stage ahead. fp8: per lane and tile
+        group, the fp32 scale of the token this lane will store. fp4: per tile of the wave, the
+        exponent word of token ``c`` (the lane quarter picks its group's byte at the MFMA)."""
         I = self.ops
         p = self.p
-        scales = []
-        for group in range(p.reduce_groups):
-            tile = self.final_tile(group)
-            base = _pick(I, [pb for pb, _ in pages], self.page_of_tile(tile))
-            token = I.add(I.mul(chunk, p.chunk_k), I.add(I.mul(tile, TILE), self.c))
-            in_page = I.bit_and(token, p.kv_block_size - 1)
-            offset = I.add(I.mul(in_page, 4), p.kv_block_size * HEAD_DIM)
-            scales.append(I.global_load_f32(I.add(base, I.to_i64(offset))))
-        return scales
+        if p.kv_format == "fp4":
+            first = I.mul(self.tg, p.tiles_per_wave)
+            return [I.global_load_i32(self._scale_word(chunk, pages, I.add(first, k))) for k in range(p.tiles_per_wave)]
+        return [I.global_load_f32(self._scale_word(chunk, pages, self.final_tile(group)))
+                for group in range(p.reduce_groups)]
+
+    def _scale_word(self, chunk, pages, tile):
+        """Address of the word after the keys of token ``c`` of stage tile ``tile``."""
+        I = self.ops
+        p = self.p
+        base = _pick(I, [pb for pb, _ in pages], self.page_of_tile(tile))
+        token = I.add(I.mul(chunk, p.chunk_k), I.add(I.mul(tile, TILE), self.c))
+        in_page = I.bit_and(token, p.kv_block_size - 1)
+        offset = I.add(I.mul(in_page, 4), p.kv_block_size * p.key_row_bytes)
+        return I.add(base, I.to_i64(offset))
 
     # ------------------------------------------------------------------ compute
     def compute_stage(self, chunk, parity, scales, rows):
@@ -408,10 +499,18 @@ class KernelBody:
         p = self.p
         stage_base = I.add(self.lds, I.mul(parity, p.stage_bytes))
         lane_part = I.add(I.mul(self.g, 256), I.mul(self.c, 16))
+        if p.kv_format == "fp4" and p.mfma == "fp8":  # widened fp4: token c, codes 8g..8g+7 of a group
+            word_part = I.add(I.mul(self.c, 16), I.mul(self.g, 4))
         first_tile = I.mul(self.tg, p.tiles_per_wave)
 
-        def read_keys(k):  # B operands of the wave's k-th tile: k-steps 0..3
-            addr = I.add(I.add(stage_base, I.mul(I.add(first_tile, k), PAGE_TILE_BYTES)), lane_part)
+        def read_keys(k):  # B operands of the wave's k-th tile: k-steps 0..3 (fp4: group g's 32 codes)
+            addr = I.add(I.add(stage_base, I.mul(I.add(first_tile, k), p.tile_bytes)), lane_part)
+            if p.kv_format == "fp4" and p.mfma == "fp8":  # k-step ks: 4 bytes of group ks's 16-byte slab
+                words = I.add(I.add(stage_base, I.mul(I.add(first_tile, k), p.tile_bytes)), word_part)
+                return dict(codes=[self._widen_e2m1(I.lds_read_i32(I.add(words, 256 * ks))) for ks in range(p.k_steps)],
+                            exponents=[I.sub(self._exponent(scales[k], ks), EXPONENT_BIAS_2) for ks in range(p.k_steps)])
+            if p.kv_format == "fp4":
+                return dict(codes=I.lds_read_pair(addr), exponents=I.shr(scales[k], I.mul(self.g, 8)))
             return I.lds_read_pair(addr) + I.lds_read_pair(I.add(addr, 1024))
 
         def only_if_real(slot, work, otherwise=None):
@@ -432,8 +531,9 @@ class KernelBody:
             if (k + 1) % p.reduce_group == 0:  # a tile group is complete: reduce and store it
                 group = k // p.reduce_group
                 offset = self._group_offset(chunk, group)
+                scale = scales[group] if p.kv_format == "fp8" else None
                 for slot, (row, row_partials) in enumerate(zip(rows, partials)):
-                    only_if_real(slot, lambda: self._store_row(row, row_partials, offset, scales[group]))
+                    only_if_real(slot, lambda: self._store_row(row, row_partials, offset, scale))
                 partials = [[] for _ in rows]
             I.sched_fence()
             keys = upcoming
@@ -445,19 +545,31 @@ class KernelBody:
         p = self.p
         token = I.add(I.mul(chunk, p.chunk_k), I.add(I.mul(self.final_tile(group), TILE), self.c))
         writer = {4: I.true(), 2: I.eq(I.bit_and(self.g, 1), 0), 1: I.eq(self.g, 0)}[p.reduce_group]
-        return I.select(writer, I.mul(token, 4), I.OUT_OF_RANGE)
+        return I.select(writer, I.mul(token, p.logits_bytes), I.OUT_OF_RANGE)
 
     def _store_row(self, row, row_partials, offset, scale):
-        # ReLU is positively homogeneous and scales are >= 0: scale after the head sum.
+        # ReLU is positively homogeneous and scales are >= 0: scale after the head sum (fp4 keys
+        # have no per-token scale: ``None``)
         I = self.ops
-        I.buffer_store_f32(I.fmul(self._reduce_tiles(row_partials), scale), row["out"], offset)
+        logits = self._reduce_tiles(row_partials)
+        logits = logits if scale is None else I.fmul(logits, scale)
+        if self.p.logits_dtype == "bf16":  # the fp32 result, rounded once (to nearest even)
+            I.buffer_store_bf16(logits, row["out"], offset)
+        else:
+            I.buffer_store_f32(logits, row["out"], offset)
 
     def _head_sum(self, row, tile_keys):
         """``sum_h w[h] * relu(S[h, token])`` over this lane's heads, for one row and one tile."""
         I = self.ops
         total = I.zero_f32()
         for m in range(self.p.m_tiles):
-            if self.p.mfma == "f8f6f4":  # all four k-steps' operands in one 128-deep instruction
+            if self.p.kv_format == "fp4" and self.p.mfma == "fp8":
+                total = self._widened_head_sum(row, tile_keys, m, total)
+                continue
+            if self.p.kv_format == "fp4":  # e2m1 operands, each lane's 32 codes scaled by its group's exponent
+                acc = I.mfma_scaled(row["q"][m], tile_keys["codes"], I.zero_acc(), row["q_exponents"][m],
+                                    tile_keys["exponents"], operand_format="fp4")
+            elif self.p.mfma == "f8f6f4":  # all four k-steps' operands in one 128-deep instruction
                 acc = I.mfma_scaled(row["q"][m], tile_keys, I.zero_acc(), NEUTRAL_SCALE, NEUTRAL_SCALE)
             else:
                 acc = I.zero_acc()
@@ -465,6 +577,22 @@ class KernelBody:
                     acc = I.mfma(row["q"][m][ks], tile_keys[ks], acc)
             for i in range(4):
                 total = I.fma(row["w"][m][i], I.relu(I.acc_element(acc, i)), total)
+        return total
+
+    def _widened_head_sum(self, row, tile_keys, m, total):
+        """fp4 widened to fp8, heads ``16m..16m+15``: one MFMA per group (its own accumulator: the
+        products of e2m1 values and their sums over 32 elements are exact in fp32), then each
+        group's sum times ``2^(eq + ek - 254)`` (``v_ldexp_f32``: exact up to fp32's range) and
+        the four added, as the reference's ``sum_g 2^(eq_g + ek_g - 254) * dot_g``."""
+        I = self.ops
+        accs = [I.mfma(row["q"][m][ks], tile_keys["codes"][ks], I.zero_acc()) for ks in range(self.p.k_steps)]
+        for i in range(4):
+            word = row["q_words"][m][i]
+            score = None
+            for ks, acc in enumerate(accs):
+                term = I.ldexp(I.acc_element(acc, i), I.add(self._exponent(word, ks), tile_keys["exponents"][ks]))
+                score = term if score is None else I.fadd(score, term)
+            total = I.fma(row["w"][m][i], I.relu(score), total)
         return total
 
     def _reduce_tiles(self, partials):
@@ -544,9 +672,9 @@ class KernelBody:
             self.split_schedule()
 
 
-ARG_NAMES = ("q", "kv", "weights", "out", "lens", "table", "stride_q_b", "stride_q_j", "stride_q_h", "stride_block",
+ARG_NAMES = ("q", "kv", "weights", "out", "lens", "table", "q_scale", "stride_q_b", "stride_q_j", "stride_q_h", "stride_block",
              "stride_w", "stride_out", "stride_lens_b", "stride_lens_j", "stride_table", "max_model_len",
-             "max_blocks", "grid_x", "batch")
+             "max_blocks", "grid_x", "batch", "stride_qs_b", "stride_qs_j")
 
 
 def grid(plan: KernelPlan, grid_x: int, batch: int) -> tuple[int, int]:
@@ -567,9 +695,12 @@ def launch_arguments(args, grid_x: int) -> tuple:
     else:
         lens_2d_view, (stride_lens_b, stride_lens_j) = lens, lens.stride()
     q = args.q.view(torch.uint8)
+    # fp8 calls have no query exponents: the lengths stand in for the tensor argument, never read
+    q_scale, (stride_qs_b, stride_qs_j) = ((args.q_scale, args.q_scale.stride()[:2]) if args.q_scale is not None
+                                           else (lens_2d_view, (0, 0)))
     return (
-        q, args.kv_cache, args.weights, args.out, lens_2d_view, args.block_table,
+        q, args.kv_cache, args.weights, args.out, lens_2d_view, args.block_table, q_scale,
         q.stride(0), q.stride(1), q.stride(2), args.kv_cache.stride(0), args.weights.stride(0), args.out.stride(0),
         stride_lens_b, stride_lens_j, args.block_table.stride(0), args.max_model_len, args.max_blocks, grid_x,
-        args.problem.batch,
+        args.problem.batch, stride_qs_b, stride_qs_j,
     )

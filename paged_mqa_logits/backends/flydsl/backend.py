@@ -19,6 +19,11 @@ sync), ``Mfma`` (gfx950: ``f8f6f4``, the default, the scaled 16x16x128 MFMA with
 scales; ``fp8``, the plain 16x16x32 one -- gfx942 has only ``fp8``) and ``WaveRoles``
 (``uniform``, the default: 4 waves that each copy and score; ``split``: 8 waves, 4 that only
 copy the next stage into LDS and 4 that only score; ``WavePerEU`` even, see ``plan.WAVE_ROLES``).
+
+Formats: fp8 or MXFP4 queries and keys, fp32 or bf16 logits. MXFP4 runs on gfx950's scaled MFMA
+with e2m1 operands (``Mfma=f8f6f4``), or widened to fp8 for the plain MFMA (``Mfma=fp8``: the
+only kind on gfx942; shapes whose every configuration would spill registers are declined, so
+dispatch falls through); see ``plan.KV_FORMAT_MFMA``.
 """
 
 from __future__ import annotations
@@ -28,11 +33,11 @@ import importlib
 import torch
 
 from ...arch import native_fp8
-from ...problem import LaunchArgs, Problem, Target
+from ...problem import KV_FORMATS, LOGITS_DTYPES, LaunchArgs, Problem, Target
 from ...schedule import BALANCED, SCHEDULES, derive_split_kv, persistent_programs
 from ..base import MAX_SPLIT_KV, check_knob_space, formats_unsupported
 from . import build
-from .plan import ARCHS, CHUNK_KS, MFMA_KINDS, WAVE_PER_EUS, WAVE_ROLES, KernelPlan
+from .plan import ARCHS, CHUNK_KS, KV_FORMAT_MFMA, MFMA_KINDS, WAVE_PER_EUS, WAVE_ROLES, KernelPlan
 from .toolchain import NOT_INSTALLED, flydsl_installed
 
 def rocm_runtime_problem(arch: str) -> str | None:
@@ -81,15 +86,20 @@ class FlyDSLBackend:
     def unsupported(self, problem: Problem) -> str | None:
         if problem.arch not in ARCHS:
             return f"flydsl kernels are built for gfx942/gfx950, not {problem.arch}"
-        formats = formats_unsupported("flydsl", problem)  # MXFP4 and bf16 logits: not yet in its kernels
+        formats = formats_unsupported("flydsl", problem, kv_formats=KV_FORMATS, logits_dtypes=tuple(LOGITS_DTYPES))
         if formats is not None:
             return formats
-        if problem.fp8 != native_fp8(problem.arch):
+        # an MXFP4 call has no fp8 flavour of its own (``problem.fp8`` is the chip's)
+        if problem.kv_format == "fp8" and problem.fp8 != native_fp8(problem.arch):
             return (f"{problem.arch} computes fp8 e4m3{native_fp8(problem.arch)} natively; the inputs are "
                     f"e4m3{problem.fp8}")
         if problem.head_dim != 128:
             return f"head_dim must be 128, got {problem.head_dim}"
-        return self.plan(problem, {}).problem_error()
+        plan = self.plan(problem, {})
+        error = plan.problem_error()
+        if error is None and problem.kv_format == "fp4" and not self.candidates(problem):  # widened, widest shapes
+            return f"no {problem.arch} kernel configuration fits: {plan.config_error()}"
+        return error
 
     def unavailable(self, target: Target) -> str | None:
         if not flydsl_installed():
@@ -123,7 +133,8 @@ class FlyDSLBackend:
         GPU has run the split roles: they are a tuner candidate), the balanced schedule where
         the cache layout allows it (else split) and the highest occupancy (up to 4 workgroups
         per CU) the shape fits."""
-        base = {"ChunkK": 64, "SplitKV": 0, "Mfma": MFMA_KINDS.get(problem.arch, ("fp8",))[0],
+        kinds = [k for k in MFMA_KINDS.get(problem.arch, ("fp8",)) if k in KV_FORMAT_MFMA.get(problem.kv_format, ())]
+        base = {"ChunkK": 64, "SplitKV": 0, "Mfma": (kinds or ["fp8"])[0],
                 "WaveRoles": WAVE_ROLES[0]}
         for schedule in SCHEDULES:
             for wave_per_eu in sorted(WAVE_PER_EUS, reverse=True):
@@ -137,7 +148,8 @@ class FlyDSLBackend:
                           kv_block_size=problem.kv_block_size, preshuffle=problem.preshuffle,
                           lens_2d=problem.lens_2d, chunk_k=int(config["ChunkK"]), wave_per_eu=int(config["WavePerEU"]),
                           schedule=str(config["Schedule"]), mfma=str(config["Mfma"]),
-                          wave_roles=str(config.get("WaveRoles", WAVE_ROLES[0])))
+                          wave_roles=str(config.get("WaveRoles", WAVE_ROLES[0])), kv_format=problem.kv_format,
+                          logits_dtype=problem.logits_dtype)
 
     def grid_x(self, problem: Problem, plan: KernelPlan, config: dict) -> int:
         """Workgroups along x. Balanced: one resident wave of them, ``CUs x`` workgroups per CU

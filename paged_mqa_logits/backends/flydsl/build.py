@@ -33,7 +33,7 @@ from dataclasses import asdict
 from ... import triton_internals
 from ...arch import native_fp8, normalise_arch
 from ...files import atomic_write
-from ...problem import Problem
+from ...problem import KV_FORMATS, Problem
 from ..base import CompileRecord
 from .plan import ARCHS, HEADS, KV_BLOCK_SIZES, LDS_PER_CU, KernelPlan
 from .toolchain import NOT_INSTALLED, flydsl_installed
@@ -42,28 +42,39 @@ BACKEND_NAME = "flydsl"
 MAX_WORKERS = 4
 
 # ============================================================================ what to compile
-def _problem(arch: str, heads: int, next_n: int, kv_block_size: int, preshuffle: bool, lens_2d: bool):
-    return Problem(arch, 0, 1, next_n, heads, 128, kv_block_size, preshuffle, None, lens_2d, native_fp8(arch), 8192)
+def _problem(arch: str, heads: int, next_n: int, kv_block_size: int, preshuffle: bool, lens_2d: bool,
+             kv_format: str = "fp8", logits_dtype: str = "fp32"):
+    return Problem(arch, 0, 1, next_n, heads, 128, kv_block_size, preshuffle, None, lens_2d, native_fp8(arch), 8192,
+                   kv_format=kv_format, logits_dtype=logits_dtype)
 
 
 def knob_space(backend, arch: str) -> list[KernelPlan]:
     """Every candidate (ChunkK x WavePerEU x Schedule x Mfma) of the canonical layout (KVBlockSize 64, Preshuffle,
     2-D lengths) for heads 32/64 and next_n 1..8, plus each cache/length layout (KVBlockSize
-    16..256, plain and Preshuffle, 1-D and 2-D) with the default knobs for two shapes. ``backend``
+    16..256, plain and Preshuffle, 1-D and 2-D) with the default knobs for two shapes; each for
+    every query/key format ``arch`` serves; and bf16 logits with the default knobs for every
+    (format, heads, next_n) of the canonical layout (they change only the store). ``backend``
     is the flydsl backend object, whose ``plan`` realises a config."""
     plans: dict[str, KernelPlan] = {}
-    for heads in HEADS:
-        for next_n in range(1, 9):
-            problem = _problem(arch, heads, next_n, 64, True, True)
-            for plan in (backend.plan(problem, config) for config in backend.candidates(problem)):
-                plans[plan.name] = plan
-    for heads, next_n in ((64, 1), (32, 3)):
-        for kv_block_size in KV_BLOCK_SIZES:
-            for preshuffle in (True, False):
-                for lens_2d in (True, False):
-                    problem = _problem(arch, heads, next_n, kv_block_size, preshuffle, lens_2d)
-                    plan = backend.plan(problem, backend.default_config(problem))
+    for kv_format in KV_FORMATS:
+        if backend.unsupported(_problem(arch, 64, 1, 64, True, True, kv_format)) is not None:
+            continue
+        for heads in HEADS:
+            for next_n in range(1, 9):
+                problem = _problem(arch, heads, next_n, 64, True, True, kv_format)
+                for plan in (backend.plan(problem, config) for config in backend.candidates(problem)):
                     plans[plan.name] = plan
+                bf16 = _problem(arch, heads, next_n, 64, True, True, kv_format, "bf16")
+                if backend.unsupported(bf16) is None:
+                    plan = backend.plan(bf16, backend.default_config(bf16))
+                    plans[plan.name] = plan
+        for heads, next_n in ((64, 1), (32, 3)):
+            for kv_block_size in KV_BLOCK_SIZES:
+                for preshuffle in (True, False):
+                    for lens_2d in (True, False):
+                        problem = _problem(arch, heads, next_n, kv_block_size, preshuffle, lens_2d, kv_format)
+                        plan = backend.plan(problem, backend.default_config(problem))
+                        plans[plan.name] = plan
     return list(plans.values())
 
 
@@ -75,7 +86,8 @@ def config_plans(backend, arch: str, configs: list[dict]) -> list[KernelPlan]:
         knobs = {k: v for k, v in config.items() if k in backend.knobs}
         for lens_2d in (True, False):
             problem = _problem(arch, config["heads"], config["next_n"], config["kv_block_size"],
-                               bool(config["preshuffle"]), lens_2d)
+                               bool(config["preshuffle"]), lens_2d, config.get("kv_format") or "fp8",
+                               config.get("logits_dtype") or "fp32")
             if backend.unsupported(problem) is None:
                 plan = backend.plan(problem, knobs)
                 plans[plan.name] = plan
@@ -267,9 +279,11 @@ def _placeholder_args(plan: KernelPlan) -> tuple:
     import torch
 
     u8, f32, i32 = torch.uint8, torch.float32, torch.int32
+    logits = torch.bfloat16 if plan.logits_dtype == "bf16" else f32
     tensors = (torch.zeros(1, 1, 1, 16, dtype=u8), torch.zeros(1, 1, 1, 16, dtype=u8), torch.zeros(1, 4, dtype=f32),
-               torch.zeros(1, 4, dtype=f32), torch.zeros(1, 1, dtype=i32), torch.zeros(1, 1, dtype=i32))
-    return tensors + (1,) * 13
+               torch.zeros(1, 4, dtype=logits), torch.zeros(1, 1, dtype=i32), torch.zeros(1, 1, dtype=i32),
+               torch.zeros(1, 1, 1, dtype=i32))
+    return tensors + (1,) * 15
 
 
 def _compile_one(plan: KernelPlan, out_dir: str, dump_dir: str) -> CompileRecord:

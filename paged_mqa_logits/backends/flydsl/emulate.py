@@ -27,7 +27,15 @@ confirms):
 * ``v_mfma_scale_f32_16x16x128_f8f6f4`` (gfx950, fp8 e4m3 A and B): lane ``l`` holds 32 bytes
   of each operand, byte ``e`` = K index ``16 * (l // 16) + e`` (``e < 16``) or
   ``64 + 16 * (l // 16) + e - 16``; each lane's bytes are multiplied by ``2^(scale - 127)`` of
-  its e8m0 scale byte (opsel 0); the result is placed as for the 16x16x32 MFMA.
+  its e8m0 scale byte (opsel 0); the result is placed as for the 16x16x32 MFMA;
+* the same instruction with fp4 e2m1 A and B (cbsz = blgp = 4): lane ``l`` holds 16 bytes of
+  each operand, 32 codes, code ``e`` in byte ``e // 2`` (the low nibble first, as MXFP4 packs
+  them) at K index ``32 * (l // 16) + e``; its e8m0 byte scales those 32 codes. (The kernel is
+  indifferent to which K block the hardware assigns each lane quarter, since A and B follow the
+  same rule; what it relies on is that one lane's 32 codes share its one scale byte.) An e8m0
+  byte of 255 is NaN, as in the OCP MX format;
+* ``v_perm_b32`` (selector bytes 0..7 only: byte ``s`` of ``hi:lo``, ``lo`` holding 0..3),
+  ``v_ldexp_f32`` (``x * 2^n`` rounded once to fp32), ``ds_read_b32``.
 
 Every MFMA a wave issues is counted (``EmulationStats.mfma``; per wave with the LDS DMAs in
 ``EmulationStats.by_wave``, so the tests see which waves copy and which score), and output
@@ -46,6 +54,7 @@ import numpy as np
 import torch
 
 from ...arch import native_fp8_dtype
+from ...fp4 import E2M1_VALUES
 from ...problem import LaunchArgs
 from .algorithm import ARG_NAMES, KernelBody, grid, launch_arguments
 from .plan import WAVE_SIZE, KernelPlan
@@ -89,6 +98,13 @@ class _Memory:
             return
         data, offset = self._locate(address, values.shape[-1])
         data[offset[..., None] + np.arange(values.shape[-1])] = values
+
+
+def _e2m1(bytes_: np.ndarray) -> np.ndarray:
+    """``[..., n]`` bytes of packed e2m1 pairs -> ``[..., 2n]`` float32 values, low nibble first."""
+    codes = np.stack((bytes_ & 0xF, bytes_ >> 4), axis=-1).reshape(*bytes_.shape[:-1], -1)
+    magnitude = np.asarray(E2M1_VALUES, np.float32)[codes & 7]
+    return np.where(codes & 8, -magnitude, magnitude).astype(np.float32)
 
 
 class _Resource:
@@ -313,8 +329,20 @@ class EmulatedOps:
         if self.store_trace is not None:
             self.store_trace.append(rsrc.address[ok] + offset[ok])
 
+    def buffer_store_bf16(self, value, rsrc, offset):
+        offset = self._int(offset).astype(np.int64)
+        ok = (offset + 2 <= rsrc.num_records) & self.active[:, None]
+        values = torch.from_numpy(np.ascontiguousarray(np.broadcast_to(value, self.shape).astype(np.float32)))
+        bits = values.to(torch.bfloat16).view(torch.int16).numpy()  # round to nearest even, as v_cvt does
+        self.memory.write(rsrc.address[ok] + offset[ok], bits[ok][:, None].view(np.uint8))
+        if self.store_trace is not None:
+            self.store_trace.append(rsrc.address[ok] + offset[ok])
+
     def global_load_f32(self, address):
         return self.memory.read(np.asarray(address, np.int64), 4).view(np.float32)[..., 0]
+
+    def global_load_i32(self, address):
+        return self.memory.read(np.asarray(address, np.int64), 4).view(np.int32)[..., 0]
 
     def lds_dma(self, rsrc, lds_address, lane_offset, uniform_offset, nbytes):
         for name, value in (("M0", lds_address), ("soffset", uniform_offset)):
@@ -329,6 +357,12 @@ class EmulatedOps:
         if target.min() < 0 or target.max() + nbytes > self.lds.size:
             raise EmulationFault(f"LDS DMA past the allocation ({target.max()} + {nbytes} > {self.lds.size})")
         self.lds[target[self.active][..., None] + np.arange(nbytes)] = data[self.active]
+
+    def lds_read_i32(self, address):
+        address = self._int(address).astype(np.int64)
+        if (address % 4).any() or address.min() < 0 or address.max() + 4 > self.lds.size:
+            raise EmulationFault("misaligned or out-of-range ds_read_b32")
+        return np.ascontiguousarray(self.lds[address[..., None] + np.arange(4)]).view(np.int32)[..., 0]
 
     def lds_read_pair(self, address):
         address = self._int(address).astype(np.int64)
@@ -371,27 +405,51 @@ class EmulatedOps:
             out[..., i] += d[:, 4 * group + i, row]
         return out
 
-    def mfma_scaled(self, a_parts, b_parts, acc, scale_a, scale_b):
+    def mfma_scaled(self, a_parts, b_parts, acc, scale_a, scale_b, operand_format="fp8"):
         self.stats.mfma["v_mfma_scale_f32_16x16x128_f8f6f4"] += int(self.active.sum())
         self._count("mfma")
         lane = np.arange(WAVE_SIZE)
         row, group = lane % 16, lane // 16
+        decode = self._fp8 if operand_format == "fp8" else _e2m1
         operands = []
         for parts, scale in ((a_parts, scale_a), (b_parts, scale_b)):
-            values = self._fp8(np.concatenate(parts, axis=-1))  # [wave, lane, 32]
-            exponent = (self._int(scale) & 0xFF).astype(np.int32) - 127
-            operands.append(values * np.exp2(exponent.astype(np.float32))[..., None])
+            values = decode(np.concatenate(parts, axis=-1))  # [wave, lane, 32]
+            byte = (self._int(scale) & 0xFF).astype(np.int32)
+            with np.errstate(invalid="ignore", over="ignore"):
+                factor = np.where(byte == 255, np.float32(np.nan), np.exp2((byte - 127).astype(np.float32)))
+                operands.append((values * factor[..., None]).astype(np.float32))
         a_mat = np.zeros((self.waves, 16, 128), np.float32)
         b_mat = np.zeros((self.waves, 128, 16), np.float32)
         for e in range(32):
-            k = 16 * group + e if e < 16 else 64 + 16 * group + e - 16
+            if operand_format == "fp8":
+                k = 16 * group + e if e < 16 else 64 + 16 * group + e - 16
+            else:
+                k = 32 * group + e
             a_mat[:, row, k] = operands[0][:, :, e]
             b_mat[:, k, row] = operands[1][:, :, e]
-        d = a_mat @ b_mat
+        with np.errstate(invalid="ignore", over="ignore"):  # NaN scales: NaN results, as on the GPU
+            d = a_mat @ b_mat
         out = acc.copy()
         for i in range(4):
             out[..., i] += d[:, 4 * group + i, row]
         return out
+
+    def byte_permute(self, hi, lo, selector):
+        hi, lo, selector = (self._int(v) for v in (hi, lo, selector))
+        source = np.concatenate([np.ascontiguousarray(np.broadcast_to(v, self.shape))[..., None].view(np.uint8)
+                                 for v in (lo, hi)], axis=-1)  # [wave, lane, 8]: lo's bytes first
+        picks = np.ascontiguousarray(np.broadcast_to(selector, self.shape))[..., None].view(np.uint8)
+        if (picks > 7).any():
+            raise EmulationFault("v_perm_b32 selectors above 7 (constant bytes) are not modelled")
+        return np.ascontiguousarray(np.take_along_axis(source, picks.astype(np.int64), axis=-1)).view(np.int32)[..., 0]
+
+    def i64_from_halves(self, lo, hi):
+        return np.concatenate([np.ascontiguousarray(np.broadcast_to(self._int(v), self.shape))[..., None].view(np.uint8)
+                               for v in (lo, hi)], axis=-1)
+
+    def ldexp(self, x, n):
+        with np.errstate(over="ignore", under="ignore"):
+            return np.ldexp(np.asarray(x, np.float32), self._int(n)).astype(np.float32)
 
     def relu(self, x):
         return np.maximum(x, np.float32(0))
@@ -421,7 +479,7 @@ def emulate(plan: KernelPlan, args: LaunchArgs, grid_x: int, trace_stores: bool 
     splits per sequence (split)."""
     memory = _Memory()
     values = list(launch_arguments(args, grid_x))
-    for i in range(6):  # tensors -> addresses in the emulated address space
+    for i in range(7):  # tensors -> addresses in the emulated address space
         values[i] = memory.tensor_address(values[i])
     named = dict(zip(ARG_NAMES, values))
     stats = EmulationStats()
@@ -431,6 +489,7 @@ def emulate(plan: KernelPlan, args: LaunchArgs, grid_x: int, trace_stores: bool 
             KernelBody(plan, EmulatedOps(plan, memory, x, y, stats, trace_stores), named).run()
     if trace_stores:  # byte addresses -> element indices of the output's storage
         out_base = named["out"]
-        stats.stores = {ids: (np.concatenate(chunks) - out_base) // 4 if chunks else np.zeros(0, np.int64)
+        size = args.out.element_size()
+        stats.stores = {ids: (np.concatenate(chunks) - out_base) // size if chunks else np.zeros(0, np.int64)
                         for ids, chunks in stats.stores.items()}
     return stats

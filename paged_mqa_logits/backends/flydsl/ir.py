@@ -244,10 +244,24 @@ def buffer_store_f32(value, resource, byte_offset):
     rocdl.RawPtrBufferStoreOp(_raw(value), resource, _raw(byte_offset), const32(0))
 
 
+def buffer_store_bf16(value, resource, byte_offset):
+    """An fp32 rounded to bf16 (to nearest even) and stored as 2 bytes (``buffer_store_short``);
+    dropped like :func:`buffer_store_f32` out of range."""
+    rounded = arith.truncf(ir.BF16Type.get(), _raw(value))
+    bits = arith.bitcast(ir.IntegerType.get_signless(16), rounded)
+    rocdl.RawPtrBufferStoreOp(bits, resource, _raw(byte_offset), const32(0))
+
+
 def global_load_f32(address):
     """One fp32 at a per-lane 64-bit address (``global_load_dword``)."""
     ptr = llvm.inttoptr(ir.Type.parse("!llvm.ptr<1>"), _raw(address))
     return llvm.LoadOp(f32_type(), ptr, alignment=4).result
+
+
+def global_load_i32(address):
+    """One i32 at a per-lane 64-bit address (``global_load_dword``)."""
+    ptr = llvm.inttoptr(ir.Type.parse("!llvm.ptr<1>"), _raw(address))
+    return llvm.LoadOp(i32_type(), ptr, alignment=4).result
 
 
 def lds_read_pair(address):
@@ -255,6 +269,12 @@ def lds_read_pair(address):
     ptr = llvm.inttoptr(ir.Type.parse("!llvm.ptr<3>"), _raw(address))
     pair = llvm.LoadOp(vec_type(2, i64_type()), ptr, alignment=16).result
     return [_element(pair, 0), _element(pair, 1)]
+
+
+def lds_read_i32(address):
+    """4 bytes from LDS (``ds_read_b32``)."""
+    ptr = llvm.inttoptr(ir.Type.parse("!llvm.ptr<3>"), _raw(address))
+    return llvm.LoadOp(i32_type(), ptr, alignment=4).result
 
 
 def lds_dma(resource, lds_address_uniform, lane_offset, uniform_offset, nbytes):
@@ -312,20 +332,43 @@ def mfma(a, b, acc):
     return fx_rocdl.mfma_f32_16x16x32_fp8_fp8(vec_type(4, f32_type()), [_raw(a), _raw(b), _raw(acc), 0, 0, 0])
 
 
-def _operand_32_bytes(parts):
-    """Four 8-byte MFMA operands (k-steps 0..3) as the scaled MFMA's ``vector<8xi32>``."""
-    v = vector.from_elements(vec_type(4, i64_type()), [_raw(x) for x in parts])
-    return llvm.bitcast(vec_type(8, i32_type()), v)
+#: the scaled MFMA's operand format codes (its cbsz / blgp fields): fp8 e4m3 and fp4 e2m1
+MFMA_OPERAND_FORMAT = {"fp8": 0, "fp4": 4}
 
 
-def mfma_scaled(a_parts, b_parts, acc, scale_a, scale_b):
-    """``v_mfma_scale_f32_16x16x128_f8f6f4`` on fp8 e4m3 A and B (cbsz = blgp = 0): a lane's 32
-    bytes of each operand are the four k-steps of :func:`mfma` in order; ``scale_a``/``scale_b``
-    are the e8m0 scale bytes (opsel 0: byte 0 of the i32) applied to the lane's operand bytes."""
+def _operand_bytes(parts):
+    """8-byte MFMA operands as the scaled MFMA's operand vector: four (k-steps 0..3 of fp8,
+    ``vector<8xi32>``) or two (32 packed fp4 codes, ``vector<4xi32>``)."""
+    v = vector.from_elements(vec_type(len(parts), i64_type()), [_raw(x) for x in parts])
+    return llvm.bitcast(vec_type(2 * len(parts), i32_type()), v)
+
+
+def mfma_scaled(a_parts, b_parts, acc, scale_a, scale_b, operand_format="fp8"):
+    """``v_mfma_scale_f32_16x16x128_f8f6f4`` with A and B in ``operand_format``: fp8 e4m3 (a
+    lane's 32 bytes are the four k-steps of :func:`mfma` in order) or fp4 e2m1 (a lane's 16
+    bytes are 32 codes, the low nibble first); ``scale_a``/``scale_b`` (an int or an i32 value)
+    hold the e8m0 scale byte of the lane's 32 elements in byte 0 (opsel 0; the rest is ignored)."""
+    fmt = MFMA_OPERAND_FORMAT[operand_format]
+    scales = [const32(s) if isinstance(s, int) else _raw(s) for s in (scale_a, scale_b)]
     return fx_rocdl.mfma_scale_f32_16x16x128_f8f6f4(
         vec_type(4, f32_type()),
-        [_operand_32_bytes(a_parts), _operand_32_bytes(b_parts), _raw(acc), 0, 0, 0, const32(scale_a), 0,
-         const32(scale_b)])
+        [_operand_bytes(a_parts), _operand_bytes(b_parts), _raw(acc), fmt, fmt, 0, scales[0], 0, scales[1]])
+
+
+def byte_permute(hi, lo, selector):
+    """``v_perm_b32``: byte ``i`` of the result is byte ``selector.byte[i]`` (0..7) of the 8 bytes
+    ``hi:lo`` (0..3 from ``lo``)."""
+    return llvm.call_intrinsic(i32_type(), "llvm.amdgcn.perm", [_raw(hi), _raw(lo), _raw(selector)], [], [])
+
+
+def i64_from_halves(lo, hi):
+    """Two i32 as one i64 MFMA operand (``lo`` its bytes 0..3)."""
+    return llvm.bitcast(i64_type(), vector.from_elements(vec_type(2, i32_type()), [_raw(lo), _raw(hi)]))
+
+
+def ldexp(x, n):
+    """``x * 2^n`` (``v_ldexp_f32``): exact where the result is a normal fp32."""
+    return llvm.call_intrinsic(f32_type(), "llvm.ldexp.f32.i32", [_raw(x), _raw(n)], [], [])
 
 
 def true():

@@ -70,6 +70,11 @@ BALANCED_MAX_PAGES = 2
 #: (spilling 8 / 2 registers under the balanced schedule on gfx942 / gfx950 with the plain
 #: MFMA), while the uniform kernel fits
 ROLES_MAX_HEAD_ROWS_TWO_GROUPS = 127
+#: the MFMAs that can score a format: MXFP4 reads its codes on the scaled MFMA, whose e8m0 block
+#: scales are its per-32-element exponents (gfx950), or widens them to the chip's fp8 for the
+#: plain fp8 MFMA, one 32-element group per k-step, and folds each group's exponents into its
+#: fp32 partial sums (gfx942, and a tuner candidate on gfx950)
+KV_FORMAT_MFMA = {"fp8": tuple(MFMA_K), "fp4": ("f8f6f4", "fp8")}
 
 
 def row_groups(next_n: int) -> int:
@@ -90,6 +95,11 @@ class KernelPlan:
     schedule: str = BALANCED  # which segments a workgroup walks (see the module docstring)
     mfma: str = "fp8"  # which fp8 MFMA (see MFMA_K)
     wave_roles: str = "uniform"  # see WAVE_ROLES
+    #: the query/key format (``problem.KV_FORMATS``): ``fp4`` stages half the bytes per token and
+    #: scores them with the scaled MFMA on e2m1 operands (see KV_FORMAT_MFMA)
+    kv_format: str = "fp8"
+    #: the logits dtype (``problem.LOGITS_DTYPES``): ``bf16`` rounds the fp32 result once, at the store
+    logits_dtype: str = "fp32"
 
     # ------------------------------------------------------------------ waves
     @property
@@ -160,12 +170,27 @@ class KernelPlan:
 
     # ------------------------------------------------------------------ memory
     @property
+    def key_row_bytes(self) -> int:
+        """Bytes of one token's key (and of one query head): 128 fp8, or 64 of packed e2m1 pairs."""
+        return HEAD_DIM if self.kv_format == "fp8" else HEAD_DIM // 2
+
+    @property
+    def logits_bytes(self) -> int:
+        """Bytes of one stored logit."""
+        return 4 if self.logits_dtype == "fp32" else 2
+
+    @property
+    def tile_bytes(self) -> int:
+        """Bytes of one 16-token tile of keys in LDS (and in a Preshuffle cache block)."""
+        return TILE * self.key_row_bytes
+
+    @property
     def dma_bytes(self) -> int:
         return DMA_BYTES[self.arch]
 
     @property
     def stage_bytes(self) -> int:
-        return self.chunk_k * HEAD_DIM
+        return self.chunk_k * self.key_row_bytes
 
     @property
     def lds_bytes(self) -> int:
@@ -173,13 +198,13 @@ class KernelPlan:
 
     @property
     def dma_tiles_per_wave(self) -> int:
-        """16-token tiles (2 KiB each) each wave copies into LDS per stage."""
+        """16-token tiles each wave copies into LDS per stage."""
         return self.tiles_per_stage // WAVES
 
     @property
     def dma_per_tile(self) -> int:
-        """DMA instructions per 2 KiB tile (a wave instruction moves 64 lanes x dma_bytes)."""
-        return TILE * HEAD_DIM // (WAVE_SIZE * self.dma_bytes)
+        """DMA instructions per tile (a wave instruction moves 64 lanes x dma_bytes)."""
+        return self.tile_bytes // (WAVE_SIZE * self.dma_bytes)
 
     @property
     def pages_per_stage(self) -> int:
@@ -198,7 +223,14 @@ class KernelPlan:
         ChunkK) space with LLVM from flydsl 0.5.0: Q fragments (heads/2 per row slot) and
         weights (heads/4 per row slot) stay resident; the reduce group's keys, accumulators and
         partials add 0 / 34 / 60 for 1 / 2 / 4 tiles; 30 for addresses, masks and scales. The
-        compile checks (``build.compile_records``) are what proves a candidate fits."""
+        compile checks (``build.compile_records``) are what proves a candidate fits.
+
+        fp4 widened to fp8 (``Mfma=fp8``) keeps four accumulators per 16-head tile and the
+        per-group query exponents live: about 38 per (row slot, tile, 16 heads) plus 20, from
+        gfx942 compiles of heads 32/64, next_n 1..4 (heads 32, next_n 1, ChunkK 128: 171;
+        heads 64, next_n 2, ChunkK 64: 281; heads 64, next_n 4: over 512, spilling)."""
+        if self.kv_format == "fp4" and self.mfma == "fp8":
+            return 20 + 38 * self.rows_per_wave * self.tiles_per_wave * self.m_tiles
         return self.rows_per_wave * self.heads * 3 // 4 + {1: 0, 2: 34, 4: 60}[self.reduce_group] + 30
 
     @property
@@ -206,7 +238,8 @@ class KernelPlan:
         return (f"flydsl_{self.arch}_h{self.heads}_n{self.next_n}_kb{self.kv_block_size}"
                 f"_{'shuf' if self.preshuffle else 'plain'}_{'2d' if self.lens_2d else '1d'}"
                 f"_ck{self.chunk_k}_w{self.wave_per_eu}_{self.schedule}_{self.mfma}"
-                f"{'_roles' if self.wave_roles == 'split' else ''}")
+                f"{'_roles' if self.wave_roles == 'split' else ''}{'_fp4' if self.kv_format == 'fp4' else ''}"
+                f"{'_bf16' if self.logits_dtype == 'bf16' else ''}")
 
     def problem_error(self) -> str | None:
         """Why this plan's shape cannot be built (``None`` = it can)."""
@@ -214,6 +247,13 @@ class KernelPlan:
             return f"arch {self.arch} is not gfx942/gfx950"
         if self.heads not in HEADS:
             return f"heads must be one of {HEADS}, got {self.heads}"
+        if self.kv_format not in KV_FORMAT_MFMA:
+            return f"kv_format must be one of {tuple(KV_FORMAT_MFMA)}, got {self.kv_format!r}"
+        if not set(KV_FORMAT_MFMA[self.kv_format]) & set(MFMA_KINDS.get(self.arch, ())):
+            return (f"{self.kv_format} needs the {'/'.join(KV_FORMAT_MFMA[self.kv_format])} MFMA, which "
+                    f"{self.arch} does not have")
+        if self.logits_dtype not in ("fp32", "bf16"):
+            return f"logits_dtype must be fp32 or bf16, got {self.logits_dtype!r}"
         if not 1 <= self.next_n <= 8:
             return f"next_n must be in 1..8, got {self.next_n}"
         if self.kv_block_size not in KV_BLOCK_SIZES:
@@ -245,6 +285,8 @@ class KernelPlan:
         kinds = MFMA_KINDS.get(self.arch, ())
         if self.mfma not in kinds:
             return f"Mfma must be one of {kinds} on {self.arch}, got {self.mfma!r}"
+        if self.mfma not in KV_FORMAT_MFMA[self.kv_format]:
+            return f"Mfma must be one of {KV_FORMAT_MFMA[self.kv_format]} for {self.kv_format}, got {self.mfma!r}"
         if self.lds_bytes * self.workgroups_per_cu > LDS_PER_CU[self.arch]:
             return (f"ChunkK={self.chunk_k} needs {self.lds_bytes} B of LDS per workgroup; "
                     f"{self.workgroups_per_cu} workgroups exceed the {LDS_PER_CU[self.arch]} B of a {self.arch} CU")
