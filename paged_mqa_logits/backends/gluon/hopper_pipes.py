@@ -117,11 +117,16 @@ WGMMA_OPERAND_REGS = 26
 def fits(problem: Problem, rows: int, stages: int, consumers: int, split: int, ctas: int, key_copy: str,
          schedule: str = common.BALANCED, overlap: int = 0) -> bool:
     """Every consumer part has a row group (a config with more parts than groups runs, its
-    spare consumers freeing their slots unscored, but is never worth proposing); the
+    spare consumers freeing their slots unscored, but is never worth proposing), exactly one
+    when overlapped; the
     consumers' registers and ``ctas`` programs' shared memory fit an SM; the widest wgmma
     compiles under the program's ``maxnreg``."""
     groups = wg.problem_row_groups(problem, rows)
     if len(groups) < split:
+        return False
+    if overlap and len(consumer_groups(problem, rows, split)) != 1:
+        # a part with several row groups already runs one group's epilogue under the next
+        # group's wgmma; overlapped tiles on top of that spill (ptxas, 32 heads x next_n 3)
         return False
     widest = max(r for _, r in groups) * problem.heads
     smem = shared_bytes(problem, stages, consumers, split)

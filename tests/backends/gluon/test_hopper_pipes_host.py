@@ -73,6 +73,13 @@ def test_fit_rules():
     assert not hp.fits(problem(64, 3), 2, 3, 4, 2, 1, "tma") and hp.fits(problem(64, 3), 2, 4, 2, 1, 1, "tma")
     assert hp.fits(n4, 2, 3, 4, 2, 1, "tma", "balanced") and not hp.fits(n4, 2, 3, 4, 2, 1, "tma", "split")
     assert hp.fits(n2, 2, 3, 4, 1, 1, "tma", "split")
+    # overlapped consumers hold two tiles' accumulators: two of them at 64 heads x next_n 2,
+    # four only for narrow tiles; and only parts with one row group (32 heads x next_n 3 in
+    # two uneven groups spills under ptxas)
+    assert hp.fits(n2, 2, 4, 2, 1, 1, "tma", overlap=1) and not hp.fits(n2, 2, 3, 4, 1, 1, "tma", overlap=1)
+    assert hp.fits(problem(32, 2), 2, 3, 4, 1, 1, "tma", overlap=1)
+    assert hp.fits(problem(32, 3), 2, 4, 2, 1, 1, "tma") and not hp.fits(problem(32, 3), 2, 4, 2, 1, 1, "tma",
+                                                                            overlap=1)
 
 
 @pytest.mark.parametrize("kv_block_size, preshuffle, kv_align, box", [
