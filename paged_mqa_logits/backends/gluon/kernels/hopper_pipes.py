@@ -379,7 +379,7 @@ def _await_tile(full_bars, n, STAGES: gl.constexpr, KEY_BOX: gl.constexpr, TEAM:
     mbarrier.wait(full_bars.index(ring_slot), phase)
     if KEY_BOX == 0:
         fence_async_shared()  # the gathered keys' cp.async bytes, seen by wgmma's async proxy
-    return ring_slot, phase
+    return ring_slot
 
 
 @gluon.jit
@@ -392,6 +392,18 @@ def _issue_tile(keys, q_stage, scale_slot, NEXT_N: gl.constexpr, HEADS: gl.const
     for i in gl.static_range(len(GROUPS)):
         pending = pending + (wg._issue_group(keys, q_stage, GROUPS[i], NEXT_N, HEADS, _TILE, ROWS_PER_MMA),)
     return scale, pending
+
+
+@gluon.jit
+def _start_tile(key_ring, scale_ring, full_bars, q_stage, n, NEXT_N: gl.constexpr, HEADS: gl.constexpr,
+                ROWS_PER_MMA: gl.constexpr, STAGES: gl.constexpr, KEY_BOX: gl.constexpr, TEAM: gl.constexpr,
+                TEAMS: gl.constexpr, GROUPS: gl.constexpr):
+    """:func:`_await_tile` then :func:`_issue_tile` of the program's ``n``-th tile: its ring
+    slot, scales and wgmmas in flight."""
+    ring_slot = _await_tile(full_bars, n, STAGES, KEY_BOX, TEAM, TEAMS)
+    scale, pending = _issue_tile(key_ring.index(ring_slot), q_stage, scale_ring.index(ring_slot), NEXT_N, HEADS,
+                                 ROWS_PER_MMA, GROUPS)
+    return ring_slot, scale, pending
 
 
 @gluon.jit
@@ -422,28 +434,24 @@ def _score_tiles_overlapped(key_ring, scale_ring, full_bars, empty_bars, q_stage
     L: gl.constexpr = len(GROUPS)
     n = gl.cdiv(gl.maximum(count - first, 0), TEAMS)  # the team's tiles here
     if n > 0:
-        slot_a, _ = _await_tile(full_bars, k + first, STAGES, KEY_BOX, TEAM, TEAMS)
-        scale_a, pending_a = _issue_tile(key_ring.index(slot_a), q_stage, scale_ring.index(slot_a), NEXT_N, HEADS,
-                                         ROWS_PER_MMA, GROUPS)
+        slot_a, scale_a, pending_a = _start_tile(key_ring, scale_ring, full_bars, q_stage, k + first, NEXT_N, HEADS,
+                                                 ROWS_PER_MMA, STAGES, KEY_BOX, TEAM, TEAMS, GROUPS)
         j = 1
         while j + 1 < n:
             i = first + j * TEAMS
-            slot_b, _ = _await_tile(full_bars, k + i, STAGES, KEY_BOX, TEAM, TEAMS)
-            scale_b, pending_b = _issue_tile(key_ring.index(slot_b), q_stage, scale_ring.index(slot_b), NEXT_N,
-                                             HEADS, ROWS_PER_MMA, GROUPS)
+            slot_b, scale_b, pending_b = _start_tile(key_ring, scale_ring, full_bars, q_stage, k + i, NEXT_N, HEADS,
+                                                     ROWS_PER_MMA, STAGES, KEY_BOX, TEAM, TEAMS, GROUPS)
             _retire_tile(pending_a, scale_a, empty_bars.index(slot_a), weights, limits, out_ptr, b, tile + i - TEAMS,
                          stride_out, max_model_len, cleaning, NEXT_N, HEADS, ROWS_PER_MMA, GROUPS, L)
-            slot_a, _ = _await_tile(full_bars, k + i + TEAMS, STAGES, KEY_BOX, TEAM, TEAMS)
-            scale_a, pending_a = _issue_tile(key_ring.index(slot_a), q_stage, scale_ring.index(slot_a), NEXT_N,
-                                             HEADS, ROWS_PER_MMA, GROUPS)
+            slot_a, scale_a, pending_a = _start_tile(key_ring, scale_ring, full_bars, q_stage, k + i + TEAMS, NEXT_N,
+                                                     HEADS, ROWS_PER_MMA, STAGES, KEY_BOX, TEAM, TEAMS, GROUPS)
             _retire_tile(pending_b, scale_b, empty_bars.index(slot_b), weights, limits, out_ptr, b, tile + i,
                          stride_out, max_model_len, cleaning, NEXT_N, HEADS, ROWS_PER_MMA, GROUPS, L)
             j += 2
         last = first + (n - 1) * TEAMS
         if j < n:  # an even count: one tile left after the pairs
-            slot_b, _ = _await_tile(full_bars, k + last, STAGES, KEY_BOX, TEAM, TEAMS)
-            scale_b, pending_b = _issue_tile(key_ring.index(slot_b), q_stage, scale_ring.index(slot_b), NEXT_N,
-                                             HEADS, ROWS_PER_MMA, GROUPS)
+            slot_b, scale_b, pending_b = _start_tile(key_ring, scale_ring, full_bars, q_stage, k + last, NEXT_N, HEADS,
+                                                     ROWS_PER_MMA, STAGES, KEY_BOX, TEAM, TEAMS, GROUPS)
             _retire_tile(pending_a, scale_a, empty_bars.index(slot_a), weights, limits, out_ptr, b,
                          tile + last - TEAMS, stride_out, max_model_len, cleaning, NEXT_N, HEADS, ROWS_PER_MMA,
                          GROUPS, L)
@@ -496,7 +504,7 @@ def _consumer(pointers, strides, sizes, buffers, share,
                                         NEXT_N, HEADS, ROWS_PER_MMA, STAGES, KEY_BOX, TEAM, TEAMS, GROUPS)
             else:
                 for i in range(first, count, TEAMS):
-                    ring_slot, phase = _await_tile(full_bars, k + i, STAGES, KEY_BOX, TEAM, TEAMS)
+                    ring_slot = _await_tile(full_bars, k + i, STAGES, KEY_BOX, TEAM, TEAMS)
                     _score_tile(key_ring.index(ring_slot), q_stage, scale_ring.index(ring_slot),
                                 empty_bars.index(ring_slot), weights, limits, out_ptr, b, tile + i, stride_out,
                                 max_model_len, clean_logits != 0, NEXT_N, HEADS, ROWS_PER_MMA, GROUPS)
