@@ -87,6 +87,11 @@ def copy_bandwidth(device: str | torch.device, nbytes: int | None = None, repeat
     return 2 * nbytes / statistics.median(seconds) / 1e9
 
 
+def l2_bytes(device: str | torch.device) -> int:
+    """The GPU's L2 size (50 MiB where the driver does not report it)."""
+    return int(getattr(torch.cuda.get_device_properties(torch.device(device)), "L2_cache_size", 0) or 50 << 20)
+
+
 def environment(device: str | torch.device) -> Environment:
 
     dev = torch.device(device)
@@ -94,7 +99,7 @@ def environment(device: str | torch.device) -> Environment:
     triton_version, torch_version, accel = _versions()
     if dev.type == "cuda":
         props = torch.cuda.get_device_properties(dev)
-        gpu, l2 = props.name, int(getattr(props, "L2_cache_size", 0) or 50 << 20)
+        gpu, l2 = props.name, l2_bytes(dev)
     else:
         gpu, l2 = "cpu", 0
     return Environment(

@@ -17,6 +17,7 @@ from ..arch import detect
 from ..op import launch
 from ..reference import calc_diff, check_logits
 from .deepgemm import deepgemm_calls, deepgemm_flattens, deepgemm_unsupported
+from .environment import l2_bytes
 from .shapes import Shape
 from .workload import Workload
 
@@ -158,13 +159,25 @@ def cold_samples(runs: list[Callable], flush: Callable, new_event: Callable, syn
     return samples
 
 
+def _warm_up(calls: list[Callable], device: torch.device) -> None:
+    """Every call once outside any capture: compilation and first-touch happen here, never in
+    a graph or a timed region."""
+    for call in calls:
+        call()
+    torch.cuda.synchronize(device)
+
+
+def _capture_failed(exc: Exception, device: torch.device) -> str:
+    """The timing method of calls that could not be captured (``measure`` fails them)."""
+    torch.cuda.synchronize(device)
+    return f"eager (capture failed: {type(exc).__name__}: {str(exc)[:120]})"
+
+
 def _time_cold_l2(calls: list[Callable], device: torch.device, schedule: Schedule) -> Timing:
     """``Schedule.cold_l2``: each call captured in a graph of its own and replayed after a
     write of twice the L2 (vendors' cold-cache timing); the call's time is between events
     around its replay alone, so the flush is not in it."""
-    for call in calls:  # warm-up outside capture, as for the cycling graph
-        call()
-    torch.cuda.synchronize(device)
+    _warm_up(calls, device)
     runs = []
     try:
         for call in calls:
@@ -174,10 +187,8 @@ def _time_cold_l2(calls: list[Callable], device: torch.device, schedule: Schedul
             runs.append(graph.replay)
         method = "cold-l2"
     except Exception as exc:  # as in time_calls: timed eagerly, and the measurement fails
-        torch.cuda.synchronize(device)
-        runs, method = list(calls), f"eager (capture failed: {type(exc).__name__}: {str(exc)[:120]})"
-    l2 = torch.cuda.get_device_properties(device).L2_cache_size
-    scratch = torch.empty(max(2 * l2, 64 << 20), dtype=torch.uint8, device=device)
+        runs, method = list(calls), _capture_failed(exc, device)
+    scratch = torch.empty(max(2 * l2_bytes(device), 64 << 20), dtype=torch.uint8, device=device)
     samples = cold_samples(runs, scratch.zero_, lambda: torch.cuda.Event(enable_timing=True),
                            lambda: torch.cuda.synchronize(device), schedule.replays)
     us, spread = _median_spread(samples)
@@ -201,9 +212,7 @@ def time_calls(calls: list[Callable], device: torch.device, schedule: Schedule =
         us, spread = _median_spread(samples)
         return Timing(us, len(calls), "wall", spread)
 
-    for call in calls:  # warm-up: compilation and first-touch happen here, never in capture
-        call()
-    torch.cuda.synchronize(device)
+    _warm_up(calls, device)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for call in calls:
@@ -225,8 +234,7 @@ def time_calls(calls: list[Callable], device: torch.device, schedule: Schedule =
             torch.cuda.synchronize(device)
             replay = graph.replay
         except Exception as exc:  # a call that cannot be captured: time it eagerly, say so
-            method = f"eager (capture failed: {type(exc).__name__}: {str(exc)[:120]})"
-            torch.cuda.synchronize(device)
+            method = _capture_failed(exc, device)
     else:
         method = "eager"
     if replay is None:

@@ -13,6 +13,7 @@ from ..arch import detect, native_fp8_dtype
 from ..problem import LOGITS_DTYPES, LaunchArgs, token_bytes
 from ..reference import logits_into, make_inputs
 from ..validate import build_launch_args
+from .environment import l2_bytes
 from .shapes import Shape
 
 MIN_WORKING_SET = 512 << 20
@@ -128,8 +129,7 @@ def build_workload(shape: Shape, device: str | torch.device = "cpu", *, copies: 
     per_copy, transient = _copy_footprint(shape, lens)
     if copies is None:
         if dev.type == "cuda":
-            l2 = int(getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0) or 50 << 20)
-            target = working_set or max(4 * l2, MIN_WORKING_SET)
+            target = working_set or max(4 * l2_bytes(dev), MIN_WORKING_SET)
             copies = min(max(2, math.ceil(target / max(per_copy, 1))), max_copies)
         else:
             copies = 1  # CPU: the loop is for tests and accounting, not for bandwidth
