@@ -390,3 +390,18 @@ def test_deepgemm_has_no_fp4_peer_on_sm_90():
                                                   "peer on sm_90")
     assert "fp4" not in (deepgemm_unsupported(Shape.of(heads=64, next_n=1, batch=8, context=8192,
                                                        logits_dtype="bf16"), "sm_90") or "")
+
+
+def test_the_gpu_grid_covers_both_block_sizes_and_a_batch_far_past_l2():
+    """The published comparison's default grid: 64- and 32-token blocks, and batch 4096 (a cache
+    of about 18 GB at 32k); the CPU grid stays small. Asking for a GPU grid builds nothing."""
+    from paged_mqa_logits.bench.cli import parser, resolve_shapes
+    p = parser()
+    gpu_shapes, defaults = resolve_shapes(p, p.parse_args([]), torch.device("cuda"))
+    assert "kv_block_size" in defaults and "batch" in defaults
+    assert len(gpu_shapes) == 2 * 4 * 7 * 2 * 2
+    assert {s.kv_block_size for s in gpu_shapes} == {32, 64}
+    big = [s for s in gpu_shapes if s.batch == 4096 and s.context == 32768 and s.heads == 64]
+    assert big and all(s.batch * s.context * 132 > 17e9 for s in big)
+    cpu_shapes, _ = resolve_shapes(p, p.parse_args([]), torch.device("cpu"))
+    assert len(cpu_shapes) == 8 and {s.kv_block_size for s in cpu_shapes} == {64}

@@ -107,8 +107,8 @@ def test_bench_on_a_cpu_runs_a_small_grid_and_says_what_it_ran(capsys):
     rc, out, err = run_main(capsys, "bench", "--quiet", "--device", "cpu")
     assert rc == 0, err
     run_line = next(line for line in out.splitlines() if line.startswith("# run: "))
-    assert "8 shape(s) (heads 32,64 x next_n 1,2 x batch 1,8 x context 4096; CPU defaults for heads, next_n, " \
-           "batch, context), timing dispatch, 3 replay(s) per measurement on cpu" in run_line
+    assert "8 shape(s) (heads 32,64 x next_n 1,2 x batch 1,8 x context 4096 x kv_block_size 64; CPU defaults " \
+           "for heads, next_n, batch, context, kv_block_size), timing dispatch, 3 replay(s) per measurement on cpu" in run_line
 
 
 @pytest.mark.parametrize("args,needles", [

@@ -16,7 +16,7 @@ from .deepgemm import deepgemm_available
 from .environment import environment
 from .measure import DeviceLost, Impl, Measurement, Schedule, measure, parse_knobs
 from .report import load_anchor, print_table, summary, write_csv
-from .shapes import Shape, _int_list, grid_shapes, shapes_from_csv
+from .shapes import CPU_GRID as CPU_GRID_VALUES, DEFAULT_GRID, Shape, _int_list, grid_shapes, shapes_from_csv
 from .workload import build_workload
 
 
@@ -44,9 +44,9 @@ def _impls(a, shape: Shape, problem: Problem, target: Target) -> list[Impl]:
     return list(dict.fromkeys(out))
 
 
-#: the grid's defaults on a GPU (the published comparison) and on a CPU (about a minute on two cores)
-GPU_GRID = {"heads": "32,64", "next_n": "1,2,3,4", "batch": "1,8,32,64,128,256", "context": "8192,32768"}
-CPU_GRID = {"heads": "32,64", "next_n": "1,2", "batch": "1,8", "context": "4096"}
+#: the grids' defaults as option text, on a GPU and on a CPU
+GPU_GRID = {name: ",".join(map(str, values)) for name, values in DEFAULT_GRID.items()}
+CPU_GRID = {name: ",".join(map(str, values)) for name, values in CPU_GRID_VALUES.items()}
 #: shape field -> the option that sets it (argument errors name what the user typed)
 OPTION_NAMES = {"batch": "--batch", "next_n": "--next-n", "heads": "--heads", "head_dim": "--head-dim",
                 "kv_block_size": "--kv-block-size", "context": "--context"}
@@ -56,7 +56,8 @@ def describe_grid(a, defaults: list[str], device) -> str:
     """Where the shapes came from: the file, or the grid and which of its axes are defaults."""
     if a.shapes:
         return f"from {a.shapes}"
-    axes = f"heads {a.heads} x next_n {a.next_n} x batch {a.batch} x context {a.context}"
+    axes = (f"heads {a.heads} x next_n {a.next_n} x batch {a.batch} x context {a.context} x kv_block_size "
+            f"{a.kv_block_size}")
     if defaults:
         axes += f"; {'CPU' if torch.device(device).type == 'cpu' else 'GPU'} defaults for " + ", ".join(defaults)
     return axes
@@ -81,7 +82,8 @@ def parser() -> ArgumentParser:
     g.add_argument("--batch", default=None, help=f"default {GPU_GRID['batch']} (CPU: {CPU_GRID['batch']})")
     g.add_argument("--context", default=None, help=f"default {GPU_GRID['context']} (CPU: {CPU_GRID['context']}; "
                                                    "with --shapes: overrides the file's)")
-    g.add_argument("--kv-block-size", default="64")
+    g.add_argument("--kv-block-size", default=None,
+                   help=f"default {GPU_GRID['kv_block_size']} (CPU: {CPU_GRID['kv_block_size']})")
     g.add_argument("--head-dim", type=int, default=HEAD_DIM)
     g.add_argument("--preshuffle", action="store_true", help="preshuffled cache (see --preshuffle-values for both)")
     g.add_argument("--preshuffle-values", default=None, help="e.g. 0,1 to bench both layouts")

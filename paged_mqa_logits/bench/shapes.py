@@ -13,8 +13,12 @@ from ..problem import HEAD_DIM, ShapeKey, ShapeKeyFields
 
 #: the cache block size of a shape that names none (grids, shape files, :meth:`Shape.of`)
 DEFAULT_KV_BLOCK_SIZE = 64
-DEFAULT_GRID = dict(heads=(32, 64), next_n=(1, 2, 3, 4), batch=(1, 8, 32, 64, 128, 256), context=(8192, 32768),
-                    kv_block_size=(DEFAULT_KV_BLOCK_SIZE,))
+#: the bench's grid on a GPU (the published comparison): the 64- and 32-token blocks engines use, and a
+#: batch of 4096 whose cache (about 18 GB at 32k) lies far past any L2
+DEFAULT_GRID = dict(heads=(32, 64), next_n=(1, 2, 3, 4), batch=(1, 8, 32, 64, 128, 256, 4096), context=(8192, 32768),
+                    kv_block_size=(32, DEFAULT_KV_BLOCK_SIZE))
+#: the grid on a CPU: about a minute on two cores
+CPU_GRID = dict(heads=(32, 64), next_n=(1, 2), batch=(1, 8), context=(4096,), kv_block_size=(DEFAULT_KV_BLOCK_SIZE,))
 #: per-sequence length modes: every sequence at ``context``; drawn from ``[C/2, C]``; from ``[1, C]``
 LENGTH_MODES = ("", "half", "wide")
 
