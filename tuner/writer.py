@@ -156,10 +156,23 @@ def table_lock(path: str):
         os.close(fd)
 
 
+def kept_notes(path: str, comments) -> list[str]:
+    """``comments`` followed by the ``#`` lines of the table at ``path`` that none of them
+    replaces: a note that explains hand-picked rows outlives a re-tune of other keys, while a
+    line the tuner writes (same text up to its first ``(``) is replaced by its new version."""
+    if not os.path.exists(path):
+        return list(comments)
+    with open(path, encoding="utf-8-sig") as f:
+        notes = [line[1:].strip() for line in f if line.startswith("#")]
+    stems = {c.split("(")[0] for c in comments}
+    return list(comments) + [n for n in notes if n.split("(")[0] not in stems]
+
+
 def update_table(path: str, rows: list[Row], replaced_keys: set[tuple] = frozenset(), comments=()) -> list[Row]:
     """Under :func:`table_lock`: the table at ``path`` (if any) merged with ``rows`` (see
-    :func:`merge`), written atomically. Returns what was written."""
+    :func:`merge`), written atomically with ``comments`` and the table's other notes
+    (:func:`kept_notes`). Returns what was written."""
     with table_lock(path):
         merged = merge(read_existing(path), rows, replaced_keys)
-        write_table(path, merged, comments)
+        write_table(path, merged, kept_notes(path, comments))
     return merged

@@ -137,3 +137,18 @@ def test_the_watchdog_alone_ends_an_orphan():
     middle = subprocess.Popen([sys.executable, "-c", ORPHAN, "middle", ORPHAN], env=env(), stdout=subprocess.PIPE,
                               text=True)
     _kill_parent_expect_child_gone(middle, "the orphan's watchdog did not end it")
+
+
+def test_a_re_tune_keeps_the_tables_notes_and_replaces_its_own_lines(tmp_path):
+    """Notes that explain hand-picked rows outlive a tuner run over other keys; the tuner's own
+    header line (same text up to its first parenthesis) is replaced by the new one."""
+    path = tmp_path / "t_tuned.csv"
+    key1, key2 = (ShapeKey(heads=16, head_dim=128, kv_block_size=16, preshuffle=False, batch=b, next_n=1) for b in (1, 2))
+    update_table(str(path), [Row("cpu", 0, key1, None, "torch", (), 2.0, "bench:x", "")],
+                 comments=["rows written by the tuner (run 1)"])
+    path.write_text(path.read_text().replace("\narch,", "\n# the bench:x row was picked by hand\narch,", 1))
+    update_table(str(path), [Row("cpu", 0, key2, None, "torch", (), 1.0, "tuned:b", "")],
+                 comments=["rows written by the tuner (run 2)"])
+    notes = [line for line in path.read_text().splitlines() if line.startswith("#")]
+    assert notes == ["# rows written by the tuner (run 2)", "# the bench:x row was picked by hand"]
+    assert {r.batch for r in table.parse_file(str(path))} == {1, 2}
