@@ -21,6 +21,9 @@ from .problem import HEAD_DIM, KV_FORMATS, SCALE_BYTES, fp8_flavour, key_bytes, 
 
 FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e4m3fnuz: 240.0}
 SHUFFLE_TILE = 16  # Preshuffle: 16 tokens x 16 bytes tiles
+#: key elements :func:`make_inputs` draws (float32) and quantises at a time: a cache of tens of GB
+#: then needs one quantised copy beside it while building rather than 16 bytes per element
+KEY_CHUNK_ELEMENTS = 1 << 28
 #: the dtype that stands for a packed fp4 key or query where helpers take a key dtype
 FP4_DTYPE = torch.float4_e2m1fn_x2
 
@@ -284,6 +287,27 @@ def check_logits(out: torch.Tensor, before: torch.Tensor, ref: torch.Tensor, *, 
 
 
 # ----------------------------------------------------------------------------- synthetic inputs
+def _random_keys(num_blocks: int, kv_block_size: int, head_dim: int, kv_format: str, fp8_dtype: torch.dtype,
+                 gen: torch.Generator, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantised normal keys ``[num_blocks, kv_block_size, head_dim]`` and their scales, drawn
+    :data:`KEY_CHUNK_ELEMENTS` at a time (each token's scale depends on its own key only, so
+    the chunks quantise exactly as one draw would; a cache of one chunk is that one draw)."""
+    step = max(1, KEY_CHUNK_ELEMENTS // (kv_block_size * head_dim))
+    keys_q = key_scales = None
+    for first in range(0, num_blocks, step):
+        keys = torch.randn(min(step, num_blocks - first), kv_block_size, head_dim, generator=gen, device=dev)
+        part_q, part_scales = quantize_fp8(keys, fp8_dtype) if kv_format == "fp8" else quantize_fp4(keys)
+        del keys
+        if first == 0 and step >= num_blocks:
+            return part_q, part_scales
+        if keys_q is None:
+            keys_q = part_q.new_empty((num_blocks, *part_q.shape[1:]))
+            key_scales = part_scales.new_empty((num_blocks, *part_scales.shape[1:]))
+        keys_q[first:first + len(part_q)] = part_q
+        key_scales[first:first + len(part_scales)] = part_scales
+    return keys_q, key_scales
+
+
 def make_inputs(
     batch: int,
     next_n: int,
@@ -347,9 +371,7 @@ def make_inputs(
     table[:, :max_blocks] = torch.where(cols[None, :] < counts[:, None], perm[index], -1)
     kv_indices = table[:, :max_blocks]
 
-    keys = torch.randn(num_blocks, kv_block_size, head_dim, generator=gen, device=dev)
-    keys_q, key_scales = quantize_fp8(keys, fp8_dtype) if kv_format == "fp8" else quantize_fp4(keys)
-    del keys
+    keys_q, key_scales = _random_keys(num_blocks, kv_block_size, head_dim, kv_format, fp8_dtype, gen, dev)
     packed = kv_block_size * (key_bytes(head_dim, kv_format) + SCALE_BYTES)
     kv_cache = pack_kv_cache(keys_q, key_scales, preshuffle=preshuffle, block_stride=packed + block_stride_pad)
     del keys_q

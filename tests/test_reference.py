@@ -104,3 +104,29 @@ def test_reference_of_an_empty_batch_is_empty_rows_of_the_full_width():
     ref = reference_logits(inp["q_fp8"][:0], inp["kv_cache"], inp["weights"][:0], inp["context_lens"][:0],
                            inp["kv_indices"][:0], 32, kv_block_size=16)
     assert ref.shape == (0, 32) and ref.dtype == torch.float32
+
+
+@pytest.mark.parametrize("kv_format", ["fp8", "fp4"])
+def test_make_inputs_draws_a_large_cache_in_chunks(monkeypatch, kv_format):
+    """A cache past ``KEY_CHUNK_ELEMENTS`` is drawn and quantised a chunk at a time: same layout
+    as one draw, every block its own keys (the draws go on from chunk to chunk), and the op's
+    reference agrees with an independent float64 computation on it."""
+    from paged_mqa_logits import reference
+    whole = make_inputs(2, 1, 16, [96, 64], kv_block_size=32, seed=3, kv_format=kv_format)
+    monkeypatch.setattr(reference, "KEY_CHUNK_ELEMENTS", 2 * 32 * 128)  # two blocks a chunk, 5 blocks
+    chunked = make_inputs(2, 1, 16, [96, 64], kv_block_size=32, seed=3, kv_format=kv_format)
+    cache = chunked["kv_cache"]
+    assert (cache.shape, cache.stride(), cache.dtype) == (whole["kv_cache"].shape, whole["kv_cache"].stride(),
+                                                          whole["kv_cache"].dtype)
+    blocks = cache.view(cache.shape[0], -1)
+    assert len({bytes(b.tolist()) for b in blocks}) == cache.shape[0]
+
+
+def test_the_bench_builds_batch_4096_at_32k_within_an_h200():
+    """The bench's largest default shape (64 heads, next_n 4, batch 4096, 32k) fits beside its
+    build transient on a 141 GB GPU: the keys are no longer drawn all at once in float32."""
+    from paged_mqa_logits.bench.shapes import Shape
+    from paged_mqa_logits.bench.workload import _copy_footprint
+    shape = Shape.of(64, 4, 4096, 32768)
+    persistent, transient = _copy_footprint(shape, [32768] * 4096)
+    assert persistent + transient < 120 * 2**30

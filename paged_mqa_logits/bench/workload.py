@@ -11,7 +11,7 @@ import torch
 
 from ..arch import detect, native_fp8_dtype
 from ..problem import LOGITS_DTYPES, LaunchArgs, token_bytes
-from ..reference import logits_into, make_inputs
+from ..reference import KEY_CHUNK_ELEMENTS, logits_into, make_inputs
 from ..validate import build_launch_args
 from .environment import l2_bytes
 from .shapes import Shape
@@ -50,13 +50,14 @@ def accounting(shape: Shape, lens: list[int], max_model_len: int, max_blocks: in
 
 def _copy_footprint(shape: Shape, lens: list[int]) -> tuple[int, int]:
     """``(persistent bytes of one copy, transient peak while building one)``.
-    make_inputs draws float32 keys and quantises them out of place: ~16 bytes per key element."""
+    make_inputs draws float32 keys and quantises them out of place, ~16 bytes per element of a
+    chunk of ``KEY_CHUNK_ELEMENTS``, beside the quantised keys it packs into the cache."""
     blocks = sum(math.ceil(n / shape.kv_block_size) for n in lens)
     key_elems = blocks * shape.kv_block_size * shape.head_dim
     logit_size = LOGITS_DTYPES[shape.logits_dtype].itemsize
     persistent = (blocks * shape.kv_block_size * token_bytes(shape.head_dim, shape.kv_format)
                   + shape.batch * shape.next_n * (max(lens) + 8) * logit_size)
-    return persistent, 16 * key_elems
+    return persistent, 16 * min(key_elems, KEY_CHUNK_ELEMENTS) + key_elems
 
 
 @dataclass
