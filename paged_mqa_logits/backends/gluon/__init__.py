@@ -82,7 +82,7 @@ class GluonBackend:
     def unsupported(self, problem: Problem) -> str | None:
         if problem.arch == "cpu":  # what CPU tensors run as (arch.detect)
             return "gluon kernels run on GPU tensors only, got CPU tensors"
-        formats = formats_unsupported("gluon", problem)  # MXFP4 and bf16 logits: not yet in its kernels
+        formats = formats_unsupported("gluon", problem, logits_dtypes=("fp32", "bf16"))  # MXFP4: not in its kernels
         if formats is not None:
             return formats
         if self._serving(problem):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ...problem import Problem, kv_fits_32bit  # noqa: F401  (the 32-bit cache rule; launchers use it from here)
+from ...problem import LOGITS_DTYPES, Problem, kv_fits_32bit  # noqa: F401  (the 32-bit cache rule; launchers use it from here)
 from ...schedule import BALANCED, BALANCED_MIN_BATCH, SCHEDULES, SPLIT  # noqa: F401  (the variants' spelling)
 from ...triton_internals.specialise import StandIn
 
@@ -75,8 +75,9 @@ def kernel_arguments(args, num_splits: int) -> tuple:
 
 def typical_arguments(problem, *, kv_32bit: bool = True, num_splits: int = 2) -> tuple:
     """Stand-ins for what :func:`kernel_arguments` passes on a typical vLLM call of ``problem``:
-    contiguous q / weights / lengths, packed cache blocks, an output as wide as
-    ``max_model_len`` and a block table as wide as the output."""
+    contiguous q / weights / lengths, packed cache blocks, an output of ``problem.logits_dtype``
+    as wide as ``max_model_len`` (its pointer type is what tells the fp32 and bf16 kernels
+    apart) and a block table as wide as the output."""
     fp8 = torch.float8_e4m3fnuz if problem.fp8 == "fnuz" else torch.float8_e4m3fn
     b, n, h, d, bs = problem.batch, problem.next_n, problem.heads, problem.head_dim, problem.kv_block_size
     width = problem.max_model_len
@@ -84,9 +85,10 @@ def typical_arguments(problem, *, kv_32bit: bool = True, num_splits: int = 2) ->
     block_bytes = bs * (d + 4)
     cache_bytes = (1 << 30) if kv_32bit else (1 << 33)
     rows = b * n
+    logits = LOGITS_DTYPES[problem.logits_dtype]
     return (
         StandIn(fp8, b * n * h * d), StandIn(fp8, cache_bytes), StandIn(torch.float32, cache_bytes),
-        StandIn(torch.float32, rows * h * 4), StandIn(torch.float32, rows * width * 4),
+        StandIn(torch.float32, rows * h * 4), StandIn(logits, rows * width * logits.itemsize),
         StandIn(torch.int32, rows * 4), StandIn(torch.int32, b * max_blocks * 4),
         n * h * d, h * d, d, block_bytes, h, width,
         n if problem.lens_2d else 1, 1, max_blocks,
@@ -96,18 +98,19 @@ def typical_arguments(problem, *, kv_32bit: bool = True, num_splits: int = 2) ->
 
 # ----------------------------------------------------------------------------- compile specs
 #: problem fields a compile config may set (the rest take typical values)
-PROBLEM_FIELDS = ("heads", "next_n", "kv_block_size", "preshuffle", "lens_2d")
+PROBLEM_FIELDS = ("heads", "next_n", "kv_block_size", "preshuffle", "lens_2d", "logits_dtype")
 
 
 def problem_for(arch: str, fp8: str, fields: dict):
     """The :class:`Problem` a compile config describes: ``fields`` (see :data:`PROBLEM_FIELDS`) over
-    typical values (64 heads, next_n 1, 64-token blocks, 2-D lengths, 128k positions)."""
+    typical values (64 heads, next_n 1, 64-token blocks, 2-D lengths, 128k positions, fp32 logits)."""
     return Problem(
         arch=arch, cu_num=int(fields.get("cu_num") or 0), batch=int(fields.get("batch") or 64),
         next_n=int(fields.get("next_n", 1)), heads=int(fields.get("heads", 64)), head_dim=128,
         kv_block_size=int(fields.get("kv_block_size", 64)), preshuffle=bool(fields.get("preshuffle", False)),
         context=fields.get("context"), lens_2d=bool(fields.get("lens_2d", True)), fp8=fp8,
         max_model_len=int(fields.get("max_model_len") or 131072),
+        logits_dtype=fields.get("logits_dtype") or "fp32",
     )
 
 
@@ -118,7 +121,8 @@ def problem_fields(problem) -> dict:
 def spec_name(backend: str, variant: str, arch: str, problem, knobs: dict, kv_32bit: bool) -> str:
     """Filesystem-safe unique name: backend_variant_arch_shape_knobs."""
     shape = (f"h{problem.heads}_n{problem.next_n}_bs{problem.kv_block_size}{'p' if problem.preshuffle else ''}"
-             f"_{'l2' if problem.lens_2d else 'l1'}{'' if kv_32bit else '_kv64'}")
+             f"_{'l2' if problem.lens_2d else 'l1'}{'' if kv_32bit else '_kv64'}"
+             f"{'_bf16' if problem.logits_dtype == 'bf16' else ''}")
     knob_text = "_".join(f"{k}{v}" for k, v in sorted(knobs.items()) if k != "variant")
     return f"{backend}_{variant}_{arch}_{shape}_{knob_text}"
 

@@ -78,7 +78,7 @@ _PRODUCER_WARPS = gl.constexpr(PRODUCER_WARPS)
 # PRODUCER_COPY: one warp gathering a [64, 128] byte tile, 16 bytes per cp.async: 8 lanes per
 #   128-byte row, 4 rows per instruction, 16 repeats.
 # PRODUCER_VEC: one warp over a vector (scales, weights), one element per lane per repeat.
-# TAIL: one warp storing a [rows, TAIL_UNIT] block of -inf, 16 bytes per lane.
+# TAIL: one warp storing a [rows, TAIL_UNIT] block of -inf, 4 logits (16 bytes of fp32) per lane.
 # The consumer's layouts are hopper_wgmma's: the wgmma accumulator (MMA), the NVMMA tile layout
 # of keys and Q, and whatever the head-sum reduction of the accumulator gives.
 KEY_BOX_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=3)
@@ -226,7 +226,7 @@ def _clean_tail(out_ptr, lens_ptr, b, unit, count, step, stride_out, stride_lens
     tail_start = gl.cdiv(device.visible_end(seq_len, max_model_len, max_blocks, KV_BLOCK), _TILE) * _TILE
     j = gl.arange(0, ROWS, gl.SliceLayout(1, layout))
     rows = out_ptr + (b.to(gl.int64) * NEXT_N + j) * stride_out
-    minus_inf = gl.full([ROWS, _TAIL_UNIT], float("-inf"), gl.float32, layout)
+    minus_inf = gl.full([ROWS, _TAIL_UNIT], float("-inf"), out_ptr.dtype.element_ty, layout)
     for u in range(unit, unit + count, step):
         p = tail_start + u * _TAIL_UNIT + gl.arange(0, _TAIL_UNIT, gl.SliceLayout(0, layout))
         gl.store(rows[:, None] + p[None, :], minus_inf, mask=(j < NEXT_N)[:, None] & (p < max_model_len)[None, :])
@@ -346,14 +346,16 @@ def _sequence_operands(weight_stage, lens_ptr, b, seq_len, end, stride_lens_b, s
 def _store_group(out_ptr, logits, limit, b, first_token, stride_out, max_model_len, cleaning,
                  NEXT_N: gl.constexpr, FIRST_ROW: gl.constexpr, ROWS: gl.constexpr):
     """``out[b*NEXT_N + j, p]`` for the group's rows: the logit where the row sees ``p``; when
-    ``cleaning``, ``-inf`` from there up to ``max_model_len``."""
+    ``cleaning``, ``-inf`` from there up to ``max_model_len``; rounded once to the output's
+    dtype (a no-op for fp32 logits)."""
     layout: gl.constexpr = logits.type.layout
     p = first_token + gl.arange(0, _TILE, gl.SliceLayout(1, layout))
     j = FIRST_ROW + gl.arange(0, ROWS, gl.SliceLayout(0, layout))
     row_start = (b.to(gl.int64) * NEXT_N + j) * stride_out
     store_end = gl.where(cleaning & (j < NEXT_N), max_model_len, limit)
     value = gl.where(p[:, None] < limit[None, :], logits, float("-inf"))
-    gl.store(out_ptr + row_start[None, :] + p[:, None], value, mask=p[:, None] < store_end[None, :])
+    gl.store(out_ptr + row_start[None, :] + p[:, None], value.to(out_ptr.dtype.element_ty),
+             mask=p[:, None] < store_end[None, :])
 
 
 @gluon.jit

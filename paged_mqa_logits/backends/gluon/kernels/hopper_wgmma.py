@@ -261,12 +261,14 @@ def _store_logits(out_ptr, logits, b, tile, limits, stride_out, NEXT_N: gl.const
 @gluon.jit
 def _store_logits_from(out_ptr, logits, b, first_token, limits, stride_out, NEXT_N: gl.constexpr,
                        FIRST_ROW: gl.constexpr, ROWS: gl.constexpr, TOKENS: gl.constexpr):
-    """The logits of tokens ``first_token..+TOKENS`` (see :func:`_store_logits`)."""
+    """The logits of tokens ``first_token..+TOKENS`` (see :func:`_store_logits`), rounded once
+    to the output's dtype (a no-op for fp32 logits)."""
     layout: gl.constexpr = logits.type.layout
     p = first_token + gl.arange(0, TOKENS, gl.SliceLayout(1, layout))
     j = FIRST_ROW + gl.arange(0, ROWS, gl.SliceLayout(0, layout))
     row_start = (b.to(gl.int64) * NEXT_N + j) * stride_out
-    gl.store(out_ptr + row_start[None, :] + p[:, None], logits, mask=p[:, None] < limits[None, :])
+    gl.store(out_ptr + row_start[None, :] + p[:, None], logits.to(out_ptr.dtype.element_ty),
+             mask=p[:, None] < limits[None, :])
 
 
 @gluon.jit

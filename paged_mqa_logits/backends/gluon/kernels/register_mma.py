@@ -142,9 +142,10 @@ def weighted_relu_head_sum(scores, scales, weights):
 
 @gluon.jit
 def store_row_logits(out_ptr, row, stride_out, tokens, logits, row_end):
-    """``out[row, t] = logits`` where ``t < row_end``; 64-bit row offset, 32-bit columns."""
+    """``out[row, t] = logits`` where ``t < row_end``; 64-bit row offset, 32-bit columns. The
+    fp32 logits are rounded once, here, to the output's dtype (a no-op for fp32 logits)."""
     base = out_ptr + row.to(gl.int64) * stride_out
-    gl.store(base + tokens, logits, mask=tokens < row_end)
+    gl.store(base + tokens, logits.to(out_ptr.dtype.element_ty), mask=tokens < row_end)
 
 
 @gluon.jit
