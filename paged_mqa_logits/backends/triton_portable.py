@@ -84,16 +84,18 @@ def _ue8m0(exponents):
 
 
 @triton.jit
-def _fp4_values(bytes_ptr, exponent_words, mask, HEAD_DIM: tl.constexpr):
-    """fp32 ``[R, HEAD_DIM]`` values of MXFP4 rows: ``bytes_ptr`` ``[R, HEAD_DIM]`` addresses of
-    the byte of every element (``HEAD_DIM / 2`` bytes a row), ``exponent_words`` ``[R]`` int32
-    (four ue8m0 bytes, group 0 in the low byte). Each value is exact (a power of two times an
-    e2m1 value), so any dot dtype with fp32's exponent range multiplies it exactly."""
-    d = tl.arange(0, HEAD_DIM)
-    packed = tl.load(bytes_ptr, mask=mask, other=0).to(tl.int32)
-    codes = (packed >> ((d % 2) * 4)[None, :]) & 0xF
-    exponents = (exponent_words[:, None] >> ((d // 32) * 8)[None, :]) & 0xFF
-    return _e2m1(codes) * _ue8m0(exponents)
+def _fp4_values(byte_ptrs, exponent_words, mask, HEAD_DIM: tl.constexpr):
+    """fp32 ``[R, HEAD_DIM]`` values of MXFP4 rows: ``byte_ptrs`` ``[R, HEAD_DIM / 2]`` addresses
+    of each row's packed bytes (each byte loaded once, its low nibble the even element),
+    ``exponent_words`` ``[R]`` int32 (four ue8m0 bytes, group 0 in the low byte). Each value is
+    exact (a power of two times an e2m1 value), so any dot dtype with fp32's exponent range
+    multiplies it exactly."""
+    byte = tl.arange(0, HEAD_DIM // 2)
+    packed = tl.load(byte_ptrs, mask=mask, other=0).to(tl.int32)
+    scale = _ue8m0((exponent_words[:, None] >> ((byte // 16) * 8)[None, :]) & 0xFF)  # 32 elements = 16 bytes a group
+    even = _e2m1(packed & 0xF) * scale
+    odd = _e2m1(packed >> 4) * scale
+    return tl.reshape(tl.join(even, odd), (even.shape[0], HEAD_DIM))
 
 
 @triton.jit
@@ -173,7 +175,8 @@ def _score_segment(q_ptr, q_scale_ptr, kv_fp8_ptr, kv_f32_ptr, weights_ptr, out_
     if KV_FP4:
         q_words = tl.load(q_scale_ptr + b.to(tl.int64) * stride_qs_b + j_of_m * stride_qs_j + m % HEADS,
                           mask=j_of_m < NEXT_N, other=0)
-        q = _fp4_values(q_ptr + q_offsets[:, None] + (d // 2)[None, :], q_words, (j_of_m < NEXT_N)[:, None], HEAD_DIM)
+        q_bytes = q_ptr + q_offsets[:, None] + tl.arange(0, KEY_BYTES)[None, :]
+        q = _fp4_values(q_bytes, q_words, (j_of_m < NEXT_N)[:, None], HEAD_DIM)
     else:
         q = tl.load(q_ptr + q_offsets[:, None] + d[None, :], mask=(j_of_m < NEXT_N)[:, None], other=0.0)
     q = q.to(DOT_DTYPE)
@@ -192,7 +195,7 @@ def _score_segment(q_ptr, q_scale_ptr, kv_fp8_ptr, kv_f32_ptr, weights_ptr, out_
         # [0, num_blocks) (an invalid id yields a real block's logits, the documented rule).
         block = tl.maximum(tl.minimum(block, num_blocks - 1), 0).to(tl.int64)
         slot = token % KV_BLOCK
-        column = d // 2 if KV_FP4 else d  # the byte of each element
+        column = tl.arange(0, KEY_BYTES)  # the bytes of a key
         if PRESHUFFLE:
             key_offsets = ((slot // 16 * 16 * KEY_BYTES + slot % 16 * 16)[:, None]
                            + (column // 16 * 256 + column % 16)[None, :])
