@@ -129,7 +129,7 @@ def _launch_dispatched(args: LaunchArgs) -> bool:
 def clean(args: LaunchArgs) -> None:
     """Set ``[valid_end, max_model_len)`` of every row to ``-inf``; no host sync."""
     rows, width = args.problem.rows, args.max_model_len
-    valid_end = row_lengths(args.context_lens, args.problem.next_n).reshape(-1).clamp_max(args.visible_width)
+    valid_end = row_lengths(args.context_lens, args.problem.shape_key.next_n).reshape(-1).clamp_max(args.visible_width)
     target = args.out[:rows, :width]
     cols = torch.arange(width, device=target.device)
     target.masked_fill_(cols[None, :] >= valid_end[:, None], float("-inf"))

@@ -132,7 +132,7 @@ def test_the_problem_key_carries_the_format_and_the_logits_dtype():
                       logits_dtype=torch.bfloat16, block_stride_pad=4)
     args = build_launch_args(*positional(inp), q_scale=inp["q_scale"])
     p = args.problem
-    assert (p.kv_format, p.logits_dtype, p.token_bytes) == ("fp4", "bf16", 68)
+    assert (p.shape_key.kv_format, p.shape_key.logits_dtype, p.token_bytes) == ("fp4", "bf16", 68)
     assert p.kv_block_stride == 16 * 68 + 4 and p.kv_stride_bytes == 16 * 68 + 4
     assert (p.shape_key.kv_format, p.shape_key.logits_dtype) == ("fp4", "bf16")
     assert args.q.dtype == torch.uint8 and args.q_scale is inp["q_scale"]
@@ -142,8 +142,10 @@ def test_the_problem_key_carries_the_format_and_the_logits_dtype():
     fp4x2 = build_launch_args(*positional(dict(inp, q_fp8=inp["q_fp8"].view(torch.float4_e2m1fn_x2))),
                               q_scale=inp["q_scale"])
     assert fp4x2.problem == p and fp4x2.q.dtype == torch.uint8  # torch's packed fp4 dtype is read as bytes
-    old_record = {k: v for k, v in dataclasses.asdict(p).items() if k not in ("kv_format", "logits_dtype")}
-    assert Problem.from_record(old_record).kv_format == "fp8"  # records written before the fields
+    record = dataclasses.asdict(p)
+    key = {k: v for k, v in record.pop("shape_key").items() if k not in ("kv_format", "logits_dtype")}
+    old_record = {**record, **key}  # flat, as problems were stored before they held their key
+    assert Problem.from_record(old_record).shape_key.kv_format == "fp8"  # records written before the fields
 
 
 def test_explain_takes_the_format_and_the_logits_dtype():
@@ -176,8 +178,8 @@ def test_gluon_and_flydsl_decline_what_they_do_not_serve_explicitly(name, arch):
     backend = get(name)
     fp8 = describe_problem(arch=arch, cu_num=256, batch=8, next_n=1, heads=64)
     assert backend.unsupported(fp8) is None
-    fp4 = dataclasses.replace(fp8, kv_format="fp4")
-    bf16 = dataclasses.replace(fp8, logits_dtype="bf16")
+    fp4 = dataclasses.replace(fp8, shape_key=dataclasses.replace(fp8.shape_key, kv_format="fp4"))
+    bf16 = dataclasses.replace(fp8, shape_key=dataclasses.replace(fp8.shape_key, logits_dtype="bf16"))
     assert backend.unsupported(fp4) == FP4_DECLINED[name, arch]
     assert backend.unsupported(bf16) == (None if name == "flydsl" else f"{name} kernels write fp32 logits, not bf16")
 

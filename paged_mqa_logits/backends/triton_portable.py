@@ -276,7 +276,7 @@ def _paged_mqa_logits_kernel(
 def _dot_dtype(problem: Problem, interpreter: bool):
     if interpreter:
         return tl.float32
-    if problem.kv_format == "fp4":
+    if problem.shape_key.kv_format == "fp4":
         # the dequantised values are exact in any dtype with fp32's exponent range: bf16 where
         # the chip multiplies it (sm_80+, every gfx this package knows), else fp32 (tf32: exact too)
         bf16 = problem.arch.startswith("gfx") or (problem.arch.startswith("sm_") and int(problem.arch[3:]) >= 80)
@@ -299,8 +299,8 @@ class TritonBackend:
         return check_knob_space(self.name, config, self.KNOB_SPACE)
 
     def unsupported(self, problem: Problem) -> str | None:
-        if problem.heads & (problem.heads - 1):
-            return f"heads must be a power of two for tl.arange, got {problem.heads}"
+        if problem.shape_key.heads & (problem.shape_key.heads - 1):
+            return f"heads must be a power of two for tl.arange, got {problem.shape_key.heads}"
         if problem.arch == "cpu" and problem.fp8 == "fnuz":  # the cpu arch runs in the interpreter
             return "the Triton interpreter (CPU) cannot load e4m3fnuz (fp8e4b8) tensors"
         return None
@@ -311,7 +311,7 @@ class TritonBackend:
         return None
 
     def candidates(self, problem: Problem) -> list[dict]:
-        rows_options = sorted({min(r, triton.next_power_of_2(problem.next_n)) for r in (1, 2, 4, 8)})
+        rows_options = sorted({min(r, triton.next_power_of_2(problem.shape_key.next_n)) for r in (1, 2, 4, 8)})
         out = []
         for chunk in (64, 128):
             for rows in rows_options:
@@ -324,7 +324,7 @@ class TritonBackend:
         return out + [self.default_config(problem)]
 
     def default_config(self, problem: Problem) -> dict:
-        rows = min(triton.next_power_of_2(problem.next_n), max(1, 256 // problem.heads))
+        rows = min(triton.next_power_of_2(problem.shape_key.next_n), max(1, 256 // problem.shape_key.heads))
         return {"ChunkK": 64, "SplitKV": 0, "RowsPerProgram": rows, "num_warps": 4, "num_stages": 3,
                 "Schedule": SPLIT}
 
@@ -335,8 +335,8 @@ class TritonBackend:
         # the GPU kernel is what must run.
         on_cpu = p.arch == "cpu"
         chunk = int(config.get("ChunkK") or 64)
-        rows = min(int(config.get("RowsPerProgram") or 8), triton.next_power_of_2(p.next_n))
-        row_groups = triton.cdiv(p.next_n, rows)
+        rows = min(int(config.get("RowsPerProgram") or 8), triton.next_power_of_2(p.shape_key.next_n))
+        row_groups = triton.cdiv(p.shape_key.next_n, rows)
         schedule = config.get("Schedule") or SPLIT
         if schedule not in SCHEDULES:
             raise ValueError(f"triton: Schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
@@ -347,9 +347,9 @@ class TritonBackend:
             splits = 1
         else:
             if splits <= 0:
-                splits = derive_split_kv(max(p.cu_num, 1), p.batch * row_groups, p.work_context, chunk)
-            grid = (row_groups, splits, p.batch)
-        fp4 = p.kv_format == "fp4"
+                splits = derive_split_kv(max(p.cu_num, 1), p.shape_key.batch * row_groups, p.work_context, chunk)
+            grid = (row_groups, splits, p.shape_key.batch)
+        fp4 = p.shape_key.kv_format == "fp4"
         kv_fp8 = args.kv_cache.view(args.q.dtype)  # uint8 for fp4
         kv_f32 = args.kv_cache.view(torch.int32 if fp4 else torch.float32)
         q_scale = args.q_scale if fp4 else args.q  # any pointer when there is none: never read
@@ -363,10 +363,10 @@ class TritonBackend:
             args.q, q_scale, kv_fp8, kv_f32, args.weights, args.out, lens, args.block_table,
             args.q.stride(0), args.q.stride(1), args.q.stride(2), *scale_strides,
             args.kv_cache.stride(0), args.weights.stride(0), args.out.stride(0), *lens_strides,
-            args.block_table.stride(0), args.max_model_len, args.max_blocks, splits, p.batch, args.num_blocks,
-            NEXT_N=p.next_n, ROWS=rows, HEADS=p.heads, HEAD_DIM=p.head_dim, KV_BLOCK=p.kv_block_size,
-            CHUNK=chunk, PRESHUFFLE=p.preshuffle, LENS_2D=p.lens_2d, DOT_DTYPE=_dot_dtype(p, on_cpu),
-            NUM_STAGES=stages, BALANCED=schedule == BALANCED, KV_FP4=fp4, OUT_BF16=p.logits_dtype == "bf16",
+            args.block_table.stride(0), args.max_model_len, args.max_blocks, splits, p.shape_key.batch, args.num_blocks,
+            NEXT_N=p.shape_key.next_n, ROWS=rows, HEADS=p.shape_key.heads, HEAD_DIM=p.shape_key.head_dim, KV_BLOCK=p.shape_key.kv_block_size,
+            CHUNK=chunk, PRESHUFFLE=p.shape_key.preshuffle, LENS_2D=p.lens_2d, DOT_DTYPE=_dot_dtype(p, on_cpu),
+            NUM_STAGES=stages, BALANCED=schedule == BALANCED, KV_FP4=fp4, OUT_BF16=p.shape_key.logits_dtype == "bf16",
             **options,
         )
 

@@ -28,7 +28,7 @@ from paged_mqa_logits.backends.flydsl.backend import BACKEND, NOT_INSTALLED
 from paged_mqa_logits.backends.flydsl.emulate import EmulationFault, emulate
 from paged_mqa_logits.backends.flydsl.plan import CHUNK_KS, LDS_PER_CU, MFMA_KINDS, WAVE_ROLES, KernelPlan
 from paged_mqa_logits.backends import why_not
-from paged_mqa_logits.problem import Problem, Target
+from paged_mqa_logits.problem import Problem, ShapeKey, Target
 from paged_mqa_logits.schedule import derive_split_kv
 from paged_mqa_logits import schedule
 from paged_mqa_logits.reference import check_logits, row_lengths
@@ -40,7 +40,9 @@ FP8 = {"gfx942": torch.float8_e4m3fnuz, "gfx950": torch.float8_e4m3fn}
 
 def problem(arch="gfx950", *, heads=64, next_n=2, kv_block_size=64, fp8=None, head_dim=128, batch=8, context=4096):
     fp8 = fp8 or {"gfx942": "fnuz"}.get(arch, "fn")
-    return Problem(arch, 256, batch, next_n, heads, head_dim, kv_block_size, True, context, True, fp8, 8192)
+    key = ShapeKey(heads=heads, head_dim=head_dim, kv_block_size=kv_block_size, preshuffle=True, batch=batch,
+                   next_n=next_n)
+    return Problem(arch, 256, key, context, True, fp8, 8192)
 
 
 def target(arch="gfx950", device_type="cuda"):
@@ -68,8 +70,9 @@ def test_without_flydsl_the_package_imports_and_the_backend_says_why():
                   "sys.modules['flydsl'] = None  # import flydsl now fails, as if not installed\n"
                   "import paged_mqa_logits\n"
                   "from paged_mqa_logits.backends import why_not\n"
-                  "from paged_mqa_logits.problem import Problem\n"
-                  "p = Problem('gfx950', 256, 8, 2, 64, 128, 64, True, None, True, 'fn', 8192)\n"
+                  "from paged_mqa_logits.problem import Problem, ShapeKey\n"
+                  "key = ShapeKey(heads=64, head_dim=128, kv_block_size=64, preshuffle=True, batch=8, next_n=2)\n"
+                  "p = Problem('gfx950', 256, key, None, True, 'fn', 8192)\n"
                   "print(why_not('flydsl', p))")
     assert out.strip() == NOT_INSTALLED
 
@@ -110,7 +113,8 @@ def test_unsupported_shapes_and_archs(kwargs, expected):
 
 
 def test_fp4_is_served_natively_on_gfx950_and_widened_where_it_fits():
-    fp4 = {arch: dataclasses.replace(problem(arch), kv_format="fp4") for arch in ("gfx942", "gfx950")}
+    fp4 = {arch: dataclasses.replace(problem(arch), shape_key=dataclasses.replace(problem(arch).shape_key, kv_format="fp4"))
+           for arch in ("gfx942", "gfx950")}
     assert BACKEND.unsupported(fp4["gfx950"]) is None and BACKEND.unsupported(fp4["gfx942"]) is None
     # an MXFP4 call is judged without an fp8 flavour (its problem carries the chip's)
     assert BACKEND.unsupported(dataclasses.replace(fp4["gfx950"], fp8="fnuz")) is None
@@ -121,7 +125,7 @@ def test_fp4_is_served_natively_on_gfx950_and_widened_where_it_fits():
     plan = BACKEND.plan(fp4["gfx950"], {})
     assert plan.name.endswith("_fp4") and plan.stage_bytes == 64 * 64 and plan.tile_bytes == 1024
     # widened, the widest shapes need more registers than a SIMD has: declined, so dispatch falls through
-    wide = dataclasses.replace(fp4["gfx942"], next_n=8)
+    wide = dataclasses.replace(fp4["gfx942"], shape_key=dataclasses.replace(fp4["gfx942"].shape_key, next_n=8))
     assert BACKEND.unsupported(wide).startswith("no gfx942 kernel configuration fits: heads=64, next_n=8")
     assert BACKEND.unsupported(dataclasses.replace(wide, arch="gfx950")) is None  # the scaled MFMA fits
     assert BACKEND.plan(problem(), {}).stage_bytes == 64 * 128
