@@ -179,9 +179,9 @@ def test_fp8_flavours_round_trip():
 
 
 def test_kv_fits_32bit_counts_the_last_block_from_the_base():
-    def cache(num_blocks, block_size=64, stride0=None):  # meta: the sizes of a real cache, no memory
+    def cache(num_blocks, kv_block_size=64, stride0=None):  # meta: the sizes of a real cache, no memory
         row = 132
-        return torch.empty_strided((num_blocks, block_size, 1, row), (stride0 or block_size * row, row, row, 1),
+        return torch.empty_strided((num_blocks, kv_block_size, 1, row), (stride0 or kv_block_size * row, row, row, 1),
                                    dtype=torch.uint8, device="meta")
 
     limit = 2**31 - 1

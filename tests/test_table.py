@@ -9,8 +9,8 @@ from paged_mqa_logits.problem import Problem, ShapeKey
 from table_files import HEADER, use, write
 
 
-def problem(arch="gfx950", cu=256, batch=64, next_n=1, heads=32, context=None, pre=True, bs=64):
-    key = ShapeKey(heads=heads, head_dim=128, kv_block_size=bs, preshuffle=pre, batch=batch, next_n=next_n)
+def problem(arch="gfx950", cu=256, batch=64, next_n=1, heads=32, context=None, pre=True, kv_block_size=64):
+    key = ShapeKey(heads=heads, head_dim=128, kv_block_size=kv_block_size, preshuffle=pre, batch=batch, next_n=next_n)
     return Problem(arch=arch, cu_num=cu, shape_key=key, context=context, lens_2d=True, fp8="fn", max_model_len=32768)
 
 

@@ -80,7 +80,7 @@ class Shape:
 
 
 def grid(archs=ARCHS) -> list[Shape]:
-    return [Shape(a, h, n, bs, pre) for a in archs for h in HEADS for n in NEXT_NS for bs, pre in LAYOUTS]
+    return [Shape(a, h, n, kv_block_size, pre) for a in archs for h in HEADS for n in NEXT_NS for kv_block_size, pre in LAYOUTS]
 
 
 # ----------------------------------------------------------------------------- our picks

@@ -70,8 +70,8 @@ class Shape:
 
 def grid_shapes(heads, next_n, batch, context, kv_block_size=(DEFAULT_KV_BLOCK_SIZE,), preshuffle=(False,), *,
                 lens_2d=True, ragged="", head_dim=HEAD_DIM, kv_format="fp8", logits_dtype="fp32") -> list[Shape]:
-    return [Shape.of(h, n, b, c, bs, p, head_dim, lens_2d, ragged, kv_format, logits_dtype)
-            for h, n, bs, p, c, b in itertools.product(heads, next_n, kv_block_size, preshuffle, context, batch)]
+    return [Shape.of(h, n, b, c, kv_block_size, p, head_dim, lens_2d, ragged, kv_format, logits_dtype)
+            for h, n, kv_block_size, p, c, b in itertools.product(heads, next_n, kv_block_size, preshuffle, context, batch)]
 
 
 def _int_list(text) -> list[int]:

@@ -36,7 +36,7 @@ class Accounting:
 
 
 def accounting(shape: Shape, lens: list[int], max_model_len: int, max_blocks: int) -> Accounting:
-    """Row ``(b, j)`` sees ``min(max(L_b - next_n + j + 1, 0), max_model_len, max_blocks*bs)``
+    """Row ``(b, j)`` sees ``min(max(L_b - next_n + j + 1, 0), max_model_len, max_blocks*kv_block_size)``
     positions (problem.py); sequence ``b`` walks the longest of its rows."""
     width = min(max_model_len, max_blocks * shape.shape_key.kv_block_size)
     visible = walked = 0

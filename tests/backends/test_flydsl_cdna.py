@@ -267,7 +267,7 @@ def _emulated(case, arch, config, grid_x=None, cu_num=8, trace_stores=False):
 @pytest.mark.parametrize("seed", range(24))
 def test_emulated_kernel_matches_reference(seed):
     arch = ("gfx942", "gfx950")[seed % 2]
-    case = random_case(700 + seed, heads=(32, 64), block_sizes=(16, 32, 64, 128, 256), max_context=400)
+    case = random_case(700 + seed, heads=(32, 64), kv_block_sizes=(16, 32, 64, 128, 256), max_context=400)
     roles = WAVE_ROLES[seed // 3 % 2]
     config = {"ChunkK": CHUNK_KS[seed // 2 % 2], "WavePerEU": 2 if roles == "split" else 1,
               "Schedule": schedule.SCHEDULES[seed // 4 % 2], "Mfma": MFMA_KINDS[arch][seed // 8 % len(MFMA_KINDS[arch])],
@@ -283,7 +283,7 @@ def test_emulated_widened_fp4_kernel_matches_reference(seed):
     exponents folded into each group's fp32 sums, against the exact fp4 reference; over the
     random matrix restricted to the shapes it serves."""
     arch = ("gfx942", "gfx950")[seed % 2]
-    case = dict(random_case(850 + seed, heads=(32, 64), block_sizes=(16, 32, 64, 128, 256), max_context=400),
+    case = dict(random_case(850 + seed, heads=(32, 64), kv_block_sizes=(16, 32, 64, 128, 256), max_context=400),
                 kv_format="fp4")
     roles = WAVE_ROLES[seed // 4 % 2]  # split roles: WavePerEU 2, half the registers
     case["next_n"] = min(case["next_n"], (4 if case["heads"] == 32 else 2) // (2 if roles == "split" else 1))
@@ -322,7 +322,7 @@ def test_emulated_fp4_kernel_matches_reference(seed):
     """MXFP4 queries and keys on gfx950's scaled MFMA (e2m1 operands, the exponents as its e8m0
     block scales) against the exact fp4 reference, over the random matrix (block sizes, both
     cache layouts, padded block strides, 1-D/2-D lengths, next_n 1..8) and every knob."""
-    case = dict(random_case(800 + seed, heads=(32, 64), block_sizes=(16, 32, 64, 128, 256), max_context=400),
+    case = dict(random_case(800 + seed, heads=(32, 64), kv_block_sizes=(16, 32, 64, 128, 256), max_context=400),
                 kv_format="fp4")
     roles = WAVE_ROLES[seed // 3 % 2]
     config = {"ChunkK": CHUNK_KS[seed % 2], "WavePerEU": 2 if roles == "split" else 1,
@@ -343,8 +343,8 @@ def test_emulated_fp4_kernel_uses_every_exponent(arch, mfma):
     q_scale = inp["q_scale"]
     q_scale.copy_(torch.randint(117, 138, (*q_scale.shape, 4), generator=gen, dtype=torch.uint8).view(torch.int32)[..., 0])
     cache = inp["kv_cache"]
-    blocks, block_kv, stride = cache.shape[0], cache.shape[1], cache.stride(0)
-    words = cache.as_strided((blocks, block_kv * 4), (stride, 1), cache.storage_offset() + block_kv * 64)
+    blocks, kv_block_size, stride = cache.shape[0], cache.shape[1], cache.stride(0)
+    words = cache.as_strided((blocks, kv_block_size * 4), (stride, 1), cache.storage_offset() + kv_block_size * 64)
     words.copy_(torch.randint(117, 138, words.shape, generator=gen, dtype=torch.uint8))
     args = _launch_args(inp, arch)
     plan = BACKEND.plan(args.problem, {"ChunkK": 64, "WavePerEU": 1, "Mfma": mfma})
@@ -637,7 +637,7 @@ def test_gpu_kernel_matches_reference(seed):
     from paged_mqa_logits import paged_mqa_logits
     from op_cases import run_and_check
 
-    case = random_case(900 + seed, heads=(32, 64), block_sizes=(16, 32, 64, 128, 256), max_context=3000)
+    case = random_case(900 + seed, heads=(32, 64), kv_block_sizes=(16, 32, 64, 128, 256), max_context=3000)
     config = {"ChunkK": CHUNK_KS[seed % 2], "WavePerEU": 1 + seed % 2, "SplitKV": (0, 1, 5)[seed % 3]}
     check = run_and_check(paged_mqa_logits, build(case, device="cuda", fp8_dtype=FP8[arch]), backend="flydsl",
                           config=config)

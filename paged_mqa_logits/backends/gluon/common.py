@@ -78,10 +78,11 @@ def typical_arguments(problem, *, kv_32bit: bool = True, num_splits: int = 2) ->
     contiguous q / weights / lengths, packed cache blocks, an output as wide as
     ``max_model_len`` and a block table as wide as the output."""
     fp8 = torch.float8_e4m3fnuz if problem.fp8 == "fnuz" else torch.float8_e4m3fn
-    b, n, h, d, bs = problem.shape_key.batch, problem.shape_key.next_n, problem.shape_key.heads, problem.shape_key.head_dim, problem.shape_key.kv_block_size
+    key = problem.shape_key
+    b, n, h, d, kv_block_size = key.batch, key.next_n, key.heads, key.head_dim, key.kv_block_size
     width = problem.max_model_len
-    max_blocks = -(-width // bs)
-    block_bytes = bs * (d + 4)
+    max_blocks = -(-width // kv_block_size)
+    block_bytes = kv_block_size * (d + 4)
     cache_bytes = (1 << 30) if kv_32bit else (1 << 33)
     rows = b * n
     return (
@@ -118,7 +119,8 @@ def problem_fields(problem) -> dict:
 
 def spec_name(backend: str, variant: str, arch: str, problem, knobs: dict, kv_32bit: bool) -> str:
     """Filesystem-safe unique name: backend_variant_arch_shape_knobs."""
-    shape = (f"h{problem.shape_key.heads}_n{problem.shape_key.next_n}_bs{problem.shape_key.kv_block_size}{'p' if problem.shape_key.preshuffle else ''}"
+    key = problem.shape_key
+    shape = (f"h{key.heads}_n{key.next_n}_bs{key.kv_block_size}{'p' if key.preshuffle else ''}"
              f"_{'l2' if problem.lens_2d else 'l1'}{'' if kv_32bit else '_kv64'}")
     knob_text = "_".join(f"{k}{v}" for k, v in sorted(knobs.items()) if k != "variant")
     return f"{backend}_{variant}_{arch}_{shape}_{knob_text}"
@@ -138,8 +140,8 @@ def representative_problems(arch: str) -> list[dict]:
         for next_n in (1, 2, 4, 8):
             out.append({"heads": heads, "next_n": next_n, "kv_block_size": 64, "preshuffle": True, "lens_2d": True})
         out.append({"heads": heads, "next_n": 3, "kv_block_size": 64, "preshuffle": False, "lens_2d": False})
-    for bs, pre in ((1, False), (16, True), (16, False), (128, True), (256, False)):
-        out.append({"heads": 64, "next_n": 2, "kv_block_size": bs, "preshuffle": pre, "lens_2d": True})
+    for kv_block_size, pre in ((1, False), (16, True), (16, False), (128, True), (256, False)):
+        out.append({"heads": 64, "next_n": 2, "kv_block_size": kv_block_size, "preshuffle": pre, "lens_2d": True})
     return out
 
 

@@ -151,13 +151,13 @@ def key_box(problem: Problem, key_copy: str, kv_align: int) -> int:
 
 
 def descriptors(kv_cache, box: int) -> tuple:
-    """TMA descriptors over ``kv_cache`` (``[num_blocks, KV_BLOCK, 1, D + 4]`` uint8): the keys as
-    ``[num_blocks, KV_BLOCK, D]`` fp8 (boxes ``[1, box, D]``) and the block rows as fp32
+    """TMA descriptors over ``kv_cache`` (``[num_blocks, KV_BLOCK_SIZE, 1, D + 4]`` uint8): the keys as
+    ``[num_blocks, KV_BLOCK_SIZE, D]`` fp8 (boxes ``[1, box, D]``) and the block rows as fp32
     ``[num_blocks, stride / 4]`` (boxes ``[1, box]`` of scales), both with the cache's block
     stride; boxes past the cache are zero-filled, so none reads outside it."""
-    num_blocks, kv_block = kv_cache.shape[0], kv_cache.shape[1]
+    num_blocks, kv_block_size = kv_cache.shape[0], kv_cache.shape[1]
     keys = kv_cache.view(torch.float8_e4m3fn)
-    shape, strides = [num_blocks, kv_block, HEAD_DIM], [kv_cache.stride(0), HEAD_DIM, 1]
+    shape, strides = [num_blocks, kv_block_size, HEAD_DIM], [kv_cache.stride(0), HEAD_DIM, 1]
     key_view = torch.as_strided(keys, shape, strides, keys.storage_offset())
     words = kv_cache.view(torch.float32)
     row_words = kv_cache.stride(0) // 4
@@ -266,7 +266,7 @@ class WgmmaPipesVariant(GluonVariant):
     def constexprs(self, problem: Problem, config: dict) -> dict:
         k = self.knobs(problem, config)
         return dict(NEXT_N=problem.shape_key.next_n, NEXT_N_POW2=wg.triton_next_pow2(problem.shape_key.next_n), HEADS=problem.shape_key.heads,
-                    KV_BLOCK=problem.shape_key.kv_block_size, ROWS_PER_MMA=wg.rows_per_mma(problem, k["RowsPerMMA"]),
+                    KV_BLOCK_SIZE=problem.shape_key.kv_block_size, ROWS_PER_MMA=wg.rows_per_mma(problem, k["RowsPerMMA"]),
                     STAGES=k["num_stages"], PRESHUFFLE=problem.shape_key.preshuffle, LENS_2D=problem.lens_2d,
                     BALANCED=k["Schedule"] == common.BALANCED, CONSUMERS=k["Consumers"], ROW_SPLIT=k["RowSplit"],
                     OVERLAP=k["Overlap"])

@@ -268,7 +268,7 @@ class WgmmaVariant(GluonVariant):
     def constexprs(self, problem: Problem, config: dict) -> dict:
         k = self.knobs(problem, config)
         return dict(NEXT_N=problem.shape_key.next_n, NEXT_N_POW2=triton_next_pow2(problem.shape_key.next_n), HEADS=problem.shape_key.heads,
-                    KV_BLOCK=problem.shape_key.kv_block_size, CHUNK=k["ChunkK"],
+                    KV_BLOCK_SIZE=problem.shape_key.kv_block_size, CHUNK=k["ChunkK"],
                     ROWS_PER_MMA=rows_per_mma(problem, k["RowsPerMMA"]), STAGES=k["num_stages"],
                     PRESHUFFLE=problem.shape_key.preshuffle, LENS_2D=problem.lens_2d,
                     BALANCED=k["Schedule"] == common.BALANCED)

@@ -98,12 +98,12 @@ def key_box(problem: Problem, key_copy: str, chunk: int, kv_align: int) -> int:
 
 
 def key_descriptor(kv_cache, box: int):
-    """A TMA descriptor over the keys of ``kv_cache`` (``[num_blocks, KV_BLOCK, 1, D + 4]``
-    uint8): ``[num_blocks, KV_BLOCK, D]`` fp8 with the cache's block stride, boxes of
+    """A TMA descriptor over the keys of ``kv_cache`` (``[num_blocks, KV_BLOCK_SIZE, 1, D + 4]``
+    uint8): ``[num_blocks, KV_BLOCK_SIZE, D]`` fp8 with the cache's block stride, boxes of
     ``[1, box, D]`` (zero-filled past the cache: no box reads outside it)."""
-    num_blocks, kv_block = kv_cache.shape[0], kv_cache.shape[1]
+    num_blocks, kv_block_size = kv_cache.shape[0], kv_cache.shape[1]
     keys = kv_cache.view(torch.float8_e4m3fn)
-    shape, strides = [num_blocks, kv_block, HEAD_DIM], [kv_cache.stride(0), HEAD_DIM, 1]
+    shape, strides = [num_blocks, kv_block_size, HEAD_DIM], [kv_cache.stride(0), HEAD_DIM, 1]
     view = torch.as_strided(keys, shape, strides, keys.storage_offset())
     return TensorDescriptor(view, shape, strides, [1, box, HEAD_DIM], KEY_BOX_LAYOUT)
 
@@ -214,7 +214,7 @@ class WgmmaWsVariant(wg.WgmmaVariant):
     def constexprs(self, problem: Problem, config: dict) -> dict:
         k = self.knobs(problem, config)
         return dict(NEXT_N=problem.shape_key.next_n, NEXT_N_POW2=wg.triton_next_pow2(problem.shape_key.next_n), HEADS=problem.shape_key.heads,
-                    KV_BLOCK=problem.shape_key.kv_block_size, CHUNK=k["ChunkK"],
+                    KV_BLOCK_SIZE=problem.shape_key.kv_block_size, CHUNK=k["ChunkK"],
                     ROWS_PER_MMA=wg.rows_per_mma(problem, k["RowsPerMMA"]), STAGES=k["num_stages"],
                     PRESHUFFLE=problem.shape_key.preshuffle, LENS_2D=problem.lens_2d, PRODUCER_REGS=PRODUCER_REGS[k["ChunkK"]],
                     CONSUMERS=k["Consumers"], CONSUMER_REGS=consumer_registers(k["ChunkK"], k["CtasPerSM"],

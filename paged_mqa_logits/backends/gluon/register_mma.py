@@ -84,7 +84,7 @@ class RegisterMmaVariant(GluonVariant):
         knobs = self.knobs(problem, config)
         q_lds = knobs["QInLDS"]
         return dict(
-            NEXT_N=problem.shape_key.next_n, HEADS=problem.shape_key.heads, HEAD_DIM=problem.shape_key.head_dim, KV_BLOCK=problem.shape_key.kv_block_size,
+            NEXT_N=problem.shape_key.next_n, HEADS=problem.shape_key.heads, HEAD_DIM=problem.shape_key.head_dim, KV_BLOCK_SIZE=problem.shape_key.kv_block_size,
             CHUNK=knobs["ChunkK"], ROWS=self.rows(problem, knobs), PRESHUFFLE=problem.shape_key.preshuffle,
             LENS_2D=problem.lens_2d, Q_IN_LDS=bool(q_lds),
             HEAD_CHUNK=min(self.head_chunk, problem.shape_key.heads) if q_lds else problem.shape_key.heads,

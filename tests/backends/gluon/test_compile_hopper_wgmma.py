@@ -52,7 +52,7 @@ def ci_matrix() -> list[dict]:
             p = problem(heads, next_n)
             configs += [dict(shape_fields(p), **c) for c in WG.candidates(p) + [WG.default_config(p)]]
     others = [problem(h, n) for h in (32, 64) for n in (3, 5, 6, 7, 8)]
-    others += [problem(64, 2, bs, pre) for bs in (1, 16, 32, 128, 256) for pre in (False, True) if not pre or bs % 16 == 0]
+    others += [problem(64, 2, kv_block_size, pre) for kv_block_size in (1, 16, 32, 128, 256) for pre in (False, True) if not pre or kv_block_size % 16 == 0]
     others += [problem(32, 3, lens_2d=False), problem(64, 4, 16, True, lens_2d=False), problem(16, 4), problem(128, 2)]
     configs += [dict(shape_fields(p), **WG.default_config(p)) for p in others]
     configs.append(dict(shape_fields(problem(64, 2)), **WG.default_config(problem(64, 2)), block_stride_pad=4,
