@@ -9,7 +9,6 @@ from collections.abc import Mapping
 import torch
 
 from . import backends, dispatch
-from .backends.clean_tail import clean_tail
 from .problem import LaunchArgs, row_lengths
 from . import validate
 from .signature import OP, getter
@@ -131,10 +130,12 @@ def clean(args: LaunchArgs) -> None:
     """Set ``[valid_end, max_model_len)`` of every row to ``-inf``; no host sync. On a GPU one
     kernel writes only the tails (:mod:`.backends.clean_tail`); CPU tensors take a masked fill."""
     if args.out.device.type != "cpu":
+        from .backends.clean_tail import clean_tail  # Triton loads with the first GPU call, not with the package
+
         clean_tail(args)
         return
     rows, width = args.problem.rows, args.max_model_len
-    valid_end = row_lengths(args.context_lens, args.problem.next_n).reshape(-1).clamp_max(args.visible_width)
+    valid_end = row_lengths(args.context_lens, args.problem.shape_key.next_n).reshape(-1).clamp_max(args.visible_width)
     target = args.out[:rows, :width]
     cols = torch.arange(width, device=target.device)
     target.masked_fill_(cols[None, :] >= valid_end[:, None], float("-inf"))

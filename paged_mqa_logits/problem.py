@@ -189,25 +189,6 @@ OPTIONAL_KEY_COLUMNS = {f.name: f.default for f in fields(ShapeKey) if f.default
 REQUIRED_KEY_COLUMNS = tuple(c for c in SHAPE_KEY_COLUMNS if c not in OPTIONAL_KEY_COLUMNS)
 
 
-def _shape_key_field(name: str) -> property:
-    return property(lambda self: getattr(self.shape_key, name), doc=f"``shape_key.{name}``")
-
-
-class ShapeKeyFields:
-    """Base of the types composed from a :class:`ShapeKey` (``self.shape_key``): its fields read
-    as their own (``row.heads`` is ``row.shape_key.heads``)."""
-
-    __slots__ = ()
-    heads = _shape_key_field("heads")
-    head_dim = _shape_key_field("head_dim")
-    kv_block_size = _shape_key_field("kv_block_size")
-    preshuffle = _shape_key_field("preshuffle")
-    batch = _shape_key_field("batch")
-    next_n = _shape_key_field("next_n")
-    kv_format = _shape_key_field("kv_format")
-    logits_dtype = _shape_key_field("logits_dtype")
-
-
 @dataclass(frozen=True)
 class Target:
     """Where a problem is judged: the chip, the tensors' device type, and whether the call is
@@ -237,24 +218,20 @@ class Target:
 
 @dataclass(frozen=True)
 class Problem:
-    """One call, as the backends judge it: what it is (shapes, formats, fp8 flavour, cache layout) and
-    the chip it runs on. Hashable: with its :class:`Target` it is the dispatch-cache key.
+    """One call, as the backends judge it: what it is (its :attr:`shape_key`, fp8 flavour, cache
+    layout, ...) and the chip it runs on. Hashable: with its :class:`Target` it is the
+    dispatch-cache key.
 
-    The fields are flat (backends read ``problem.heads``, ``problem.arch``, ...): those of its
-    :attr:`shape_key` and of a :class:`Target` mean what they mean there. :meth:`of` builds a
-    problem from the two. ``context`` is the caller's host-side hint (longest context in the
-    batch) or ``None``. Where the tensors live and whether the call is only described are the
-    target's, not the problem's: backends judge a problem the same wherever it would run.
+    The key fields live in :attr:`shape_key` only (``problem.shape_key.heads``). Of a
+    :class:`Target` a problem keeps the chip (``arch``, ``cu_num``), not the whole target: where
+    the tensors live and whether the call is only described are the target's, and backends judge
+    a problem the same wherever it would run. :meth:`of` builds a problem from a key and a
+    target. ``context`` is the caller's host-side hint (longest context in the batch) or ``None``.
     """
 
     arch: str  # Target.arch
     cu_num: int  # Target.cu_num
-    batch: int  # ShapeKey.batch
-    next_n: int  # ShapeKey.next_n
-    heads: int  # ShapeKey.heads
-    head_dim: int  # ShapeKey.head_dim
-    kv_block_size: int  # ShapeKey.kv_block_size
-    preshuffle: bool  # ShapeKey.preshuffle
+    shape_key: ShapeKey
     context: int | None
     lens_2d: bool  # context_lens is [B, next_n] (else [B])
     fp8: str  # "fn" | "fnuz" (fp8_flavour of q)
@@ -267,8 +244,6 @@ class Problem:
     kv_block_stride: int = 0
     kv_base_aligned: bool = True
     kv_32bit: bool = True
-    kv_format: str = "fp8"  # ShapeKey.kv_format (records written before it: fp8)
-    logits_dtype: str = "fp32"  # ShapeKey.logits_dtype (records written before it: fp32)
 
     @classmethod
     def of(cls, shape_key: ShapeKey, target: Target, *, max_model_len: int, context: int | None = None,
@@ -278,34 +253,33 @@ class Problem:
         native flavour unless given; the cache layout: packed, aligned, under 2 GiB unless
         given). The target's device type and ``hypothetical`` stay with the target."""
         return cls(
-            arch=target.arch, cu_num=target.cu_num, batch=shape_key.batch, next_n=shape_key.next_n,
-            heads=shape_key.heads, head_dim=shape_key.head_dim, kv_block_size=shape_key.kv_block_size,
-            preshuffle=shape_key.preshuffle, context=context, lens_2d=lens_2d, fp8=fp8 or native_fp8(target.arch),
-            max_model_len=max_model_len, kv_block_stride=kv_block_stride, kv_base_aligned=kv_base_aligned,
-            kv_32bit=kv_32bit, kv_format=shape_key.kv_format, logits_dtype=shape_key.logits_dtype,
+            arch=target.arch, cu_num=target.cu_num, shape_key=shape_key, context=context, lens_2d=lens_2d,
+            fp8=fp8 or native_fp8(target.arch), max_model_len=max_model_len, kv_block_stride=kv_block_stride,
+            kv_base_aligned=kv_base_aligned, kv_32bit=kv_32bit,
         )
 
     @classmethod
     def from_record(cls, fields: Mapping) -> "Problem":
         """The problem a stored record holds (``dataclasses.asdict`` of one, as AOT manifests
-        keep it). Records written while problems also carried their target's
-        :data:`TARGET_ONLY_FIELDS` load too: those keys are ignored."""
-        return cls(**{name: value for name, value in fields.items() if name not in TARGET_ONLY_FIELDS})
-
-    @property
-    def shape_key(self) -> ShapeKey:
-        return ShapeKey(heads=self.heads, head_dim=self.head_dim, kv_block_size=self.kv_block_size,
-                        preshuffle=self.preshuffle, batch=self.batch, next_n=self.next_n, kv_format=self.kv_format,
-                        logits_dtype=self.logits_dtype)
+        keep it: the key nested under ``shape_key``). Records written while problems held the key
+        fields flat load too (``kv_format``/``logits_dtype`` absent: the key's defaults), and so do
+        those written while problems also carried their target's :data:`TARGET_ONLY_FIELDS`
+        (ignored)."""
+        rest = {name: value for name, value in fields.items()
+                if name not in TARGET_ONLY_FIELDS and name not in SHAPE_KEY_COLUMNS}
+        key = rest.pop("shape_key", None)
+        if key is None:
+            key = {name: fields[name] for name in SHAPE_KEY_COLUMNS if name in fields}
+        return cls(shape_key=key if isinstance(key, ShapeKey) else ShapeKey(**key), **rest)
 
     @property
     def token_bytes(self) -> int:
         """Bytes of one token in a cache block (:func:`token_bytes`)."""
-        return token_bytes(self.head_dim, self.kv_format)
+        return token_bytes(self.shape_key.head_dim, self.shape_key.kv_format)
 
     @property
     def kv_stride_bytes(self) -> int:
-        return self.kv_block_stride or self.kv_block_size * self.token_bytes
+        return self.kv_block_stride or self.shape_key.kv_block_size * self.token_bytes
 
     @property
     def kv_aligned16(self) -> bool:
@@ -314,7 +288,7 @@ class Problem:
 
     @property
     def rows(self) -> int:
-        return self.batch * self.next_n
+        return self.shape_key.batch * self.shape_key.next_n
 
     @property
     def work_context(self) -> int:
@@ -323,10 +297,11 @@ class Problem:
 
     def describe(self) -> str:
         ctx = "any" if self.context is None else str(self.context)
+        key = self.shape_key
         return (
-            f"arch={self.arch} cu_num={self.cu_num} batch={self.batch} next_n={self.next_n} "
-            f"heads={self.heads} head_dim={self.head_dim} kv_block_size={self.kv_block_size} "
-            f"preshuffle={int(self.preshuffle)} context={ctx}" + self.shape_key.format_note()
+            f"arch={self.arch} cu_num={self.cu_num} batch={key.batch} next_n={key.next_n} "
+            f"heads={key.heads} head_dim={key.head_dim} kv_block_size={key.kv_block_size} "
+            f"preshuffle={int(key.preshuffle)} context={ctx}" + key.format_note()
         )
 
 
@@ -356,7 +331,7 @@ class LaunchArgs:
     cache. ``kv_cache`` is ``[num_blocks, kv_block_size, 1, token_bytes]`` uint8 (``head_dim + 4``
     for fp8, ``head_dim / 2 + 4`` for fp4) whose block stride ``kv_cache.stride(0)`` (bytes) may
     exceed ``kv_block_size * token_bytes``. With fp4, ``q`` holds the packed query bytes and
-    ``q_scale`` its exponents; ``out`` is fp32 or bf16 (``problem.logits_dtype``).
+    ``q_scale`` its exponents; ``out`` is fp32 or bf16 (``problem.shape_key.logits_dtype``).
     ``clean_logits``: the caller wants ``-inf`` in ``[valid_end, max_model_len)`` of every row; a
     backend whose kernel writes it says so from ``launch`` (else the op cleans after it).
     """
@@ -388,4 +363,4 @@ class LaunchArgs:
     @property
     def visible_width(self) -> int:
         """Columns any row can see: ``min(max_model_len, max_blocks * kv_block_size)``."""
-        return min(self.max_model_len, self.max_blocks * self.problem.kv_block_size)
+        return min(self.max_model_len, self.max_blocks * self.problem.shape_key.kv_block_size)

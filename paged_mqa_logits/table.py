@@ -70,7 +70,7 @@ from . import backends
 from .arch import normalise_arch
 from .errors import PagedMQAArgumentError
 from .files import atomic_write
-from .problem import OPTIONAL_KEY_COLUMNS, SHAPE_KEY_COLUMNS, Problem, ShapeKey, ShapeKeyFields, Target, int_cell
+from .problem import OPTIONAL_KEY_COLUMNS, SHAPE_KEY_COLUMNS, Problem, ShapeKey, Target, int_cell
 
 ENV_CONFIGS = "PAGED_MQA_LOGITS_CONFIGS"
 ENV_CONFIGS_ALIAS = "AITER_CONFIG_PAGED_MQA_LOGITS"
@@ -133,9 +133,9 @@ class CycleEstimate:
 
 
 @dataclass(frozen=True)
-class Row(ShapeKeyFields):
+class Row:
     """One table row: the chip it was tuned on, the shape key, the context, and what to run.
-    ``row.heads`` and the other shape-key fields read through :attr:`shape_key`."""
+    The key fields live in :attr:`shape_key` only (``row.shape_key.heads``)."""
 
     arch: str
     cu_num: int
@@ -406,7 +406,7 @@ def lookup(problem: Problem) -> Match:
     by_family = _load().by_family
     rows = by_family.get((problem.arch,) + problem.shape_key.family, [])
     note = ""
-    if not rows and problem.logits_dtype != "fp32":  # the store differs, not the work
+    if not rows and problem.shape_key.logits_dtype != "fp32":  # the store differs, not the work
         rows = by_family.get((problem.arch,) + replace(problem.shape_key, logits_dtype="fp32").family, [])
         note = ", rows of fp32 logits"
     if not rows:
@@ -421,18 +421,18 @@ def lookup(problem: Problem) -> Match:
 
     by_context = [r for r in rows if r.context is not None]
     if problem.context is not None and by_context:
-        batch = _nearest((r.batch for r in by_context), problem.batch)
-        at_batch = [r for r in by_context if r.batch == batch]
+        batch = _nearest((r.shape_key.batch for r in by_context), problem.shape_key.batch)
+        at_batch = [r for r in by_context if r.shape_key.batch == batch]
         context = _nearest((r.context for r in at_batch), problem.context)
         row = next(r for r in at_batch if r.context == context)
-        exact = batch == problem.batch and context == problem.context
+        exact = batch == problem.shape_key.batch and context == problem.context
         rule = "exact row" if exact else f"nearest tuned row (batch {batch}, context {context})"
         return Match(row, rule + note)
     agnostic = [r for r in rows if r.context is None]
     if agnostic:
-        batch = _nearest((r.batch for r in agnostic), problem.batch)
-        row = next(r for r in agnostic if r.batch == batch)
-        rule = "exact row (across contexts)" if batch == problem.batch else f"nearest tuned batch {batch} (across contexts)"
+        batch = _nearest((r.shape_key.batch for r in agnostic), problem.shape_key.batch)
+        row = next(r for r in agnostic if r.shape_key.batch == batch)
+        rule = "exact row (across contexts)" if batch == problem.shape_key.batch else f"nearest tuned batch {batch} (across contexts)"
         return Match(row, rule + note)
     return Match(None, "only context-specific rows and no context_hint given" + note)
 
@@ -499,7 +499,7 @@ class TableWriter:
     @staticmethod
     def sort_key(row: Row) -> tuple:
         """Rows grouped by family, then batch, then context (``any`` last)."""
-        return (row.arch, row.cu_num) + row.shape_key.family + (row.batch, row.context is None, row.context or 0)
+        return (row.arch, row.cu_num) + row.shape_key.family + (row.shape_key.batch, row.context is None, row.context or 0)
 
     def write(self, path: str, rows, comments=()) -> None:
         """Write ``rows`` (sorted by :meth:`sort_key`) atomically (:func:`files.atomic_write`: a

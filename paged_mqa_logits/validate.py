@@ -19,7 +19,7 @@ import torch
 from . import arch as arch_mod
 from .errors import PagedMQAArgumentError, env_flag
 from .problem import (HEAD_DIM, KV_FORMATS, LOGITS_DTYPES, MAX_NEXT_N, SUPPORTED_KV_BLOCK_SIZES, LaunchArgs, Problem,
-                      fp8_flavour, key_bytes, kv_fits_32bit, logits_dtype_name, token_bytes)
+                      ShapeKey, fp8_flavour, key_bytes, kv_fits_32bit, logits_dtype_name, token_bytes)
 
 
 ENV_CHECK = "PAGED_MQA_LOGITS_CHECK"
@@ -225,14 +225,14 @@ def build_launch_args(
     else:  # fp4 has no flavour; kernels that widen e2m1 to e4m3 use the chip's native one
         flavour = arch_mod.native_fp8(info.arch)
 
+    shape_key = ShapeKey(heads=heads, head_dim=head_dim, kv_block_size=kv_block_size, preshuffle=Preshuffle,
+                         batch=batch, next_n=next_n, kv_format=kv_format, logits_dtype=logits_dtype_name(out.dtype))
     problem = Problem(
-        arch=info.arch, cu_num=info.cu_num, batch=batch, next_n=next_n, heads=heads, head_dim=head_dim,
-        kv_block_size=kv_block_size, preshuffle=Preshuffle, context=context_hint, lens_2d=lens.dim() == 2,
+        arch=info.arch, cu_num=info.cu_num, shape_key=shape_key, context=context_hint, lens_2d=lens.dim() == 2,
         fp8=flavour, max_model_len=max_model_len,
         # a packed stride (or a single block) is the described default, 0: keys stay comparable
         kv_block_stride=0 if kv.shape[0] == 1 or kv.stride(0) == kv_block_size * row else kv.stride(0),
-        kv_base_aligned=kv.data_ptr() % 16 == 0, kv_32bit=kv_fits_32bit(kv), kv_format=kv_format,
-        logits_dtype=logits_dtype_name(out.dtype),
+        kv_base_aligned=kv.data_ptr() % 16 == 0, kv_32bit=kv_fits_32bit(kv),
     )
     return LaunchArgs(q, kv, w, out, lens, table, max_model_len, problem, q_scale=q_scale)
 

@@ -8,22 +8,22 @@ import torch
 
 from paged_mqa_logits.reference import check_logits, make_inputs, reference_logits
 
-BLOCK_SIZES = (1, 16, 32, 64, 128, 256)
+KV_BLOCK_SIZES = (1, 16, 32, 64, 128, 256)
 
 
-def random_case(seed: int, *, heads=(16, 32, 64), block_sizes=BLOCK_SIZES, max_context=300, max_batch=3):
+def random_case(seed: int, *, heads=(16, 32, 64), kv_block_sizes=KV_BLOCK_SIZES, max_context=300, max_batch=3):
     """A random problem: block size, preshuffle, 1-D/2-D lengths, odd and zero contexts,
     next_n 1..8, wide outputs, padded block strides, strided tables and output rows."""
     rng = random.Random(seed)
-    bs = rng.choice(block_sizes)
-    pre = bs % 16 == 0 and rng.random() < 0.5
+    kv_block_size = rng.choice(kv_block_sizes)
+    pre = kv_block_size % 16 == 0 and rng.random() < 0.5
     next_n = rng.choice((1, 2, 3, 4, 8))
     batch = rng.randint(1, max_batch)
     lens = [rng.choice((0, 1, rng.randint(1, max_context), rng.randint(1, max_context) | 1)) for _ in range(batch)]
     lens[0] = max(lens[0], next_n)  # at least one non-trivial row
     mml = max(lens) + rng.choice((0, 5, 64)) if rng.random() < 0.8 else max(1, max(lens) // 2)
     return dict(
-        batch=batch, next_n=next_n, heads=rng.choice(heads), context_lens=lens, kv_block_size=bs, preshuffle=pre,
+        batch=batch, next_n=next_n, heads=rng.choice(heads), context_lens=lens, kv_block_size=kv_block_size, preshuffle=pre,
         lens_2d=rng.random() < 0.6, max_model_len=mml, block_stride_pad=rng.choice((0, 16, 132)),
         table_pad=rng.choice((0, 2)), table_row_pad=rng.choice((0, 3)), out_row_pad=rng.choice((0, 2)), seed=seed,
     )

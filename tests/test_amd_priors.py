@@ -33,8 +33,7 @@ def _rows(arch):
 
 
 def _problem(row):
-    return Problem(row.arch, row.cu_num, row.batch, row.next_n, row.heads, row.head_dim, row.kv_block_size,
-                   row.preshuffle, row.context, True, MFMA.fp8[row.arch], 8192)
+    return Problem(row.arch, row.cu_num, row.shape_key, row.context, True, MFMA.fp8[row.arch], 8192)
 
 
 @pytest.mark.parametrize("arch", ["gfx942", "gfx950"])

@@ -188,7 +188,7 @@ def test_shapes_from_an_untuned_csv(tmp_path):
     path = tmp_path / "keys.csv"
     path.write_text("# comment\nheads,head_dim,kv_block_size,preshuffle,batch,next_n,contexts\n32,128,16,1,4,2,64;128\n")
     shapes = bench.shapes_from_csv(str(path))
-    assert [(s.context, s.preshuffle, s.kv_block_size) for s in shapes] == [(64, True, 16), (128, True, 16)]
+    assert [(s.context, s.shape_key.preshuffle, s.shape_key.kv_block_size) for s in shapes] == [(64, True, 16), (128, True, 16)]
     assert [s.context for s in bench.shapes_from_csv(str(path), contexts=[32])] == [32]
 
 
@@ -356,7 +356,7 @@ def test_workload_and_check_of_an_fp4_bf16_shape():
     shape = Shape.of(heads=16, next_n=2, batch=2, context=40, kv_block_size=16, kv_format="fp4", logits_dtype="bf16")
     wl = bench.build_workload(shape, "cpu")
     args = wl.args[0]
-    assert (args.problem.kv_format, args.problem.logits_dtype) == ("fp4", "bf16") and args.out.dtype == torch.bfloat16
+    assert (args.problem.shape_key.kv_format, args.problem.shape_key.logits_dtype) == ("fp4", "bf16") and args.out.dtype == torch.bfloat16
     assert wl.reference().dtype == torch.bfloat16
     m = bench.measure(Impl.of("triton"), wl, Schedule(replays=1))
     assert m.ok and m.calc_diff < 5e-6 and m.mask_ok, m.status
@@ -377,9 +377,9 @@ def test_cli_kv_format_and_logits_dtype_reach_the_csv(tmp_path):
 def test_shapes_file_format_columns_and_their_override(tmp_path):
     path = tmp_path / "keys.csv"
     path.write_text("heads,head_dim,kv_block_size,preshuffle,batch,next_n,kv_format,contexts\n32,128,16,1,4,2,fp4,64\n")
-    assert [s.kv_format for s in bench.shapes_from_csv(str(path))] == ["fp4"]
+    assert [s.shape_key.kv_format for s in bench.shapes_from_csv(str(path))] == ["fp4"]
     overridden = bench.shapes_from_csv(str(path), kv_format="fp8", logits_dtype="bf16")
-    assert [(s.kv_format, s.logits_dtype) for s in overridden] == [("fp8", "bf16")]
+    assert [(s.shape_key.kv_format, s.shape_key.logits_dtype) for s in overridden] == [("fp8", "bf16")]
 
 
 def test_deepgemm_has_no_fp4_peer_on_sm_90():
@@ -400,8 +400,8 @@ def test_the_gpu_grid_covers_both_block_sizes_and_a_batch_far_past_l2():
     gpu_shapes, defaults = resolve_shapes(p, p.parse_args([]), torch.device("cuda"))
     assert "kv_block_size" in defaults and "batch" in defaults
     assert len(gpu_shapes) == 2 * 4 * 7 * 2 * 2
-    assert {s.kv_block_size for s in gpu_shapes} == {32, 64}
-    big = [s for s in gpu_shapes if s.batch == 4096 and s.context == 32768 and s.heads == 64]
-    assert big and all(s.batch * s.context * 132 > 17e9 for s in big)
+    assert {s.shape_key.kv_block_size for s in gpu_shapes} == {32, 64}
+    big = [s for s in gpu_shapes if s.shape_key.batch == 4096 and s.context == 32768 and s.shape_key.heads == 64]
+    assert big and all(s.shape_key.batch * s.context * 132 > 17e9 for s in big)
     cpu_shapes, _ = resolve_shapes(p, p.parse_args([]), torch.device("cpu"))
-    assert len(cpu_shapes) == 8 and {s.kv_block_size for s in cpu_shapes} == {64}
+    assert len(cpu_shapes) == 8 and {s.shape_key.kv_block_size for s in cpu_shapes} == {64}

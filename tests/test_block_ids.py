@@ -48,7 +48,7 @@ def test_ids_past_the_walked_blocks_are_not_checked():
 
 
 def test_walk_follows_the_row_rules():
-    """1-D lengths walk ceil(L_b / bs) blocks; 2-D lengths walk for max_j lens[b, j] (not
+    """1-D lengths walk ceil(L_b / kv_block_size) blocks; 2-D lengths walk for max_j lens[b, j] (not
     lens[b, 0]); max_model_len cuts the walk."""
     inp = base(lens_2d=False)
     inp["kv_indices"][1, 1] = -1  # L_1 = 17 walks column 1

@@ -30,7 +30,7 @@ def naive_fp4_logits(inp) -> torch.Tensor:
     layout docs/CONTRACT.md states: ``sum_g 2^(eq_g + ek_g - 254) * dot_g(codes)`` per head."""
     q, q_scale, kv, w = inp["q_fp8"], inp["q_scale"], inp["kv_cache"], inp["weights"]
     lens, table, mml = inp["context_lens"], inp["kv_indices"], inp["max_model_len"]
-    bs, pre = inp["kv_block_size"], inp["preshuffle"]
+    kv_block_size, pre = inp["kv_block_size"], inp["preshuffle"]
     batch, next_n, heads, half = q.shape
     flat = kv.as_strided((kv.shape[0] * kv.stride(0),), (1,), kv.storage_offset()).tolist()
     q_bytes, q_words = q.tolist(), q_scale.tolist()
@@ -45,14 +45,14 @@ def naive_fp4_logits(inp) -> torch.Tensor:
     for b in range(batch):
         for j in range(next_n):
             row_len = max(int(lens[b]) - next_n + j + 1, 0) if lens.dim() == 1 else max(int(lens[b, j]), 0)
-            for p in range(min(row_len, mml, table.shape[1] * bs)):
-                base, t = int(table[b, p // bs]) * kv.stride(0), p % bs
+            for p in range(min(row_len, mml, table.shape[1] * kv_block_size)):
+                base, t = int(table[b, p // kv_block_size]) * kv.stride(0), p % kv_block_size
                 if pre:
                     offs = [(t // 16) * 16 * half + (d // 16) * 256 + (t % 16) * 16 + d % 16 for d in range(half)]
                 else:
                     offs = [t * half + d for d in range(half)]
                 key = codes([flat[base + o] for o in offs])
-                word = int.from_bytes(bytes(flat[base + bs * half + 4 * t: base + bs * half + 4 * t + 4]), "little")
+                word = int.from_bytes(bytes(flat[base + kv_block_size * half + 4 * t: base + kv_block_size * half + 4 * t + 4]), "little")
                 ek = exponents(word)
                 total = 0.0
                 for h in range(heads):
@@ -64,13 +64,13 @@ def naive_fp4_logits(inp) -> torch.Tensor:
     return out
 
 
-@pytest.mark.parametrize("bs,pre,lens_2d,next_n,pad", [(16, True, True, 3, 16), (1, False, False, 2, 0),
+@pytest.mark.parametrize("kv_block_size,pre,lens_2d,next_n,pad", [(16, True, True, 3, 16), (1, False, False, 2, 0),
                                                        (32, False, True, 1, 68), (64, True, False, 4, 0)])
-def test_fp4_reference_matches_an_independent_float64_computation(bs, pre, lens_2d, next_n, pad):
-    inp = make_inputs(2, next_n, 16, [37, 70], kv_block_size=bs, preshuffle=pre, lens_2d=lens_2d, max_model_len=64,
+def test_fp4_reference_matches_an_independent_float64_computation(kv_block_size, pre, lens_2d, next_n, pad):
+    inp = make_inputs(2, next_n, 16, [37, 70], kv_block_size=kv_block_size, preshuffle=pre, lens_2d=lens_2d, max_model_len=64,
                       block_stride_pad=pad, table_row_pad=2, seed=3, kv_format="fp4")
     ref = reference_logits(inp["q_fp8"], inp["kv_cache"], inp["weights"], inp["context_lens"], inp["kv_indices"],
-                           64, kv_block_size=bs, preshuffle=pre, q_scale=inp["q_scale"])
+                           64, kv_block_size=kv_block_size, preshuffle=pre, q_scale=inp["q_scale"])
     naive = naive_fp4_logits(inp)
     assert torch.equal(torch.isfinite(ref), torch.isfinite(naive))
     valid = torch.isfinite(naive)
@@ -132,7 +132,7 @@ def test_the_problem_key_carries_the_format_and_the_logits_dtype():
                       logits_dtype=torch.bfloat16, block_stride_pad=4)
     args = build_launch_args(*positional(inp), q_scale=inp["q_scale"])
     p = args.problem
-    assert (p.kv_format, p.logits_dtype, p.token_bytes) == ("fp4", "bf16", 68)
+    assert (p.shape_key.kv_format, p.shape_key.logits_dtype, p.token_bytes) == ("fp4", "bf16", 68)
     assert p.kv_block_stride == 16 * 68 + 4 and p.kv_stride_bytes == 16 * 68 + 4
     assert (p.shape_key.kv_format, p.shape_key.logits_dtype) == ("fp4", "bf16")
     assert args.q.dtype == torch.uint8 and args.q_scale is inp["q_scale"]
@@ -142,8 +142,10 @@ def test_the_problem_key_carries_the_format_and_the_logits_dtype():
     fp4x2 = build_launch_args(*positional(dict(inp, q_fp8=inp["q_fp8"].view(torch.float4_e2m1fn_x2))),
                               q_scale=inp["q_scale"])
     assert fp4x2.problem == p and fp4x2.q.dtype == torch.uint8  # torch's packed fp4 dtype is read as bytes
-    old_record = {k: v for k, v in dataclasses.asdict(p).items() if k not in ("kv_format", "logits_dtype")}
-    assert Problem.from_record(old_record).kv_format == "fp8"  # records written before the fields
+    record = dataclasses.asdict(p)
+    key = {k: v for k, v in record.pop("shape_key").items() if k not in ("kv_format", "logits_dtype")}
+    old_record = {**record, **key}  # flat, as problems were stored before they held their key
+    assert Problem.from_record(old_record).shape_key.kv_format == "fp8"  # records written before the fields
 
 
 def test_explain_takes_the_format_and_the_logits_dtype():
@@ -177,8 +179,8 @@ def test_gluon_and_flydsl_decline_what_they_do_not_serve_explicitly(name, arch):
     backend = get(name)
     fp8 = describe_problem(arch=arch, cu_num=256, batch=8, next_n=1, heads=64)
     assert backend.unsupported(fp8) is None
-    fp4 = dataclasses.replace(fp8, kv_format="fp4")
-    bf16 = dataclasses.replace(fp8, logits_dtype="bf16")
+    fp4 = dataclasses.replace(fp8, shape_key=dataclasses.replace(fp8.shape_key, kv_format="fp4"))
+    bf16 = dataclasses.replace(fp8, shape_key=dataclasses.replace(fp8.shape_key, logits_dtype="bf16"))
     assert backend.unsupported(fp4) == FP4_DECLINED[name, arch]
     assert backend.unsupported(bf16) is None
 

@@ -64,7 +64,7 @@ def _problem(arch, **kw):
                   kv_block_size=64, preshuffle=arch != "sm_90", context=None, lens_2d=True,
                   fp8="fn", max_model_len=512)
     fields.update(kw)
-    return Problem(**fields)
+    return Problem.from_record(fields)
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "gfx950"])
@@ -113,13 +113,13 @@ def test_meta_inputs_specialise_like_real_inputs():
     for problem in (_problem("sm_90"), _problem("gfx942", fp8="fnuz", lens_2d=False, batch=1, next_n=1),
                     _problem("gfx950", kv_block_size=16, max_model_len=100),
                     _problem("sm_90", kv_format="fp4", logits_dtype="bf16")):
-        dtype = LOGITS_DTYPES[problem.logits_dtype]
+        dtype = LOGITS_DTYPES[problem.shape_key.logits_dtype]
         real = warm_inputs(problem, device="cpu", validate=False,
                            workspace=torch.empty((problem.rows + 2, problem.max_model_len), dtype=dtype))
         meta = warm_inputs(problem, device="meta",
                            workspace=torch.empty((problem.rows + 2, problem.max_model_len), dtype=dtype, device="meta"))
         names = ("q", "kv_cache", "weights", "out", "context_lens", "block_table")
-        for name in names + (("q_scale",) if problem.kv_format == "fp4" else ()):
+        for name in names + (("q_scale",) if problem.shape_key.kv_format == "fp4" else ()):
             a, b = getattr(kc.meta_launch_args(real), name), getattr(meta, name)
             assert (a.dtype, a.shape, a.stride(), a.storage_offset(), a.untyped_storage().nbytes()) == \
                    (b.dtype, b.shape, b.stride(), b.storage_offset(), b.untyped_storage().nbytes()), name
@@ -143,7 +143,8 @@ def test_precompile_then_the_jit_finds_every_kernel_and_launcher(tiny_table, tmp
     assert manifest["files"] and all(kc.sha256_of(os.path.join(out, rel)) == sha for rel, sha in manifest["files"].items())
     assert not any(name.endswith(".tmp") for name in os.listdir(out))
     assert {k["arch"] for k in manifest["kernels"]} == {"sm_90", "gfx950"}
-    formats = {(k["arch"], k["problem"]["kv_format"], k["problem"]["logits_dtype"]) for k in manifest["kernels"]}
+    formats = {(k["arch"], k["problem"]["shape_key"]["kv_format"], k["problem"]["shape_key"]["logits_dtype"])
+               for k in manifest["kernels"]}
     assert {("sm_90", "fp4", "bf16"), ("gfx950", "fp4", "fp32"), ("sm_90", "fp8", "fp32")} <= formats
     assert f"verify: {len(manifest['kernels'])}/{len(manifest['kernels'])} kernels found by the JIT" in log
 
@@ -158,12 +159,12 @@ def test_precompile_then_the_jit_finds_every_kernel_and_launcher(tiny_table, tmp
     shutil.move(out, moved)
     assert kc.verify(moved).ok
 
-    # a manifest written while problems carried their target's device type and ``hypothetical``
-    # still verifies: those keys of its problem records are ignored
+    # a manifest written while problems repeated their key's fields flat and carried their
+    # target's device type and ``hypothetical`` still verifies: those keys are ignored
     old = kc.read_manifest(moved)
     for entry in old["kernels"]:
         assert "device_type" not in entry["problem"] and "hypothetical" not in entry["problem"]
-        entry["problem"].update(device_type="cuda", hypothetical=True)
+        entry["problem"].update(entry["problem"].pop("shape_key"), device_type="cuda", hypothetical=True)
     kc.write_manifest_atomically(moved, old)
     assert kc.verify(moved).ok
 

@@ -22,13 +22,13 @@ def odd_single_block(kv):
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
-@pytest.mark.parametrize("relayout,block_size,lens", [(odd_dim2, 16, [20, 5]), (odd_dims_1_2, 1, [20, 5]),
+@pytest.mark.parametrize("relayout,kv_block_size,lens", [(odd_dim2, 16, [20, 5]), (odd_dims_1_2, 1, [20, 5]),
                                                       (odd_single_block, 16, [9])])
-def test_size_one_strides_are_served(backend, relayout, block_size, lens):
-    inp = make_inputs(len(lens), 1, 16, lens, kv_block_size=block_size)
+def test_size_one_strides_are_served(backend, relayout, kv_block_size, lens):
+    inp = make_inputs(len(lens), 1, 16, lens, kv_block_size=kv_block_size)
     inp["kv_cache"] = relayout(inp["kv_cache"])
     ref = reference_logits(inp["q_fp8"], inp["kv_cache"], inp["weights"], inp["context_lens"], inp["kv_indices"],
-                           inp["max_model_len"], kv_block_size=block_size)
+                           inp["max_model_len"], kv_block_size=kv_block_size)
     before = inp["out_logits"].clone()
     paged_mqa_logits(*positional(inp), backend=backend)
     assert check_logits(inp["out_logits"], before, ref).ok

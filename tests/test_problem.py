@@ -72,13 +72,15 @@ def test_shape_key_describe():
     assert KEY.describe() == "H=64 D=128 kv_block_size=64 preshuffle=1 batch=8 next_n=2"
 
 
-def test_composed_keys_read_the_shape_key_fields_as_their_own():
+def test_composed_keys_hold_the_shape_key_and_no_copy_of_its_fields():
     row = Row("gfx950", 256, KEY, 8192, "gluon", (), 1.0, "p", "f:2")
     tune_key = TuneKey(KEY, (8192, 32768))
     shape = Shape(KEY, 8192)
-    for composed in (row, tune_key, shape):
+    problem = Problem.of(KEY, Target("gfx950", 256, "cuda"), max_model_len=8192)
+    for composed in (row, tune_key, shape, problem):
         assert composed.shape_key is KEY
-        assert tuple(getattr(composed, c) for c in SHAPE_KEY_COLUMNS) == KEY.values()
+        # one home per field: a reader goes through the key, nothing mirrors it
+        assert not any(hasattr(composed, c) for c in SHAPE_KEY_COLUMNS), type(composed).__name__
     assert row.key == ("gfx950", 256, KEY, 8192) and row.family == ("gfx950",) + KEY.family
     assert tune_key.family == KEY.family and tune_key.shape(8192, "wide") == Shape(KEY, 8192, ragged="wide")
     assert Shape.of(64, 2, 8, 8192, kv_block_size=64, preshuffle=True) == shape
@@ -125,6 +127,20 @@ def test_problem_records_load_with_and_without_the_target_fields():
         Problem.from_record({**record, "devices": 1})  # anything else is still an error
 
 
+def test_problem_records_of_the_flat_layout_load():
+    """Manifests written while a problem held the key fields flat (no ``shape_key``; the oldest
+    without ``kv_format``/``logits_dtype`` either) load as the same problem."""
+    problem = Problem.of(KEY, Target("gfx950", 256, "cuda"), context=4096, max_model_len=8192, kv_block_stride=8448)
+    flat = {"arch": "gfx950", "cu_num": 256, "batch": 8, "next_n": 2, "heads": 64, "head_dim": 128,
+            "kv_block_size": 64, "preshuffle": True, "context": 4096, "lens_2d": True, "fp8": "fn",
+            "max_model_len": 8192, "kv_block_stride": 8448, "kv_base_aligned": True, "kv_32bit": True}
+    assert Problem.from_record(flat) == problem
+    assert Problem.from_record({**flat, "kv_format": "fp8", "logits_dtype": "fp32", "device_type": "cuda",
+                                "hypothetical": False}) == problem
+    bf16 = Problem.from_record({**flat, "logits_dtype": "bf16"})
+    assert bf16.shape_key == dataclasses.replace(KEY, logits_dtype="bf16")
+
+
 def test_a_called_problem_has_its_key_and_the_call_its_target():
     inp = make_inputs(2, 2, 32, [20, 9], kv_block_size=16)
     args = build_launch_args(*positional(inp))
@@ -163,9 +179,9 @@ def test_fp8_flavours_round_trip():
 
 
 def test_kv_fits_32bit_counts_the_last_block_from_the_base():
-    def cache(num_blocks, block_size=64, stride0=None):  # meta: the sizes of a real cache, no memory
+    def cache(num_blocks, kv_block_size=64, stride0=None):  # meta: the sizes of a real cache, no memory
         row = 132
-        return torch.empty_strided((num_blocks, block_size, 1, row), (stride0 or block_size * row, row, row, 1),
+        return torch.empty_strided((num_blocks, kv_block_size, 1, row), (stride0 or kv_block_size * row, row, row, 1),
                                    dtype=torch.uint8, device="meta")
 
     limit = 2**31 - 1

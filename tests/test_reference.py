@@ -16,7 +16,7 @@ def naive_logits(inp):
     """Loop over rows and positions; byte offsets straight from docs/CONTRACT.md."""
     q, kv, w = inp["q_fp8"], inp["kv_cache"], inp["weights"]
     lens, table, mml = inp["context_lens"], inp["kv_indices"], inp["max_model_len"]
-    bs, pre = inp["kv_block_size"], inp["preshuffle"]
+    kv_block_size, pre = inp["kv_block_size"], inp["preshuffle"]
     batch, next_n, heads, d = q.shape
     flat = kv.as_strided((kv.shape[0] * kv.stride(0),), (1,), kv.storage_offset())
     out = torch.full((batch * next_n, mml), float("-inf"), dtype=torch.float64)
@@ -26,8 +26,8 @@ def naive_logits(inp):
                 row_len = max(int(lens[b]) - next_n + j + 1, 0)
             else:
                 row_len = max(int(lens[b, j]), 0)
-            for p in range(min(row_len, mml, table.shape[1] * bs)):
-                blk, t = int(table[b, p // bs]), p % bs
+            for p in range(min(row_len, mml, table.shape[1] * kv_block_size)):
+                blk, t = int(table[b, p // kv_block_size]), p % kv_block_size
                 base = blk * kv.stride(0)
                 dims = torch.arange(d)
                 if pre:
@@ -35,18 +35,18 @@ def naive_logits(inp):
                 else:
                     offs = t * d + dims
                 key = flat[base + offs].view(q.dtype).double()
-                scale = flat[base + bs * d + 4 * t: base + bs * d + 4 * t + 4].view(torch.float32).double()
+                scale = flat[base + kv_block_size * d + 4 * t: base + kv_block_size * d + 4 * t + 4].view(torch.float32).double()
                 scores = q[b, j].double() @ key * scale
                 out[b * next_n + j, p] = (scores.relu() * w[b * next_n + j].double()).sum()
     return out
 
 
-@pytest.mark.parametrize("bs,pre,lens_2d,next_n", [(16, True, True, 3), (1, False, False, 2), (32, False, True, 1), (64, True, False, 4)])
-def test_reference_matches_naive(bs, pre, lens_2d, next_n):
-    inp = make_inputs(2, next_n, 16, [37, 70], kv_block_size=bs, preshuffle=pre, lens_2d=lens_2d,
+@pytest.mark.parametrize("kv_block_size,pre,lens_2d,next_n", [(16, True, True, 3), (1, False, False, 2), (32, False, True, 1), (64, True, False, 4)])
+def test_reference_matches_naive(kv_block_size, pre, lens_2d, next_n):
+    inp = make_inputs(2, next_n, 16, [37, 70], kv_block_size=kv_block_size, preshuffle=pre, lens_2d=lens_2d,
                       max_model_len=64, block_stride_pad=8, table_row_pad=2, seed=3)
     ref = reference_logits(inp["q_fp8"], inp["kv_cache"], inp["weights"], inp["context_lens"], inp["kv_indices"],
-                           inp["max_model_len"], kv_block_size=bs, preshuffle=pre)
+                           inp["max_model_len"], kv_block_size=kv_block_size, preshuffle=pre)
     naive = naive_logits(inp)
     assert torch.equal(torch.isfinite(ref), torch.isfinite(naive))
     valid = torch.isfinite(naive)
@@ -54,8 +54,8 @@ def test_reference_matches_naive(bs, pre, lens_2d, next_n):
 
 
 def test_shuffle_formula_and_roundtrip():
-    bs, d = 32, 128
-    keys = torch.randint(0, 256, (3, bs, d), dtype=torch.uint8)
+    kv_block_size, d = 32, 128
+    keys = torch.randint(0, 256, (3, kv_block_size, d), dtype=torch.uint8)
     shuffled = shuffle_block_keys(keys).reshape(3, -1)
     for t, dim in [(0, 0), (5, 17), (16, 127), (31, 64), (17, 15)]:
         offset = (t // 16) * 16 * d + (dim // 16) * 256 + (t % 16) * 16 + dim % 16

@@ -87,11 +87,11 @@ from paged_mqa_logits.backends.triton_portable import _balanced_share  # noqa: E
 
 @triton.jit
 def _shares_kernel(lens_ptr, out_ptr, batch, stride_lens_b, stride_lens_j, max_model_len, max_blocks,
-                   NEXT_N: tl.constexpr, LENS_2D: tl.constexpr, KV_BLOCK: tl.constexpr, CHUNK: tl.constexpr):
+                   NEXT_N: tl.constexpr, LENS_2D: tl.constexpr, KV_BLOCK_SIZE: tl.constexpr, CHUNK: tl.constexpr):
     """Each program stores the ``(start, stop, seq, tile)`` the op's kernel would start from."""
     p = tl.program_id(0)
     start, stop, seq, tile = _balanced_share(lens_ptr, batch, stride_lens_b, stride_lens_j, max_model_len, max_blocks,
-                                             p, tl.num_programs(0), NEXT_N, LENS_2D, KV_BLOCK, CHUNK)
+                                             p, tl.num_programs(0), NEXT_N, LENS_2D, KV_BLOCK_SIZE, CHUNK)
     tl.store(out_ptr + p * 4 + 0, start)
     tl.store(out_ptr + p * 4 + 1, stop)
     tl.store(out_ptr + p * 4 + 2, seq)
@@ -99,11 +99,11 @@ def _shares_kernel(lens_ptr, out_ptr, batch, stride_lens_b, stride_lens_j, max_m
 
 
 def device_shares(lens: torch.Tensor, programs: int, next_n: int, max_model_len: int, max_blocks: int,
-                  kv_block: int, chunk: int) -> list[tuple[int, int, int, int]]:
+                  kv_block_size: int, chunk: int) -> list[tuple[int, int, int, int]]:
     out = torch.full((programs, 4), -1, dtype=torch.int32)
     stride_j = lens.stride(1) if lens.dim() == 2 else 1
     interpreted(_shares_kernel)[(programs,)](lens, out, lens.shape[0], lens.stride(0), stride_j, max_model_len,
-                                             max_blocks, NEXT_N=next_n, LENS_2D=lens.dim() == 2, KV_BLOCK=kv_block,
+                                             max_blocks, NEXT_N=next_n, LENS_2D=lens.dim() == 2, KV_BLOCK_SIZE=kv_block_size,
                                              CHUNK=chunk)
     return [tuple(int(v) for v in row) for row in out.tolist()]
 
@@ -123,7 +123,7 @@ def test_triton_device_share_matches_the_model(batch, programs, lens_2d):
     """Batches past one scan block (512 sequences), zero-length and negative rows, lengths
     past ``max_model_len`` and the table width: the kernel's prefix sum agrees with the model."""
     rng = random.Random(batch)
-    next_n, chunk, kv_block, max_model_len, max_blocks = 3, 64, 16, 5000, 200  # table width 3200 tokens
+    next_n, chunk, kv_block_size, max_model_len, max_blocks = 3, 64, 16, 5000, 200  # table width 3200 tokens
     seq_lens = [0 if rng.random() < 0.25 else rng.randint(1, 6000) for _ in range(batch)]
     if lens_2d:
         rows = [[max(n - next_n + j + 1, 0) if rng.random() > 0.1 else -5 for j in range(next_n)] for n in seq_lens]
@@ -131,8 +131,8 @@ def test_triton_device_share_matches_the_model(batch, programs, lens_2d):
         seq_lens = [max(max(r), 0) for r in rows]
     else:
         lens = torch.tensor(seq_lens, dtype=torch.int32)
-    ends = [min(n, max_model_len, max_blocks * kv_block) for n in seq_lens]
-    got = device_shares(lens, programs, next_n, max_model_len, max_blocks, kv_block, chunk)
+    ends = [min(n, max_model_len, max_blocks * kv_block_size) for n in seq_lens]
+    got = device_shares(lens, programs, next_n, max_model_len, max_blocks, kv_block_size, chunk)
     want = expected_shares(ends, programs, chunk)
     for (start, stop, seq, tile), (w_start, w_stop, w_seq, w_tile) in zip(got, want):
         assert (start, stop) == (w_start, w_stop)

@@ -9,9 +9,9 @@ from paged_mqa_logits.problem import Problem, ShapeKey
 from table_files import HEADER, use, write
 
 
-def problem(arch="gfx950", cu=256, batch=64, next_n=1, heads=32, context=None, pre=True, bs=64):
-    return Problem(arch=arch, cu_num=cu, batch=batch, next_n=next_n, heads=heads, head_dim=128, kv_block_size=bs,
-                   preshuffle=pre, context=context, lens_2d=True, fp8="fn", max_model_len=32768)
+def problem(arch="gfx950", cu=256, batch=64, next_n=1, heads=32, context=None, pre=True, kv_block_size=64):
+    key = ShapeKey(heads=heads, head_dim=128, kv_block_size=kv_block_size, preshuffle=pre, batch=batch, next_n=next_n)
+    return Problem(arch=arch, cu_num=cu, shape_key=key, context=context, lens_2d=True, fp8="fn", max_model_len=32768)
 
 
 def test_parse_rows_comments_and_knobs(tmp_path):
@@ -25,7 +25,7 @@ def test_parse_rows_comments_and_knobs(tmp_path):
     assert rows[0].context is None and rows[1].context == 8192
     assert rows[0].knobs == {"ChunkK": 128, "WavePerEU": 4, "SplitKV": 0}
     assert rows[1].knobs == {"ChunkK": 64, "num_warps": 8}
-    assert rows[0].preshuffle is True and rows[0].us == pytest.approx(31.1)
+    assert rows[0].shape_key.preshuffle is True and rows[0].us == pytest.approx(31.1)
 
 
 def test_a_table_saved_with_a_byte_order_mark_loads(tmp_path):
@@ -106,19 +106,19 @@ def test_lookup_rules(tmp_path, monkeypatch):
     m = table.lookup(problem(batch=64))
     assert m.row.source == f"{path}:3" and m.rule == "exact row (across contexts)"
     m = table.lookup(problem(batch=20))  # log2 distance: |4.32-3| > |4.32-6|? 8 -> 1.32, 64 -> 1.68
-    assert m.row.batch == 8 and "nearest tuned batch 8" in m.rule
+    assert m.row.shape_key.batch == 8 and "nearest tuned batch 8" in m.rule
     m = table.lookup(problem(batch=23))  # 23 is exactly between 8 and 64 in log2 -> tie goes larger
-    assert m.row.batch == 64
+    assert m.row.shape_key.batch == 64
     m = table.lookup(problem(batch=32, context=9000))
     assert m.row.context == 8192 and m.rule.startswith("nearest tuned row (batch 32, context 8192)")
     m = table.lookup(problem(batch=32, context=32768))
     assert m.row.context == 32768 and m.rule == "exact row"
     m = table.lookup(problem(batch=100, context=20000))  # batch 128 nearest among context rows
-    assert m.row.batch == 128 and m.row.backend == "flydsl"
+    assert m.row.shape_key.batch == 128 and m.row.backend == "flydsl"
     m = table.lookup(problem(next_n=2))
     assert m.row is None and "no tuned row" in m.rule
     m = table.lookup(problem(cu=304, batch=64))  # other cu_num: nearest tuned cu_num, said so
-    assert m.row.batch == 64 and "rows of cu_num 256 (device has 304)" in m.rule
+    assert m.row.shape_key.batch == 64 and "rows of cu_num 256 (device has 304)" in m.rule
 
 
 def test_only_context_rows_without_hint_fall_to_defaults(tmp_path, monkeypatch):
@@ -176,12 +176,12 @@ def test_format_columns_parse_and_tables_without_them_mean_fp8_and_fp32(tmp_path
         "sm_90,132,64,128,64,0,1,1,,,any,triton,64,,0,4,1,p",  # empty cells: the defaults
     ], header=FORMAT_HEADER)
     fp4, plain = table.parse_file(path)
-    assert (fp4.kv_format, fp4.logits_dtype) == ("fp4", "bf16")
-    assert (plain.kv_format, plain.logits_dtype) == ("fp8", "fp32") and fp4.family != plain.family
+    assert (fp4.shape_key.kv_format, fp4.shape_key.logits_dtype) == ("fp4", "bf16")
+    assert (plain.shape_key.kv_format, plain.shape_key.logits_dtype) == ("fp8", "fp32") and fp4.family != plain.family
     old = write(tmp_path, "o_tuned.csv", ["sm_90,132,64,128,64,0,1,1,any,triton,64,,0,4,1,p"])
     assert table.parse_file(old)[0].shape_key == plain.shape_key
     for shipped in table.shipped_files():  # every shipped table still loads, as fp8/fp32 rows
-        assert {(r.kv_format, r.logits_dtype) for r in table.parse_file(shipped)} <= {("fp8", "fp32")}
+        assert {(r.shape_key.kv_format, r.shape_key.logits_dtype) for r in table.parse_file(shipped)} <= {("fp8", "fp32")}
 
 
 @pytest.mark.parametrize("cells,message", [("fp5,fp32", "column kv_format must be one of fp8, fp4, got 'fp5'"),
@@ -209,10 +209,11 @@ def test_lookup_keeps_formats_apart_and_bf16_falls_back_to_fp32_rows(tmp_path, m
         "gfx950,256,32,128,64,1,64,1,fp4,fp32,any,triton,64,,0,4,1,p",
     ], header=FORMAT_HEADER)
     use(monkeypatch, path)
-    fp4 = dataclasses.replace(problem(), kv_format="fp4")
+    plain = problem()
+    fp4 = dataclasses.replace(plain, shape_key=dataclasses.replace(plain.shape_key, kv_format="fp4"))
     assert table.lookup(fp4).row.backend == "triton"
     assert table.lookup(problem()).row.backend == "gluon"
-    bf16 = table.lookup(dataclasses.replace(problem(), logits_dtype="bf16"))
+    bf16 = table.lookup(dataclasses.replace(plain, shape_key=dataclasses.replace(plain.shape_key, logits_dtype="bf16")))
     assert bf16.row.backend == "gluon" and bf16.rule.endswith("rows of fp32 logits")
-    assert table.lookup(dataclasses.replace(fp4, logits_dtype="bf16")).row.backend == "triton"
-    assert table.lookup(dataclasses.replace(problem(), kv_format="fp4", next_n=2)).row is None
+    assert table.lookup(dataclasses.replace(fp4, shape_key=dataclasses.replace(fp4.shape_key, logits_dtype="bf16"))).row.backend == "triton"
+    assert table.lookup(dataclasses.replace(plain, shape_key=dataclasses.replace(plain.shape_key, kv_format="fp4", next_n=2))).row is None

@@ -38,7 +38,7 @@ def test_enumerate_calls_follows_dispatch_and_adds_fallbacks(table):
     fam = Family(heads=64, kv_block_size=64, next_n=(1,), batch_sizes=(1, 3, 16, 200), context_hints=(None, 4096),
                  max_model_len=8192)
     calls = enumerate_calls(fam, arch="sm_90", cu_num=132, hypothetical=True)
-    picked = {(c.problem.batch, c.problem.context): c.config["ChunkK"] for c in calls if c.kind == "dispatch"}
+    picked = {(c.problem.shape_key.batch, c.problem.context): c.config["ChunkK"] for c in calls if c.kind == "dispatch"}
     # exact rows, nearest tuned batch (log2 distance, ties to the larger), context rows with a hint
     assert picked == {(1, None): 32, (3, None): 32, (16, None): 64, (200, None): 64,
                       (1, 4096): 128, (3, 4096): 128, (16, 4096): 128, (200, 4096): 128}
@@ -87,7 +87,7 @@ def test_table_families_keep_formats_apart(tmp_path, monkeypatch):
     assert [(f.kv_format, f.logits_dtype, f.batch_sizes[-1]) for f in families] == [("fp4", "bf16", 8),
                                                                                    ("fp8", "fp32", 16)]
     calls = enumerate_calls(families[0], arch="sm_90", cu_num=132, hypothetical=True, include_fallbacks=False)
-    assert {(c.problem.kv_format, c.problem.logits_dtype) for c in calls} == {("fp4", "bf16")}
+    assert {(c.problem.shape_key.kv_format, c.problem.shape_key.logits_dtype) for c in calls} == {("fp4", "bf16")}
     assert {c.backend for c in calls} == {"triton"}
 
 

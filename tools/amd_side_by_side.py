@@ -80,7 +80,7 @@ class Shape:
 
 
 def grid(archs=ARCHS) -> list[Shape]:
-    return [Shape(a, h, n, bs, pre) for a in archs for h in HEADS for n in NEXT_NS for bs, pre in LAYOUTS]
+    return [Shape(a, h, n, kv_block_size, pre) for a in archs for h in HEADS for n in NEXT_NS for kv_block_size, pre in LAYOUTS]
 
 
 # ----------------------------------------------------------------------------- our picks
@@ -312,7 +312,8 @@ def update_tables(paths: list[str], estimates: dict[tuple, table.CycleEstimate])
         updated = []
         for row in rows:
             if row.arch in ARCHS:
-                key = (row.arch, row.heads, row.kv_block_size, int(row.preshuffle), row.next_n, row.batch)
+                key = (row.arch, row.shape_key.heads, row.shape_key.kv_block_size, int(row.shape_key.preshuffle),
+                       row.shape_key.next_n, row.shape_key.batch)
                 if key not in estimates:
                     raise ValueError(f"{row.source}: the report has no estimate for {key}")
                 origin = table.CycleEstimate.strip(row.provenance).removesuffix(";").strip()

@@ -23,7 +23,7 @@ WORK="$(mktemp -d /tmp/cold_start.XXXXXX)"
 trap 'rm -rf "$WORK"' EXIT
 
 # The family measured: DeepSeek-V3.2 indexer decode as vLLM calls it on NVIDIA.
-HEADS=64 KV_BLOCK=64 NEXT_N=1 MAX_MODEL_LEN=163840 CONTEXT=8192 BATCH=32
+HEADS=64 KV_BLOCK_SIZE=64 NEXT_N=1 MAX_MODEL_LEN=163840 CONTEXT=8192 BATCH=32
 BATCHES="1,2,4,8,16,32,64,128,256"   # warmup()/precompile cover these (vLLM-style capture sizes)
 REPEATS="${REPEATS:-3}"
 
@@ -42,7 +42,7 @@ if command -v cmake >/dev/null 2>&1; then
   cmake -S "$REPO" -B "$WORK/build" -DGPU_TARGETS=sm_90 -DPython3_EXECUTABLE="$(command -v "$PY")" \
     -DPAGED_MQA_LOGITS_KERNEL_CACHE_DIR="$CACHE" -DPAGED_MQA_LOGITS_MAX_MODEL_LEN=$MAX_MODEL_LEN \
     -DPAGED_MQA_LOGITS_BATCH_SIZES="$BATCHES" -DPAGED_MQA_LOGITS_LENS=2d -DPAGED_MQA_LOGITS_HEADS=$HEADS \
-    -DPAGED_MQA_LOGITS_NEXT_N=$NEXT_N -DPAGED_MQA_LOGITS_KV_BLOCK_SIZE=$KV_BLOCK -DPAGED_MQA_LOGITS_PRESHUFFLE=0 \
+    -DPAGED_MQA_LOGITS_NEXT_N=$NEXT_N -DPAGED_MQA_LOGITS_KV_BLOCK_SIZE=$KV_BLOCK_SIZE -DPAGED_MQA_LOGITS_PRESHUFFLE=0 \
     -DPAGED_MQA_LOGITS_FAMILY=ON \
     > "$WORK/precompile.log" 2>&1
   TRITON_CACHE_DIR="$WORK/precompile_triton_cache" cmake --build "$WORK/build" --target precompile >> "$WORK/precompile.log" 2>&1
@@ -50,7 +50,7 @@ if command -v cmake >/dev/null 2>&1; then
 else
   TRITON_CACHE_DIR="$WORK/precompile_triton_cache" "$PY" -m paged_mqa_logits.kernel_cache --arch sm_90 --out "$CACHE" \
     --max-model-len $MAX_MODEL_LEN --batch-sizes "$BATCHES" --lens 2d --heads $HEADS --next-n $NEXT_N \
-    --kv-block-size $KV_BLOCK --preshuffle 0 --family --verify --quiet > "$WORK/precompile.log" 2>&1
+    --kv-block-size $KV_BLOCK_SIZE --preshuffle 0 --family --verify --quiet > "$WORK/precompile.log" 2>&1
   HOW="python -m paged_mqa_logits.kernel_cache (no cmake)"
 fi
 t1=$(now)
@@ -81,18 +81,18 @@ self_activating = "overlay.activate" in inspect.getsource(be.get)
 if not self_activating:
     kernel_cache.activate()
 if mode == "call":
-    inp = make_inputs($BATCH, $NEXT_N, $HEADS, $CONTEXT, kv_block_size=$KV_BLOCK, lens_2d=True,
+    inp = make_inputs($BATCH, $NEXT_N, $HEADS, $CONTEXT, kv_block_size=$KV_BLOCK_SIZE, lens_2d=True,
                       max_model_len=$MAX_MODEL_LEN, device="cuda", seed=0)
     workspace = torch.empty(($BATCH * $NEXT_N, $MAX_MODEL_LEN), dtype=torch.float32, device="cuda")  # vLLM-style
     args = (inp["q_fp8"], inp["kv_cache"], inp["weights"], workspace, inp["context_lens"], inp["kv_indices"], $MAX_MODEL_LEN)
     torch.cuda.synchronize()
-    t0 = time.perf_counter(); pml.paged_mqa_logits(*args, False, $KV_BLOCK); torch.cuda.synchronize(); t1 = time.perf_counter()
-    pml.paged_mqa_logits(*args, False, $KV_BLOCK); torch.cuda.synchronize(); t2 = time.perf_counter()
+    t0 = time.perf_counter(); pml.paged_mqa_logits(*args, False, $KV_BLOCK_SIZE); torch.cuda.synchronize(); t1 = time.perf_counter()
+    pml.paged_mqa_logits(*args, False, $KV_BLOCK_SIZE); torch.cuda.synchronize(); t2 = time.perf_counter()
     result = {"first_ms": (t1 - t0) * 1e3, "second_us": (t2 - t1) * 1e6}
 else:
     from paged_mqa_logits.aot.warmup import warmup
     t0 = time.perf_counter()
-    s = warmup($HEADS, $KV_BLOCK, False, next_n=$NEXT_N, batch_sizes=[$BATCHES], max_model_len=$MAX_MODEL_LEN, progress=False)
+    s = warmup($HEADS, $KV_BLOCK_SIZE, False, next_n=$NEXT_N, batch_sizes=[$BATCHES], max_model_len=$MAX_MODEL_LEN, progress=False)
     torch.cuda.synchronize(); t1 = time.perf_counter()
     result = {"warmup_s": t1 - t0, "warmup_calls": s.calls_run, "kernels": s.kernels, "missing": len(s.missing)}
     print(s.describe(), file=sys.stderr)

@@ -18,16 +18,16 @@ from dataclasses import dataclass
 
 from paged_mqa_logits.bench import Shape
 from paged_mqa_logits.files import atomic_write
-from paged_mqa_logits.problem import REQUIRED_KEY_COLUMNS, SHAPE_KEY_COLUMNS, ShapeKey, ShapeKeyFields
+from paged_mqa_logits.problem import REQUIRED_KEY_COLUMNS, SHAPE_KEY_COLUMNS, ShapeKey
 
 DEFAULT_CONTEXTS = (8192, 32768)
 COLUMNS = SHAPE_KEY_COLUMNS + ("contexts",)
 
 
 @dataclass(frozen=True)
-class TuneKey(ShapeKeyFields):
+class TuneKey:
     """A shape key to tune, at the contexts to time it at (its rows: one per context and one
-    ``any`` row across them). ``key.heads`` and the other fields read through ``shape_key``."""
+    ``any`` row across them). The key fields live in ``shape_key`` only (``key.shape_key.heads``)."""
 
     shape_key: ShapeKey
     contexts: tuple[int, ...]
@@ -101,8 +101,8 @@ def coarse_to_fine(values) -> dict[int, int]:
 
 def order_keys(keys: list[TuneKey]) -> list[TuneKey]:
     """Coarse-to-fine in batch first, then by family: an early stop loses detail, not coverage."""
-    rank = coarse_to_fine(k.batch for k in keys)
-    return sorted(keys, key=lambda k: (rank[k.batch], k.family))
+    rank = coarse_to_fine(k.shape_key.batch for k in keys)
+    return sorted(keys, key=lambda k: (rank[k.shape_key.batch], k.family))
 
 
 def write_untuned(path: str, keys: list[TuneKey], comments=()) -> None:

@@ -128,7 +128,7 @@ class CheckStage:
         per_family = []
         for family, members in families.items():
             cands = list(dict.fromkeys(c for r in members for c in r.candidates))
-            reps = {min(members, key=lambda r: r.key.batch).key, max(members, key=lambda r: r.key.batch).key}
+            reps = {min(members, key=lambda r: r.key.shape_key.batch).key, max(members, key=lambda r: r.key.shape_key.batch).key}
             per_family.append((family, cands, reps))
         # About two tasks per process among the first batches, which do the compiling.
         chunk = max(1, -(-sum(len(c) for _, c, _ in per_family) // max(2 * jobs, 1)))
@@ -136,7 +136,7 @@ class CheckStage:
         # disk cache instead of compiling them a second time in parallel.
         for rank in range(2):
             for family, cands, reps in per_family:
-                ordered = sorted(reps, key=lambda k: k.batch)
+                ordered = sorted(reps, key=lambda k: k.shape_key.batch)
                 if rank >= len(ordered):
                     continue
                 key = ordered[rank]
@@ -445,7 +445,7 @@ def print_summary(opts: Options, outcome: Outcome, runs: list[KeyRun]) -> None:
           f"{len(outcome.left)} left untuned; {len(outcome.failed)} failed; {outcome.restarts} worker restart(s)")
     if outcome.left:
         print("[tuner] not tuned (time budget; run again to resume): "
-              + ", ".join(f"b{k.batch}/n{k.next_n}/H{k.heads}/p{int(k.preshuffle)}" for k in outcome.left))
+              + ", ".join(f"b{k.shape_key.batch}/n{k.shape_key.next_n}/H{k.shape_key.heads}/p{int(k.shape_key.preshuffle)}" for k in outcome.left))
     if outcome.rejected:
         print(f"[tuner] {len(outcome.rejected)} rejected (candidate, shape) pairs:")
         for where, label, status in outcome.rejected[:20]:

@@ -51,10 +51,11 @@ def main(argv: list[str] | None = None) -> int:
     if a.family:
         if not (a.heads and a.next_n and a.kv_block_size and a.preshuffle is not None):
             p.error("--family needs --heads, --next-n, --kv-block-size and --preshuffle")
-        extra = [Family(heads=h, kv_block_size=bs, preshuffle=a.preshuffle == "1", next_n=tuple(sorted(only["next_n"])),
+        extra = [Family(heads=h, kv_block_size=kv_block_size, preshuffle=a.preshuffle == "1",
+                        next_n=tuple(sorted(only["next_n"])),
                         batch_sizes=tuple(batches or range(1, 257)),
                         max_model_len=a.max_model_len or WARMUP_DEFAULT_MAX_MODEL_LEN, lens_2d=lens)
-                 for h in sorted(only["heads"]) for bs in sorted(only["kv_block_size"])]
+                 for h in sorted(only["heads"]) for kv_block_size in sorted(only["kv_block_size"])]
     summary = precompile(archs, a.out, max_model_len=a.max_model_len, batch_sizes=batches, lens_2d=lens,
                          include_fallbacks=not a.no_fallbacks, launchers=not a.no_launchers, progress=not a.quiet,
                          only=only, extra_families=extra)

@@ -125,7 +125,7 @@ def table_families(arch: str, *, max_model_len: int = WARMUP_DEFAULT_MAX_MODEL_L
 
 def warm_context(problem: Problem) -> int:
     """Tokens per synthetic sequence: two blocks (enough to cross a block boundary), cheap."""
-    return max(1, min(problem.max_model_len, 2 * problem.kv_block_size, 256))
+    return max(1, min(problem.max_model_len, 2 * problem.shape_key.kv_block_size, 256))
 
 
 def warm_inputs(problem: Problem, *, device, workspace: torch.Tensor, kv_cache: torch.Tensor | None = None,
@@ -141,33 +141,33 @@ def warm_inputs(problem: Problem, *, device, workspace: torch.Tensor, kv_cache: 
     """
     device = torch.device(device)
     p = problem
-    kv_block_size, ctx = p.kv_block_size, warm_context(p)
+    kv_block_size, ctx = p.shape_key.kv_block_size, warm_context(p)
     blocks = math.ceil(ctx / kv_block_size)
     width = max(1, math.ceil(p.max_model_len / kv_block_size))
     dtype = fp8_dtype(p.fp8)
-    fp4 = p.kv_format == "fp4"
-    if workspace.dtype != LOGITS_DTYPES[p.logits_dtype]:
-        raise ValueError(f"workspace must hold {p.logits_dtype} logits ({LOGITS_DTYPES[p.logits_dtype]}), "
+    fp4 = p.shape_key.kv_format == "fp4"
+    if workspace.dtype != LOGITS_DTYPES[p.shape_key.logits_dtype]:
+        raise ValueError(f"workspace must hold {p.shape_key.logits_dtype} logits ({LOGITS_DTYPES[p.shape_key.logits_dtype]}), "
                          f"got {workspace.dtype}")
     out = workspace[: p.rows]
     if device.type == "meta":
-        row = token_bytes(HEAD_DIM, p.kv_format)
+        row = token_bytes(HEAD_DIM, p.shape_key.kv_format)
         packed = kv_block_size * row
-        nblocks = max(1, p.batch * blocks)
+        nblocks = max(1, p.shape_key.batch * blocks)
         kv = kv_cache if kv_cache is not None else torch.empty(
             (nblocks, packed), dtype=torch.uint8, device=device).as_strided((nblocks, kv_block_size, 1, row),
                                                                             (packed, row, row, 1))
-        q = torch.empty((p.batch, p.next_n, p.heads, key_bytes(HEAD_DIM, p.kv_format)),
+        q = torch.empty((p.shape_key.batch, p.shape_key.next_n, p.shape_key.heads, key_bytes(HEAD_DIM, p.shape_key.kv_format)),
                         dtype=torch.uint8 if fp4 else dtype, device=device)
-        q_scale = torch.empty((p.batch, p.next_n, p.heads), dtype=torch.int32, device=device) if fp4 else None
-        weights = torch.empty((p.rows, p.heads), dtype=torch.float32, device=device)
-        lens = torch.empty((p.batch, p.next_n) if p.lens_2d else (p.batch,), dtype=torch.int32, device=device)
-        table = torch.empty((p.batch, width), dtype=torch.int32, device=device)
+        q_scale = torch.empty((p.shape_key.batch, p.shape_key.next_n, p.shape_key.heads), dtype=torch.int32, device=device) if fp4 else None
+        weights = torch.empty((p.rows, p.shape_key.heads), dtype=torch.float32, device=device)
+        lens = torch.empty((p.shape_key.batch, p.shape_key.next_n) if p.lens_2d else (p.shape_key.batch,), dtype=torch.int32, device=device)
+        table = torch.empty((p.shape_key.batch, width), dtype=torch.int32, device=device)
         return LaunchArgs(q, kv, weights, out, lens, table, p.max_model_len, p, q_scale=q_scale)
 
-    inp = make_inputs(p.batch, p.next_n, p.heads, ctx, kv_block_size=kv_block_size, preshuffle=p.preshuffle,
-                      fp8_dtype=dtype, lens_2d=p.lens_2d, max_model_len=ctx, device=device, seed=seed, kv_format=p.kv_format)
-    table = torch.full((p.batch, width), -1, dtype=torch.int32, device=device)
+    inp = make_inputs(p.shape_key.batch, p.shape_key.next_n, p.shape_key.heads, ctx, kv_block_size=kv_block_size, preshuffle=p.shape_key.preshuffle,
+                      fp8_dtype=dtype, lens_2d=p.lens_2d, max_model_len=ctx, device=device, seed=seed, kv_format=p.shape_key.kv_format)
+    table = torch.full((p.shape_key.batch, width), -1, dtype=torch.int32, device=device)
     table[:, :blocks] = inp["kv_indices"][:, :blocks]
     kv = inp["kv_cache"]
     if kv_cache is not None:  # the engine's cache: reads land in its blocks, results are scratch
@@ -177,7 +177,7 @@ def warm_inputs(problem: Problem, *, device, workspace: torch.Tensor, kv_cache: 
         return LaunchArgs(inp["q_fp8"], kv, inp["weights"], out, inp["context_lens"], table, p.max_model_len, p,
                           q_scale=inp["q_scale"])
     args = build_launch_args(inp["q_fp8"], kv, inp["weights"], out, inp["context_lens"], table, p.max_model_len,
-                             p.preshuffle, kv_block_size, p.context, inp["q_scale"])
+                             p.shape_key.preshuffle, kv_block_size, p.context, inp["q_scale"])
     if args.problem != p:
         raise RuntimeError(f"warmup inputs describe {args.problem.describe()}, expected {p.describe()}")
     return args
@@ -353,11 +353,11 @@ def warmup(
                 continue
             warmed |= set(keys)
         else:
-            group = (config_key, p.next_n, p.lens_2d)
+            group = (config_key, p.shape_key.next_n, p.lens_2d)
             if group in groups_run:
                 continue
             groups_run.add(group)
-        inputs_key = (p.batch, p.next_n, p.lens_2d, p.context)
+        inputs_key = (p.shape_key.batch, p.shape_key.next_n, p.lens_2d, p.context)
         if current is None or current[0] != inputs_key:
             current = (inputs_key, warm_inputs(p, device=device, workspace=workspace, kv_cache=kv_cache, seed=seed))
         args = current[1]

@@ -103,12 +103,12 @@ def check_knob_space(owner: str, config: dict, space: dict, extra=()) -> str | N
 
 def formats_unsupported(owner: str, problem: Problem, kv_formats=("fp8",), logits_dtypes=("fp32",)) -> str | None:
     """Why ``owner``'s kernels cannot serve ``problem``'s query/key format or logits dtype
-    (``None``: they read ``problem.kv_format`` and write ``problem.logits_dtype``): the first
+    (``None``: they read ``problem.shape_key.kv_format`` and write its ``logits_dtype``): the first
     check of ``unsupported`` in a backend whose kernels serve only some of them."""
-    if problem.kv_format not in kv_formats:
-        return f"{owner} kernels read {'/'.join(kv_formats)} queries and keys, not {problem.kv_format}"
-    if problem.logits_dtype not in logits_dtypes:
-        return f"{owner} kernels write {'/'.join(logits_dtypes)} logits, not {problem.logits_dtype}"
+    if problem.shape_key.kv_format not in kv_formats:
+        return f"{owner} kernels read {'/'.join(kv_formats)} queries and keys, not {problem.shape_key.kv_format}"
+    if problem.shape_key.logits_dtype not in logits_dtypes:
+        return f"{owner} kernels write {'/'.join(logits_dtypes)} logits, not {problem.shape_key.logits_dtype}"
     return None
 
 

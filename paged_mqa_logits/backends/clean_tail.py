@@ -56,4 +56,4 @@ def clean_tail(args) -> None:
     parts = max(1, min(MAX_PARTS_PER_ROW, TARGET_PROGRAMS // rows, triton.cdiv(width, BLOCK)))
     kernel = interpreted(clean_tail_kernel) if args.out.device.type == "cpu" else clean_tail_kernel
     kernel[(rows, parts)](args.out, lens, args.out.stride(0), lens.stride(0), lens.stride(1) if lens_2d else 0,
-                          args.problem.next_n, width, args.visible_width, LENS_2D=lens_2d, BLOCK=BLOCK)
+                          args.problem.shape_key.next_n, width, args.visible_width, LENS_2D=lens_2d, BLOCK=BLOCK)

@@ -45,7 +45,7 @@ class TorchBackend:
     def launch(self, args: LaunchArgs, config: dict) -> None:
         logits_into(
             args.out, args.q, args.kv_cache, args.weights, args.context_lens, args.block_table,
-            args.max_model_len, kv_block_size=args.problem.kv_block_size, preshuffle=args.problem.preshuffle,
+            args.max_model_len, kv_block_size=args.problem.shape_key.kv_block_size, preshuffle=args.problem.shape_key.preshuffle,
             q_scale=args.q_scale,
         )
 

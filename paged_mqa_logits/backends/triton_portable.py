@@ -109,7 +109,7 @@ def _round_to_bf16(x):
 
 @triton.jit
 def _block_tiles(lens_ptr, first_seq, batch, stride_lens_b, stride_lens_j, max_model_len, max_blocks,
-                 NEXT_N: tl.constexpr, LENS_2D: tl.constexpr, KV_BLOCK: tl.constexpr, CHUNK: tl.constexpr):
+                 NEXT_N: tl.constexpr, LENS_2D: tl.constexpr, KV_BLOCK_SIZE: tl.constexpr, CHUNK: tl.constexpr):
     """Tiles of sequences ``first_seq .. first_seq + SCAN_BLOCK`` (0 past the batch)."""
     seq = first_seq + tl.arange(0, SCAN_BLOCK)
     valid = seq < batch
@@ -118,19 +118,19 @@ def _block_tiles(lens_ptr, first_seq, batch, stride_lens_b, stride_lens_j, max_m
     if LENS_2D:
         for j in tl.static_range(1, NEXT_N):
             seq_len = tl.maximum(seq_len, tl.load(row + j * stride_lens_j, mask=valid, other=0))
-    end = tl.minimum(tl.minimum(tl.maximum(seq_len, 0), max_model_len), max_blocks * KV_BLOCK)
+    end = tl.minimum(tl.minimum(tl.maximum(seq_len, 0), max_model_len), max_blocks * KV_BLOCK_SIZE)
     return tl.cdiv(end, CHUNK)
 
 
 @triton.jit
 def _balanced_share(lens_ptr, batch, stride_lens_b, stride_lens_j, max_model_len, max_blocks, program, num_programs,
-                    NEXT_N: tl.constexpr, LENS_2D: tl.constexpr, KV_BLOCK: tl.constexpr, CHUNK: tl.constexpr):
+                    NEXT_N: tl.constexpr, LENS_2D: tl.constexpr, KV_BLOCK_SIZE: tl.constexpr, CHUNK: tl.constexpr):
     """``(start, stop, seq, tile)`` of ``program``'s equal share of the batch's tiles, from an
     in-kernel prefix sum over the lengths (``schedule.share`` / ``schedule.locate``)."""
     total = tl.zeros((), tl.int32)
     for first_seq in range(0, batch, SCAN_BLOCK):
         tiles = _block_tiles(lens_ptr, first_seq, batch, stride_lens_b, stride_lens_j, max_model_len, max_blocks,
-                             NEXT_N, LENS_2D, KV_BLOCK, CHUNK)
+                             NEXT_N, LENS_2D, KV_BLOCK_SIZE, CHUNK)
         total += tl.sum(tiles, axis=0)
     start = (total.to(tl.int64) * program // num_programs).to(tl.int32)
     stop = (total.to(tl.int64) * (program + 1) // num_programs).to(tl.int32)
@@ -139,7 +139,7 @@ def _balanced_share(lens_ptr, batch, stride_lens_b, stride_lens_j, max_model_len
     carried = tl.zeros((), tl.int32)
     for first_seq in range(0, batch, SCAN_BLOCK):
         tiles = _block_tiles(lens_ptr, first_seq, batch, stride_lens_b, stride_lens_j, max_model_len, max_blocks,
-                             NEXT_N, LENS_2D, KV_BLOCK, CHUNK)
+                             NEXT_N, LENS_2D, KV_BLOCK_SIZE, CHUNK)
         cum = tl.cumsum(tiles, 0) + carried
         done = cum <= start
         seq += tl.sum(done.to(tl.int32), axis=0)
@@ -154,7 +154,7 @@ def _score_segment(q_ptr, q_scale_ptr, kv_fp8_ptr, kv_f32_ptr, weights_ptr, out_
                    stride_q_b, stride_q_j, stride_q_h, stride_qs_b, stride_qs_j, stride_block, stride_w, stride_out,
                    stride_lens_b, stride_lens_j, stride_table, max_model_len, max_blocks, num_blocks,
                    NEXT_N: tl.constexpr, ROWS: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                   KV_BLOCK: tl.constexpr, CHUNK: tl.constexpr, PRESHUFFLE: tl.constexpr, LENS_2D: tl.constexpr,
+                   KV_BLOCK_SIZE: tl.constexpr, CHUNK: tl.constexpr, PRESHUFFLE: tl.constexpr, LENS_2D: tl.constexpr,
                    DOT_DTYPE: tl.constexpr, NUM_STAGES: tl.constexpr, KV_FP4: tl.constexpr, OUT_BF16: tl.constexpr):
     """Chunks ``[chunk_begin, chunk_end)`` of sequence ``b`` scored against next_n rows
     ``[row_group*ROWS, (row_group+1)*ROWS)``. ``KV_FP4``: MXFP4 queries and keys (``kv_fp8_ptr``
@@ -165,7 +165,7 @@ def _score_segment(q_ptr, q_scale_ptr, kv_fp8_ptr, kv_f32_ptr, weights_ptr, out_
     seq_len = _sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
     j = row_group * ROWS + tl.arange(0, ROWS)
     row_len = _row_lengths(lens_ptr, b, seq_len, j, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
-    end = tl.minimum(tl.minimum(seq_len, max_model_len), max_blocks * KV_BLOCK)
+    end = tl.minimum(tl.minimum(seq_len, max_model_len), max_blocks * KV_BLOCK_SIZE)
 
     # The group's query rows stacked: m = r * HEADS + h for row j = row_group * ROWS + r.
     m = tl.arange(0, M)
@@ -190,11 +190,11 @@ def _score_segment(q_ptr, q_scale_ptr, kv_fp8_ptr, kv_f32_ptr, weights_ptr, out_
     for chunk in tl.range(chunk_begin, chunk_end, num_stages=NUM_STAGES):
         token = chunk * CHUNK + t
         in_range = token < end
-        block = tl.load(table_row + token // KV_BLOCK, mask=in_range, other=0)
+        block = tl.load(table_row + token // KV_BLOCK_SIZE, mask=in_range, other=0)
         # Whatever the table holds, no gather leaves the cache: ids are clamped into
         # [0, num_blocks) (an invalid id yields a real block's logits, the documented rule).
         block = tl.maximum(tl.minimum(block, num_blocks - 1), 0).to(tl.int64)
-        slot = token % KV_BLOCK
+        slot = token % KV_BLOCK_SIZE
         column = tl.arange(0, KEY_BYTES)  # the bytes of a key
         if PRESHUFFLE:
             key_offsets = ((slot // 16 * 16 * KEY_BYTES + slot % 16 * 16)[:, None]
@@ -203,7 +203,7 @@ def _score_segment(q_ptr, q_scale_ptr, kv_fp8_ptr, kv_f32_ptr, weights_ptr, out_
             key_offsets = (slot * KEY_BYTES)[:, None] + column[None, :]
         key_ptrs = kv_fp8_ptr + (block * stride_block)[:, None] + key_offsets
         # the token's 4-byte word after the block's keys: its fp32 scale, or its fp4 exponents
-        word = tl.load(kv_f32_ptr + block * (stride_block // 4) + (KV_BLOCK * KEY_BYTES // 4) + slot, mask=in_range,
+        word = tl.load(kv_f32_ptr + block * (stride_block // 4) + (KV_BLOCK_SIZE * KEY_BYTES // 4) + slot, mask=in_range,
                        other=0)
         if KV_FP4:
             keys = _fp4_values(key_ptrs, word, in_range[:, None], HEAD_DIM)
@@ -234,7 +234,7 @@ def _paged_mqa_logits_kernel(
     stride_w, stride_out, stride_lens_b, stride_lens_j, stride_table,
     max_model_len, max_blocks, num_splits, batch, num_blocks,
     NEXT_N: tl.constexpr, ROWS: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    KV_BLOCK: tl.constexpr, CHUNK: tl.constexpr, PRESHUFFLE: tl.constexpr, LENS_2D: tl.constexpr,
+    KV_BLOCK_SIZE: tl.constexpr, CHUNK: tl.constexpr, PRESHUFFLE: tl.constexpr, LENS_2D: tl.constexpr,
     DOT_DTYPE: tl.constexpr, NUM_STAGES: tl.constexpr, BALANCED: tl.constexpr, KV_FP4: tl.constexpr,
     OUT_BF16: tl.constexpr,
 ):
@@ -247,16 +247,16 @@ def _paged_mqa_logits_kernel(
     if BALANCED:
         item, stop, b, tile = _balanced_share(lens_ptr, batch, stride_lens_b, stride_lens_j, max_model_len,
                                               max_blocks, tl.program_id(1), tl.num_programs(1), NEXT_N, LENS_2D,
-                                              KV_BLOCK, CHUNK)
+                                              KV_BLOCK_SIZE, CHUNK)
         while item < stop:
             seq_len = _sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
-            tiles = tl.cdiv(tl.minimum(tl.minimum(seq_len, max_model_len), max_blocks * KV_BLOCK), CHUNK)
+            tiles = tl.cdiv(tl.minimum(tl.minimum(seq_len, max_model_len), max_blocks * KV_BLOCK_SIZE), CHUNK)
             count = tl.minimum(tiles - tile, stop - item)
             _score_segment(q_ptr, q_scale_ptr, kv_fp8_ptr, kv_f32_ptr, weights_ptr, out_ptr, lens_ptr,
                            block_table_ptr, b, row_group, tile, tile + count,
                            stride_q_b, stride_q_j, stride_q_h, stride_qs_b, stride_qs_j, stride_block, stride_w,
                            stride_out, stride_lens_b, stride_lens_j, stride_table, max_model_len, max_blocks,
-                           num_blocks, NEXT_N, ROWS, HEADS, HEAD_DIM, KV_BLOCK, CHUNK, PRESHUFFLE, LENS_2D,
+                           num_blocks, NEXT_N, ROWS, HEADS, HEAD_DIM, KV_BLOCK_SIZE, CHUNK, PRESHUFFLE, LENS_2D,
                            DOT_DTYPE, NUM_STAGES, KV_FP4, OUT_BF16)
             item += tl.maximum(count, 0)  # zero-length sequences between long ones hold no items
             b += 1
@@ -265,21 +265,21 @@ def _paged_mqa_logits_kernel(
         split = tl.program_id(1)
         b = tl.program_id(2)
         seq_len = _sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
-        num_chunks = tl.cdiv(tl.minimum(tl.minimum(seq_len, max_model_len), max_blocks * KV_BLOCK), CHUNK)
+        num_chunks = tl.cdiv(tl.minimum(tl.minimum(seq_len, max_model_len), max_blocks * KV_BLOCK_SIZE), CHUNK)
         per_split = tl.cdiv(num_chunks, num_splits)
         chunk_begin = split * per_split
         _score_segment(q_ptr, q_scale_ptr, kv_fp8_ptr, kv_f32_ptr, weights_ptr, out_ptr, lens_ptr, block_table_ptr,
                        b, row_group, chunk_begin, tl.minimum(chunk_begin + per_split, num_chunks),
                        stride_q_b, stride_q_j, stride_q_h, stride_qs_b, stride_qs_j, stride_block, stride_w,
                        stride_out, stride_lens_b, stride_lens_j, stride_table, max_model_len, max_blocks, num_blocks,
-                       NEXT_N, ROWS, HEADS, HEAD_DIM, KV_BLOCK, CHUNK, PRESHUFFLE, LENS_2D, DOT_DTYPE, NUM_STAGES,
+                       NEXT_N, ROWS, HEADS, HEAD_DIM, KV_BLOCK_SIZE, CHUNK, PRESHUFFLE, LENS_2D, DOT_DTYPE, NUM_STAGES,
                        KV_FP4, OUT_BF16)
 
 
 def _dot_dtype(problem: Problem, interpreter: bool):
     if interpreter:
         return tl.float32
-    if problem.kv_format == "fp4":
+    if problem.shape_key.kv_format == "fp4":
         # the dequantised values are exact in any dtype with fp32's exponent range: bf16 where
         # the chip multiplies it (sm_80+, every gfx this package knows), else fp32 (tf32: exact too)
         bf16 = problem.arch.startswith("gfx") or (problem.arch.startswith("sm_") and int(problem.arch[3:]) >= 80)
@@ -302,8 +302,8 @@ class TritonBackend:
         return check_knob_space(self.name, config, self.KNOB_SPACE)
 
     def unsupported(self, problem: Problem) -> str | None:
-        if problem.heads & (problem.heads - 1):
-            return f"heads must be a power of two for tl.arange, got {problem.heads}"
+        if problem.shape_key.heads & (problem.shape_key.heads - 1):
+            return f"heads must be a power of two for tl.arange, got {problem.shape_key.heads}"
         if problem.arch == "cpu" and problem.fp8 == "fnuz":  # the cpu arch runs in the interpreter
             return "the Triton interpreter (CPU) cannot load e4m3fnuz (fp8e4b8) tensors"
         return None
@@ -314,7 +314,7 @@ class TritonBackend:
         return None
 
     def candidates(self, problem: Problem) -> list[dict]:
-        rows_options = sorted({min(r, triton.next_power_of_2(problem.next_n)) for r in (1, 2, 4, 8)})
+        rows_options = sorted({min(r, triton.next_power_of_2(problem.shape_key.next_n)) for r in (1, 2, 4, 8)})
         out = []
         for chunk in (64, 128):
             for rows in rows_options:
@@ -327,7 +327,7 @@ class TritonBackend:
         return out + [self.default_config(problem)]
 
     def default_config(self, problem: Problem) -> dict:
-        rows = min(triton.next_power_of_2(problem.next_n), max(1, 256 // problem.heads))
+        rows = min(triton.next_power_of_2(problem.shape_key.next_n), max(1, 256 // problem.shape_key.heads))
         return {"ChunkK": 64, "SplitKV": 0, "RowsPerProgram": rows, "num_warps": 4, "num_stages": 3,
                 "Schedule": SPLIT}
 
@@ -338,8 +338,8 @@ class TritonBackend:
         # the GPU kernel is what must run.
         on_cpu = p.arch == "cpu"
         chunk = int(config.get("ChunkK") or 64)
-        rows = min(int(config.get("RowsPerProgram") or 8), triton.next_power_of_2(p.next_n))
-        row_groups = triton.cdiv(p.next_n, rows)
+        rows = min(int(config.get("RowsPerProgram") or 8), triton.next_power_of_2(p.shape_key.next_n))
+        row_groups = triton.cdiv(p.shape_key.next_n, rows)
         schedule = config.get("Schedule") or SPLIT
         if schedule not in SCHEDULES:
             raise ValueError(f"triton: Schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
@@ -350,9 +350,9 @@ class TritonBackend:
             splits = 1
         else:
             if splits <= 0:
-                splits = derive_split_kv(max(p.cu_num, 1), p.batch * row_groups, p.work_context, chunk)
-            grid = (row_groups, splits, p.batch)
-        fp4 = p.kv_format == "fp4"
+                splits = derive_split_kv(max(p.cu_num, 1), p.shape_key.batch * row_groups, p.work_context, chunk)
+            grid = (row_groups, splits, p.shape_key.batch)
+        fp4 = p.shape_key.kv_format == "fp4"
         kv_fp8 = args.kv_cache.view(args.q.dtype)  # uint8 for fp4
         kv_f32 = args.kv_cache.view(torch.int32 if fp4 else torch.float32)
         q_scale = args.q_scale if fp4 else args.q  # any pointer when there is none: never read
@@ -366,10 +366,10 @@ class TritonBackend:
             args.q, q_scale, kv_fp8, kv_f32, args.weights, args.out, lens, args.block_table,
             args.q.stride(0), args.q.stride(1), args.q.stride(2), *scale_strides,
             args.kv_cache.stride(0), args.weights.stride(0), args.out.stride(0), *lens_strides,
-            args.block_table.stride(0), args.max_model_len, args.max_blocks, splits, p.batch, args.num_blocks,
-            NEXT_N=p.next_n, ROWS=rows, HEADS=p.heads, HEAD_DIM=p.head_dim, KV_BLOCK=p.kv_block_size,
-            CHUNK=chunk, PRESHUFFLE=p.preshuffle, LENS_2D=p.lens_2d, DOT_DTYPE=_dot_dtype(p, on_cpu),
-            NUM_STAGES=stages, BALANCED=schedule == BALANCED, KV_FP4=fp4, OUT_BF16=p.logits_dtype == "bf16",
+            args.block_table.stride(0), args.max_model_len, args.max_blocks, splits, p.shape_key.batch, args.num_blocks,
+            NEXT_N=p.shape_key.next_n, ROWS=rows, HEADS=p.shape_key.heads, HEAD_DIM=p.shape_key.head_dim, KV_BLOCK_SIZE=p.shape_key.kv_block_size,
+            CHUNK=chunk, PRESHUFFLE=p.shape_key.preshuffle, LENS_2D=p.lens_2d, DOT_DTYPE=_dot_dtype(p, on_cpu),
+            NUM_STAGES=stages, BALANCED=schedule == BALANCED, KV_FP4=fp4, OUT_BF16=p.shape_key.logits_dtype == "bf16",
             **options,
         )
 

@@ -27,9 +27,9 @@ def deepgemm_available() -> str | None:
 def deepgemm_unsupported(shape: Shape, arch: str) -> str | None:
     if arch != "sm_90" and not arch.startswith("sm_10"):
         return f"DeepGEMM's paged MQA logits targets sm_90/sm_100, not {arch}"
-    if shape.kv_format == "fp4" and arch == "sm_90":
+    if shape.shape_key.kv_format == "fp4" and arch == "sm_90":
         return "DeepGEMM serves MXFP4 on sm_100/sm_120 only: fp4 has no DeepGEMM peer on sm_90"
-    if shape.preshuffle or shape.kv_block_size not in (32, 64) or shape.heads not in (32, 64):
+    if shape.shape_key.preshuffle or shape.shape_key.kv_block_size not in (32, 64) or shape.shape_key.heads not in (32, 64):
         return "DeepGEMM serves plain (not preshuffled) caches with KVBlockSize 32/64 and H 32/64"
     missing = deepgemm_available()
     if missing is None and _needs_fp8_fp4_entry(shape):
@@ -41,7 +41,7 @@ def deepgemm_unsupported(shape: Shape, arch: str) -> str | None:
 
 
 def _needs_fp8_fp4_entry(shape: Shape) -> bool:
-    return shape.kv_format != "fp8" or shape.logits_dtype != "fp32"
+    return shape.shape_key.kv_format != "fp8" or shape.shape_key.logits_dtype != "fp32"
 
 
 def deepgemm_runner(inputs: dict, next_n: int, slots: int, flatten: bool = False) -> Callable[[], torch.Tensor]:
@@ -91,17 +91,17 @@ def deepgemm_runner(inputs: dict, next_n: int, slots: int, flatten: bool = False
 
 def deepgemm_flattens(shape: Shape) -> bool:
     """Whether DeepGEMM is timed flattened to next_n 1 for this shape (see the module docstring)."""
-    return shape.next_n not in DEEPGEMM_NEXT_N
+    return shape.shape_key.next_n not in DEEPGEMM_NEXT_N
 
 
 def deepgemm_calls(workload: Workload) -> list[Callable[[], torch.Tensor]]:
     sms = torch.cuda.get_device_properties(workload.device).multi_processor_count
     flatten = deepgemm_flattens(workload.shape)
-    tries = [sms // 2, sms] if workload.shape.next_n == 4 else [sms]
+    tries = [sms // 2, sms] if workload.shape.shape_key.next_n == 4 else [sms]
     error = None
     for slots in tries:
         try:
-            calls = [deepgemm_runner(inp, workload.shape.next_n, slots, flatten) for inp in workload.inputs]
+            calls = [deepgemm_runner(inp, workload.shape.shape_key.next_n, slots, flatten) for inp in workload.inputs]
             calls[0]()
             torch.cuda.synchronize(workload.device)
             return calls

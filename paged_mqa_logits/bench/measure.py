@@ -336,7 +336,7 @@ def measure(impl: Impl, workload: Workload, schedule: Schedule | None = Schedule
             if timing.method.startswith("eager (capture failed"):
                 m.status = "FAIL: not capturable in a CUDA graph (the op must be; timed eagerly instead)"
             m.gbps = acc.bytes / timing.us / 1e3
-            m.tflops = acc.flops(shape.heads, shape.head_dim) / timing.us / 1e6
+            m.tflops = acc.flops(shape.shape_key.heads, shape.shape_key.head_dim) / timing.us / 1e6
             if copy_gbps:
                 m.frac_of_copy_bw = m.gbps / copy_gbps
     except Exception as exc:

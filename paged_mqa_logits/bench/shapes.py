@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ..problem import HEAD_DIM, ShapeKey, ShapeKeyFields
+from ..problem import HEAD_DIM, ShapeKey
 
 #: the cache block size of a shape that names none (grids, shape files, :meth:`Shape.of`)
 DEFAULT_KV_BLOCK_SIZE = 64
@@ -24,12 +24,12 @@ LENGTH_MODES = ("", "half", "wide")
 
 
 @dataclass(frozen=True)
-class Shape(ShapeKeyFields):
+class Shape:
     """One benchmarked problem: a shape key at ``context``, uniform by default; ``ragged="half"``
     draws per-sequence lengths from ``[context/2, context]``, ``ragged="wide"`` from
     ``[1, context]`` (seeded, the first one exactly ``context``; ``True`` means ``"half"``).
-    ``lens_2d``: ``context_lens`` is ``[B, next_n]`` (else ``[B]``). ``shape.heads`` and the other
-    shape-key fields read through ``shape_key``."""
+    ``lens_2d``: ``context_lens`` is ``[B, next_n]`` (else ``[B]``). The key fields live in
+    ``shape_key`` only (``shape.shape_key.heads``)."""
 
     shape_key: ShapeKey
     context: int
@@ -54,10 +54,10 @@ class Shape(ShapeKeyFields):
 
     def lens(self, seed: int = 0) -> list[int]:
         if not self.ragged:
-            return [self.context] * self.batch
+            return [self.context] * self.shape_key.batch
         gen = torch.Generator().manual_seed(seed)
         low = self.context // 2 if self.ragged == "half" else 1
-        lens = torch.randint(low, self.context + 1, (self.batch,), generator=gen).tolist()
+        lens = torch.randint(low, self.context + 1, (self.shape_key.batch,), generator=gen).tolist()
         lens[0] = self.context
         return lens
 
@@ -66,16 +66,16 @@ class Shape(ShapeKeyFields):
         return {**asdict(self.shape_key), "context": self.context, "lens_2d": self.lens_2d, "ragged": self.ragged}
 
     def describe(self) -> str:
-        return (f"H={self.heads} next_n={self.next_n} batch={self.batch} context={self.context} "
-                f"kv_block_size={self.kv_block_size} preshuffle={int(self.preshuffle)}"
+        return (f"H={self.shape_key.heads} next_n={self.shape_key.next_n} batch={self.shape_key.batch} context={self.context} "
+                f"kv_block_size={self.shape_key.kv_block_size} preshuffle={int(self.shape_key.preshuffle)}"
                 + ("" if self.lens_2d else " lens=1d") + (f" ragged={self.ragged}" if self.ragged else "")
                 + self.shape_key.format_note())
 
 
 def grid_shapes(heads, next_n, batch, context, kv_block_size=(DEFAULT_KV_BLOCK_SIZE,), preshuffle=(False,), *,
                 lens_2d=True, ragged="", head_dim=HEAD_DIM, kv_format="fp8", logits_dtype="fp32") -> list[Shape]:
-    return [Shape.of(h, n, b, c, bs, p, head_dim, lens_2d, ragged, kv_format, logits_dtype)
-            for h, n, bs, p, c, b in itertools.product(heads, next_n, kv_block_size, preshuffle, context, batch)]
+    return [Shape.of(h, n, b, c, kv_block_size, p, head_dim, lens_2d, ragged, kv_format, logits_dtype)
+            for h, n, kv_block_size, p, c, b in itertools.product(heads, next_n, kv_block_size, preshuffle, context, batch)]
 
 
 def _int_list(text) -> list[int]:

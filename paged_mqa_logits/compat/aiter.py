@@ -125,7 +125,7 @@ def deepgemm_fp8_paged_mqa_logits(
     chunk_k = _positive_int("ChunkK", ChunkK)
     wave_per_eu = _positive_int("WavePerEU", WavePerEU)
     args = validate.build_launch_args(**op_arguments)
-    kv_block_size = args.problem.kv_block_size
+    kv_block_size = args.problem.shape_key.kv_block_size
     if chunk_k % kv_block_size and kv_block_size % chunk_k:
         _fail("ChunkK", f"a multiple or a divisor of KVBlockSize={kv_block_size}", chunk_k)
     if TotalCuCount is None:
@@ -135,7 +135,7 @@ def deepgemm_fp8_paged_mqa_logits(
     problem = args.problem
     choice = dispatch.choose(problem, args.target)
     knobs = aiter_knobs(chunk_k=chunk_k, wave_per_eu=wave_per_eu, total_cu_count=total_cu_count,
-                        batch=problem.batch, next_n=problem.next_n)
+                        batch=problem.shape_key.batch, next_n=problem.shape_key.next_n)
     config = served_config(choice.backend, problem, dict(choice.config), knobs)
     # the call validated above is not validated again (where the op's run can reuse it)
     return torch_op.call(OP.complete(dict(op_arguments, backend=choice.backend, config=config)), args)

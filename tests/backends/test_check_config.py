@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 
 from paged_mqa_logits import backends
-from paged_mqa_logits.problem import Problem
+from paged_mqa_logits.problem import Problem, ShapeKey
 
 ARCH_FP8 = {"cpu": "fn", "sm_90": "fn", "gfx942": "fnuz", "gfx950": "fn"}
 
@@ -15,10 +15,11 @@ def problems():
     for arch, fp8 in ARCH_FP8.items():
         for heads in (32, 64):
             for next_n in (1, 2, 4):
-                for bs, pre in ((1, False), (16, True), (64, False), (256, True)):
-                    yield Problem(arch=arch, cu_num=0 if arch == "cpu" else 132, batch=8, next_n=next_n, heads=heads,
-                                  head_dim=128, kv_block_size=bs, preshuffle=pre, context=8192, lens_2d=True, fp8=fp8,
-                                  max_model_len=131072)
+                for kv_block_size, pre in ((1, False), (16, True), (64, False), (256, True)):
+                    key = ShapeKey(heads=heads, head_dim=128, kv_block_size=kv_block_size, preshuffle=pre, batch=8,
+                                   next_n=next_n)
+                    yield Problem(arch=arch, cu_num=0 if arch == "cpu" else 132, shape_key=key, context=8192,
+                                  lens_2d=True, fp8=fp8, max_model_len=131072)
 
 
 @pytest.mark.parametrize("name", ["torch", "triton", "gluon", "flydsl"])

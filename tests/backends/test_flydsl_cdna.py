@@ -28,7 +28,7 @@ from paged_mqa_logits.backends.flydsl.backend import BACKEND, NOT_INSTALLED
 from paged_mqa_logits.backends.flydsl.emulate import EmulationFault, emulate
 from paged_mqa_logits.backends.flydsl.plan import CHUNK_KS, LDS_PER_CU, MFMA_KINDS, WAVE_ROLES, KernelPlan
 from paged_mqa_logits.backends import why_not
-from paged_mqa_logits.problem import Problem, Target
+from paged_mqa_logits.problem import Problem, ShapeKey, Target
 from paged_mqa_logits.schedule import derive_split_kv
 from paged_mqa_logits import schedule
 from paged_mqa_logits.reference import check_logits, row_lengths
@@ -40,7 +40,9 @@ FP8 = {"gfx942": torch.float8_e4m3fnuz, "gfx950": torch.float8_e4m3fn}
 
 def problem(arch="gfx950", *, heads=64, next_n=2, kv_block_size=64, fp8=None, head_dim=128, batch=8, context=4096):
     fp8 = fp8 or {"gfx942": "fnuz"}.get(arch, "fn")
-    return Problem(arch, 256, batch, next_n, heads, head_dim, kv_block_size, True, context, True, fp8, 8192)
+    key = ShapeKey(heads=heads, head_dim=head_dim, kv_block_size=kv_block_size, preshuffle=True, batch=batch,
+                   next_n=next_n)
+    return Problem(arch, 256, key, context, True, fp8, 8192)
 
 
 def target(arch="gfx950", device_type="cuda"):
@@ -68,8 +70,9 @@ def test_without_flydsl_the_package_imports_and_the_backend_says_why():
                   "sys.modules['flydsl'] = None  # import flydsl now fails, as if not installed\n"
                   "import paged_mqa_logits\n"
                   "from paged_mqa_logits.backends import why_not\n"
-                  "from paged_mqa_logits.problem import Problem\n"
-                  "p = Problem('gfx950', 256, 8, 2, 64, 128, 64, True, None, True, 'fn', 8192)\n"
+                  "from paged_mqa_logits.problem import Problem, ShapeKey\n"
+                  "key = ShapeKey(heads=64, head_dim=128, kv_block_size=64, preshuffle=True, batch=8, next_n=2)\n"
+                  "p = Problem('gfx950', 256, key, None, True, 'fn', 8192)\n"
                   "print(why_not('flydsl', p))")
     assert out.strip() == NOT_INSTALLED
 
@@ -110,7 +113,8 @@ def test_unsupported_shapes_and_archs(kwargs, expected):
 
 
 def test_fp4_is_served_natively_on_gfx950_and_widened_where_it_fits():
-    fp4 = {arch: dataclasses.replace(problem(arch), kv_format="fp4") for arch in ("gfx942", "gfx950")}
+    fp4 = {arch: dataclasses.replace(problem(arch), shape_key=dataclasses.replace(problem(arch).shape_key, kv_format="fp4"))
+           for arch in ("gfx942", "gfx950")}
     assert BACKEND.unsupported(fp4["gfx950"]) is None and BACKEND.unsupported(fp4["gfx942"]) is None
     # an MXFP4 call is judged without an fp8 flavour (its problem carries the chip's)
     assert BACKEND.unsupported(dataclasses.replace(fp4["gfx950"], fp8="fnuz")) is None
@@ -121,7 +125,7 @@ def test_fp4_is_served_natively_on_gfx950_and_widened_where_it_fits():
     plan = BACKEND.plan(fp4["gfx950"], {})
     assert plan.name.endswith("_fp4") and plan.stage_bytes == 64 * 64 and plan.tile_bytes == 1024
     # widened, the widest shapes need more registers than a SIMD has: declined, so dispatch falls through
-    wide = dataclasses.replace(fp4["gfx942"], next_n=8)
+    wide = dataclasses.replace(fp4["gfx942"], shape_key=dataclasses.replace(fp4["gfx942"].shape_key, next_n=8))
     assert BACKEND.unsupported(wide).startswith("no gfx942 kernel configuration fits: heads=64, next_n=8")
     assert BACKEND.unsupported(dataclasses.replace(wide, arch="gfx950")) is None  # the scaled MFMA fits
     assert BACKEND.plan(problem(), {}).stage_bytes == 64 * 128
@@ -263,7 +267,7 @@ def _emulated(case, arch, config, grid_x=None, cu_num=8, trace_stores=False):
 @pytest.mark.parametrize("seed", range(24))
 def test_emulated_kernel_matches_reference(seed):
     arch = ("gfx942", "gfx950")[seed % 2]
-    case = random_case(700 + seed, heads=(32, 64), block_sizes=(16, 32, 64, 128, 256), max_context=400)
+    case = random_case(700 + seed, heads=(32, 64), kv_block_sizes=(16, 32, 64, 128, 256), max_context=400)
     roles = WAVE_ROLES[seed // 3 % 2]
     config = {"ChunkK": CHUNK_KS[seed // 2 % 2], "WavePerEU": 2 if roles == "split" else 1,
               "Schedule": schedule.SCHEDULES[seed // 4 % 2], "Mfma": MFMA_KINDS[arch][seed // 8 % len(MFMA_KINDS[arch])],
@@ -279,7 +283,7 @@ def test_emulated_widened_fp4_kernel_matches_reference(seed):
     exponents folded into each group's fp32 sums, against the exact fp4 reference; over the
     random matrix restricted to the shapes it serves."""
     arch = ("gfx942", "gfx950")[seed % 2]
-    case = dict(random_case(850 + seed, heads=(32, 64), block_sizes=(16, 32, 64, 128, 256), max_context=400),
+    case = dict(random_case(850 + seed, heads=(32, 64), kv_block_sizes=(16, 32, 64, 128, 256), max_context=400),
                 kv_format="fp4")
     roles = WAVE_ROLES[seed // 4 % 2]  # split roles: WavePerEU 2, half the registers
     case["next_n"] = min(case["next_n"], (4 if case["heads"] == 32 else 2) // (2 if roles == "split" else 1))
@@ -318,7 +322,7 @@ def test_emulated_fp4_kernel_matches_reference(seed):
     """MXFP4 queries and keys on gfx950's scaled MFMA (e2m1 operands, the exponents as its e8m0
     block scales) against the exact fp4 reference, over the random matrix (block sizes, both
     cache layouts, padded block strides, 1-D/2-D lengths, next_n 1..8) and every knob."""
-    case = dict(random_case(800 + seed, heads=(32, 64), block_sizes=(16, 32, 64, 128, 256), max_context=400),
+    case = dict(random_case(800 + seed, heads=(32, 64), kv_block_sizes=(16, 32, 64, 128, 256), max_context=400),
                 kv_format="fp4")
     roles = WAVE_ROLES[seed // 3 % 2]
     config = {"ChunkK": CHUNK_KS[seed % 2], "WavePerEU": 2 if roles == "split" else 1,
@@ -339,8 +343,8 @@ def test_emulated_fp4_kernel_uses_every_exponent(arch, mfma):
     q_scale = inp["q_scale"]
     q_scale.copy_(torch.randint(117, 138, (*q_scale.shape, 4), generator=gen, dtype=torch.uint8).view(torch.int32)[..., 0])
     cache = inp["kv_cache"]
-    blocks, block_kv, stride = cache.shape[0], cache.shape[1], cache.stride(0)
-    words = cache.as_strided((blocks, block_kv * 4), (stride, 1), cache.storage_offset() + block_kv * 64)
+    blocks, kv_block_size, stride = cache.shape[0], cache.shape[1], cache.stride(0)
+    words = cache.as_strided((blocks, kv_block_size * 4), (stride, 1), cache.storage_offset() + kv_block_size * 64)
     words.copy_(torch.randint(117, 138, words.shape, generator=gen, dtype=torch.uint8))
     args = _launch_args(inp, arch)
     plan = BACKEND.plan(args.problem, {"ChunkK": 64, "WavePerEU": 1, "Mfma": mfma})
@@ -633,7 +637,7 @@ def test_gpu_kernel_matches_reference(seed):
     from paged_mqa_logits import paged_mqa_logits
     from op_cases import run_and_check
 
-    case = random_case(900 + seed, heads=(32, 64), block_sizes=(16, 32, 64, 128, 256), max_context=3000)
+    case = random_case(900 + seed, heads=(32, 64), kv_block_sizes=(16, 32, 64, 128, 256), max_context=3000)
     config = {"ChunkK": CHUNK_KS[seed % 2], "WavePerEU": 1 + seed % 2, "SplitKV": (0, 1, 5)[seed % 3]}
     check = run_and_check(paged_mqa_logits, build(case, device="cuda", fp8_dtype=FP8[arch]), backend="flydsl",
                           config=config)

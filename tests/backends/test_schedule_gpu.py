@@ -26,12 +26,12 @@ from triton.experimental.gluon import language as gl  # noqa: E402
 
 @gluon.jit
 def _gluon_shares_kernel(lens_ptr, out_ptr, batch, stride_b, stride_j, max_model_len, max_blocks,
-                         NEXT_N: gl.constexpr, KV_BLOCK: gl.constexpr, CHUNK: gl.constexpr, THREADS: gl.constexpr):
+                         NEXT_N: gl.constexpr, KV_BLOCK_SIZE: gl.constexpr, CHUNK: gl.constexpr, THREADS: gl.constexpr):
     """Each program stores the ``(start, stop, seq, tile)`` the Gluon kernels start from."""
     p = gl.program_id(0)
     start, stop, seq, tile = gluon_device.balanced_share(
         lens_ptr, batch, stride_b, stride_j, max_model_len, max_blocks, p, gl.num_programs(0), NEXT_N, True,
-        KV_BLOCK, CHUNK, gluon_device.scan_layout(THREADS, gl.num_warps()))
+        KV_BLOCK_SIZE, CHUNK, gluon_device.scan_layout(THREADS, gl.num_warps()))
     gl.store(out_ptr + p * 4 + 0, start)
     gl.store(out_ptr + p * 4 + 1, stop)
     gl.store(out_ptr + p * 4 + 2, seq)
@@ -210,14 +210,14 @@ def test_gluon_device_share_matches_the_model():
     ``schedule.locate``, over a batch of two scan steps with zero, clipped and 2-D lengths."""
     arch = _arch()
     rng = random.Random(3)
-    batch, next_n, programs, chunk, kv_block, mml, max_blocks = 700, 2, 37, 64, 16, 5000, 250
+    batch, next_n, programs, chunk, kv_block_size, mml, max_blocks = 700, 2, 37, 64, 16, 5000, 250
     rows = [[0, 0] if rng.random() < 0.2 else [n - 1, n] for n in (rng.randint(1, 6000) for _ in range(batch))]
     lens = torch.tensor(rows, dtype=torch.int32, device="cuda")
     out = torch.full((programs, 4), -1, dtype=torch.int32, device="cuda")
     threads = 64 if arch.startswith("gfx") else 32
     _gluon_shares_kernel[(programs,)](lens, out, batch, lens.stride(0), lens.stride(1), mml, max_blocks, NEXT_N=next_n,
-                               KV_BLOCK=kv_block, CHUNK=chunk, THREADS=threads, num_warps=4)
-    counts = tile_counts([min(max(r), mml, max_blocks * kv_block) for r in rows], chunk)
+                               KV_BLOCK_SIZE=kv_block_size, CHUNK=chunk, THREADS=threads, num_warps=4)
+    counts = tile_counts([min(max(r), mml, max_blocks * kv_block_size) for r in rows], chunk)
     for p, (start, stop, seq, tile) in enumerate(out.tolist()):
         assert (start, stop) == share(sum(counts), p, programs)
         if start < stop:

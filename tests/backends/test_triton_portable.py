@@ -9,6 +9,7 @@ import torch
 from op_cases import build, random_case, run_and_check
 from paged_mqa_logits import PagedMQAArgumentError, paged_mqa_logits
 from paged_mqa_logits.backends import get
+from paged_mqa_logits.problem import Problem, ShapeKey
 from paged_mqa_logits.reference import make_inputs
 from op_cases import positional
 
@@ -42,18 +43,21 @@ def test_bit_identical_1d_2d_under_interpreter():
     assert torch.equal(a["out_logits"].view(torch.int32), b["out_logits"].view(torch.int32))
 
 
+def _key(heads: int) -> ShapeKey:
+    return ShapeKey(heads=heads, head_dim=128, kv_block_size=64, preshuffle=False, batch=8, next_n=2)
+
+
 def test_candidates_cover_knobs():
     backend = get("triton")
     from paged_mqa_logits.explain import explain  # noqa: F401  (problem construction lives there)
-    from paged_mqa_logits.problem import Problem
 
-    p = Problem("sm_90", 132, 8, 2, 64, 128, 64, False, None, True, "fn", 8192)
+    p = Problem("sm_90", 132, _key(64), None, True, "fn", 8192)
     cands = backend.candidates(p)
     assert {c["ChunkK"] for c in cands} == {64, 128}
     assert {c["RowsPerProgram"] for c in cands} == {1, 2}  # never more rows than next_n (2)
     assert all(set(c) == {"ChunkK", "SplitKV", "RowsPerProgram", "num_warps", "num_stages", "Schedule"} for c in cands)
     assert backend.unsupported(p) is None
-    assert "power of two" in backend.unsupported(Problem("sm_90", 132, 8, 2, 48, 128, 64, False, None, True, "fn", 8192))
+    assert "power of two" in backend.unsupported(Problem("sm_90", 132, _key(48), None, True, "fn", 8192))
 
 
 @pytest.mark.parametrize("next_n, lens_2d, rows", [(1, True, 1), (3, False, 2), (5, True, 8), (7, False, 4)])
@@ -75,10 +79,9 @@ def test_balanced_schedule_on_widely_ragged_batches(next_n, lens_2d, rows):
 
 
 def test_schedule_knob_is_checked_and_both_are_candidates():
-    from paged_mqa_logits.problem import Problem
 
     backend = get("triton")
-    p = Problem("sm_90", 132, 8, 2, 64, 128, 64, False, None, True, "fn", 8192)
+    p = Problem("sm_90", 132, _key(64), None, True, "fn", 8192)
     assert {c["Schedule"] for c in backend.candidates(p)} == {"balanced", "split"}
     assert backend.default_config(p)["Schedule"] == "split"
     inp = make_inputs(2, 1, 16, [40, 3], kv_block_size=16, seed=1)

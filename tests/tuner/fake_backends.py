@@ -53,8 +53,8 @@ class MisbehavingBackend:
             raise RuntimeError("fake backend: asked to raise")
         weights = args.weights * 1.5 if mode == "wrong" else args.weights
         logits_into(args.out, args.q, args.kv_cache, weights, args.context_lens, args.block_table,
-                    args.max_model_len, kv_block_size=args.problem.kv_block_size,
-                    preshuffle=args.problem.preshuffle)
+                    args.max_model_len, kv_block_size=args.problem.shape_key.kv_block_size,
+                    preshuffle=args.problem.shape_key.preshuffle)
         if mode == "scribble":
             args.out[: args.problem.rows, args.max_model_len:] = 0.0
 

@@ -100,7 +100,7 @@ def test_spent_budget_starts_nothing_not_even_a_started_keys_other_contexts(caps
     stage.deadline = time.monotonic() - 1
     assert stage.next_task() is None and stage.next_task() is None
     assert not stage.pending and not stage.queue
-    assert [k.batch for k in stage.left] == [1, 2]
+    assert [k.shape_key.batch for k in stage.left] == [1, 2]
     out = capsys.readouterr().out
     assert out.count("time budget spent") == 1 and "2 key(s) left untuned" in out
 

@@ -46,7 +46,7 @@ def test_tune_resume_merge_and_dispatch(tmp_path, registry, monkeypatch):
     rows = table.parse_file(out)
     assert ("gfx950", 32) in {(r.arch, r.context) for r in rows}
     mine = [r for r in rows if r.arch == "cpu"]
-    assert sorted((r.batch, r.context or 0) for r in mine) == [(1, 0), (1, 32), (1, 64), (2, 0), (2, 32), (2, 64)]
+    assert sorted((r.shape_key.batch, r.context or 0) for r in mine) == [(1, 0), (1, 32), (1, 64), (2, 0), (2, 32), (2, 64)]
     assert all(r.backend in ("torch", "triton") and r.us > 0 for r in mine)
     assert all(r.provenance.startswith("tuned:cpu|cu0|triton") and "|torch" in r.provenance for r in mine)
     report = (tmp_path / "report.csv").read_text()
@@ -59,7 +59,7 @@ def test_tune_resume_merge_and_dispatch(tmp_path, registry, monkeypatch):
     args = (inp["q_fp8"], inp["kv_cache"], inp["weights"], inp["out_logits"], inp["context_lens"], inp["kv_indices"],
             inp["max_model_len"], True, 16)
     paged_mqa_logits(*args, context_hint=64)
-    choice = next(c for (p, _target), c in dispatch.decisions().items() if p.batch == 2)
+    choice = next(c for (p, _target), c in dispatch.decisions().items() if p.shape_key.batch == 2)
     assert choice.source.startswith(out + ":") and choice.rule == "exact row"
 
     # resume: nothing left to do, no worker started, the file untouched

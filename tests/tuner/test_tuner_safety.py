@@ -39,7 +39,7 @@ def test_two_tuners_writing_one_table_keep_every_row(tmp_path):
     assert [w.wait(300) for w in writers] == [0, 0]
     rows = table.parse_file(path)
     assert len(rows) == 2 * ROWS_PER_WRITER
-    assert {(r.batch, r.context) for r in rows} == {(b, c) for b in range(1, ROWS_PER_WRITER + 1) for c in (64, 128)}
+    assert {(r.shape_key.batch, r.context) for r in rows} == {(b, c) for b in range(1, ROWS_PER_WRITER + 1) for c in (64, 128)}
     assert sorted(os.listdir(tmp_path)) == ["cpu_tuned.csv"]  # no temporary file, no lock file left
 
 
@@ -66,7 +66,7 @@ def test_a_symlinked_table_is_written_through_to_its_target(tmp_path):
     other = ShapeKey(heads=16, head_dim=128, kv_block_size=16, preshuffle=False, batch=2, next_n=1)
     update_table(str(target), [Row("cpu", 0, other, None, "torch", (), 2.0, "tuned:b", "")])
     assert link.is_symlink() and os.readlink(link) == str(target)
-    assert {r.batch for r in table.parse_file(str(link))} == {1, 2}
+    assert {r.shape_key.batch for r in table.parse_file(str(link))} == {1, 2}
     assert sorted(os.listdir(tmp_path)) == ["my_tuned.csv", "real"] and os.listdir(target.parent) == [target.name]
 
 
@@ -77,7 +77,7 @@ def test_update_table_merges_under_the_lock(tmp_path):
     update_table(path, [old])
     new = Row("cpu", 0, key2, None, "triton", (("ChunkK", 32),), 1.0, "tuned:new", "")
     written = update_table(path, [new])
-    assert {r.batch for r in written} == {1, 2} == {r.batch for r in table.parse_file(path)}
+    assert {r.shape_key.batch for r in written} == {1, 2} == {r.shape_key.batch for r in table.parse_file(path)}
 
 
 def _gone(pid: int) -> bool:
@@ -151,4 +151,4 @@ def test_a_re_tune_keeps_the_tables_notes_and_replaces_its_own_lines(tmp_path):
                  comments=["rows written by the tuner (run 2)"])
     notes = [line for line in path.read_text().splitlines() if line.startswith("#")]
     assert notes == ["# rows written by the tuner (run 2)", "# the bench:x row was picked by hand"]
-    assert {r.batch for r in table.parse_file(str(path))} == {1, 2}
+    assert {r.shape_key.batch for r in table.parse_file(str(path))} == {1, 2}

@@ -56,7 +56,7 @@ def test_coarse_to_fine_covers_the_range_first():
     first = sorted(rank, key=rank.get)
     assert first[:3] == [1, 256, 16] and set(first) == {1, 2, 4, 8, 16, 32, 64, 128, 256}
     keys = order_keys([TuneKey(shape_key(32, 128, 64, False, b, 1), (8192,)) for b in (64, 1, 256, 8)])
-    assert [k.batch for k in keys][:2] == [1, 256]
+    assert [k.shape_key.batch for k in keys][:2] == [1, 256]
 
 
 def test_shipped_untuned_lists():
@@ -64,11 +64,11 @@ def test_shipped_untuned_lists():
     glm = read_untuned([os.path.join(root, "glm5_untuned.csv")])
     dsv = read_untuned([os.path.join(root, "dsv32_untuned.csv")])
     compact = read_untuned([os.path.join(root, "sm_90_compact_untuned.csv")])
-    assert {k.heads for k in glm} == {32} and {k.heads for k in dsv} == {64}
+    assert {k.shape_key.heads for k in glm} == {32} and {k.shape_key.heads for k in dsv} == {64}
     for keys in (glm, dsv):
-        assert {k.batch for k in keys} == {1, 2, 4, 8, 16, 32, 64, 128, 256}
-        assert {k.next_n for k in keys} == {1, 2, 3, 4, 8} and {k.preshuffle for k in keys} == {True, False}
-        assert {k.kv_block_size for k in keys} == {64} and {k.contexts for k in keys} == {(8192, 32768, 131072)}
+        assert {k.shape_key.batch for k in keys} == {1, 2, 4, 8, 16, 32, 64, 128, 256}
+        assert {k.shape_key.next_n for k in keys} == {1, 2, 3, 4, 8} and {k.shape_key.preshuffle for k in keys} == {True, False}
+        assert {k.shape_key.kv_block_size for k in keys} == {64} and {k.contexts for k in keys} == {(8192, 32768, 131072)}
     assert {k.shape_key for k in compact} <= {k.shape_key for k in glm + dsv} and len(compact) < len(glm + dsv) / 2
 
 
@@ -119,7 +119,8 @@ def test_written_table_parses_and_serves_lookups(tmp_path):
     os.environ[table.ENV_CONFIGS] = path
     try:
         table.reset()
-        problem = Problem("sm_90", 132, 4, 2, 32, 128, 16, False, None, True, "fn", 256)
+        problem = Problem("sm_90", 132, ShapeKey(heads=32, head_dim=128, kv_block_size=16, preshuffle=False, batch=4, next_n=2),
+                          None, True, "fn", 256)
         match = table.lookup(problem)
         assert match.row.context is None and match.rule.startswith("exact row")
         from dataclasses import replace
@@ -157,7 +158,7 @@ def test_merge_replaces_a_retuned_key_and_keeps_everything_else():
     existing = [row("cpu", 1, 64, 1.0), row("cpu", 1, 999, 1.0), row("cpu", 2, None, 2.0), row("gfx950", 1, 64, 3.0)]
     new = [row("cpu", 1, 64, 0.5), row("cpu", 1, None, 0.5)]
     merged = merge(existing, new, {("cpu", 0, shape_key(32, 128, 16, False, 1, 1))})
-    assert {(r.arch, r.batch, r.context, r.us) for r in merged} == {
+    assert {(r.arch, r.shape_key.batch, r.context, r.us) for r in merged} == {
         ("cpu", 1, 64, 0.5), ("cpu", 1, None, 0.5), ("cpu", 2, None, 2.0), ("gfx950", 1, 64, 3.0)}
     assert len(merged) == 4
     contexts_of = {shape_key(32, 128, 16, False, 1, 1): (64,), shape_key(32, 128, 16, False, 2, 1): (64,)}
@@ -179,7 +180,7 @@ def test_check_stage_compiles_each_family_at_its_smallest_batch_first():
     cands = [Candidate.of("triton", {"ChunkK": c}) for c in (32, 64, 128, 256)]
     runs = [KeyRun(TuneKey(shape_key(32, 128, 16, pre, b, 1), (64, 128)), cands) for pre in (False, True) for b in (1, 8, 64)]
     stage = CheckStage(runs, jobs=2, bar=_Bar())
-    tasks = [(t.shape.preshuffle, t.shape.batch, t.shape.context, len(t.impls)) for t in stage.tasks]
+    tasks = [(t.shape.shape_key.preshuffle, t.shape.shape_key.batch, t.shape.context, len(t.impls)) for t in stage.tasks]
     assert tasks == [(False, 1, 64, 2), (False, 1, 64, 2), (True, 1, 64, 2), (True, 1, 64, 2),
                      (False, 64, 64, 2), (False, 64, 64, 2), (True, 64, 64, 2), (True, 64, 64, 2)]
     assert all(t.workload == {"copies": 1} and t.screen is None for t in stage.tasks)  # check only
@@ -293,12 +294,12 @@ def test_keys_carry_the_format_and_logits_dtype_into_candidates_and_rows(tmp_pat
     path = write(tmp_path, "f.csv", "heads,head_dim,kv_block_size,preshuffle,batch,next_n,kv_format,logits_dtype,"
                                     "contexts\n64,128,64,0,8,1,fp4,bf16,8192\n64,128,64,0,8,1,,,8192\n")
     fp4, fp8 = read_untuned([path])
-    assert (fp4.kv_format, fp4.logits_dtype, fp8.kv_format, fp8.logits_dtype) == ("fp4", "bf16", "fp8", "fp32")
+    assert (fp4.shape_key.kv_format, fp4.shape_key.logits_dtype, fp8.shape_key.kv_format, fp8.shape_key.logits_dtype) == ("fp4", "bf16", "fp8", "fp32")
     assert fp4.family != fp8.family  # tuned separately: their kernels differ
     sm90 = Target.described("sm_90", 132)
     cands, skipped = candidates_for(fp4, sm90, ["gluon", "triton"])
     assert {c.backend for c in cands} == {"triton"} and "fp4" in skipped["gluon"]
-    assert problem_for(fp4, sm90, 8192).kv_format == "fp4"
+    assert problem_for(fp4, sm90, 8192).shape_key.kv_format == "fp4"
     out = str(tmp_path / "again.csv")
     from tuner.keys import write_untuned
 

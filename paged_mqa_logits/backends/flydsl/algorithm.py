@@ -702,5 +702,5 @@ def launch_arguments(args, grid_x: int) -> tuple:
         q, args.kv_cache, args.weights, args.out, lens_2d_view, args.block_table, q_scale,
         q.stride(0), q.stride(1), q.stride(2), args.kv_cache.stride(0), args.weights.stride(0), args.out.stride(0),
         stride_lens_b, stride_lens_j, args.block_table.stride(0), args.max_model_len, args.max_blocks, grid_x,
-        args.problem.batch, stride_qs_b, stride_qs_j,
+        args.problem.shape_key.batch, stride_qs_b, stride_qs_j,
     )

@@ -33,7 +33,7 @@ import importlib
 import torch
 
 from ...arch import native_fp8
-from ...problem import KV_FORMATS, LOGITS_DTYPES, LaunchArgs, Problem, Target
+from ...problem import KV_FORMATS, LOGITS_DTYPES, LaunchArgs, Problem, ShapeKey, Target
 from ...schedule import BALANCED, SCHEDULES, derive_split_kv, persistent_programs
 from ..base import MAX_SPLIT_KV, check_knob_space, formats_unsupported
 from . import build
@@ -69,7 +69,8 @@ class FlyDSLBackend:
         if problem is not None and problem.arch not in ARCHS:
             return f"flydsl runs on {', '.join(ARCHS)}, not {problem.arch}"
         problems = [problem] if problem is not None else [
-            Problem(arch=a, cu_num=0, batch=1, next_n=1, heads=64, head_dim=128, kv_block_size=64, preshuffle=False,
+            Problem(arch=a, cu_num=0, shape_key=ShapeKey(heads=64, head_dim=128, kv_block_size=64, preshuffle=False,
+                                                         batch=1, next_n=1),
                     context=None, lens_2d=True, fp8=native_fp8(a), max_model_len=131072) for a in ARCHS]
         errors = []
         for p in problems:
@@ -90,14 +91,14 @@ class FlyDSLBackend:
         if formats is not None:
             return formats
         # an MXFP4 call has no fp8 flavour of its own (``problem.fp8`` is the chip's)
-        if problem.kv_format == "fp8" and problem.fp8 != native_fp8(problem.arch):
+        if problem.shape_key.kv_format == "fp8" and problem.fp8 != native_fp8(problem.arch):
             return (f"{problem.arch} computes fp8 e4m3{native_fp8(problem.arch)} natively; the inputs are "
                     f"e4m3{problem.fp8}")
-        if problem.head_dim != 128:
-            return f"head_dim must be 128, got {problem.head_dim}"
+        if problem.shape_key.head_dim != 128:
+            return f"head_dim must be 128, got {problem.shape_key.head_dim}"
         plan = self.plan(problem, {})
         error = plan.problem_error()
-        if error is None and problem.kv_format == "fp4" and not self.candidates(problem):  # widened, widest shapes
+        if error is None and problem.shape_key.kv_format == "fp4" and not self.candidates(problem):  # widened, widest shapes
             return f"no {problem.arch} kernel configuration fits: {plan.config_error()}"
         return error
 
@@ -133,7 +134,7 @@ class FlyDSLBackend:
         GPU has run the split roles: they are a tuner candidate), the balanced schedule where
         the cache layout allows it (else split) and the highest occupancy (up to 4 workgroups
         per CU) the shape fits."""
-        kinds = [k for k in MFMA_KINDS.get(problem.arch, ("fp8",)) if k in KV_FORMAT_MFMA.get(problem.kv_format, ())]
+        kinds = [k for k in MFMA_KINDS.get(problem.arch, ("fp8",)) if k in KV_FORMAT_MFMA.get(problem.shape_key.kv_format, ())]
         base = {"ChunkK": 64, "SplitKV": 0, "Mfma": (kinds or ["fp8"])[0],
                 "WaveRoles": WAVE_ROLES[0]}
         for schedule in SCHEDULES:
@@ -144,12 +145,12 @@ class FlyDSLBackend:
         return {**base, "Schedule": BALANCED, "WavePerEU": 1}
 
     def _bare_plan(self, problem: Problem, config: dict) -> KernelPlan:
-        return KernelPlan(arch=problem.arch, heads=problem.heads, next_n=problem.next_n,
-                          kv_block_size=problem.kv_block_size, preshuffle=problem.preshuffle,
+        return KernelPlan(arch=problem.arch, heads=problem.shape_key.heads, next_n=problem.shape_key.next_n,
+                          kv_block_size=problem.shape_key.kv_block_size, preshuffle=problem.shape_key.preshuffle,
                           lens_2d=problem.lens_2d, chunk_k=int(config["ChunkK"]), wave_per_eu=int(config["WavePerEU"]),
                           schedule=str(config["Schedule"]), mfma=str(config["Mfma"]),
-                          wave_roles=str(config.get("WaveRoles", WAVE_ROLES[0])), kv_format=problem.kv_format,
-                          logits_dtype=problem.logits_dtype)
+                          wave_roles=str(config.get("WaveRoles", WAVE_ROLES[0])), kv_format=problem.shape_key.kv_format,
+                          logits_dtype=problem.shape_key.logits_dtype)
 
     def grid_x(self, problem: Problem, plan: KernelPlan, config: dict) -> int:
         """Workgroups along x. Balanced: one resident wave of them, ``CUs x`` workgroups per CU
@@ -161,7 +162,7 @@ class FlyDSLBackend:
         splits = int(config.get("SplitKV") or 0)
         if splits > 0:
             return splits
-        return derive_split_kv(max(problem.cu_num, 1), problem.batch, problem.work_context, plan.chunk_k,
+        return derive_split_kv(max(problem.cu_num, 1), problem.shape_key.batch, problem.work_context, plan.chunk_k,
                                ctas_per_cu=plan.workgroups_per_cu)
 
     # ------------------------------------------------------------------ launch

@@ -33,7 +33,7 @@ from dataclasses import asdict
 from ... import triton_internals
 from ...arch import native_fp8, normalise_arch
 from ...files import atomic_write
-from ...problem import KV_FORMATS, Problem
+from ...problem import KV_FORMATS, Problem, ShapeKey
 from ..base import CompileRecord
 from .plan import ARCHS, HEADS, KV_BLOCK_SIZES, LDS_PER_CU, KernelPlan
 from .toolchain import NOT_INSTALLED, flydsl_installed
@@ -44,8 +44,9 @@ MAX_WORKERS = 4
 # ============================================================================ what to compile
 def _problem(arch: str, heads: int, next_n: int, kv_block_size: int, preshuffle: bool, lens_2d: bool,
              kv_format: str = "fp8", logits_dtype: str = "fp32"):
-    return Problem(arch, 0, 1, next_n, heads, 128, kv_block_size, preshuffle, None, lens_2d, native_fp8(arch), 8192,
-                   kv_format=kv_format, logits_dtype=logits_dtype)
+    shape_key = ShapeKey(heads=heads, head_dim=128, kv_block_size=kv_block_size, preshuffle=preshuffle, batch=1,
+                         next_n=next_n, kv_format=kv_format, logits_dtype=logits_dtype)
+    return Problem(arch, 0, shape_key, None, lens_2d, native_fp8(arch), 8192)
 
 
 def knob_space(backend, arch: str) -> list[KernelPlan]:

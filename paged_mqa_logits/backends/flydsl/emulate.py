@@ -483,7 +483,7 @@ def emulate(plan: KernelPlan, args: LaunchArgs, grid_x: int, trace_stores: bool 
         values[i] = memory.tensor_address(values[i])
     named = dict(zip(ARG_NAMES, values))
     stats = EmulationStats()
-    size_x, size_y = grid(plan, grid_x, args.problem.batch)
+    size_x, size_y = grid(plan, grid_x, args.problem.shape_key.batch)
     for y in range(size_y):
         for x in range(size_x):
             KernelBody(plan, EmulatedOps(plan, memory, x, y, stats, trace_stores), named).run()

@@ -79,7 +79,7 @@ def _fits(problem: Problem, chunk: int, waves: int, rows: int, q_lds: int, prefe
           balanced: bool = False, key_load: str = cdna_keys.DIRECT) -> bool:
     if prefetch == 2 and not _ping_pong_allowed(q_lds, key_load):
         return False
-    lds = lds_bytes(rows, problem.heads, q_lds) + cdna_keys.lds_bytes(chunk, key_load, problem.head_dim)
+    lds = lds_bytes(rows, problem.shape_key.heads, q_lds) + cdna_keys.lds_bytes(chunk, key_load, problem.shape_key.head_dim)
     if lds * waves > ARCH_SPECS[problem.arch].lds_bytes:
         return False
     if balanced and prefetch and (waves >= 4 or not problem.kv_aligned16 or not problem.kv_32bit):
@@ -89,7 +89,7 @@ def _fits(problem: Problem, chunk: int, waves: int, rows: int, q_lds: int, prefe
         return False
     # the cache layout of the call: the JIT proves 16-byte key gathers only when the base and the
     # real block stride are 16-byte multiples; caches past 2 GiB take 64-bit addresses
-    need = vgpr_estimate(problem.heads, chunk, rows, q_lds, problem.kv_aligned16, prefetch, problem.kv_32bit) \
+    need = vgpr_estimate(problem.shape_key.heads, chunk, rows, q_lds, problem.kv_aligned16, prefetch, problem.kv_32bit) \
         + AMD_VGPR_MARGIN + (BALANCED_VGPRS if balanced else 0) + cdna_keys.vgprs(chunk, key_load, prefetch, NUM_WARPS) \
         + (PING_PONG_VGPRS if prefetch == 2 else 0)
     return need <= ARCH_SPECS[problem.arch].vgprs_per_simd // waves
@@ -213,9 +213,9 @@ class MfmaVariant(RegisterMmaVariant):
         schedule = self.schedule(problem, config)
         key_load = config.get(cdna_keys.KNOB) or cdna_keys.DIRECT
         self.require_in(cdna_keys.KNOB, key_load, cdna_keys.KEY_LOADS)
-        self.require(key_load in cdna_keys.key_loads(problem.preshuffle), cdna_keys.KNOB, key_load,
+        self.require(key_load in cdna_keys.key_loads(problem.shape_key.preshuffle), cdna_keys.KNOB, key_load,
                      f"{cdna_keys.DIRECT} on a Preshuffle cache (already stored in the MFMA operand's order)")
-        rows = rows_per_program(problem.next_n, reuse)
+        rows = rows_per_program(problem.shape_key.next_n, reuse)
         q_options = [int(config["QInLDS"])] if config.get("QInLDS") is not None else ([0, 1] if rows == 1 else [1])
         prefetch_options = [int(config["Prefetch"])] if config.get("Prefetch") is not None else list(PREFETCHES)
         for pf in prefetch_options:
@@ -247,7 +247,7 @@ class MfmaVariant(RegisterMmaVariant):
         candidates come first and keep no ``KeyLoad`` key. A conversion through LDS only adds
         LDS and VGPRs, so an ``lds`` group admits nothing its direct twin does not, and its
         first admitted setting is the twin's or one without Prefetch."""
-        for key_load in cdna_keys.key_loads(problem.preshuffle):
+        for key_load in cdna_keys.key_loads(problem.shape_key.preshuffle):
             extra = {} if key_load == cdna_keys.DIRECT else {cdna_keys.KNOB: key_load}
             for group in self._direct_groups(problem):
                 yield [dict(setting, **extra) for setting in group
@@ -257,7 +257,7 @@ class MfmaVariant(RegisterMmaVariant):
         for schedule in common.SCHEDULES:
             for kind in MFMA_KINDS[problem.arch]:
                 # per-row programs with Q in VGPRs or in LDS; shared-KV programs stage Q in LDS
-                for reuse, q_lds in ((0, 0), (0, 1), (1, 1)) if problem.next_n > 1 else ((0, 0), (0, 1)):
+                for reuse, q_lds in ((0, 0), (0, 1), (1, 1)) if problem.shape_key.next_n > 1 else ((0, 0), (0, 1)):
                     for chunk in CHUNK_SIZES:
                         for waves in WAVES_PER_EU:
                             # register-double-buffered tiles where they fit (two per iteration first),
@@ -279,7 +279,7 @@ class MfmaVariant(RegisterMmaVariant):
 
     def atoms(self, problem: Problem, knobs: dict) -> dict:
         kind = knobs["Mfma"]
-        return dict(ACC=mfma_layout(problem.arch, problem.heads, knobs["ChunkK"], kind), K_WIDTH=16,
+        return dict(ACC=mfma_layout(problem.arch, problem.shape_key.heads, knobs["ChunkK"], kind), K_WIDTH=16,
                     MMA=mfma_f8f6f4 if kind == "f8f6f4" else mfma_fp8, LOAD=buffer_gather, LOAD_KV=cache_gather,
                     THREADS_PER_WARP=THREADS_PER_WARP, **self.key_atoms(problem, knobs))
 
@@ -289,7 +289,7 @@ class MfmaVariant(RegisterMmaVariant):
         if knobs.get(cdna_keys.KNOB, cdna_keys.DIRECT) == cdna_keys.DIRECT:
             return {}
         # tokens of one wave's MFMA column group: what a wave gathers per group
-        tile = mfma_layout(problem.arch, problem.heads, knobs["ChunkK"], knobs["Mfma"]).instr_shape[1]
+        tile = mfma_layout(problem.arch, problem.shape_key.heads, knobs["ChunkK"], knobs["Mfma"]).instr_shape[1]
         return dict(KEY_LAYOUT=gather_layout(tile, NUM_WARPS, THREADS_PER_WARP),
                     KEY_OPERAND=keys_to_operand if tile == 32 else keys_through_lds)
 

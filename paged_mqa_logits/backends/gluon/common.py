@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ...problem import LOGITS_DTYPES, Problem, kv_fits_32bit  # noqa: F401  (the 32-bit cache rule; launchers use it from here)
+from ...problem import LOGITS_DTYPES, Problem, ShapeKey, kv_fits_32bit  # noqa: F401  (the 32-bit cache rule; launchers use it from here)
 from ...schedule import BALANCED, BALANCED_MIN_BATCH, SCHEDULES, SPLIT  # noqa: F401  (the variants' spelling)
 from ...triton_internals.specialise import StandIn
 
@@ -25,7 +25,7 @@ def default_schedule(problem) -> str:
     there). CDNA: ``split``, which the shipped priors were chosen for: the balanced body costs
     the MFMA kernel 24 VGPRs and its key prefetch at WavePerEU 4 (static proxies, no MI300/MI355X
     measurement yet); ``balanced`` is a tuner candidate there. Tuned rows name their schedule."""
-    if problem.arch == "sm_90" and problem.batch >= BALANCED_MIN_BATCH:
+    if problem.arch == "sm_90" and problem.shape_key.batch >= BALANCED_MIN_BATCH:
         return BALANCED
     return SPLIT
 
@@ -46,13 +46,13 @@ def shape_reason(problem, archs: tuple[str, ...], fp8_by_arch: dict[str, str]) -
         return f"arch {problem.arch} is not one of {', '.join(archs)}"
     if problem.fp8 != fp8_by_arch[problem.arch]:
         return f"{problem.arch} computes in fp8 e4m3{fp8_by_arch[problem.arch]}, got e4m3{problem.fp8}"
-    if problem.head_dim != 128:
-        return f"head_dim must be 128, got {problem.head_dim}"
-    h = problem.heads
+    if problem.shape_key.head_dim != 128:
+        return f"head_dim must be 128, got {problem.shape_key.head_dim}"
+    h = problem.shape_key.heads
     if h < 16 or h & (h - 1):
         return f"heads must be a power of two >= 16 (tensor shapes are powers of two), got {h}"
-    if problem.preshuffle and problem.kv_block_size % 16:
-        return f"Preshuffle needs kv_block_size % 16 == 0, got {problem.kv_block_size}"
+    if problem.shape_key.preshuffle and problem.shape_key.kv_block_size % 16:
+        return f"Preshuffle needs kv_block_size % 16 == 0, got {problem.shape_key.kv_block_size}"
     return None
 
 
@@ -69,7 +69,7 @@ def kernel_arguments(args, num_splits: int) -> tuple:
         q, kv.view(q.dtype), kv.view(torch.float32), w, out, lens, table,
         q.stride(0), q.stride(1), q.stride(2), kv.stride(0), w.stride(0), out.stride(0),
         lens.stride(0), stride_lens_j, table.stride(0),
-        args.max_model_len, args.max_blocks, num_splits, args.problem.batch, args.num_blocks,
+        args.max_model_len, args.max_blocks, num_splits, args.problem.shape_key.batch, args.num_blocks,
     )
 
 
@@ -79,13 +79,14 @@ def typical_arguments(problem, *, kv_32bit: bool = True, num_splits: int = 2) ->
     as wide as ``max_model_len`` (its pointer type is what tells the fp32 and bf16 kernels
     apart) and a block table as wide as the output."""
     fp8 = torch.float8_e4m3fnuz if problem.fp8 == "fnuz" else torch.float8_e4m3fn
-    b, n, h, d, bs = problem.batch, problem.next_n, problem.heads, problem.head_dim, problem.kv_block_size
+    key = problem.shape_key
+    b, n, h, d, kv_block_size = key.batch, key.next_n, key.heads, key.head_dim, key.kv_block_size
     width = problem.max_model_len
-    max_blocks = -(-width // bs)
-    block_bytes = bs * (d + 4)
+    max_blocks = -(-width // kv_block_size)
+    block_bytes = kv_block_size * (d + 4)
     cache_bytes = (1 << 30) if kv_32bit else (1 << 33)
     rows = b * n
-    logits = LOGITS_DTYPES[problem.logits_dtype]
+    logits = LOGITS_DTYPES[key.logits_dtype]
     return (
         StandIn(fp8, b * n * h * d), StandIn(fp8, cache_bytes), StandIn(torch.float32, cache_bytes),
         StandIn(torch.float32, rows * h * 4), StandIn(logits, rows * width * logits.itemsize),
@@ -104,25 +105,27 @@ PROBLEM_FIELDS = ("heads", "next_n", "kv_block_size", "preshuffle", "lens_2d", "
 def problem_for(arch: str, fp8: str, fields: dict):
     """The :class:`Problem` a compile config describes: ``fields`` (see :data:`PROBLEM_FIELDS`) over
     typical values (64 heads, next_n 1, 64-token blocks, 2-D lengths, 128k positions, fp32 logits)."""
+    shape_key = ShapeKey(heads=int(fields.get("heads", 64)), head_dim=128,
+                         kv_block_size=int(fields.get("kv_block_size", 64)),
+                         preshuffle=bool(fields.get("preshuffle", False)), batch=int(fields.get("batch") or 64),
+                         next_n=int(fields.get("next_n", 1)),
+                         logits_dtype=fields.get("logits_dtype") or "fp32")
     return Problem(
-        arch=arch, cu_num=int(fields.get("cu_num") or 0), batch=int(fields.get("batch") or 64),
-        next_n=int(fields.get("next_n", 1)), heads=int(fields.get("heads", 64)), head_dim=128,
-        kv_block_size=int(fields.get("kv_block_size", 64)), preshuffle=bool(fields.get("preshuffle", False)),
-        context=fields.get("context"), lens_2d=bool(fields.get("lens_2d", True)), fp8=fp8,
-        max_model_len=int(fields.get("max_model_len") or 131072),
-        logits_dtype=fields.get("logits_dtype") or "fp32",
+        arch=arch, cu_num=int(fields.get("cu_num") or 0), shape_key=shape_key, context=fields.get("context"),
+        lens_2d=bool(fields.get("lens_2d", True)), fp8=fp8, max_model_len=int(fields.get("max_model_len") or 131072),
     )
 
 
 def problem_fields(problem) -> dict:
-    return {name: getattr(problem, name) for name in PROBLEM_FIELDS}
+    return {name: getattr(problem if name == "lens_2d" else problem.shape_key, name) for name in PROBLEM_FIELDS}
 
 
 def spec_name(backend: str, variant: str, arch: str, problem, knobs: dict, kv_32bit: bool) -> str:
     """Filesystem-safe unique name: backend_variant_arch_shape_knobs."""
-    shape = (f"h{problem.heads}_n{problem.next_n}_bs{problem.kv_block_size}{'p' if problem.preshuffle else ''}"
+    key = problem.shape_key
+    shape = (f"h{key.heads}_n{key.next_n}_bs{key.kv_block_size}{'p' if key.preshuffle else ''}"
              f"_{'l2' if problem.lens_2d else 'l1'}{'' if kv_32bit else '_kv64'}"
-             f"{'_bf16' if problem.logits_dtype == 'bf16' else ''}")
+             f"{'_bf16' if key.logits_dtype == 'bf16' else ''}")
     knob_text = "_".join(f"{k}{v}" for k, v in sorted(knobs.items()) if k != "variant")
     return f"{backend}_{variant}_{arch}_{shape}_{knob_text}"
 
@@ -141,8 +144,8 @@ def representative_problems(arch: str) -> list[dict]:
         for next_n in (1, 2, 4, 8):
             out.append({"heads": heads, "next_n": next_n, "kv_block_size": 64, "preshuffle": True, "lens_2d": True})
         out.append({"heads": heads, "next_n": 3, "kv_block_size": 64, "preshuffle": False, "lens_2d": False})
-    for bs, pre in ((1, False), (16, True), (16, False), (128, True), (256, False)):
-        out.append({"heads": 64, "next_n": 2, "kv_block_size": bs, "preshuffle": pre, "lens_2d": True})
+    for kv_block_size, pre in ((1, False), (16, True), (16, False), (128, True), (256, False)):
+        out.append({"heads": 64, "next_n": 2, "kv_block_size": kv_block_size, "preshuffle": pre, "lens_2d": True})
     return out
 
 

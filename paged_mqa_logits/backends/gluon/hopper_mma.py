@@ -62,7 +62,7 @@ def _fits(problem: Problem, chunk: int, warps: int, rows: int, prefetch: int, ba
         return tokens == MAX_TOKENS_PER_WARP and not prefetch
     if tokens <= MAX_TOKENS_PER_WARP:
         return True
-    return tokens == 2 * MAX_TOKENS_PER_WARP and not prefetch and rows == 1 and problem.kv_block_size % 4 == 0
+    return tokens == 2 * MAX_TOKENS_PER_WARP and not prefetch and rows == 1 and problem.shape_key.kv_block_size % 4 == 0
 
 
 # ----------------------------------------------------------------------------- the variant
@@ -87,7 +87,7 @@ class MmaV2Variant(RegisterMmaVariant):
         self.require_in("ChunkK", chunk, CHUNK_SIZES)
         self.require_in("num_warps", warps, NUM_WARPS)
         schedule = self.schedule(problem, config)
-        rows = rows_per_program(problem.next_n, reuse)
+        rows = rows_per_program(problem.shape_key.next_n, reuse)
         balanced = schedule == common.BALANCED
         if config.get("Prefetch") is not None:
             prefetch = int(config["Prefetch"])
@@ -104,7 +104,7 @@ class MmaV2Variant(RegisterMmaVariant):
 
     def candidate_groups(self, problem: Problem):
         for schedule in common.SCHEDULES:
-            for reuse in ((0, 1) if problem.next_n > 1 else (0,)):
+            for reuse in ((0, 1) if problem.shape_key.next_n > 1 else (0,)):
                 for chunk in CHUNK_SIZES:
                     for warps in NUM_WARPS:
                         # register-double-buffered tiles where they fit, else one tile per warp
@@ -113,7 +113,7 @@ class MmaV2Variant(RegisterMmaVariant):
 
     def default_config(self, problem: Problem) -> dict:
         schedule = common.default_schedule(problem)
-        return {"variant": self.name, "ChunkK": 128, "SplitKV": 0, "ReuseKV": 1 if problem.next_n > 1 else 0,
+        return {"variant": self.name, "ChunkK": 128, "SplitKV": 0, "ReuseKV": 1 if problem.shape_key.next_n > 1 else 0,
                 "num_warps": 8, "QInLDS": 1, "Prefetch": int(schedule == common.SPLIT), "Schedule": schedule}
 
     def atoms(self, problem: Problem, knobs: dict) -> dict:

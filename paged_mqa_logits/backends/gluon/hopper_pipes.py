@@ -91,10 +91,10 @@ def consumer_need(problem: Problem, rows: int, split: int, schedule: str, overla
     wgmmas are all issued before the first is waited for; with ``overlap``, two tiles' worth),
     their weights, and the overheads."""
     groups = consumer_groups(problem, rows, split)
-    columns = sum(r * problem.heads for _, r in groups)
+    columns = sum(r * problem.shape_key.heads for _, r in groups)
     need = (columns // 2 * (1 + overlap) + columns // 4 + CONSUMER_OVERHEAD
             + EXTRA_GROUP_REGS * max(len(groups) - 1, 0))
-    if problem.next_n & (problem.next_n - 1):
+    if problem.shape_key.next_n & (problem.shape_key.next_n - 1):
         need += UNEVEN_ROWS_REGS
     if split > 1 and schedule == common.SPLIT:
         need += SPLIT_PAIR_REGS
@@ -104,7 +104,7 @@ def consumer_need(problem: Problem, rows: int, split: int, schedule: str, overla
 def shared_bytes(problem: Problem, stages: int, consumers: int, split: int) -> int:
     """Per team a ring of key and scale slots with its two barriers per slot; a two-stage ring
     of Q rows and weights."""
-    q_rows = wg.triton_next_pow2(problem.next_n) * problem.heads
+    q_rows = wg.triton_next_pow2(problem.shape_key.next_n) * problem.shape_key.heads
     ring = teams(consumers, split) * stages * (TILE * (HEAD_DIM + 4) + 16)
     return ring + 2 * (q_rows * (HEAD_DIM + 4) + 16)
 
@@ -128,7 +128,7 @@ def fits(problem: Problem, rows: int, stages: int, consumers: int, split: int, c
         # a part with several row groups already runs one group's epilogue under the next
         # group's wgmma; overlapped tiles on top of that spill (ptxas, 32 heads x next_n 3)
         return False
-    widest = max(r for _, r in groups) * problem.heads
+    widest = max(r for _, r in groups) * problem.shape_key.heads
     smem = shared_bytes(problem, stages, consumers, split)
     return (consumer_need(problem, rows, split, schedule, overlap)
             <= consumer_registers(ctas, consumers, split, key_copy)
@@ -145,19 +145,19 @@ def key_box(problem: Problem, key_copy: str, kv_align: int) -> int:
     """Tokens per TMA box (``KeyCopy=tma``), 0 for the cp.async gather: TMA needs a 16-byte
     aligned cache base and block stride, token-major keys (not preshuffled), and blocks of at
     least :data:`MIN_TMA_BLOCK` tokens (a tile takes one or two boxes of each kind)."""
-    if key_copy != "tma" or problem.preshuffle or kv_align != 16 or problem.kv_block_size < MIN_TMA_BLOCK:
+    if key_copy != "tma" or problem.shape_key.preshuffle or kv_align != 16 or problem.shape_key.kv_block_size < MIN_TMA_BLOCK:
         return 0
-    return min(problem.kv_block_size, TILE)
+    return min(problem.shape_key.kv_block_size, TILE)
 
 
 def descriptors(kv_cache, box: int) -> tuple:
-    """TMA descriptors over ``kv_cache`` (``[num_blocks, KV_BLOCK, 1, D + 4]`` uint8): the keys as
-    ``[num_blocks, KV_BLOCK, D]`` fp8 (boxes ``[1, box, D]``) and the block rows as fp32
+    """TMA descriptors over ``kv_cache`` (``[num_blocks, KV_BLOCK_SIZE, 1, D + 4]`` uint8): the keys as
+    ``[num_blocks, KV_BLOCK_SIZE, D]`` fp8 (boxes ``[1, box, D]``) and the block rows as fp32
     ``[num_blocks, stride / 4]`` (boxes ``[1, box]`` of scales), both with the cache's block
     stride; boxes past the cache are zero-filled, so none reads outside it."""
-    num_blocks, kv_block = kv_cache.shape[0], kv_cache.shape[1]
+    num_blocks, kv_block_size = kv_cache.shape[0], kv_cache.shape[1]
     keys = kv_cache.view(torch.float8_e4m3fn)
-    shape, strides = [num_blocks, kv_block, HEAD_DIM], [kv_cache.stride(0), HEAD_DIM, 1]
+    shape, strides = [num_blocks, kv_block_size, HEAD_DIM], [kv_cache.stride(0), HEAD_DIM, 1]
     key_view = torch.as_strided(keys, shape, strides, keys.storage_offset())
     words = kv_cache.view(torch.float32)
     row_words = kv_cache.stride(0) // 4
@@ -189,8 +189,8 @@ class WgmmaPipesVariant(GluonVariant):
         self.require_in("ChunkK", chunk, self.knob_space["ChunkK"])
         rows = int(pick["RowsPerMMA"])
         self.require(rows >= 1 and not rows & (rows - 1), "RowsPerMMA", rows, "a power of two")
-        self.require(rows * problem.heads <= wg.MAX_MMA_N, "RowsPerMMA", rows,
-                     f"RowsPerMMA x heads <= {wg.MAX_MMA_N} (wgmma's largest N), got {rows} x {problem.heads} heads")
+        self.require(rows * problem.shape_key.heads <= wg.MAX_MMA_N, "RowsPerMMA", rows,
+                     f"RowsPerMMA x heads <= {wg.MAX_MMA_N} (wgmma's largest N), got {rows} x {problem.shape_key.heads} heads")
         stages = int(pick["num_stages"])
         self.require_in("num_stages", stages, self.knob_space["num_stages"])
         consumers = int(pick["Consumers"])
@@ -218,8 +218,8 @@ class WgmmaPipesVariant(GluonVariant):
                     k["KeyCopy"], k["Schedule"], k["Overlap"])
 
     def shape_reason(self, problem: Problem) -> str | None:
-        if problem.heads > wg.MAX_MMA_N:
-            return f"heads must be <= {wg.MAX_MMA_N} (one wgmma N covers all heads of a row), got {problem.heads}"
+        if problem.shape_key.heads > wg.MAX_MMA_N:
+            return f"heads must be <= {wg.MAX_MMA_N} (one wgmma N covers all heads of a row), got {problem.shape_key.heads}"
         if not self.candidates(problem):
             return f"no configuration of consumer teams fits sm_90's registers and shared memory for " \
                    f"{problem.describe()}"
@@ -245,7 +245,7 @@ class WgmmaPipesVariant(GluonVariant):
         """Per team shape, ring depth and schedule, the widest row grouping that fits; keys by
         TMA where the cache layout allows (see :func:`key_box`), else by gather."""
         key_copy = "tma" if key_box(problem, "tma", 16 if problem.kv_aligned16 else 4) else "gather"
-        schedules = (common.BALANCED, common.SPLIT) if problem.batch < 64 else (common.BALANCED,)
+        schedules = (common.BALANCED, common.SPLIT) if problem.shape_key.batch < 64 else (common.BALANCED,)
         for consumers, split, ctas, depths, overlap in self.TEAM_SHAPES:
             for stages in depths:
                 for schedule in schedules:
@@ -265,9 +265,9 @@ class WgmmaPipesVariant(GluonVariant):
     # ------------------------------------------------------------------------- launch plan
     def constexprs(self, problem: Problem, config: dict) -> dict:
         k = self.knobs(problem, config)
-        return dict(NEXT_N=problem.next_n, NEXT_N_POW2=wg.triton_next_pow2(problem.next_n), HEADS=problem.heads,
-                    KV_BLOCK=problem.kv_block_size, ROWS_PER_MMA=wg.rows_per_mma(problem, k["RowsPerMMA"]),
-                    STAGES=k["num_stages"], PRESHUFFLE=problem.preshuffle, LENS_2D=problem.lens_2d,
+        return dict(NEXT_N=problem.shape_key.next_n, NEXT_N_POW2=wg.triton_next_pow2(problem.shape_key.next_n), HEADS=problem.shape_key.heads,
+                    KV_BLOCK_SIZE=problem.shape_key.kv_block_size, ROWS_PER_MMA=wg.rows_per_mma(problem, k["RowsPerMMA"]),
+                    STAGES=k["num_stages"], PRESHUFFLE=problem.shape_key.preshuffle, LENS_2D=problem.lens_2d,
                     BALANCED=k["Schedule"] == common.BALANCED, CONSUMERS=k["Consumers"], ROW_SPLIT=k["RowSplit"],
                     OVERLAP=k["Overlap"])
 
@@ -279,7 +279,7 @@ class WgmmaPipesVariant(GluonVariant):
         """``Schedule=split``: programs per sequence (``SplitKV``, or one wave of ``CtasPerSM``
         programs per SM shared out by :func:`hopper_wgmma.derive_splits`)."""
         k = self.knobs(problem, config)
-        return k["SplitKV"] or wg.derive_splits(problem.cu_num, problem.batch, problem.work_context, TILE,
+        return k["SplitKV"] or wg.derive_splits(problem.cu_num, problem.shape_key.batch, problem.work_context, TILE,
                                                 k["CtasPerSM"])
 
     def grid(self, problem: Problem, config: dict) -> tuple[tuple[int, int], int]:
@@ -289,7 +289,7 @@ class WgmmaPipesVariant(GluonVariant):
         if k["Schedule"] == common.BALANCED:
             return (persistent_programs(problem.cu_num or wg.SM_COUNT_H100, k["CtasPerSM"]), 1), 1
         splits = self.num_splits(problem, config)
-        return (splits, problem.batch), splits
+        return (splits, problem.shape_key.batch), splits
 
     def call_constexprs(self, args: LaunchArgs) -> dict:
         return wg.alignment(args.q, args.kv_cache)
@@ -322,7 +322,7 @@ class WgmmaPipesVariant(GluonVariant):
         runtime, consts, path = wg.WgmmaVariant.spec_arguments(self, problem, cfg)
         k = self.knobs(problem, cfg)
         box = key_box(problem, k["KeyCopy"], consts["KV_ALIGN"])
-        cache = torch.empty((2, problem.kv_block_size, 1, HEAD_DIM + 4), dtype=torch.uint8)
+        cache = torch.empty((2, problem.shape_key.kv_block_size, 1, HEAD_DIM + 4), dtype=torch.uint8)
         descs = descriptors(cache, box) if box else (None, None)
         return runtime + (*descs, 0), {**consts, "KEY_BOX": box, **call_registers(k, box)}, path
 

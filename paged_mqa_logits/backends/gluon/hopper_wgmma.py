@@ -45,19 +45,19 @@ def max_rows_per_mma(heads: int) -> int:
 
 def rows_per_mma(problem: Problem, rows: int) -> int:
     """``RowsPerMMA`` as the kernel runs it: at most the largest power of two <= next_n."""
-    return min(rows, _pow2_floor(problem.next_n))
+    return min(rows, _pow2_floor(problem.shape_key.next_n))
 
 
 def problem_row_groups(problem: Problem, rows: int) -> tuple:
     """``(first_row, rows)`` of each wgmma of ``problem`` at ``RowsPerMMA`` ``rows``."""
-    return row_groups(problem.next_n, rows_per_mma(problem, rows))
+    return row_groups(problem.shape_key.next_n, rows_per_mma(problem, rows))
 
 
 def live_accumulators(problem: Problem, groups, chunk: int) -> int:
     """fp32 accumulator registers per thread live at once while ``groups`` are scored in turn:
     one group's, or two consecutive groups' while one is reduced and the next computed (0 for
     no group)."""
-    widths = [r * problem.heads * (chunk // 64) for _, r in groups]  # accumulator columns x M repeats
+    widths = [r * problem.shape_key.heads * (chunk // 64) for _, r in groups]  # accumulator columns x M repeats
     pairs = [a + b for a, b in zip(widths, widths[1:])] or widths or [0]
     return max(pairs) // 2
 
@@ -78,10 +78,10 @@ def resources(problem: Problem, chunk: int, rows: int, stages: int) -> dict:
     """
     groups = problem_row_groups(problem, rows)
     acc_regs = live_accumulators(problem, groups, chunk)
-    weight_regs = groups[0][1] * problem.heads // 4 if len(groups) == 1 else 0  # kept in registers
+    weight_regs = groups[0][1] * problem.shape_key.heads // 4 if len(groups) == 1 else 0  # kept in registers
     regs = min(255, acc_regs + weight_regs + 36 + (12 * len(groups) if len(groups) > 2 else 0))
-    q_rows = triton_next_pow2(problem.next_n) * problem.heads
-    smem = stages * chunk * (HEAD_DIM + 4) + q_rows * (HEAD_DIM + 4) + 4 * triton_next_pow2(problem.next_n)
+    q_rows = triton_next_pow2(problem.shape_key.next_n) * problem.shape_key.heads
+    smem = stages * chunk * (HEAD_DIM + 4) + q_rows * (HEAD_DIM + 4) + 4 * triton_next_pow2(problem.shape_key.next_n)
     by_regs = SM_REGISTERS // ((-(-regs // 8) * 8) * 32 * NUM_WARPS)
     by_smem = SM_SHARED_BYTES // (smem + 1024)  # the driver reserves 1 KB per program
     return {"acc_regs": acc_regs, "acc_budget": ACC_REG_BUDGET if len(groups) <= 2 else ACC_REG_BUDGET // 2,
@@ -148,7 +148,7 @@ def alignment_of(q_address: int, q_strides, kv_address: int, kv_block_stride: in
 
 def _rows_options(problem: Problem) -> list[int]:
     """RowsPerMMA values that change the kernel, widest first."""
-    widest = min(max_rows_per_mma(problem.heads), _pow2_floor(problem.next_n))
+    widest = min(max_rows_per_mma(problem.shape_key.heads), _pow2_floor(problem.shape_key.next_n))
     return [widest >> k for k in range(widest.bit_length())]
 
 
@@ -178,8 +178,8 @@ class WgmmaVariant(GluonVariant):
         stages = int(config.get("num_stages") or default["num_stages"])
         self.require_in("ChunkK", chunk, self.knob_space["ChunkK"])
         self.require(rows >= 1 and not rows & (rows - 1), "RowsPerMMA", rows, "a power of two")
-        self.require(rows * problem.heads <= MAX_MMA_N, "RowsPerMMA", rows,
-                     f"RowsPerMMA x heads <= {MAX_MMA_N} (wgmma's largest N), got {rows} x {problem.heads} heads")
+        self.require(rows * problem.shape_key.heads <= MAX_MMA_N, "RowsPerMMA", rows,
+                     f"RowsPerMMA x heads <= {MAX_MMA_N} (wgmma's largest N), got {rows} x {problem.shape_key.heads} heads")
         self.require(2 <= stages <= 8, "num_stages", stages, "an integer in 2..8")
         warps = int(config.get("num_warps") or NUM_WARPS)
         self.require(warps == NUM_WARPS, "num_warps", warps, f"{NUM_WARPS} (one warpgroup)")
@@ -200,8 +200,8 @@ class WgmmaVariant(GluonVariant):
         return fits(problem, k["ChunkK"], k["RowsPerMMA"], k["num_stages"])
 
     def shape_reason(self, problem: Problem) -> str | None:
-        if problem.heads > MAX_MMA_N:
-            return f"heads must be <= {MAX_MMA_N} (one wgmma N covers all heads of a row), got {problem.heads}"
+        if problem.shape_key.heads > MAX_MMA_N:
+            return f"heads must be <= {MAX_MMA_N} (one wgmma N covers all heads of a row), got {problem.shape_key.heads}"
         if not any(fits(problem, 64, 1, stages) for stages in (2, 3)):
             return f"no tile configuration fits sm_90's registers and shared memory for {problem.describe()}"
         return None
@@ -231,7 +231,7 @@ class WgmmaVariant(GluonVariant):
         fewest A-tile reads, no second accumulator); 128-token tiles when a group is at most 64
         columns wide (per-tile overheads dominate narrow tiles), else 64; the shallow ring."""
         for rows in _rows_options(problem):
-            for chunk in ((128, 64) if rows * problem.heads <= 64 else (64, 128)):
+            for chunk in ((128, 64) if rows * problem.shape_key.heads <= 64 else (64, 128)):
                 for stages in _stages_for(chunk) + (2,):
                     if fits(problem, chunk, rows, stages):
                         return {"variant": self.name, "ChunkK": chunk, "RowsPerMMA": rows, "num_stages": stages,
@@ -250,7 +250,7 @@ class WgmmaVariant(GluonVariant):
         k = self.knobs(problem, config)
         if k["SplitKV"] > 0:
             return k["SplitKV"]
-        return derive_splits(problem.cu_num, problem.batch, problem.work_context, k["ChunkK"],
+        return derive_splits(problem.cu_num, problem.shape_key.batch, problem.work_context, k["ChunkK"],
                              self.programs_per_sm(problem, config))
 
     def grid(self, problem: Problem, config: dict, compiled=None) -> tuple[tuple[int, int], int]:
@@ -263,14 +263,14 @@ class WgmmaVariant(GluonVariant):
                 or self.programs_per_sm(problem, config)
             return (persistent_programs(problem.cu_num or SM_COUNT_H100, per_sm), 1), 1
         splits = self.num_splits(problem, config)
-        return (splits, problem.batch), splits
+        return (splits, problem.shape_key.batch), splits
 
     def constexprs(self, problem: Problem, config: dict) -> dict:
         k = self.knobs(problem, config)
-        return dict(NEXT_N=problem.next_n, NEXT_N_POW2=triton_next_pow2(problem.next_n), HEADS=problem.heads,
-                    KV_BLOCK=problem.kv_block_size, CHUNK=k["ChunkK"],
+        return dict(NEXT_N=problem.shape_key.next_n, NEXT_N_POW2=triton_next_pow2(problem.shape_key.next_n), HEADS=problem.shape_key.heads,
+                    KV_BLOCK_SIZE=problem.shape_key.kv_block_size, CHUNK=k["ChunkK"],
                     ROWS_PER_MMA=rows_per_mma(problem, k["RowsPerMMA"]), STAGES=k["num_stages"],
-                    PRESHUFFLE=problem.preshuffle, LENS_2D=problem.lens_2d,
+                    PRESHUFFLE=problem.shape_key.preshuffle, LENS_2D=problem.lens_2d,
                     BALANCED=k["Schedule"] == common.BALANCED)
 
     def options(self, problem: Problem, config: dict) -> dict:

@@ -48,8 +48,8 @@ def consumer_registers(chunk: int, ctas: int, consumers: int = 1) -> int:
 
 def shared_bytes(problem: Problem, chunk: int, stages: int, consumers: int) -> int:
     """The ring, one Q/weights/limits set per consumer, a full and an empty mbarrier per slot."""
-    pow2 = wg.triton_next_pow2(problem.next_n)
-    per_consumer = pow2 * problem.heads * (HEAD_DIM + 4) + 4 * pow2  # Q and weights rows, limits
+    pow2 = wg.triton_next_pow2(problem.shape_key.next_n)
+    per_consumer = pow2 * problem.shape_key.heads * (HEAD_DIM + 4) + 4 * pow2  # Q and weights rows, limits
     ring = stages * chunk * (HEAD_DIM + 4)
     return ring + consumers * per_consumer + 2 * 8 * stages
 
@@ -81,7 +81,7 @@ def fits(problem: Problem, chunk: int, rows: int, stages: int, ctas: int, consum
     if split > 1:
         if acc + SPLIT_CONSUMER_OVERHEAD > regs:
             return False
-    elif regs < 128 and (chunk != 64 or max(n for _, n in groups) * problem.heads > 64):
+    elif regs < 128 and (chunk != 64 or max(n for _, n in groups) * problem.shape_key.heads > 64):
         return False
     estimate = r["regs_estimate"] - r["acc_regs"] + acc
     return (len(mine) <= 2 and acc <= r["acc_budget"] and (regs < 128 or estimate <= regs)
@@ -92,18 +92,18 @@ def key_box(problem: Problem, key_copy: str, chunk: int, kv_align: int) -> int:
     """Tokens per TMA box of the keys (``KeyCopy=tma``), 0 for the cp.async gather: TMA needs
     a 16-byte aligned cache base and block stride and token-major keys (not preshuffled), and
     a box of at least one 8-row swizzle atom."""
-    if key_copy != "tma" or problem.preshuffle or kv_align != 16 or problem.kv_block_size < 8:
+    if key_copy != "tma" or problem.shape_key.preshuffle or kv_align != 16 or problem.shape_key.kv_block_size < 8:
         return 0
-    return min(problem.kv_block_size, chunk)
+    return min(problem.shape_key.kv_block_size, chunk)
 
 
 def key_descriptor(kv_cache, box: int):
-    """A TMA descriptor over the keys of ``kv_cache`` (``[num_blocks, KV_BLOCK, 1, D + 4]``
-    uint8): ``[num_blocks, KV_BLOCK, D]`` fp8 with the cache's block stride, boxes of
+    """A TMA descriptor over the keys of ``kv_cache`` (``[num_blocks, KV_BLOCK_SIZE, 1, D + 4]``
+    uint8): ``[num_blocks, KV_BLOCK_SIZE, D]`` fp8 with the cache's block stride, boxes of
     ``[1, box, D]`` (zero-filled past the cache: no box reads outside it)."""
-    num_blocks, kv_block = kv_cache.shape[0], kv_cache.shape[1]
+    num_blocks, kv_block_size = kv_cache.shape[0], kv_cache.shape[1]
     keys = kv_cache.view(torch.float8_e4m3fn)
-    shape, strides = [num_blocks, kv_block, HEAD_DIM], [kv_cache.stride(0), HEAD_DIM, 1]
+    shape, strides = [num_blocks, kv_block_size, HEAD_DIM], [kv_cache.stride(0), HEAD_DIM, 1]
     view = torch.as_strided(keys, shape, strides, keys.storage_offset())
     return TensorDescriptor(view, shape, strides, [1, box, HEAD_DIM], KEY_BOX_LAYOUT)
 
@@ -213,10 +213,10 @@ class WgmmaWsVariant(wg.WgmmaVariant):
 
     def constexprs(self, problem: Problem, config: dict) -> dict:
         k = self.knobs(problem, config)
-        return dict(NEXT_N=problem.next_n, NEXT_N_POW2=wg.triton_next_pow2(problem.next_n), HEADS=problem.heads,
-                    KV_BLOCK=problem.kv_block_size, CHUNK=k["ChunkK"],
+        return dict(NEXT_N=problem.shape_key.next_n, NEXT_N_POW2=wg.triton_next_pow2(problem.shape_key.next_n), HEADS=problem.shape_key.heads,
+                    KV_BLOCK_SIZE=problem.shape_key.kv_block_size, CHUNK=k["ChunkK"],
                     ROWS_PER_MMA=wg.rows_per_mma(problem, k["RowsPerMMA"]), STAGES=k["num_stages"],
-                    PRESHUFFLE=problem.preshuffle, LENS_2D=problem.lens_2d, PRODUCER_REGS=PRODUCER_REGS[k["ChunkK"]],
+                    PRESHUFFLE=problem.shape_key.preshuffle, LENS_2D=problem.lens_2d, PRODUCER_REGS=PRODUCER_REGS[k["ChunkK"]],
                     CONSUMERS=k["Consumers"], CONSUMER_REGS=consumer_registers(k["ChunkK"], k["CtasPerSM"],
                                                                                k["Consumers"]),
                     ROW_SPLIT=k["RowSplit"])
@@ -254,7 +254,7 @@ class WgmmaWsVariant(wg.WgmmaVariant):
         runtime, consts, path = super().spec_arguments(problem, cfg)
         k = self.knobs(problem, cfg)
         box = key_box(problem, k["KeyCopy"], k["ChunkK"], consts["KV_ALIGN"])
-        cache = torch.empty((2, problem.kv_block_size, 1, HEAD_DIM + 4), dtype=torch.uint8)
+        cache = torch.empty((2, problem.shape_key.kv_block_size, 1, HEAD_DIM + 4), dtype=torch.uint8)
         return runtime + (key_descriptor(cache, box) if box else None,), {**consts, "KEY_BOX": box}, path
 
     def kernel_key(self, problem: Problem, cfg: dict) -> tuple:

@@ -59,35 +59,35 @@ class RegisterMmaVariant(GluonVariant):
 
     # ------------------------------------------------------------------------- derived
     def rows(self, problem: Problem, knobs: dict) -> int:
-        return rows_per_program(problem.next_n, knobs["ReuseKV"])
+        return rows_per_program(problem.shape_key.next_n, knobs["ReuseKV"])
 
     def num_splits(self, problem: Problem, config: dict) -> int:
         """``SplitKV``, or :func:`schedule.derive_split_kv` for the programs a CU runs when it is 0."""
         knobs = self.knobs(problem, config)
         if knobs["SplitKV"] > 0:
             return knobs["SplitKV"]
-        groups = problem.next_n // self.rows(problem, knobs)
-        return derive_split_kv(problem.cu_num, problem.batch * groups, problem.work_context, knobs["ChunkK"],
+        groups = problem.shape_key.next_n // self.rows(problem, knobs)
+        return derive_split_kv(problem.cu_num, problem.shape_key.batch * groups, problem.work_context, knobs["ChunkK"],
                                self.programs_per_cu(knobs))
 
     def program_grid(self, problem: Problem, config: dict) -> tuple[tuple[int], int]:
         """``(grid, num_splits)``: one persistent wave of ``cu_num * programs_per_cu`` programs
         per row group (balanced), or ``batch * splits`` per row group (split)."""
         knobs = self.knobs(problem, config)
-        groups = problem.next_n // self.rows(problem, knobs)
+        groups = problem.shape_key.next_n // self.rows(problem, knobs)
         if knobs["Schedule"] == common.BALANCED:
             return (persistent_programs(problem.cu_num, self.programs_per_cu(knobs)) * groups,), 1
         splits = self.num_splits(problem, config)
-        return (problem.batch * splits * groups,), splits
+        return (problem.shape_key.batch * splits * groups,), splits
 
     def constexprs(self, problem: Problem, config: dict, kv_32bit: bool = False) -> dict:
         knobs = self.knobs(problem, config)
         q_lds = knobs["QInLDS"]
         return dict(
-            NEXT_N=problem.next_n, HEADS=problem.heads, HEAD_DIM=problem.head_dim, KV_BLOCK=problem.kv_block_size,
-            CHUNK=knobs["ChunkK"], ROWS=self.rows(problem, knobs), PRESHUFFLE=problem.preshuffle,
+            NEXT_N=problem.shape_key.next_n, HEADS=problem.shape_key.heads, HEAD_DIM=problem.shape_key.head_dim, KV_BLOCK_SIZE=problem.shape_key.kv_block_size,
+            CHUNK=knobs["ChunkK"], ROWS=self.rows(problem, knobs), PRESHUFFLE=problem.shape_key.preshuffle,
             LENS_2D=problem.lens_2d, Q_IN_LDS=bool(q_lds),
-            HEAD_CHUNK=min(self.head_chunk, problem.heads) if q_lds else problem.heads,
+            HEAD_CHUNK=min(self.head_chunk, problem.shape_key.heads) if q_lds else problem.shape_key.heads,
             PREFETCH=prefetch_constexpr(knobs["Prefetch"]), KV_32BIT=kv_32bit and self.kv_32bit_loads,
             BALANCED=knobs["Schedule"] == common.BALANCED, **self.atoms(problem, knobs),
         )

@@ -99,10 +99,10 @@ def _check(cfg, record):
     k = PIPES.knobs(p, cfg)
     consumers, split, ctas = k["Consumers"], k["RowSplit"], k["CtasPerSM"]
     teams = consumers // split
-    groups = row_groups(p.next_n, min(k["RowsPerMMA"], 1 << (p.next_n.bit_length() - 1)))
+    groups = row_groups(p.shape_key.next_n, min(k["RowsPerMMA"], 1 << (p.shape_key.next_n.bit_length() - 1)))
     # each consumer part issues its own groups' wgmmas, 4 k-steps each
     wgmmas = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k32\.f32\.e4m3\.e4m3", ptx)
-    assert sorted(set(wgmmas)) == sorted({str(n * p.heads) for _, n in groups}), record.name
+    assert sorted(set(wgmmas)) == sorted({str(n * p.shape_key.heads) for _, n in groups}), record.name
     # an overlapped consumer issues from four places: a sequence's first tile, the two of a loop
     # step, and the tile an even count leaves
     sites = 4 if k["Overlap"] else 1

@@ -40,7 +40,7 @@ from test_hopper_wgmma_host import ARCH, WG, problem  # noqa: E402
 
 
 def shape_fields(p: Problem) -> dict:
-    return dict(heads=p.heads, next_n=p.next_n, kv_block_size=p.kv_block_size, preshuffle=p.preshuffle,
+    return dict(heads=p.shape_key.heads, next_n=p.shape_key.next_n, kv_block_size=p.shape_key.kv_block_size, preshuffle=p.shape_key.preshuffle,
                 lens_2d=p.lens_2d)
 
 
@@ -52,7 +52,7 @@ def ci_matrix() -> list[dict]:
             p = problem(heads, next_n)
             configs += [dict(shape_fields(p), **c) for c in WG.candidates(p) + [WG.default_config(p)]]
     others = [problem(h, n) for h in (32, 64) for n in (3, 5, 6, 7, 8)]
-    others += [problem(64, 2, bs, pre) for bs in (1, 16, 32, 128, 256) for pre in (False, True) if not pre or bs % 16 == 0]
+    others += [problem(64, 2, kv_block_size, pre) for kv_block_size in (1, 16, 32, 128, 256) for pre in (False, True) if not pre or kv_block_size % 16 == 0]
     others += [problem(32, 3, lens_2d=False), problem(64, 4, 16, True, lens_2d=False), problem(16, 4), problem(128, 2)]
     configs += [dict(shape_fields(p), **WG.default_config(p)) for p in others]
     configs.append(dict(shape_fields(problem(64, 2)), **WG.default_config(problem(64, 2)), block_stride_pad=4,

@@ -146,8 +146,8 @@ def test_forced_paths(name, index):
     module = variant_module(name)
     arch = device_arch()
     config = dict(FORCED[name][index], variant=name)
-    for heads, bs, pre, lens_2d in ((32, 32, True, True), (64, 64, False, False)):
-        inp = make_inputs(3, 3, heads, [700, 1, 250], kv_block_size=bs, preshuffle=pre, lens_2d=lens_2d,
+    for heads, kv_block_size, pre, lens_2d in ((32, 32, True, True), (64, 64, False, False)):
+        inp = make_inputs(3, 3, heads, [700, 1, 250], kv_block_size=kv_block_size, preshuffle=pre, lens_2d=lens_2d,
                           device="cuda", fp8_dtype=fp8_dtype(arch), seed=index, out_row_pad=1, table_pad=1)
         check, _ = run_checked(module, inp, config)
         assert check.ok, f"{config} heads={heads}: {check.describe()}"
@@ -233,14 +233,14 @@ def strided_inputs(index: int, arch: str) -> dict:
     weights and 2-D lengths as strided views of larger buffers, optionally a block table
     narrower than the longest sequence (positions past it are never written) or a
     ``max_model_len`` below it."""
-    heads, next_n, bs, pre, lens_2d, pad, odd = STRIDED[index]
+    heads, next_n, kv_block_size, pre, lens_2d, pad, odd = STRIDED[index]
     lens = [1500, 0, 1, 333, next_n]
     mml = 1000 if odd == "max_model_len clamps" else max(lens) + 37
-    inp = make_inputs(len(lens), next_n, heads, lens, kv_block_size=bs, preshuffle=pre, lens_2d=lens_2d,
+    inp = make_inputs(len(lens), next_n, heads, lens, kv_block_size=kv_block_size, preshuffle=pre, lens_2d=lens_2d,
                       max_model_len=mml, device="cuda", fp8_dtype=fp8_dtype(arch), seed=20 + index,
                       block_stride_pad=pad, table_pad=index % 2, table_row_pad=3, out_row_pad=2)
     if odd == "narrow table":
-        inp["kv_indices"] = inp["kv_indices"][:, :-(-lens[0] // bs) - 2]
+        inp["kv_indices"] = inp["kv_indices"][:, :-(-lens[0] // kv_block_size) - 2]
     batch, dim = len(lens), inp["q_fp8"].shape[-1]
     q = inp["q_fp8"]
     qbuf = torch.zeros(batch, next_n, heads + 16, dim, dtype=torch.uint8, device="cuda").view(q.dtype)
@@ -317,7 +317,7 @@ def test_gathered_key_tiles_on_the_register_mma_twin(seed):
     from paged_mqa_logits.backends.gluon.kernels.register_mma import register_mma_logits_kernel_key_layout
 
     arch = device_arch()
-    case = random_case(9500 + seed, heads=(32, 64), max_context=700, max_batch=4, block_sizes=(1, 16, 64, 256))
+    case = random_case(9500 + seed, heads=(32, 64), max_context=700, max_batch=4, kv_block_sizes=(1, 16, 64, 256))
     case["preshuffle"] = False
     inp = build(case, device="cuda", fp8_dtype=fp8_dtype(arch))
     args = launch_args(inp)
@@ -347,7 +347,7 @@ def test_two_tile_prefetch_on_the_register_mma_twin(seed):
     from paged_mqa_logits.backends.gluon.kernels.register_mma import register_mma_logits_kernel
 
     arch = device_arch()
-    case = random_case(9700 + seed, heads=(32, 64), max_context=900, max_batch=4, block_sizes=(1, 16, 64, 256))
+    case = random_case(9700 + seed, heads=(32, 64), max_context=900, max_batch=4, kv_block_sizes=(1, 16, 64, 256))
     inp = build(case, device="cuda", fp8_dtype=fp8_dtype(arch))
     args = launch_args(inp)
     p = args.problem

@@ -23,7 +23,7 @@ def problem(heads=64, next_n=1, kv_block_size=64, preshuffle=False, lens_2d=True
                   kv_block_size=kv_block_size, preshuffle=preshuffle, context=8192, lens_2d=lens_2d, fp8="fn",
                   max_model_len=8192)
     fields.update(overrides)
-    return Problem(**fields)
+    return Problem.from_record(fields)
 
 
 def test_balanced_only_and_knob_errors_say_why():

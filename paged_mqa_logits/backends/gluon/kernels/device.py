@@ -46,9 +46,9 @@ def row_length(lens_ptr, b, j, seq_len, stride_lens_b, stride_lens_j, NEXT_N: gl
 
 
 @gluon.jit
-def visible_end(seq_len, max_model_len, max_blocks, KV_BLOCK: gl.constexpr):
+def visible_end(seq_len, max_model_len, max_blocks, KV_BLOCK_SIZE: gl.constexpr):
     """First position no row of the sequence may see: ``min(seq_len, max_model_len, table width)``."""
-    return gl.minimum(gl.minimum(seq_len, max_model_len), max_blocks * KV_BLOCK)
+    return gl.minimum(gl.minimum(seq_len, max_model_len), max_blocks * KV_BLOCK_SIZE)
 
 
 @gluon.jit
@@ -80,7 +80,7 @@ def _add(a, b):
 
 @gluon.jit
 def _block_tiles(lens_ptr, first_seq, batch, stride_lens_b, stride_lens_j, max_model_len, max_blocks,
-                 NEXT_N: gl.constexpr, LENS_2D: gl.constexpr, KV_BLOCK: gl.constexpr, CHUNK: gl.constexpr,
+                 NEXT_N: gl.constexpr, LENS_2D: gl.constexpr, KV_BLOCK_SIZE: gl.constexpr, CHUNK: gl.constexpr,
                  LAYOUT: gl.constexpr, TAIL_UNIT: gl.constexpr = 0):
     """Tiles of sequences ``first_seq .. first_seq + SCAN_BLOCK`` (0 past the batch): vector
     form of ``sequence_length`` / ``visible_end``. With ``TAIL_UNIT > 0``, instead the
@@ -93,7 +93,7 @@ def _block_tiles(lens_ptr, first_seq, batch, stride_lens_b, stride_lens_j, max_m
     if LENS_2D:
         for j in gl.static_range(1, NEXT_N):
             seq_len = gl.maximum(seq_len, gl.load(row + j * stride_lens_j, mask=valid, other=0))
-    end = gl.minimum(gl.minimum(gl.maximum(seq_len, 0), max_model_len), max_blocks * KV_BLOCK)
+    end = gl.minimum(gl.minimum(gl.maximum(seq_len, 0), max_model_len), max_blocks * KV_BLOCK_SIZE)
     tiles = gl.cdiv(end, CHUNK)
     if TAIL_UNIT > 0:
         tiles = gl.where(valid, gl.cdiv(gl.maximum(max_model_len - tiles * CHUNK, 0), TAIL_UNIT), 0)
@@ -102,7 +102,7 @@ def _block_tiles(lens_ptr, first_seq, batch, stride_lens_b, stride_lens_j, max_m
 
 @gluon.jit
 def balanced_share(lens_ptr, batch, stride_lens_b, stride_lens_j, max_model_len, max_blocks, program, num_programs,
-                   NEXT_N: gl.constexpr, LENS_2D: gl.constexpr, KV_BLOCK: gl.constexpr, CHUNK: gl.constexpr,
+                   NEXT_N: gl.constexpr, LENS_2D: gl.constexpr, KV_BLOCK_SIZE: gl.constexpr, CHUNK: gl.constexpr,
                    LAYOUT: gl.constexpr, TAIL_UNIT: gl.constexpr = 0):
     """``(start, stop, seq, tile)``: program ``program``'s items ``[start, stop)`` of the batch's
     tiles and the (sequence, tile) of ``start`` (``schedule.share`` / ``schedule.locate``); with
@@ -114,7 +114,7 @@ def balanced_share(lens_ptr, batch, stride_lens_b, stride_lens_j, max_model_len,
     total = gl.to_tensor(0)
     for first_seq in range(0, batch, SCAN_BLOCK):
         _, tiles = _block_tiles(lens_ptr, first_seq, batch, stride_lens_b, stride_lens_j, max_model_len, max_blocks,
-                                NEXT_N, LENS_2D, KV_BLOCK, CHUNK, LAYOUT, TAIL_UNIT)
+                                NEXT_N, LENS_2D, KV_BLOCK_SIZE, CHUNK, LAYOUT, TAIL_UNIT)
         total += gl.sum(tiles, axis=0)
     start = (total.to(gl.int64) * program // num_programs).to(gl.int32)
     stop = (total.to(gl.int64) * (program + 1) // num_programs).to(gl.int32)
@@ -123,7 +123,7 @@ def balanced_share(lens_ptr, batch, stride_lens_b, stride_lens_j, max_model_len,
     carried = gl.to_tensor(0)
     for first_seq in range(0, batch, SCAN_BLOCK):
         _, tiles = _block_tiles(lens_ptr, first_seq, batch, stride_lens_b, stride_lens_j, max_model_len, max_blocks,
-                                NEXT_N, LENS_2D, KV_BLOCK, CHUNK, LAYOUT, TAIL_UNIT)
+                                NEXT_N, LENS_2D, KV_BLOCK_SIZE, CHUNK, LAYOUT, TAIL_UNIT)
         cum = gl.associative_scan(tiles, 0, _add) + carried
         done = cum <= start
         seq += gl.sum(done.to(gl.int32), axis=0)
@@ -134,25 +134,25 @@ def balanced_share(lens_ptr, batch, stride_lens_b, stride_lens_j, max_model_len,
 
 # ----------------------------------------------------------------------------- paged addressing
 @gluon.jit
-def tile_pages(table_row, tokens, end, num_blocks, KV_BLOCK: gl.constexpr, LOAD: gl.constexpr):
+def tile_pages(table_row, tokens, end, num_blocks, KV_BLOCK_SIZE: gl.constexpr, LOAD: gl.constexpr):
     """int64 cache block of each token (tokens at or past ``end`` get block 0 and their table
     entries are never read: they may be garbage or past the table's width).
 
     Block ids are clamped into ``[0, num_blocks)``: whatever the table holds, no gather leaves
     the cache (an invalid id yields the logits of a real block, the documented rule; two
     integer ops per token, off the memory path)."""
-    pages = LOAD(table_row, tokens // KV_BLOCK, tokens < end, 0)
+    pages = LOAD(table_row, tokens // KV_BLOCK_SIZE, tokens < end, 0)
     return gl.maximum(gl.minimum(pages, num_blocks - 1), 0).to(gl.int64)
 
 
 @gluon.jit
-def key_offset_parts(pages, tokens, d, stride_block, KV_BLOCK: gl.constexpr, HEAD_DIM: gl.constexpr,
+def key_offset_parts(pages, tokens, d, stride_block, KV_BLOCK_SIZE: gl.constexpr, HEAD_DIM: gl.constexpr,
                      PRESHUFFLE: gl.constexpr):
     """The byte offset of key (token, dim) split into a per-token part (int64, the page base
     included) and a per-dim part, so kernels can lay the ``[T, D]`` or ``[D, T]`` sum out as
     their MMA operand needs: plain ``page*stride + slot*D | d``; Preshuffle
     ``page*stride + (slot//16)*16*D + (slot%16)*16 | (d//16)*256 + d%16``."""
-    slot = tokens % KV_BLOCK
+    slot = tokens % KV_BLOCK_SIZE
     if PRESHUFFLE:
         token_part = (slot // 16) * (16 * HEAD_DIM) + (slot % 16) * 16
         dim_part = (d // 16) * 256 + d % 16
@@ -163,7 +163,7 @@ def key_offset_parts(pages, tokens, d, stride_block, KV_BLOCK: gl.constexpr, HEA
 
 
 @gluon.jit
-def scale_offsets(pages, tokens, stride_block, KV_BLOCK: gl.constexpr, HEAD_DIM: gl.constexpr):
+def scale_offsets(pages, tokens, stride_block, KV_BLOCK_SIZE: gl.constexpr, HEAD_DIM: gl.constexpr):
     """int64 offsets, in fp32 elements, of the scales of ``tokens``: byte
-    ``block*stride0 + KV_BLOCK*D + 4*slot`` (``stride0`` is a multiple of 4, checked on the host)."""
-    return pages * (stride_block // 4) + (KV_BLOCK * HEAD_DIM // 4) + tokens % KV_BLOCK
+    ``block*stride0 + KV_BLOCK_SIZE*D + 4*slot`` (``stride0`` is a multiple of 4, checked on the host)."""
+    return pages * (stride_block // 4) + (KV_BLOCK_SIZE * HEAD_DIM // 4) + tokens % KV_BLOCK_SIZE

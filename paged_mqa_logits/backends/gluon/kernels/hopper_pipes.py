@@ -108,19 +108,19 @@ def _pow2(n):
 
 
 @gluon.constexpr_function
-def _boxes_per_tile(kv_block):
+def _boxes_per_tile(kv_block_size):
     """Cache blocks (TMA boxes) a tile spans."""
-    return max(1, TILE // kv_block)
+    return max(1, TILE // kv_block_size)
 
 
 # ----------------------------------------------------------------------------- the walk
 @gluon.jit
 def _segment(lens_ptr, b, tile, item, stop, stride_lens_b, stride_lens_j, max_model_len, max_blocks,
-             NEXT_N: gl.constexpr, KV_BLOCK: gl.constexpr, LENS_2D: gl.constexpr):
+             NEXT_N: gl.constexpr, KV_BLOCK_SIZE: gl.constexpr, LENS_2D: gl.constexpr):
     """``(seq_len, end, count)`` of the share's run inside sequence ``b`` from its tile ``tile``:
     what every partition computes identically, so they agree on the program's tiles."""
     seq_len = device.sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
-    end = device.visible_end(seq_len, max_model_len, max_blocks, KV_BLOCK)
+    end = device.visible_end(seq_len, max_model_len, max_blocks, KV_BLOCK_SIZE)
     count = gl.minimum(gl.cdiv(end, _TILE) - tile, stop - item)
     return seq_len, end, count
 
@@ -133,56 +133,56 @@ def _team_slot(n, STAGES: gl.constexpr):
 
 # ----------------------------------------------------------------------------- producer
 @gluon.jit
-def _tile_blocks(table_row, tile, end, num_blocks, KV_BLOCK: gl.constexpr):
+def _tile_blocks(table_row, tile, end, num_blocks, KV_BLOCK_SIZE: gl.constexpr):
     """The cache block of each TMA box of ``tile``, clamped into the cache; a box starting at or
     past ``end`` takes the tile's first block (its rows are never stored), so every tile lands
     the same byte count."""
-    BOXES: gl.constexpr = _boxes_per_tile(KV_BLOCK)
+    BOXES: gl.constexpr = _boxes_per_tile(KV_BLOCK_SIZE)
     first_token = tile * _TILE
-    first = gl.maximum(gl.minimum(gl.load(table_row + first_token // KV_BLOCK), num_blocks - 1), 0)
+    first = gl.maximum(gl.minimum(gl.load(table_row + first_token // KV_BLOCK_SIZE), num_blocks - 1), 0)
     blocks = (first,)
     for part in gl.static_range(1, BOXES):
-        token = first_token + part * KV_BLOCK
-        block = gl.load(table_row + token // KV_BLOCK, mask=token < end, other=first)
+        token = first_token + part * KV_BLOCK_SIZE
+        block = gl.load(table_row + token // KV_BLOCK_SIZE, mask=token < end, other=first)
         blocks = blocks + (gl.maximum(gl.minimum(block, num_blocks - 1), 0),)
     return blocks
 
 
 @gluon.jit
-def _issue_tile_tma(key_desc, scale_desc, key_slot, scale_slot, full_bar, blocks, tile, KV_BLOCK: gl.constexpr):
+def _issue_tile_tma(key_desc, scale_desc, key_slot, scale_slot, full_bar, blocks, tile, KV_BLOCK_SIZE: gl.constexpr):
     """One key box and one scale box per cache block of ``tile``, all counted on ``full_bar``."""
-    BOXES: gl.constexpr = _boxes_per_tile(KV_BLOCK)
+    BOXES: gl.constexpr = _boxes_per_tile(KV_BLOCK_SIZE)
     BOX: gl.constexpr = _TILE // BOXES
     mbarrier.expect(full_bar, _TILE * (_D + 4))
-    slot_in_block = (tile * _TILE) % KV_BLOCK  # 0 unless blocks are longer than a tile
+    slot_in_block = (tile * _TILE) % KV_BLOCK_SIZE  # 0 unless blocks are longer than a tile
     for part in gl.static_range(BOXES):
         key_box = key_slot.reshape([1, _TILE, _D]).slice(part * BOX, BOX, dim=1)
         tma.async_copy_global_to_shared(key_desc, [blocks[part], slot_in_block, 0], full_bar, key_box)
         scale_box = scale_slot.slice(part * BOX, BOX, dim=1)
-        tma.async_copy_global_to_shared(scale_desc, [blocks[part], KV_BLOCK * (_D // 4) + slot_in_block], full_bar,
+        tma.async_copy_global_to_shared(scale_desc, [blocks[part], KV_BLOCK_SIZE * (_D // 4) + slot_in_block], full_bar,
                                         scale_box)
 
 
 @gluon.jit
 def _issue_tile_gather(kv_ptr, scale_ptr, key_slot, scale_slot, full_bar, table_row, tile, end, table_tokens,
-                       num_blocks, stride_block, KV_BLOCK: gl.constexpr, PRESHUFFLE: gl.constexpr,
+                       num_blocks, stride_block, KV_BLOCK_SIZE: gl.constexpr, PRESHUFFLE: gl.constexpr,
                        KV_ALIGN: gl.constexpr):
     """cp.async the keys and scales of ``tile``'s tokens ``< end`` (the rest zero-filled, never
     stored), then one ``noinc`` arrive per lane on ``full_bar``, completed when its copies land."""
     copy_layout: gl.constexpr = _producer_copy_layout()
     vec_layout: gl.constexpr = _producer_vec_layout()
     tokens = tile * _TILE + gl.arange(0, _TILE, gl.SliceLayout(1, copy_layout))
-    pages = device.tile_pages(table_row, tokens, gl.minimum(end, table_tokens), num_blocks, KV_BLOCK, wg._gather)
+    pages = device.tile_pages(table_row, tokens, gl.minimum(end, table_tokens), num_blocks, KV_BLOCK_SIZE, wg._gather)
     d = gl.arange(0, _D, gl.SliceLayout(0, copy_layout))
-    token_part, dim_part = device.key_offset_parts(pages, tokens, d, stride_block, KV_BLOCK, _D, PRESHUFFLE)
+    token_part, dim_part = device.key_offset_parts(pages, tokens, d, stride_block, KV_BLOCK_SIZE, _D, PRESHUFFLE)
     key_ptrs = kv_ptr + (token_part[:, None] + dim_part[None, :])
     if KV_ALIGN < 16:
         key_ptrs = gl.multiple_of(key_ptrs, [KV_ALIGN, KV_ALIGN])
     async_copy.async_copy_global_to_shared(key_slot, key_ptrs, mask=(tokens < end)[:, None])
     scale_tokens = tile * _TILE + gl.arange(0, _TILE, vec_layout)
-    scale_pages = device.tile_pages(table_row, scale_tokens, gl.minimum(end, table_tokens), num_blocks, KV_BLOCK,
+    scale_pages = device.tile_pages(table_row, scale_tokens, gl.minimum(end, table_tokens), num_blocks, KV_BLOCK_SIZE,
                                     wg._gather)
-    scale_ptrs = scale_ptr + device.scale_offsets(scale_pages, scale_tokens, stride_block, KV_BLOCK, _D)
+    scale_ptrs = scale_ptr + device.scale_offsets(scale_pages, scale_tokens, stride_block, KV_BLOCK_SIZE, _D)
     async_copy.async_copy_global_to_shared(scale_slot.reshape([_TILE]), scale_ptrs, mask=scale_tokens < end)
     async_copy.mbarrier_arrive(full_bar, increment_count=False)
 
@@ -217,13 +217,13 @@ def _issue_query(q_ptr, weights_ptr, q_stage, weight_stage, q_full, b, stride_q_
 
 @gluon.jit
 def _clean_tail(out_ptr, lens_ptr, b, unit, count, step, stride_out, stride_lens_b, stride_lens_j,
-                max_model_len, max_blocks, NEXT_N: gl.constexpr, KV_BLOCK: gl.constexpr, LENS_2D: gl.constexpr):
+                max_model_len, max_blocks, NEXT_N: gl.constexpr, KV_BLOCK_SIZE: gl.constexpr, LENS_2D: gl.constexpr):
     """``-inf`` over units ``unit, unit + step, ... < unit + count`` of sequence ``b``'s tail
     (columns from its last tile's end up to ``max_model_len``), every row of the sequence."""
     layout: gl.constexpr = _tail_layout()
     ROWS: gl.constexpr = _pow2(NEXT_N)
     seq_len = device.sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
-    tail_start = gl.cdiv(device.visible_end(seq_len, max_model_len, max_blocks, KV_BLOCK), _TILE) * _TILE
+    tail_start = gl.cdiv(device.visible_end(seq_len, max_model_len, max_blocks, KV_BLOCK_SIZE), _TILE) * _TILE
     j = gl.arange(0, ROWS, gl.SliceLayout(1, layout))
     rows = out_ptr + (b.to(gl.int64) * NEXT_N + j) * stride_out
     minus_inf = gl.full([ROWS, _TAIL_UNIT], float("-inf"), out_ptr.dtype.element_ty, layout)
@@ -234,7 +234,7 @@ def _clean_tail(out_ptr, lens_ptr, b, unit, count, step, stride_out, stride_lens
 
 @gluon.jit
 def _producer(pointers, strides, sizes, key_desc, scale_desc, buffers, share, tail_share,
-              NEXT_N: gl.constexpr, HEADS: gl.constexpr, KV_BLOCK: gl.constexpr, STAGES: gl.constexpr,
+              NEXT_N: gl.constexpr, HEADS: gl.constexpr, KV_BLOCK_SIZE: gl.constexpr, STAGES: gl.constexpr,
               PRESHUFFLE: gl.constexpr, LENS_2D: gl.constexpr, KV_ALIGN: gl.constexpr, Q_ASYNC: gl.constexpr,
               KEY_BOX: gl.constexpr, TEAM: gl.constexpr, TEAMS: gl.constexpr):
     """Fill team ``TEAM``'s ring with its tiles of the share (team 0 also the Q ring, one stage
@@ -245,12 +245,12 @@ def _producer(pointers, strides, sizes, key_desc, scale_desc, buffers, share, ta
     max_model_len, max_blocks, num_blocks, clean_logits = sizes
     key_ring, scale_ring, q_ring, weight_ring, full_bars, empty_bars, q_full, q_empty = buffers
     item, stop, b, tile = share
-    table_tokens = max_blocks * KV_BLOCK
+    table_tokens = max_blocks * KV_BLOCK_SIZE
     k = 0  # the program's tiles before this sequence's first, every team's
     q_iter = 0  # sequences with tiles so far
     while item < stop:
         _, end, count = _segment(lens_ptr, b, tile, item, stop, stride_lens_b, stride_lens_j, max_model_len,
-                                 max_blocks, NEXT_N, KV_BLOCK, LENS_2D)
+                                 max_blocks, NEXT_N, KV_BLOCK_SIZE, LENS_2D)
         if count > 0:
             if TEAM == 0:
                 stage = q_iter % 2
@@ -261,22 +261,22 @@ def _producer(pointers, strides, sizes, key_desc, scale_desc, buffers, share, ta
             table_row = table_ptr + b.to(gl.int64) * stride_table
             first = (TEAM - k % TEAMS + TEAMS) % TEAMS  # this team's first tile here
             if KEY_BOX > 0:
-                blocks = _tile_blocks(table_row, tile + first, end, num_blocks, KV_BLOCK)
+                blocks = _tile_blocks(table_row, tile + first, end, num_blocks, KV_BLOCK_SIZE)
             for i in range(first, count, TEAMS):
                 if KEY_BOX > 0:  # the next tile's block ids load while this one's slot is awaited
                     upcoming = _tile_blocks(table_row, tile + gl.minimum(i + TEAMS, count - 1), end, num_blocks,
-                                            KV_BLOCK)
+                                            KV_BLOCK_SIZE)
                 slot, phase = _team_slot((k + i) // TEAMS, STAGES)
                 mbarrier.wait(empty_bars.index(TEAM * STAGES + slot), phase ^ 1)
                 ring_slot = TEAM * STAGES + slot
                 if KEY_BOX > 0:
                     _issue_tile_tma(key_desc, scale_desc, key_ring.index(ring_slot), scale_ring.index(ring_slot),
-                                    full_bars.index(ring_slot), blocks, tile + i, KV_BLOCK)
+                                    full_bars.index(ring_slot), blocks, tile + i, KV_BLOCK_SIZE)
                     blocks = upcoming
                 else:
                     _issue_tile_gather(kv_ptr, scale_ptr, key_ring.index(ring_slot), scale_ring.index(ring_slot),
                                        full_bars.index(ring_slot), table_row, tile + i, end, table_tokens,
-                                       num_blocks, stride_block, KV_BLOCK, PRESHUFFLE, KV_ALIGN)
+                                       num_blocks, stride_block, KV_BLOCK_SIZE, PRESHUFFLE, KV_ALIGN)
         k += count
         item += count
         b += 1
@@ -286,12 +286,12 @@ def _producer(pointers, strides, sizes, key_desc, scale_desc, buffers, share, ta
         u = 0  # the program's tail units before this sequence's first
         while item < stop:
             seq_len = device.sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
-            end = device.visible_end(seq_len, max_model_len, max_blocks, KV_BLOCK)
+            end = device.visible_end(seq_len, max_model_len, max_blocks, KV_BLOCK_SIZE)
             units = gl.cdiv(gl.maximum(max_model_len - gl.cdiv(end, _TILE) * _TILE, 0), _TAIL_UNIT)
             count = gl.minimum(units - unit, stop - item)
             first = (TEAM - u % TEAMS + TEAMS) % TEAMS
             _clean_tail(out_ptr, lens_ptr, b, unit + first, gl.maximum(count - first, 0), TEAMS, stride_out,
-                        stride_lens_b, stride_lens_j, max_model_len, max_blocks, NEXT_N, KV_BLOCK, LENS_2D)
+                        stride_lens_b, stride_lens_j, max_model_len, max_blocks, NEXT_N, KV_BLOCK_SIZE, LENS_2D)
             u += count
             item += count
             b += 1
@@ -476,7 +476,7 @@ def _finish_group(out_ptr, scores, scale, weight, limit, b, tile, stride_out, ma
 
 @gluon.jit
 def _consumer(pointers, strides, sizes, buffers, share,
-              NEXT_N: gl.constexpr, HEADS: gl.constexpr, KV_BLOCK: gl.constexpr, ROWS_PER_MMA: gl.constexpr,
+              NEXT_N: gl.constexpr, HEADS: gl.constexpr, KV_BLOCK_SIZE: gl.constexpr, ROWS_PER_MMA: gl.constexpr,
               STAGES: gl.constexpr, LENS_2D: gl.constexpr, KEY_BOX: gl.constexpr, TEAM: gl.constexpr,
               TEAMS: gl.constexpr, PART: gl.constexpr, ROW_SPLIT: gl.constexpr, OVERLAP: gl.constexpr):
     """Score team ``TEAM``'s tiles of the share, row groups ``PART, PART + ROW_SPLIT, ...``."""
@@ -491,7 +491,7 @@ def _consumer(pointers, strides, sizes, buffers, share,
     q_iter = 0
     while item < stop:
         seq_len, end, count = _segment(lens_ptr, b, tile, item, stop, stride_lens_b, stride_lens_j, max_model_len,
-                                       max_blocks, NEXT_N, KV_BLOCK, LENS_2D)
+                                       max_blocks, NEXT_N, KV_BLOCK_SIZE, LENS_2D)
         if count > 0:
             stage = q_iter % 2
             mbarrier.wait(q_full.index(stage), (q_iter // 2) & 1)
@@ -521,13 +521,13 @@ def _consumer(pointers, strides, sizes, buffers, share,
 # ----------------------------------------------------------------------------- the kernel
 @gluon.jit
 def _split_share(lens_ptr, stride_lens_b, stride_lens_j, max_model_len, max_blocks, num_splits,
-                 NEXT_N: gl.constexpr, KV_BLOCK: gl.constexpr, LENS_2D: gl.constexpr, UNIT: gl.constexpr):
+                 NEXT_N: gl.constexpr, KV_BLOCK_SIZE: gl.constexpr, LENS_2D: gl.constexpr, UNIT: gl.constexpr):
     """``Schedule=split``: program ``(split, b)``'s share as ``(item, stop, b, first)``: an even part
     of sequence ``b``'s tiles (``UNIT`` 0) or of its tail units."""
     b = gl.program_id(1)
     split = gl.program_id(0)
     seq_len = device.sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
-    tiles = gl.cdiv(device.visible_end(seq_len, max_model_len, max_blocks, KV_BLOCK), _TILE)
+    tiles = gl.cdiv(device.visible_end(seq_len, max_model_len, max_blocks, KV_BLOCK_SIZE), _TILE)
     if UNIT > 0:
         tiles = gl.cdiv(gl.maximum(max_model_len - tiles * _TILE, 0), UNIT)
     first = tiles * split // num_splits
@@ -536,17 +536,17 @@ def _split_share(lens_ptr, stride_lens_b, stride_lens_j, max_model_len, max_bloc
 
 @gluon.jit
 def _program_share(lens_ptr, batch, stride_lens_b, stride_lens_j, max_model_len, max_blocks, num_splits,
-                   NEXT_N: gl.constexpr, KV_BLOCK: gl.constexpr, LENS_2D: gl.constexpr, BALANCED: gl.constexpr,
+                   NEXT_N: gl.constexpr, KV_BLOCK_SIZE: gl.constexpr, LENS_2D: gl.constexpr, BALANCED: gl.constexpr,
                    UNIT: gl.constexpr, WARPS: gl.constexpr):
     """This program's share ``(item, stop, b, first)`` of the batch's tiles (``UNIT`` 0) or of
     its tails' units, by the schedule the kernel runs, computed by ``WARPS`` warps."""
     if BALANCED:
         share = device.balanced_share(lens_ptr, batch, stride_lens_b, stride_lens_j, max_model_len, max_blocks,
-                                      gl.program_id(0), gl.num_programs(0), NEXT_N, LENS_2D, KV_BLOCK, _TILE,
+                                      gl.program_id(0), gl.num_programs(0), NEXT_N, LENS_2D, KV_BLOCK_SIZE, _TILE,
                                       device.scan_layout(32, WARPS), UNIT)
     else:
         share = _split_share(lens_ptr, stride_lens_b, stride_lens_j, max_model_len, max_blocks, num_splits,
-                             NEXT_N, KV_BLOCK, LENS_2D, UNIT)
+                             NEXT_N, KV_BLOCK_SIZE, LENS_2D, UNIT)
     return share
 
 
@@ -557,10 +557,10 @@ def wgmma_pipes_logits_kernel(
     stride_block,  # bytes between cache blocks (multiple of 4)
     stride_w, stride_out, stride_lens_b, stride_lens_j, stride_table,
     max_model_len, max_blocks, num_splits, batch, num_blocks,
-    key_desc,  # TMA descriptors of the keys [num_blocks, KV_BLOCK, 128] and of the scales
+    key_desc,  # TMA descriptors of the keys [num_blocks, KV_BLOCK_SIZE, 128] and of the scales
     scale_desc,  # [num_blocks, block stride / 4] fp32 (KEY_BOX > 0), else None
     clean_logits,  # 1: -inf where a row sees nothing, up to max_model_len
-    NEXT_N: gl.constexpr, NEXT_N_POW2: gl.constexpr, HEADS: gl.constexpr, KV_BLOCK: gl.constexpr,
+    NEXT_N: gl.constexpr, NEXT_N_POW2: gl.constexpr, HEADS: gl.constexpr, KV_BLOCK_SIZE: gl.constexpr,
     ROWS_PER_MMA: gl.constexpr, STAGES: gl.constexpr, PRESHUFFLE: gl.constexpr, LENS_2D: gl.constexpr,
     KV_ALIGN: gl.constexpr, Q_ASYNC: gl.constexpr, KEY_BOX: gl.constexpr, BALANCED: gl.constexpr,
     CONSUMERS: gl.constexpr, ROW_SPLIT: gl.constexpr, OVERLAP: gl.constexpr, CONSUMER_REGS: gl.constexpr,
@@ -587,10 +587,10 @@ def wgmma_pipes_logits_kernel(
         mbarrier.init(q_empty.index(s), count=32 * _CONSUMER_WARPS * CONSUMERS)
 
     share = _program_share(lens_ptr, batch, stride_lens_b, stride_lens_j, max_model_len, max_blocks, num_splits,
-                           NEXT_N, KV_BLOCK, LENS_2D, BALANCED, 0, _CONSUMER_WARPS)
+                           NEXT_N, KV_BLOCK_SIZE, LENS_2D, BALANCED, 0, _CONSUMER_WARPS)
     if clean_logits != 0:
         tail_share = _program_share(lens_ptr, batch, stride_lens_b, stride_lens_j, max_model_len, max_blocks,
-                                    num_splits, NEXT_N, KV_BLOCK, LENS_2D, BALANCED, _TAIL_UNIT, _CONSUMER_WARPS)
+                                    num_splits, NEXT_N, KV_BLOCK_SIZE, LENS_2D, BALANCED, _TAIL_UNIT, _CONSUMER_WARPS)
     else:
         tail_share = share
     pointers = (q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, table_ptr)
@@ -602,81 +602,81 @@ def wgmma_pipes_logits_kernel(
     # in a variable would become tensors. Consumer 0 is the default partition.
     if CONSUMERS == 1:
         gl.warp_specialize([
-            (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK, ROWS_PER_MMA, STAGES,
+            (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK_SIZE, ROWS_PER_MMA, STAGES,
                          LENS_2D, KEY_BOX, 0, 1, 0, 1, OVERLAP)),
             (_producer, (pointers, strides, sizes, key_desc, scale_desc, buffers, share, tail_share, NEXT_N, HEADS,
-                         KV_BLOCK, STAGES, PRESHUFFLE, LENS_2D, KV_ALIGN, Q_ASYNC, KEY_BOX, 0, 1)),
+                         KV_BLOCK_SIZE, STAGES, PRESHUFFLE, LENS_2D, KV_ALIGN, Q_ASYNC, KEY_BOX, 0, 1)),
         ], [_PRODUCER_WARPS], [PRODUCER_REGS])
     elif CONSUMERS == 2 and ROW_SPLIT == 1:
         gl.warp_specialize([
-            (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK, ROWS_PER_MMA, STAGES,
+            (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK_SIZE, ROWS_PER_MMA, STAGES,
                          LENS_2D, KEY_BOX, 0, 2, 0, 1, OVERLAP)),
-            (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK, ROWS_PER_MMA, STAGES,
+            (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK_SIZE, ROWS_PER_MMA, STAGES,
                          LENS_2D, KEY_BOX, 1, 2, 0, 1, OVERLAP)),
             (_producer, (pointers, strides, sizes, key_desc, scale_desc, buffers, share, tail_share, NEXT_N, HEADS,
-                         KV_BLOCK, STAGES, PRESHUFFLE, LENS_2D, KV_ALIGN, Q_ASYNC, KEY_BOX, 0, 2)),
+                         KV_BLOCK_SIZE, STAGES, PRESHUFFLE, LENS_2D, KV_ALIGN, Q_ASYNC, KEY_BOX, 0, 2)),
             (_producer, (pointers, strides, sizes, key_desc, scale_desc, buffers, share, tail_share, NEXT_N, HEADS,
-                         KV_BLOCK, STAGES, PRESHUFFLE, LENS_2D, KV_ALIGN, Q_ASYNC, KEY_BOX, 1, 2)),
+                         KV_BLOCK_SIZE, STAGES, PRESHUFFLE, LENS_2D, KV_ALIGN, Q_ASYNC, KEY_BOX, 1, 2)),
         ], [_CONSUMER_WARPS, _PRODUCER_WARPS, _PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS])
     elif CONSUMERS == 2:
         gl.warp_specialize([
-            (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK, ROWS_PER_MMA, STAGES,
+            (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK_SIZE, ROWS_PER_MMA, STAGES,
                          LENS_2D, KEY_BOX, 0, 1, 0, 2, OVERLAP)),
-            (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK, ROWS_PER_MMA, STAGES,
+            (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK_SIZE, ROWS_PER_MMA, STAGES,
                          LENS_2D, KEY_BOX, 0, 1, 1, 2, OVERLAP)),
             (_producer, (pointers, strides, sizes, key_desc, scale_desc, buffers, share, tail_share, NEXT_N, HEADS,
-                         KV_BLOCK, STAGES, PRESHUFFLE, LENS_2D, KV_ALIGN, Q_ASYNC, KEY_BOX, 0, 1)),
+                         KV_BLOCK_SIZE, STAGES, PRESHUFFLE, LENS_2D, KV_ALIGN, Q_ASYNC, KEY_BOX, 0, 1)),
         ], [_CONSUMER_WARPS, _PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
     elif CONSUMERS == 3:
         gl.warp_specialize([
-            (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK, ROWS_PER_MMA, STAGES,
+            (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK_SIZE, ROWS_PER_MMA, STAGES,
                          LENS_2D, KEY_BOX, 0, 3, 0, 1, OVERLAP)),
-            (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK, ROWS_PER_MMA, STAGES,
+            (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK_SIZE, ROWS_PER_MMA, STAGES,
                          LENS_2D, KEY_BOX, 1, 3, 0, 1, OVERLAP)),
-            (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK, ROWS_PER_MMA, STAGES,
+            (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK_SIZE, ROWS_PER_MMA, STAGES,
                          LENS_2D, KEY_BOX, 2, 3, 0, 1, OVERLAP)),
             (_producer, (pointers, strides, sizes, key_desc, scale_desc, buffers, share, tail_share, NEXT_N, HEADS,
-                         KV_BLOCK, STAGES, PRESHUFFLE, LENS_2D, KV_ALIGN, Q_ASYNC, KEY_BOX, 0, 3)),
+                         KV_BLOCK_SIZE, STAGES, PRESHUFFLE, LENS_2D, KV_ALIGN, Q_ASYNC, KEY_BOX, 0, 3)),
             (_producer, (pointers, strides, sizes, key_desc, scale_desc, buffers, share, tail_share, NEXT_N, HEADS,
-                         KV_BLOCK, STAGES, PRESHUFFLE, LENS_2D, KV_ALIGN, Q_ASYNC, KEY_BOX, 1, 3)),
+                         KV_BLOCK_SIZE, STAGES, PRESHUFFLE, LENS_2D, KV_ALIGN, Q_ASYNC, KEY_BOX, 1, 3)),
             (_producer, (pointers, strides, sizes, key_desc, scale_desc, buffers, share, tail_share, NEXT_N, HEADS,
-                         KV_BLOCK, STAGES, PRESHUFFLE, LENS_2D, KV_ALIGN, Q_ASYNC, KEY_BOX, 2, 3)),
+                         KV_BLOCK_SIZE, STAGES, PRESHUFFLE, LENS_2D, KV_ALIGN, Q_ASYNC, KEY_BOX, 2, 3)),
         ], [_CONSUMER_WARPS, _CONSUMER_WARPS, _PRODUCER_WARPS, _PRODUCER_WARPS, _PRODUCER_WARPS],
            [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS, PRODUCER_REGS])
     elif CONSUMERS == 4 and ROW_SPLIT == 1:
         gl.warp_specialize([
-            (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK, ROWS_PER_MMA, STAGES,
+            (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK_SIZE, ROWS_PER_MMA, STAGES,
                          LENS_2D, KEY_BOX, 0, 4, 0, 1, OVERLAP)),
-            (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK, ROWS_PER_MMA, STAGES,
+            (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK_SIZE, ROWS_PER_MMA, STAGES,
                          LENS_2D, KEY_BOX, 1, 4, 0, 1, OVERLAP)),
-            (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK, ROWS_PER_MMA, STAGES,
+            (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK_SIZE, ROWS_PER_MMA, STAGES,
                          LENS_2D, KEY_BOX, 2, 4, 0, 1, OVERLAP)),
-            (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK, ROWS_PER_MMA, STAGES,
+            (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK_SIZE, ROWS_PER_MMA, STAGES,
                          LENS_2D, KEY_BOX, 3, 4, 0, 1, OVERLAP)),
             (_producer, (pointers, strides, sizes, key_desc, scale_desc, buffers, share, tail_share, NEXT_N, HEADS,
-                         KV_BLOCK, STAGES, PRESHUFFLE, LENS_2D, KV_ALIGN, Q_ASYNC, KEY_BOX, 0, 4)),
+                         KV_BLOCK_SIZE, STAGES, PRESHUFFLE, LENS_2D, KV_ALIGN, Q_ASYNC, KEY_BOX, 0, 4)),
             (_producer, (pointers, strides, sizes, key_desc, scale_desc, buffers, share, tail_share, NEXT_N, HEADS,
-                         KV_BLOCK, STAGES, PRESHUFFLE, LENS_2D, KV_ALIGN, Q_ASYNC, KEY_BOX, 1, 4)),
+                         KV_BLOCK_SIZE, STAGES, PRESHUFFLE, LENS_2D, KV_ALIGN, Q_ASYNC, KEY_BOX, 1, 4)),
             (_producer, (pointers, strides, sizes, key_desc, scale_desc, buffers, share, tail_share, NEXT_N, HEADS,
-                         KV_BLOCK, STAGES, PRESHUFFLE, LENS_2D, KV_ALIGN, Q_ASYNC, KEY_BOX, 2, 4)),
+                         KV_BLOCK_SIZE, STAGES, PRESHUFFLE, LENS_2D, KV_ALIGN, Q_ASYNC, KEY_BOX, 2, 4)),
             (_producer, (pointers, strides, sizes, key_desc, scale_desc, buffers, share, tail_share, NEXT_N, HEADS,
-                         KV_BLOCK, STAGES, PRESHUFFLE, LENS_2D, KV_ALIGN, Q_ASYNC, KEY_BOX, 3, 4)),
+                         KV_BLOCK_SIZE, STAGES, PRESHUFFLE, LENS_2D, KV_ALIGN, Q_ASYNC, KEY_BOX, 3, 4)),
         ], [_CONSUMER_WARPS, _CONSUMER_WARPS, _CONSUMER_WARPS, _PRODUCER_WARPS, _PRODUCER_WARPS, _PRODUCER_WARPS,
             _PRODUCER_WARPS],
            [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS, PRODUCER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
-            (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK, ROWS_PER_MMA, STAGES,
+            (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK_SIZE, ROWS_PER_MMA, STAGES,
                          LENS_2D, KEY_BOX, 0, 2, 0, 2, OVERLAP)),
-            (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK, ROWS_PER_MMA, STAGES,
+            (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK_SIZE, ROWS_PER_MMA, STAGES,
                          LENS_2D, KEY_BOX, 0, 2, 1, 2, OVERLAP)),
-            (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK, ROWS_PER_MMA, STAGES,
+            (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK_SIZE, ROWS_PER_MMA, STAGES,
                          LENS_2D, KEY_BOX, 1, 2, 0, 2, OVERLAP)),
-            (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK, ROWS_PER_MMA, STAGES,
+            (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK_SIZE, ROWS_PER_MMA, STAGES,
                          LENS_2D, KEY_BOX, 1, 2, 1, 2, OVERLAP)),
             (_producer, (pointers, strides, sizes, key_desc, scale_desc, buffers, share, tail_share, NEXT_N, HEADS,
-                         KV_BLOCK, STAGES, PRESHUFFLE, LENS_2D, KV_ALIGN, Q_ASYNC, KEY_BOX, 0, 2)),
+                         KV_BLOCK_SIZE, STAGES, PRESHUFFLE, LENS_2D, KV_ALIGN, Q_ASYNC, KEY_BOX, 0, 2)),
             (_producer, (pointers, strides, sizes, key_desc, scale_desc, buffers, share, tail_share, NEXT_N, HEADS,
-                         KV_BLOCK, STAGES, PRESHUFFLE, LENS_2D, KV_ALIGN, Q_ASYNC, KEY_BOX, 1, 2)),
+                         KV_BLOCK_SIZE, STAGES, PRESHUFFLE, LENS_2D, KV_ALIGN, Q_ASYNC, KEY_BOX, 1, 2)),
         ], [_CONSUMER_WARPS, _CONSUMER_WARPS, _CONSUMER_WARPS, _PRODUCER_WARPS, _PRODUCER_WARPS],
            [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS])

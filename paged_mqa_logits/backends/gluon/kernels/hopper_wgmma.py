@@ -190,28 +190,28 @@ def _load_weights(weights_ptr, b, stride_w, NEXT_N: gl.constexpr, NEXT_N_POW2: g
 
 
 @gluon.jit
-def _key_offsets(pages, tokens, d, stride_block, KV_BLOCK: gl.constexpr, PRESHUFFLE: gl.constexpr):
+def _key_offsets(pages, tokens, d, stride_block, KV_BLOCK_SIZE: gl.constexpr, PRESHUFFLE: gl.constexpr):
     """int64 byte offsets ``[T, D]`` (token-major, the orientation of a wgmma A tile) of the key
     bytes of ``tokens`` (with cache blocks ``pages``) and dims ``d``."""
-    token_part, dim_part = device.key_offset_parts(pages, tokens, d, stride_block, KV_BLOCK, _D, PRESHUFFLE)
+    token_part, dim_part = device.key_offset_parts(pages, tokens, d, stride_block, KV_BLOCK_SIZE, _D, PRESHUFFLE)
     return token_part[:, None] + dim_part[None, :]
 
 
 @gluon.jit
-def _tile_pages(table_row, tile, table_tokens, num_blocks, CHUNK: gl.constexpr, KV_BLOCK: gl.constexpr):
+def _tile_pages(table_row, tile, table_tokens, num_blocks, CHUNK: gl.constexpr, KV_BLOCK_SIZE: gl.constexpr):
     """Cache blocks of ``tile``'s tokens in the two copy layouts (read twice from the table,
     L1-resident, rather than moved between layouts). Masked by the table width only, a host
     value, so they can load before the lengths arrive; entries past a sequence may be garbage
     (-1): those tokens are never copied."""
     key_tokens = tile * CHUNK + gl.arange(0, CHUNK, gl.SliceLayout(1, _copy_layout()))
     scale_tokens = tile * CHUNK + gl.arange(0, CHUNK, _scale_copy_layout())
-    return (device.tile_pages(table_row, key_tokens, table_tokens, num_blocks, KV_BLOCK, _gather),
-            device.tile_pages(table_row, scale_tokens, table_tokens, num_blocks, KV_BLOCK, _gather))
+    return (device.tile_pages(table_row, key_tokens, table_tokens, num_blocks, KV_BLOCK_SIZE, _gather),
+            device.tile_pages(table_row, scale_tokens, table_tokens, num_blocks, KV_BLOCK_SIZE, _gather))
 
 
 @gluon.jit
 def _issue_tile(key_dst, scale_dst, kv_ptr, scale_ptr, pages, tile, end, stride_block,
-                CHUNK: gl.constexpr, KV_BLOCK: gl.constexpr, PRESHUFFLE: gl.constexpr, KV_ALIGN: gl.constexpr):
+                CHUNK: gl.constexpr, KV_BLOCK_SIZE: gl.constexpr, PRESHUFFLE: gl.constexpr, KV_ALIGN: gl.constexpr):
     """cp.async the keys and scales of ``tile``'s tokens ``< end`` into one ring slot (masked
     tokens are zero-filled and never stored); ``pages`` from :func:`_tile_pages`.
 
@@ -222,21 +222,21 @@ def _issue_tile(key_dst, scale_dst, kv_ptr, scale_ptr, pages, tile, end, stride_
     copy_layout: gl.constexpr = _copy_layout()
     tokens = tile * CHUNK + gl.arange(0, CHUNK, gl.SliceLayout(1, copy_layout))
     d = gl.arange(0, _D, gl.SliceLayout(0, copy_layout))
-    offsets = _key_offsets(key_pages, tokens, d, stride_block, KV_BLOCK, PRESHUFFLE)
+    offsets = _key_offsets(key_pages, tokens, d, stride_block, KV_BLOCK_SIZE, PRESHUFFLE)
     key_ptrs = kv_ptr + offsets
     if KV_ALIGN < 16:
         key_ptrs = gl.multiple_of(key_ptrs, [KV_ALIGN, KV_ALIGN])
     async_copy.async_copy_global_to_shared(key_dst, key_ptrs, mask=(tokens < end)[:, None])
-    _issue_scales(scale_dst, scale_ptr, scale_pages, tile, end, stride_block, CHUNK, KV_BLOCK)
+    _issue_scales(scale_dst, scale_ptr, scale_pages, tile, end, stride_block, CHUNK, KV_BLOCK_SIZE)
 
 
 @gluon.jit
 def _issue_scales(scale_dst, scale_ptr, scale_pages, tile, end, stride_block, CHUNK: gl.constexpr,
-                  KV_BLOCK: gl.constexpr):
+                  KV_BLOCK_SIZE: gl.constexpr):
     """cp.async the fp32 scales of ``tile``'s tokens ``< end`` (the rest are zero-filled)."""
     scale_tokens = tile * CHUNK + gl.arange(0, CHUNK, _scale_copy_layout())
     async_copy.async_copy_global_to_shared(
-        scale_dst, scale_ptr + device.scale_offsets(scale_pages, scale_tokens, stride_block, KV_BLOCK, _D),
+        scale_dst, scale_ptr + device.scale_offsets(scale_pages, scale_tokens, stride_block, KV_BLOCK_SIZE, _D),
         mask=scale_tokens < end)
 
 
@@ -387,7 +387,7 @@ def _score_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, tab
                    b, first, step, n_given,
                    stride_q_b, stride_q_j, stride_q_h, stride_block, stride_w, stride_out, stride_lens_b,
                    stride_lens_j, stride_table, max_model_len, max_blocks, num_blocks,
-                   NEXT_N: gl.constexpr, NEXT_N_POW2: gl.constexpr, HEADS: gl.constexpr, KV_BLOCK: gl.constexpr,
+                   NEXT_N: gl.constexpr, NEXT_N_POW2: gl.constexpr, HEADS: gl.constexpr, KV_BLOCK_SIZE: gl.constexpr,
                    CHUNK: gl.constexpr, ROWS_PER_MMA: gl.constexpr, STAGES: gl.constexpr,
                    PRESHUFFLE: gl.constexpr, LENS_2D: gl.constexpr, KV_ALIGN: gl.constexpr, Q_ASYNC: gl.constexpr,
                    BALANCED: gl.constexpr):
@@ -404,15 +404,15 @@ def _score_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, tab
     async_copy.commit_group()  # (an empty group without cp.async: the counting stays the same)
     weights = _load_weights(weights_ptr, b, stride_w, NEXT_N, NEXT_N_POW2, HEADS, vec_layout)
     table_row = table_ptr + b.to(gl.int64) * stride_table
-    table_tokens = max_blocks * KV_BLOCK
+    table_tokens = max_blocks * KV_BLOCK_SIZE
     first_pages = ()
     for s in gl.static_range(STAGES - 1):
         first_pages = first_pages + (_tile_pages(table_row, first + s * step, table_tokens, num_blocks, CHUNK,
-                                                 KV_BLOCK),)
+                                                 KV_BLOCK_SIZE),)
 
     # 2. The lengths: this sequence's visible end (and, splitting, this program's tile count).
     seq_len = device.sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
-    end = device.visible_end(seq_len, max_model_len, max_blocks, KV_BLOCK)
+    end = device.visible_end(seq_len, max_model_len, max_blocks, KV_BLOCK_SIZE)
     if BALANCED:
         n = n_given
     else:
@@ -427,10 +427,10 @@ def _score_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, tab
         # 3. Prologue: tiles 0..STAGES-2 in flight, one cp.async group each (masked past the end).
         for s in gl.static_range(STAGES - 1):
             _issue_tile(key_ring.index(s), scale_ring.index(s), kv_ptr, scale_ptr, first_pages[s],
-                        first + s * step, _issue_end(s, n, end), stride_block, CHUNK, KV_BLOCK,
+                        first + s * step, _issue_end(s, n, end), stride_block, CHUNK, KV_BLOCK_SIZE,
                         PRESHUFFLE, KV_ALIGN)
             async_copy.commit_group()
-        pages = _tile_pages(table_row, first + (STAGES - 1) * step, table_tokens, num_blocks, CHUNK, KV_BLOCK)
+        pages = _tile_pages(table_row, first + (STAGES - 1) * step, table_tokens, num_blocks, CHUNK, KV_BLOCK_SIZE)
 
         if NUM_GROUPS == 1:
             thread_barrier()  # the weights stored above, seen by every thread
@@ -447,9 +447,9 @@ def _score_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, tab
             ahead = i + STAGES - 1
             _issue_tile(key_ring.index(ahead % STAGES), scale_ring.index(ahead % STAGES), kv_ptr, scale_ptr, pages,
                         first + ahead * step, _issue_end(ahead, n, end), stride_block, CHUNK,
-                        KV_BLOCK, PRESHUFFLE, KV_ALIGN)
+                        KV_BLOCK_SIZE, PRESHUFFLE, KV_ALIGN)
             async_copy.commit_group()
-            pages = _tile_pages(table_row, first + (ahead + 1) * step, table_tokens, num_blocks, CHUNK, KV_BLOCK)
+            pages = _tile_pages(table_row, first + (ahead + 1) * step, table_tokens, num_blocks, CHUNK, KV_BLOCK_SIZE)
 
             _score_tile(key_ring.index(slot), q_smem, scale_ring.index(slot), weight_regs, weight_smem, limit_smem,
                         out_ptr, b, tile, stride_out, NEXT_N, HEADS, CHUNK, ROWS_PER_MMA)
@@ -472,7 +472,7 @@ def wgmma_logits_kernel(
     stride_block,  # bytes between cache blocks (multiple of 4)
     stride_w, stride_out, stride_lens_b, stride_lens_j, stride_table,
     max_model_len, max_blocks, num_splits, batch, num_blocks,
-    NEXT_N: gl.constexpr, NEXT_N_POW2: gl.constexpr, HEADS: gl.constexpr, KV_BLOCK: gl.constexpr,
+    NEXT_N: gl.constexpr, NEXT_N_POW2: gl.constexpr, HEADS: gl.constexpr, KV_BLOCK_SIZE: gl.constexpr,
     CHUNK: gl.constexpr, ROWS_PER_MMA: gl.constexpr, STAGES: gl.constexpr,
     PRESHUFFLE: gl.constexpr, LENS_2D: gl.constexpr, KV_ALIGN: gl.constexpr, Q_ASYNC: gl.constexpr,
     BALANCED: gl.constexpr,
@@ -493,17 +493,17 @@ def wgmma_logits_kernel(
     if BALANCED:
         item, stop, b, tile = device.balanced_share(
             lens_ptr, batch, stride_lens_b, stride_lens_j, max_model_len, max_blocks, gl.program_id(0),
-            gl.num_programs(0), NEXT_N, LENS_2D, KV_BLOCK, CHUNK, device.scan_layout(32, _WARPS))
+            gl.num_programs(0), NEXT_N, LENS_2D, KV_BLOCK_SIZE, CHUNK, device.scan_layout(32, _WARPS))
         while item < stop:
             seq_len = device.sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
-            tiles = gl.cdiv(device.visible_end(seq_len, max_model_len, max_blocks, KV_BLOCK), CHUNK)
+            tiles = gl.cdiv(device.visible_end(seq_len, max_model_len, max_blocks, KV_BLOCK_SIZE), CHUNK)
             count = gl.minimum(tiles - tile, stop - item)
             if count > 0:  # zero-length sequences between long ones hold no items
                 _score_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, table_ptr,
                                key_ring, scale_ring, q_smem, weight_smem, limit_smem, b, tile, 1, count,
                                stride_q_b, stride_q_j, stride_q_h, stride_block, stride_w, stride_out,
                                stride_lens_b, stride_lens_j, stride_table, max_model_len, max_blocks, num_blocks,
-                               NEXT_N, NEXT_N_POW2, HEADS, KV_BLOCK, CHUNK, ROWS_PER_MMA, STAGES, PRESHUFFLE,
+                               NEXT_N, NEXT_N_POW2, HEADS, KV_BLOCK_SIZE, CHUNK, ROWS_PER_MMA, STAGES, PRESHUFFLE,
                                LENS_2D, KV_ALIGN, Q_ASYNC, BALANCED)
                 item += count
             b += 1
@@ -514,6 +514,6 @@ def wgmma_logits_kernel(
                        num_splits, 0,
                        stride_q_b, stride_q_j, stride_q_h, stride_block, stride_w, stride_out,
                        stride_lens_b, stride_lens_j, stride_table, max_model_len, max_blocks, num_blocks,
-                       NEXT_N, NEXT_N_POW2, HEADS, KV_BLOCK, CHUNK, ROWS_PER_MMA, STAGES, PRESHUFFLE,
+                       NEXT_N, NEXT_N_POW2, HEADS, KV_BLOCK_SIZE, CHUNK, ROWS_PER_MMA, STAGES, PRESHUFFLE,
                        LENS_2D, KV_ALIGN, Q_ASYNC, BALANCED)
 

@@ -19,7 +19,7 @@ tensor cores, and the overlap comes only from other programs on the SM. Here:
 * no CTA-wide barrier per tile: the partitions meet only at the mbarriers, and
   ``CtasPerSM`` programs per SM interleave their consumers' wgmmas and epilogues;
 * ``KeyCopy=tma``: the producer moves each tile's keys with one TMA box per cache block
-  (a descriptor over ``[num_blocks, KV_BLOCK, 128]`` with the cache's block stride) instead
+  (a descriptor over ``[num_blocks, KV_BLOCK_SIZE, 128]`` with the cache's block stride) instead
   of ``ChunkK * 8`` cp.async gathers with their address math, for caches whose base and
   block stride are 16-byte aligned and whose keys are not preshuffled (any other call of the
   config gathers). The scales still arrive by cp.async; the full barrier counts the producer
@@ -75,7 +75,7 @@ _CONSUMER_WARPS = gl.constexpr(NUM_WARPS)
 # ----------------------------------------------------------------------------- partitions
 @gluon.jit
 def _issue_keys_tma(key_desc, key_dst, full_bar, table_row, tile, end, num_blocks, CHUNK: gl.constexpr,
-                    KV_BLOCK: gl.constexpr, KEY_BOX: gl.constexpr):
+                    KV_BLOCK_SIZE: gl.constexpr, KEY_BOX: gl.constexpr):
     """The keys of ``tile`` into one ring slot by TMA, one ``KEY_BOX x 128``-byte box per cache
     block part: one thread issues what the cp.async gather spreads over a warpgroup as
     ``CHUNK * 8`` 16-byte copies with their address math. Block ids are clamped into the cache
@@ -83,47 +83,47 @@ def _issue_keys_tma(key_desc, key_dst, full_bar, table_row, tile, end, num_block
     first block, whose rows past ``end`` are never stored either."""
     mbarrier.expect(full_bar, CHUNK * _D)
     first_token = tile * CHUNK
-    first_block = gl.maximum(gl.minimum(gl.load(table_row + first_token // KV_BLOCK), num_blocks - 1), 0)
+    first_block = gl.maximum(gl.minimum(gl.load(table_row + first_token // KV_BLOCK_SIZE), num_blocks - 1), 0)
     for part in gl.static_range(CHUNK // KEY_BOX):
         token = first_token + part * KEY_BOX
         block = first_block
-        if part * KEY_BOX >= KV_BLOCK:  # a later cache block of the same tile
-            block = gl.load(table_row + token // KV_BLOCK, mask=token < end, other=first_block)
+        if part * KEY_BOX >= KV_BLOCK_SIZE:  # a later cache block of the same tile
+            block = gl.load(table_row + token // KV_BLOCK_SIZE, mask=token < end, other=first_block)
             block = gl.maximum(gl.minimum(block, num_blocks - 1), 0)
         # a [1, KEY_BOX, 128] view of the slot rows (reshape, then slice: Triton reshapes no subslice)
         box = key_dst.reshape([1, CHUNK, _D]).slice(part * KEY_BOX, KEY_BOX, dim=1)
-        tma.async_copy_global_to_shared(key_desc, [block, token % KV_BLOCK, 0], full_bar, box)
+        tma.async_copy_global_to_shared(key_desc, [block, token % KV_BLOCK_SIZE, 0], full_bar, box)
 
 
 @gluon.jit
 def _producer(kv_ptr, scale_ptr, lens_ptr, table_ptr, key_desc, key_ring, scale_ring, full_bars, empty_bars,
               item, stop, b, tile, stride_block, stride_lens_b, stride_lens_j, stride_table,
               max_model_len, max_blocks, num_blocks,
-              NEXT_N: gl.constexpr, KV_BLOCK: gl.constexpr, CHUNK: gl.constexpr, STAGES: gl.constexpr,
+              NEXT_N: gl.constexpr, KV_BLOCK_SIZE: gl.constexpr, CHUNK: gl.constexpr, STAGES: gl.constexpr,
               PRESHUFFLE: gl.constexpr, LENS_2D: gl.constexpr, KV_ALIGN: gl.constexpr, KEY_BOX: gl.constexpr):
     """Fill ring slot ``k % STAGES`` with the program's ``k``-th tile, for every tile of its share."""
-    table_tokens = max_blocks * KV_BLOCK
+    table_tokens = max_blocks * KV_BLOCK_SIZE
     k = 0
     while item < stop:
         seq_len = device.sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
-        end = device.visible_end(seq_len, max_model_len, max_blocks, KV_BLOCK)
+        end = device.visible_end(seq_len, max_model_len, max_blocks, KV_BLOCK_SIZE)
         count = gl.minimum(gl.cdiv(end, CHUNK) - tile, stop - item)
         table_row = table_ptr + b.to(gl.int64) * stride_table
         # The block ids of the next tile load while this one's slot is awaited and its copies
         # issued: the table lookup is a dependent global load in front of every gather.
-        pages = base._tile_pages(table_row, tile, table_tokens, num_blocks, CHUNK, KV_BLOCK)
+        pages = base._tile_pages(table_row, tile, table_tokens, num_blocks, CHUNK, KV_BLOCK_SIZE)
         for i in range(count):
-            upcoming = base._tile_pages(table_row, tile + i + 1, table_tokens, num_blocks, CHUNK, KV_BLOCK)
+            upcoming = base._tile_pages(table_row, tile + i + 1, table_tokens, num_blocks, CHUNK, KV_BLOCK_SIZE)
             slot = k % STAGES
             mbarrier.wait(empty_bars.index(slot), ((k // STAGES) & 1) ^ 1)  # fresh barriers pass phase 1
             if KEY_BOX > 0:
                 _issue_keys_tma(key_desc, key_ring.index(slot), full_bars.index(slot), table_row, tile + i, end,
-                                num_blocks, CHUNK, KV_BLOCK, KEY_BOX)
+                                num_blocks, CHUNK, KV_BLOCK_SIZE, KEY_BOX)
                 base._issue_scales(scale_ring.index(slot), scale_ptr, pages[1], tile + i, end, stride_block, CHUNK,
-                                   KV_BLOCK)
+                                   KV_BLOCK_SIZE)
             else:
                 base._issue_tile(key_ring.index(slot), scale_ring.index(slot), kv_ptr, scale_ptr, pages, tile + i,
-                                 end, stride_block, CHUNK, KV_BLOCK, PRESHUFFLE, KV_ALIGN)
+                                 end, stride_block, CHUNK, KV_BLOCK_SIZE, PRESHUFFLE, KV_ALIGN)
             async_copy.mbarrier_arrive(full_bars.index(slot), increment_count=False)
             pages = upcoming
             k += 1
@@ -158,7 +158,7 @@ def _consumer(q_ptr, weights_ptr, out_ptr, lens_ptr, key_ring, scale_ring, q_sme
               full_bars, empty_bars, item, stop, b, tile,
               stride_q_b, stride_q_j, stride_q_h, stride_w, stride_out, stride_lens_b, stride_lens_j,
               max_model_len, max_blocks,
-              NEXT_N: gl.constexpr, NEXT_N_POW2: gl.constexpr, HEADS: gl.constexpr, KV_BLOCK: gl.constexpr,
+              NEXT_N: gl.constexpr, NEXT_N_POW2: gl.constexpr, HEADS: gl.constexpr, KV_BLOCK_SIZE: gl.constexpr,
               CHUNK: gl.constexpr, ROWS_PER_MMA: gl.constexpr, STAGES: gl.constexpr, LENS_2D: gl.constexpr,
               Q_ASYNC: gl.constexpr, ROLE: gl.constexpr, CONSUMERS: gl.constexpr, ROW_SPLIT: gl.constexpr):
     """Score the program's tiles ``k`` with ``k % TEAMS == ROLE // ROW_SPLIT`` (ring slot
@@ -174,7 +174,7 @@ def _consumer(q_ptr, weights_ptr, out_ptr, lens_ptr, key_ring, scale_ring, q_sme
     k = 0  # the program's tiles before this sequence's first, every consumer's
     while item < stop:
         seq_len = device.sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
-        end = device.visible_end(seq_len, max_model_len, max_blocks, KV_BLOCK)
+        end = device.visible_end(seq_len, max_model_len, max_blocks, KV_BLOCK_SIZE)
         count = gl.minimum(gl.cdiv(end, CHUNK) - tile, stop - item)
         first = (TEAM - k % TEAMS + TEAMS) % TEAMS  # this consumer's first tile here
         if count > first:  # sequences with no tile of this consumer's (or none at all) are skipped
@@ -209,8 +209,8 @@ def wgmma_ws_logits_kernel(
     stride_block,  # bytes between cache blocks (multiple of 4)
     stride_w, stride_out, stride_lens_b, stride_lens_j, stride_table,
     max_model_len, max_blocks, num_splits, batch, num_blocks,
-    key_desc,  # TMA descriptor of the keys, [num_blocks, KV_BLOCK, 128] (KEY_BOX > 0), else None
-    NEXT_N: gl.constexpr, NEXT_N_POW2: gl.constexpr, HEADS: gl.constexpr, KV_BLOCK: gl.constexpr,
+    key_desc,  # TMA descriptor of the keys, [num_blocks, KV_BLOCK_SIZE, 128] (KEY_BOX > 0), else None
+    NEXT_N: gl.constexpr, NEXT_N_POW2: gl.constexpr, HEADS: gl.constexpr, KV_BLOCK_SIZE: gl.constexpr,
     CHUNK: gl.constexpr, ROWS_PER_MMA: gl.constexpr, STAGES: gl.constexpr,
     PRESHUFFLE: gl.constexpr, LENS_2D: gl.constexpr, KV_ALIGN: gl.constexpr, Q_ASYNC: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr, KEY_BOX: gl.constexpr,
@@ -235,7 +235,7 @@ def wgmma_ws_logits_kernel(
 
     item, stop, b, tile = device.balanced_share(
         lens_ptr, batch, stride_lens_b, stride_lens_j, max_model_len, max_blocks, gl.program_id(0),
-        gl.num_programs(0), NEXT_N, LENS_2D, KV_BLOCK, CHUNK, device.scan_layout(32, base._WARPS))
+        gl.num_programs(0), NEXT_N, LENS_2D, KV_BLOCK_SIZE, CHUNK, device.scan_layout(32, base._WARPS))
     # Partition arguments are spelled out per call: a tuple held in a variable would turn the
     # constexprs in it into tensors. The first consumer is the default partition (Triton gives
     # it the registers the workers leave); the others are worker warpgroups of CONSUMER_REGS.
@@ -244,77 +244,77 @@ def wgmma_ws_logits_kernel(
         (_consumer, (q_ptr, weights_ptr, out_ptr, lens_ptr, key_ring, scale_ring, q_smem, weight_smem, limit_smem,
                      full_bars, empty_bars, item, stop, b, tile,
                      stride_q_b, stride_q_j, stride_q_h, stride_w, stride_out, stride_lens_b, stride_lens_j,
-                     max_model_len, max_blocks, NEXT_N, NEXT_N_POW2, HEADS, KV_BLOCK, CHUNK, ROWS_PER_MMA, STAGES,
+                     max_model_len, max_blocks, NEXT_N, NEXT_N_POW2, HEADS, KV_BLOCK_SIZE, CHUNK, ROWS_PER_MMA, STAGES,
                      LENS_2D, Q_ASYNC, 0, 1, ROW_SPLIT)),
         (_producer, (kv_ptr, scale_ptr, lens_ptr, table_ptr, key_desc, key_ring, scale_ring, full_bars, empty_bars,
                      item, stop, b, tile, stride_block, stride_lens_b, stride_lens_j, stride_table,
                      max_model_len, max_blocks, num_blocks,
-                     NEXT_N, KV_BLOCK, CHUNK, STAGES, PRESHUFFLE, LENS_2D, KV_ALIGN, KEY_BOX)),
+                     NEXT_N, KV_BLOCK_SIZE, CHUNK, STAGES, PRESHUFFLE, LENS_2D, KV_ALIGN, KEY_BOX)),
         ], [_PRODUCER_WARPS], [PRODUCER_REGS])
     elif CONSUMERS == 2:
         gl.warp_specialize([
         (_consumer, (q_ptr, weights_ptr, out_ptr, lens_ptr, key_ring, scale_ring, q_smem, weight_smem, limit_smem,
                      full_bars, empty_bars, item, stop, b, tile,
                      stride_q_b, stride_q_j, stride_q_h, stride_w, stride_out, stride_lens_b, stride_lens_j,
-                     max_model_len, max_blocks, NEXT_N, NEXT_N_POW2, HEADS, KV_BLOCK, CHUNK, ROWS_PER_MMA, STAGES,
+                     max_model_len, max_blocks, NEXT_N, NEXT_N_POW2, HEADS, KV_BLOCK_SIZE, CHUNK, ROWS_PER_MMA, STAGES,
                      LENS_2D, Q_ASYNC, 0, 2, ROW_SPLIT)),
         (_consumer, (q_ptr, weights_ptr, out_ptr, lens_ptr, key_ring, scale_ring, q_smem, weight_smem, limit_smem,
                      full_bars, empty_bars, item, stop, b, tile,
                      stride_q_b, stride_q_j, stride_q_h, stride_w, stride_out, stride_lens_b, stride_lens_j,
-                     max_model_len, max_blocks, NEXT_N, NEXT_N_POW2, HEADS, KV_BLOCK, CHUNK, ROWS_PER_MMA, STAGES,
+                     max_model_len, max_blocks, NEXT_N, NEXT_N_POW2, HEADS, KV_BLOCK_SIZE, CHUNK, ROWS_PER_MMA, STAGES,
                      LENS_2D, Q_ASYNC, 1, 2, ROW_SPLIT)),
         (_producer, (kv_ptr, scale_ptr, lens_ptr, table_ptr, key_desc, key_ring, scale_ring, full_bars, empty_bars,
                      item, stop, b, tile, stride_block, stride_lens_b, stride_lens_j, stride_table,
                      max_model_len, max_blocks, num_blocks,
-                     NEXT_N, KV_BLOCK, CHUNK, STAGES, PRESHUFFLE, LENS_2D, KV_ALIGN, KEY_BOX)),
+                     NEXT_N, KV_BLOCK_SIZE, CHUNK, STAGES, PRESHUFFLE, LENS_2D, KV_ALIGN, KEY_BOX)),
         ], [_CONSUMER_WARPS, _PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
     elif CONSUMERS == 3:
         gl.warp_specialize([
         (_consumer, (q_ptr, weights_ptr, out_ptr, lens_ptr, key_ring, scale_ring, q_smem, weight_smem, limit_smem,
                      full_bars, empty_bars, item, stop, b, tile,
                      stride_q_b, stride_q_j, stride_q_h, stride_w, stride_out, stride_lens_b, stride_lens_j,
-                     max_model_len, max_blocks, NEXT_N, NEXT_N_POW2, HEADS, KV_BLOCK, CHUNK, ROWS_PER_MMA, STAGES,
+                     max_model_len, max_blocks, NEXT_N, NEXT_N_POW2, HEADS, KV_BLOCK_SIZE, CHUNK, ROWS_PER_MMA, STAGES,
                      LENS_2D, Q_ASYNC, 0, 3, ROW_SPLIT)),
         (_consumer, (q_ptr, weights_ptr, out_ptr, lens_ptr, key_ring, scale_ring, q_smem, weight_smem, limit_smem,
                      full_bars, empty_bars, item, stop, b, tile,
                      stride_q_b, stride_q_j, stride_q_h, stride_w, stride_out, stride_lens_b, stride_lens_j,
-                     max_model_len, max_blocks, NEXT_N, NEXT_N_POW2, HEADS, KV_BLOCK, CHUNK, ROWS_PER_MMA, STAGES,
+                     max_model_len, max_blocks, NEXT_N, NEXT_N_POW2, HEADS, KV_BLOCK_SIZE, CHUNK, ROWS_PER_MMA, STAGES,
                      LENS_2D, Q_ASYNC, 1, 3, ROW_SPLIT)),
         (_consumer, (q_ptr, weights_ptr, out_ptr, lens_ptr, key_ring, scale_ring, q_smem, weight_smem, limit_smem,
                      full_bars, empty_bars, item, stop, b, tile,
                      stride_q_b, stride_q_j, stride_q_h, stride_w, stride_out, stride_lens_b, stride_lens_j,
-                     max_model_len, max_blocks, NEXT_N, NEXT_N_POW2, HEADS, KV_BLOCK, CHUNK, ROWS_PER_MMA, STAGES,
+                     max_model_len, max_blocks, NEXT_N, NEXT_N_POW2, HEADS, KV_BLOCK_SIZE, CHUNK, ROWS_PER_MMA, STAGES,
                      LENS_2D, Q_ASYNC, 2, 3, ROW_SPLIT)),
         (_producer, (kv_ptr, scale_ptr, lens_ptr, table_ptr, key_desc, key_ring, scale_ring, full_bars, empty_bars,
                      item, stop, b, tile, stride_block, stride_lens_b, stride_lens_j, stride_table,
                      max_model_len, max_blocks, num_blocks,
-                     NEXT_N, KV_BLOCK, CHUNK, STAGES, PRESHUFFLE, LENS_2D, KV_ALIGN, KEY_BOX)),
+                     NEXT_N, KV_BLOCK_SIZE, CHUNK, STAGES, PRESHUFFLE, LENS_2D, KV_ALIGN, KEY_BOX)),
         ], [_CONSUMER_WARPS, _CONSUMER_WARPS, _PRODUCER_WARPS], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
         (_consumer, (q_ptr, weights_ptr, out_ptr, lens_ptr, key_ring, scale_ring, q_smem, weight_smem, limit_smem,
                      full_bars, empty_bars, item, stop, b, tile,
                      stride_q_b, stride_q_j, stride_q_h, stride_w, stride_out, stride_lens_b, stride_lens_j,
-                     max_model_len, max_blocks, NEXT_N, NEXT_N_POW2, HEADS, KV_BLOCK, CHUNK, ROWS_PER_MMA, STAGES,
+                     max_model_len, max_blocks, NEXT_N, NEXT_N_POW2, HEADS, KV_BLOCK_SIZE, CHUNK, ROWS_PER_MMA, STAGES,
                      LENS_2D, Q_ASYNC, 0, 4, ROW_SPLIT)),
         (_consumer, (q_ptr, weights_ptr, out_ptr, lens_ptr, key_ring, scale_ring, q_smem, weight_smem, limit_smem,
                      full_bars, empty_bars, item, stop, b, tile,
                      stride_q_b, stride_q_j, stride_q_h, stride_w, stride_out, stride_lens_b, stride_lens_j,
-                     max_model_len, max_blocks, NEXT_N, NEXT_N_POW2, HEADS, KV_BLOCK, CHUNK, ROWS_PER_MMA, STAGES,
+                     max_model_len, max_blocks, NEXT_N, NEXT_N_POW2, HEADS, KV_BLOCK_SIZE, CHUNK, ROWS_PER_MMA, STAGES,
                      LENS_2D, Q_ASYNC, 1, 4, ROW_SPLIT)),
         (_consumer, (q_ptr, weights_ptr, out_ptr, lens_ptr, key_ring, scale_ring, q_smem, weight_smem, limit_smem,
                      full_bars, empty_bars, item, stop, b, tile,
                      stride_q_b, stride_q_j, stride_q_h, stride_w, stride_out, stride_lens_b, stride_lens_j,
-                     max_model_len, max_blocks, NEXT_N, NEXT_N_POW2, HEADS, KV_BLOCK, CHUNK, ROWS_PER_MMA, STAGES,
+                     max_model_len, max_blocks, NEXT_N, NEXT_N_POW2, HEADS, KV_BLOCK_SIZE, CHUNK, ROWS_PER_MMA, STAGES,
                      LENS_2D, Q_ASYNC, 2, 4, ROW_SPLIT)),
         (_consumer, (q_ptr, weights_ptr, out_ptr, lens_ptr, key_ring, scale_ring, q_smem, weight_smem, limit_smem,
                      full_bars, empty_bars, item, stop, b, tile,
                      stride_q_b, stride_q_j, stride_q_h, stride_w, stride_out, stride_lens_b, stride_lens_j,
-                     max_model_len, max_blocks, NEXT_N, NEXT_N_POW2, HEADS, KV_BLOCK, CHUNK, ROWS_PER_MMA, STAGES,
+                     max_model_len, max_blocks, NEXT_N, NEXT_N_POW2, HEADS, KV_BLOCK_SIZE, CHUNK, ROWS_PER_MMA, STAGES,
                      LENS_2D, Q_ASYNC, 3, 4, ROW_SPLIT)),
         (_producer, (kv_ptr, scale_ptr, lens_ptr, table_ptr, key_desc, key_ring, scale_ring, full_bars, empty_bars,
                      item, stop, b, tile, stride_block, stride_lens_b, stride_lens_j, stride_table,
                      max_model_len, max_blocks, num_blocks,
-                     NEXT_N, KV_BLOCK, CHUNK, STAGES, PRESHUFFLE, LENS_2D, KV_ALIGN, KEY_BOX)),
+                     NEXT_N, KV_BLOCK_SIZE, CHUNK, STAGES, PRESHUFFLE, LENS_2D, KV_ALIGN, KEY_BOX)),
         ], [_CONSUMER_WARPS, _CONSUMER_WARPS, _CONSUMER_WARPS, _PRODUCER_WARPS],
            [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])

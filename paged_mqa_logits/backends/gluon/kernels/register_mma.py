@@ -67,19 +67,19 @@ from .device import (DYNAMIC_PARAMS, balanced_share, key_offset_parts, row_lengt
 
 # ----------------------------------------------------------------------------- paged gathers
 @gluon.jit
-def key_offsets(pages, tokens, d, stride_block, KV_BLOCK: gl.constexpr, HEAD_DIM: gl.constexpr,
+def key_offsets(pages, tokens, d, stride_block, KV_BLOCK_SIZE: gl.constexpr, HEAD_DIM: gl.constexpr,
                 PRESHUFFLE: gl.constexpr):
     """int64 byte offsets ``[D, T]`` of key bytes (dim ``d`` [D], token ``tokens`` [T]).
 
     ``pages``/``tokens`` are in ``SliceLayout(0, L)`` and ``d`` in ``SliceLayout(1, L)`` of the
     wanted layout ``L``."""
-    token_part, dim_part = key_offset_parts(pages, tokens, d, stride_block, KV_BLOCK, HEAD_DIM, PRESHUFFLE)
+    token_part, dim_part = key_offset_parts(pages, tokens, d, stride_block, KV_BLOCK_SIZE, HEAD_DIM, PRESHUFFLE)
     return dim_part[:, None] + token_part[None, :]
 
 
 
 @gluon.jit
-def load_tile(kv_ptr, scale_ptr, pages_k, pages_s, tile, stride_block, CHUNK: gl.constexpr, KV_BLOCK: gl.constexpr,
+def load_tile(kv_ptr, scale_ptr, pages_k, pages_s, tile, stride_block, CHUNK: gl.constexpr, KV_BLOCK_SIZE: gl.constexpr,
               HEAD_DIM: gl.constexpr, PRESHUFFLE: gl.constexpr, B_LAYOUT: gl.constexpr, S_LAYOUT: gl.constexpr,
               LOAD_KV: gl.constexpr, KV_32BIT: gl.constexpr):
     """Keys ``[D, CHUNK]`` (in the MMA's B-operand layout) and scales ``[CHUNK]`` of ``tile``,
@@ -87,21 +87,21 @@ def load_tile(kv_ptr, scale_ptr, pages_k, pages_s, tile, stride_block, CHUNK: gl
     (always a real block when the range is non-empty) and are never stored."""
     t_k = tile * CHUNK + gl.arange(0, CHUNK, gl.SliceLayout(0, B_LAYOUT))
     d = gl.arange(0, HEAD_DIM, gl.SliceLayout(1, B_LAYOUT))
-    keys = LOAD_KV(kv_ptr, key_offsets(pages_k, t_k, d, stride_block, KV_BLOCK, HEAD_DIM, PRESHUFFLE), KV_32BIT)
+    keys = LOAD_KV(kv_ptr, key_offsets(pages_k, t_k, d, stride_block, KV_BLOCK_SIZE, HEAD_DIM, PRESHUFFLE), KV_32BIT)
     t_s = tile * CHUNK + gl.arange(0, CHUNK, S_LAYOUT)
-    scales = LOAD_KV(scale_ptr, scale_offsets(pages_s, t_s, stride_block, KV_BLOCK, HEAD_DIM), KV_32BIT)
+    scales = LOAD_KV(scale_ptr, scale_offsets(pages_s, t_s, stride_block, KV_BLOCK_SIZE, HEAD_DIM), KV_32BIT)
     return keys, scales
 
 
 @gluon.jit
-def load_tile_pages(table_row, tile, end, num_blocks, CHUNK: gl.constexpr, KV_BLOCK: gl.constexpr,
+def load_tile_pages(table_row, tile, end, num_blocks, CHUNK: gl.constexpr, KV_BLOCK_SIZE: gl.constexpr,
                     B_LAYOUT: gl.constexpr, S_LAYOUT: gl.constexpr, LOAD: gl.constexpr):
     """Blocks of ``tile``'s tokens in the key layout and in the scale layout (read twice from
     the table, L1-resident, rather than shuffled between layouts)."""
     t_k = tile * CHUNK + gl.arange(0, CHUNK, gl.SliceLayout(0, B_LAYOUT))
     t_s = tile * CHUNK + gl.arange(0, CHUNK, S_LAYOUT)
-    return (tile_pages(table_row, t_k, end, num_blocks, KV_BLOCK, LOAD),
-            tile_pages(table_row, t_s, end, num_blocks, KV_BLOCK, LOAD))
+    return (tile_pages(table_row, t_k, end, num_blocks, KV_BLOCK_SIZE, LOAD),
+            tile_pages(table_row, t_s, end, num_blocks, KV_BLOCK_SIZE, LOAD))
 
 
 @gluon.constexpr_function
@@ -203,7 +203,7 @@ def score_rows_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr,
                        b, group, first, stop,
                        stride_q_b, stride_q_j, stride_q_h, stride_block, stride_w, stride_out, stride_lens_b,
                        stride_lens_j, stride_table, max_model_len, max_blocks, num_blocks,
-                       NEXT_N: gl.constexpr, HEADS: gl.constexpr, HEAD_DIM: gl.constexpr, KV_BLOCK: gl.constexpr,
+                       NEXT_N: gl.constexpr, HEADS: gl.constexpr, HEAD_DIM: gl.constexpr, KV_BLOCK_SIZE: gl.constexpr,
                        CHUNK: gl.constexpr, ROWS: gl.constexpr, PRESHUFFLE: gl.constexpr, LENS_2D: gl.constexpr,
                        Q_IN_LDS: gl.constexpr, HEAD_CHUNK: gl.constexpr, PREFETCH: gl.constexpr,
                        KV_32BIT: gl.constexpr, ACC: gl.constexpr, K_WIDTH: gl.constexpr, MMA: gl.constexpr,
@@ -217,7 +217,7 @@ def score_rows_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr,
     TOKENS: gl.constexpr = gl.SliceLayout(0, ACC)  # scales, logits, output columns
     HEADS_L: gl.constexpr = gl.SliceLayout(1, ACC)  # weights
     seq_len = sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
-    end = visible_end(seq_len, max_model_len, max_blocks, KV_BLOCK)
+    end = visible_end(seq_len, max_model_len, max_blocks, KV_BLOCK_SIZE)
     if first < stop:
         j0 = group * ROWS
         row0 = b * NEXT_N + j0
@@ -251,10 +251,10 @@ def score_rows_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr,
         table_row = table_ptr + b.to(gl.int64) * stride_table
         if PREFETCH:
             # Prologue: keys of tile `first`, blocks of tile `first + 1`.
-            pages_k, pages_s = load_tile_pages(table_row, first, end, num_blocks, CHUNK, KV_BLOCK, KEYS, TOKENS, LOAD)
-            keys, scales = load_tile(kv_ptr, scale_ptr, pages_k, pages_s, first, stride_block, CHUNK, KV_BLOCK,
+            pages_k, pages_s = load_tile_pages(table_row, first, end, num_blocks, CHUNK, KV_BLOCK_SIZE, KEYS, TOKENS, LOAD)
+            keys, scales = load_tile(kv_ptr, scale_ptr, pages_k, pages_s, first, stride_block, CHUNK, KV_BLOCK_SIZE,
                                      HEAD_DIM, PRESHUFFLE, KEYS, TOKENS, LOAD_KV, KV_32BIT)
-            pages_k, pages_s = load_tile_pages(table_row, first + 1, end, num_blocks, CHUNK, KV_BLOCK, KEYS, TOKENS, LOAD)
+            pages_k, pages_s = load_tile_pages(table_row, first + 1, end, num_blocks, CHUNK, KV_BLOCK_SIZE, KEYS, TOKENS, LOAD)
         if PREFETCH == 2:
             # Two tiles per iteration in alternating registers: the keys loaded for the next
             # iteration are the loop-carried ones, so no register copy closes the iteration. The
@@ -263,15 +263,15 @@ def score_rows_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr,
             range_end = stop * CHUNK
             for tile in range(first, stop, 2):
                 keys_b, scales_b = load_tile(kv_ptr, scale_ptr, pages_k, pages_s, tile + 1, stride_block, CHUNK,
-                                             KV_BLOCK, HEAD_DIM, PRESHUFFLE, KEYS, TOKENS, LOAD_KV, KV_32BIT)
-                pages_k, pages_s = load_tile_pages(table_row, tile + 2, end, num_blocks, CHUNK, KV_BLOCK, KEYS, TOKENS,
+                                             KV_BLOCK_SIZE, HEAD_DIM, PRESHUFFLE, KEYS, TOKENS, LOAD_KV, KV_32BIT)
+                pages_k, pages_s = load_tile_pages(table_row, tile + 2, end, num_blocks, CHUNK, KV_BLOCK_SIZE, KEYS, TOKENS,
                                                    LOAD)
                 score_tile_rows(q_smem, w_smem, qs, ws, keys, scales, out_ptr, row0, stride_out, tile, row_ends,
                                 range_end, HEADS, HEAD_CHUNK, CHUNK, ROWS, Q_IN_LDS, ACC, K_WIDTH, MMA, KEY_OPERAND,
                                 True)
-                keys, scales = load_tile(kv_ptr, scale_ptr, pages_k, pages_s, tile + 2, stride_block, CHUNK, KV_BLOCK,
+                keys, scales = load_tile(kv_ptr, scale_ptr, pages_k, pages_s, tile + 2, stride_block, CHUNK, KV_BLOCK_SIZE,
                                          HEAD_DIM, PRESHUFFLE, KEYS, TOKENS, LOAD_KV, KV_32BIT)
-                pages_k, pages_s = load_tile_pages(table_row, tile + 3, end, num_blocks, CHUNK, KV_BLOCK, KEYS, TOKENS,
+                pages_k, pages_s = load_tile_pages(table_row, tile + 3, end, num_blocks, CHUNK, KV_BLOCK_SIZE, KEYS, TOKENS,
                                                    LOAD)
                 score_tile_rows(q_smem, w_smem, qs, ws, keys_b, scales_b, out_ptr, row0, stride_out, tile + 1, row_ends,
                                 range_end, HEADS, HEAD_CHUNK, CHUNK, ROWS, Q_IN_LDS, ACC, K_WIDTH, MMA, KEY_OPERAND,
@@ -282,16 +282,16 @@ def score_rows_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr,
                     # In flight while this tile is scored: keys of tile + 1, blocks of tile + 2 (tiles
                     # past the range read block 0 or the next split's blocks; never stored).
                     next_keys, next_scales = load_tile(kv_ptr, scale_ptr, pages_k, pages_s, tile + 1, stride_block,
-                                                       CHUNK, KV_BLOCK, HEAD_DIM, PRESHUFFLE, KEYS, TOKENS, LOAD_KV,
+                                                       CHUNK, KV_BLOCK_SIZE, HEAD_DIM, PRESHUFFLE, KEYS, TOKENS, LOAD_KV,
                                                        KV_32BIT)
-                    pages_k, pages_s = load_tile_pages(table_row, tile + 2, end, num_blocks, CHUNK, KV_BLOCK, KEYS,
+                    pages_k, pages_s = load_tile_pages(table_row, tile + 2, end, num_blocks, CHUNK, KV_BLOCK_SIZE, KEYS,
                                                        TOKENS, LOAD)
                 else:
                     # One tile of keys in registers: other waves of the CU hide the load latency.
-                    tile_pages_k, tile_pages_s = load_tile_pages(table_row, tile, end, num_blocks, CHUNK, KV_BLOCK,
+                    tile_pages_k, tile_pages_s = load_tile_pages(table_row, tile, end, num_blocks, CHUNK, KV_BLOCK_SIZE,
                                                                  KEYS, TOKENS, LOAD)
                     keys, scales = load_tile(kv_ptr, scale_ptr, tile_pages_k, tile_pages_s, tile, stride_block, CHUNK,
-                                             KV_BLOCK, HEAD_DIM, PRESHUFFLE, KEYS, TOKENS, LOAD_KV, KV_32BIT)
+                                             KV_BLOCK_SIZE, HEAD_DIM, PRESHUFFLE, KEYS, TOKENS, LOAD_KV, KV_32BIT)
                 score_tile_rows(q_smem, w_smem, qs, ws, keys, scales, out_ptr, row0, stride_out, tile, row_ends,
                                 stop * CHUNK, HEADS, HEAD_CHUNK, CHUNK, ROWS, Q_IN_LDS, ACC, K_WIDTH, MMA, KEY_OPERAND,
                                 False)
@@ -309,7 +309,7 @@ def logits_programs(
     stride_block,  # bytes between cache blocks (multiple of 4)
     stride_w, stride_out, stride_lens_b, stride_lens_j, stride_table,
     max_model_len, max_blocks, num_splits, batch, num_blocks,
-    NEXT_N: gl.constexpr, HEADS: gl.constexpr, HEAD_DIM: gl.constexpr, KV_BLOCK: gl.constexpr,
+    NEXT_N: gl.constexpr, HEADS: gl.constexpr, HEAD_DIM: gl.constexpr, KV_BLOCK_SIZE: gl.constexpr,
     CHUNK: gl.constexpr, ROWS: gl.constexpr, PRESHUFFLE: gl.constexpr, LENS_2D: gl.constexpr,
     Q_IN_LDS: gl.constexpr, HEAD_CHUNK: gl.constexpr, PREFETCH: gl.constexpr, KV_32BIT: gl.constexpr,
     BALANCED: gl.constexpr,
@@ -337,17 +337,17 @@ def logits_programs(
     if BALANCED:
         item, stop, b, tile = balanced_share(
             lens_ptr, batch, stride_lens_b, stride_lens_j, max_model_len, max_blocks, pid // ROW_GROUPS,
-            gl.num_programs(0) // ROW_GROUPS, NEXT_N, LENS_2D, KV_BLOCK, CHUNK,
+            gl.num_programs(0) // ROW_GROUPS, NEXT_N, LENS_2D, KV_BLOCK_SIZE, CHUNK,
             scan_layout(THREADS_PER_WARP, gl.num_warps()))
         while item < stop:
             seq_len = sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
-            tiles = gl.cdiv(visible_end(seq_len, max_model_len, max_blocks, KV_BLOCK), CHUNK)
+            tiles = gl.cdiv(visible_end(seq_len, max_model_len, max_blocks, KV_BLOCK_SIZE), CHUNK)
             count = gl.minimum(tiles - tile, stop - item)
             score_rows_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, table_ptr, q_smem, w_smem,
                                b, group, tile, tile + count,
                                stride_q_b, stride_q_j, stride_q_h, stride_block, stride_w, stride_out, stride_lens_b,
                                stride_lens_j, stride_table, max_model_len, max_blocks, num_blocks,
-                               NEXT_N, HEADS, HEAD_DIM, KV_BLOCK, CHUNK, ROWS, PRESHUFFLE, LENS_2D, Q_IN_LDS,
+                               NEXT_N, HEADS, HEAD_DIM, KV_BLOCK_SIZE, CHUNK, ROWS, PRESHUFFLE, LENS_2D, Q_IN_LDS,
                                HEAD_CHUNK, PREFETCH, KV_32BIT, ACC, K_WIDTH, MMA, LOAD, LOAD_KV, THREADS_PER_WARP,
                                KEY_LAYOUT, KEY_OPERAND)
             item += gl.maximum(count, 0)  # zero-length sequences between long ones hold no items
@@ -357,13 +357,13 @@ def logits_programs(
         split = (pid // ROW_GROUPS) % num_splits
         b = pid // (ROW_GROUPS * num_splits)
         seq_len = sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
-        first, stop = split_tile_range(visible_end(seq_len, max_model_len, max_blocks, KV_BLOCK), split, num_splits,
+        first, stop = split_tile_range(visible_end(seq_len, max_model_len, max_blocks, KV_BLOCK_SIZE), split, num_splits,
                                        CHUNK)
         score_rows_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, table_ptr, q_smem, w_smem,
                            b, group, first, stop,
                            stride_q_b, stride_q_j, stride_q_h, stride_block, stride_w, stride_out, stride_lens_b,
                            stride_lens_j, stride_table, max_model_len, max_blocks, num_blocks,
-                           NEXT_N, HEADS, HEAD_DIM, KV_BLOCK, CHUNK, ROWS, PRESHUFFLE, LENS_2D, Q_IN_LDS,
+                           NEXT_N, HEADS, HEAD_DIM, KV_BLOCK_SIZE, CHUNK, ROWS, PRESHUFFLE, LENS_2D, Q_IN_LDS,
                            HEAD_CHUNK, PREFETCH, KV_32BIT, ACC, K_WIDTH, MMA, LOAD, LOAD_KV, THREADS_PER_WARP,
                            KEY_LAYOUT, KEY_OPERAND)
 
@@ -375,7 +375,7 @@ def register_mma_logits_kernel(
     stride_block,  # bytes between cache blocks (multiple of 4)
     stride_w, stride_out, stride_lens_b, stride_lens_j, stride_table,
     max_model_len, max_blocks, num_splits, batch, num_blocks,
-    NEXT_N: gl.constexpr, HEADS: gl.constexpr, HEAD_DIM: gl.constexpr, KV_BLOCK: gl.constexpr,
+    NEXT_N: gl.constexpr, HEADS: gl.constexpr, HEAD_DIM: gl.constexpr, KV_BLOCK_SIZE: gl.constexpr,
     CHUNK: gl.constexpr, ROWS: gl.constexpr, PRESHUFFLE: gl.constexpr, LENS_2D: gl.constexpr,
     Q_IN_LDS: gl.constexpr, HEAD_CHUNK: gl.constexpr, PREFETCH: gl.constexpr, KV_32BIT: gl.constexpr,
     BALANCED: gl.constexpr,
@@ -387,7 +387,7 @@ def register_mma_logits_kernel(
     logits_programs(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, table_ptr,
                     stride_q_b, stride_q_j, stride_q_h, stride_block, stride_w, stride_out, stride_lens_b,
                     stride_lens_j, stride_table, max_model_len, max_blocks, num_splits, batch, num_blocks,
-                    NEXT_N, HEADS, HEAD_DIM, KV_BLOCK, CHUNK, ROWS, PRESHUFFLE, LENS_2D, Q_IN_LDS, HEAD_CHUNK,
+                    NEXT_N, HEADS, HEAD_DIM, KV_BLOCK_SIZE, CHUNK, ROWS, PRESHUFFLE, LENS_2D, Q_IN_LDS, HEAD_CHUNK,
                     PREFETCH, KV_32BIT, BALANCED, ACC, K_WIDTH, MMA, LOAD, LOAD_KV, THREADS_PER_WARP,
                     None, None)
 
@@ -399,7 +399,7 @@ def register_mma_logits_kernel_key_layout(
     stride_block,  # bytes between cache blocks (multiple of 4)
     stride_w, stride_out, stride_lens_b, stride_lens_j, stride_table,
     max_model_len, max_blocks, num_splits, batch, num_blocks,
-    NEXT_N: gl.constexpr, HEADS: gl.constexpr, HEAD_DIM: gl.constexpr, KV_BLOCK: gl.constexpr,
+    NEXT_N: gl.constexpr, HEADS: gl.constexpr, HEAD_DIM: gl.constexpr, KV_BLOCK_SIZE: gl.constexpr,
     CHUNK: gl.constexpr, ROWS: gl.constexpr, PRESHUFFLE: gl.constexpr, LENS_2D: gl.constexpr,
     Q_IN_LDS: gl.constexpr, HEAD_CHUNK: gl.constexpr, PREFETCH: gl.constexpr, KV_32BIT: gl.constexpr,
     BALANCED: gl.constexpr,
@@ -413,6 +413,6 @@ def register_mma_logits_kernel_key_layout(
     logits_programs(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, table_ptr,
                     stride_q_b, stride_q_j, stride_q_h, stride_block, stride_w, stride_out, stride_lens_b,
                     stride_lens_j, stride_table, max_model_len, max_blocks, num_splits, batch, num_blocks,
-                    NEXT_N, HEADS, HEAD_DIM, KV_BLOCK, CHUNK, ROWS, PRESHUFFLE, LENS_2D, Q_IN_LDS, HEAD_CHUNK,
+                    NEXT_N, HEADS, HEAD_DIM, KV_BLOCK_SIZE, CHUNK, ROWS, PRESHUFFLE, LENS_2D, Q_IN_LDS, HEAD_CHUNK,
                     PREFETCH, KV_32BIT, BALANCED, ACC, K_WIDTH, MMA, LOAD, LOAD_KV, THREADS_PER_WARP,
                     KEY_LAYOUT, KEY_OPERAND)
