@@ -36,6 +36,7 @@ LATE_IMPORTS = {
     "paged_mqa_logits.__main__": "each CLI subcommand loads only what it runs",
     "paged_mqa_logits.backends.flydsl.backend": "the kernel module needs the optional flydsl package",
     "paged_mqa_logits.backends.flydsl.build": "the kernel module needs the optional flydsl package",
+    "paged_mqa_logits.op": "the clean_logits tail kernel loads Triton with the first GPU call, not with the package",
     "tuner.__main__": "each subcommand loads only what it runs",
     "tuner.search": "the coordinator loads torch (through arch) only once it runs",
     "tuner.recheck": "the coordinator loads torch (through arch) only once it runs",
