@@ -26,8 +26,8 @@ def _args(lens, next_n, lens_2d, dtype, max_model_len, device="cpu"):
 
 
 def _expected(args):
-    """The masked fill the op uses on CPU tensors, on a copy."""
-    copy = dataclasses.replace(args, out=args.out.clone().cpu())
+    """The masked fill the op uses on CPU tensors, on a CPU copy of what it reads."""
+    copy = dataclasses.replace(args, out=args.out.clone().cpu(), context_lens=args.context_lens.cpu())
     op.clean(copy)
     return copy.out
 
