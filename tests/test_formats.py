@@ -154,7 +154,7 @@ def test_explain_takes_the_format_and_the_logits_dtype():
     for arch, cu in (("sm_90", 132), ("gfx950", 256), ("gfx942", 304)):
         # FlyDSL reads MXFP4 (gfx950: its scaled MFMA; gfx942: widened to fp8, at this shape)
         # on both CDNA chips; sm_90 falls through to Triton
-        fp4 = explain(**dict(common, arch=arch, cu_num=cu), kv_format="fp4")
+        fp4 = explain(**dict(common, arch=arch, cu_num=cu, heads=32), kv_format="fp4")  # no fp4 rows: the fall-through
         assert fp4.backend == ("triton" if arch == "sm_90" else "flydsl"), (arch, fp4.describe())
         assert any(name == "gluon" for name, _ in fp4.skipped)
         # Gluon writes bf16 logits: the table's fp32 row for the shape serves them

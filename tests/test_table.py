@@ -180,8 +180,10 @@ def test_format_columns_parse_and_tables_without_them_mean_fp8_and_fp32(tmp_path
     assert (plain.shape_key.kv_format, plain.shape_key.logits_dtype) == ("fp8", "fp32") and fp4.family != plain.family
     old = write(tmp_path, "o_tuned.csv", ["sm_90,132,64,128,64,0,1,1,any,triton,64,,0,4,1,p"])
     assert table.parse_file(old)[0].shape_key == plain.shape_key
-    for shipped in table.shipped_files():  # every shipped table still loads, as fp8/fp32 rows
-        assert {(r.shape_key.kv_format, r.shape_key.logits_dtype) for r in table.parse_file(shipped)} <= {("fp8", "fp32")}
+    for shipped in table.shipped_files():  # every shipped table still loads: fp8 rows, and fp4 rows of a backend reading it
+        rows = table.parse_file(shipped)
+        assert {(r.shape_key.kv_format, r.shape_key.logits_dtype) for r in rows} <= {("fp8", "fp32"), ("fp4", "fp32")}
+        assert {r.backend for r in rows if r.shape_key.kv_format == "fp4"} <= {"triton", "flydsl"}
 
 
 @pytest.mark.parametrize("cells,message", [("fp5,fp32", "column kv_format must be one of fp8, fp4, got 'fp5'"),
