@@ -404,10 +404,11 @@ def _nearest(values, target: int) -> int:
 def lookup(problem: Problem) -> Match:
     """The table row for ``problem`` and the rule that chose it (``row=None``: no row)."""
     by_family = _load().by_family
-    rows = by_family.get((problem.arch,) + problem.shape_key.family, [])
+    key = problem.shape_key
+    rows = by_family.get((problem.arch,) + key.family, [])
     note = ""
-    if not rows and problem.shape_key.logits_dtype != "fp32":  # the store differs, not the work
-        rows = by_family.get((problem.arch,) + replace(problem.shape_key, logits_dtype="fp32").family, [])
+    if not rows and key.logits_dtype != "fp32":  # the store differs, not the work
+        rows = by_family.get((problem.arch,) + replace(key, logits_dtype="fp32").family, [])
         note = ", rows of fp32 logits"
     if not rows:
         return Match(None, "no tuned row for this arch/heads/head_dim/kv_block_size/preshuffle/next_n/kv_format/"
@@ -421,18 +422,18 @@ def lookup(problem: Problem) -> Match:
 
     by_context = [r for r in rows if r.context is not None]
     if problem.context is not None and by_context:
-        batch = _nearest((r.shape_key.batch for r in by_context), problem.shape_key.batch)
+        batch = _nearest((r.shape_key.batch for r in by_context), key.batch)
         at_batch = [r for r in by_context if r.shape_key.batch == batch]
         context = _nearest((r.context for r in at_batch), problem.context)
         row = next(r for r in at_batch if r.context == context)
-        exact = batch == problem.shape_key.batch and context == problem.context
+        exact = batch == key.batch and context == problem.context
         rule = "exact row" if exact else f"nearest tuned row (batch {batch}, context {context})"
         return Match(row, rule + note)
     agnostic = [r for r in rows if r.context is None]
     if agnostic:
-        batch = _nearest((r.shape_key.batch for r in agnostic), problem.shape_key.batch)
+        batch = _nearest((r.shape_key.batch for r in agnostic), key.batch)
         row = next(r for r in agnostic if r.shape_key.batch == batch)
-        rule = "exact row (across contexts)" if batch == problem.shape_key.batch else f"nearest tuned batch {batch} (across contexts)"
+        rule = "exact row (across contexts)" if batch == key.batch else f"nearest tuned batch {batch} (across contexts)"
         return Match(row, rule + note)
     return Match(None, "only context-specific rows and no context_hint given" + note)
 
@@ -499,7 +500,8 @@ class TableWriter:
     @staticmethod
     def sort_key(row: Row) -> tuple:
         """Rows grouped by family, then batch, then context (``any`` last)."""
-        return (row.arch, row.cu_num) + row.shape_key.family + (row.shape_key.batch, row.context is None, row.context or 0)
+        key = row.shape_key
+        return (row.arch, row.cu_num) + key.family + (key.batch, row.context is None, row.context or 0)
 
     def write(self, path: str, rows, comments=()) -> None:
         """Write ``rows`` (sorted by :meth:`sort_key`) atomically (:func:`files.atomic_write`: a

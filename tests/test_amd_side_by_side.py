@@ -90,7 +90,9 @@ def test_every_amd_table_row_carries_its_estimate_from_the_report(report):
     for arch in sbs.ARCHS:
         rows = table.parse_file(os.path.join(ROOT, "configs", f"{arch}_tuned.csv"))
         for row in rows:
-            key = (row.arch, row.shape_key.heads, row.shape_key.kv_block_size, int(row.shape_key.preshuffle), row.shape_key.next_n, row.shape_key.batch)
+            shape_key = row.shape_key
+            key = (row.arch, shape_key.heads, shape_key.kv_block_size, int(shape_key.preshuffle), shape_key.next_n,
+                   shape_key.batch)
             assert row.estimate == estimates[key], row.source
             assert row.estimate.model == cdna_cycles.MODEL and row.us is None, row.source
 

@@ -188,7 +188,8 @@ def test_shapes_from_an_untuned_csv(tmp_path):
     path = tmp_path / "keys.csv"
     path.write_text("# comment\nheads,head_dim,kv_block_size,preshuffle,batch,next_n,contexts\n32,128,16,1,4,2,64;128\n")
     shapes = bench.shapes_from_csv(str(path))
-    assert [(s.context, s.shape_key.preshuffle, s.shape_key.kv_block_size) for s in shapes] == [(64, True, 16), (128, True, 16)]
+    assert ([(s.context, s.shape_key.preshuffle, s.shape_key.kv_block_size) for s in shapes]
+            == [(64, True, 16), (128, True, 16)])
     assert [s.context for s in bench.shapes_from_csv(str(path), contexts=[32])] == [32]
 
 
@@ -356,7 +357,8 @@ def test_workload_and_check_of_an_fp4_bf16_shape():
     shape = Shape.of(heads=16, next_n=2, batch=2, context=40, kv_block_size=16, kv_format="fp4", logits_dtype="bf16")
     wl = bench.build_workload(shape, "cpu")
     args = wl.args[0]
-    assert (args.problem.shape_key.kv_format, args.problem.shape_key.logits_dtype) == ("fp4", "bf16") and args.out.dtype == torch.bfloat16
+    key = args.problem.shape_key
+    assert (key.kv_format, key.logits_dtype) == ("fp4", "bf16") and args.out.dtype == torch.bfloat16
     assert wl.reference().dtype == torch.bfloat16
     m = bench.measure(Impl.of("triton"), wl, Schedule(replays=1))
     assert m.ok and m.calc_diff < 5e-6 and m.mask_ok, m.status

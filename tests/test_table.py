@@ -217,5 +217,7 @@ def test_lookup_keeps_formats_apart_and_bf16_falls_back_to_fp32_rows(tmp_path, m
     assert table.lookup(problem()).row.backend == "gluon"
     bf16 = table.lookup(dataclasses.replace(plain, shape_key=dataclasses.replace(plain.shape_key, logits_dtype="bf16")))
     assert bf16.row.backend == "gluon" and bf16.rule.endswith("rows of fp32 logits")
-    assert table.lookup(dataclasses.replace(fp4, shape_key=dataclasses.replace(fp4.shape_key, logits_dtype="bf16"))).row.backend == "triton"
-    assert table.lookup(dataclasses.replace(plain, shape_key=dataclasses.replace(plain.shape_key, kv_format="fp4", next_n=2))).row is None
+    fp4_bf16 = dataclasses.replace(fp4, shape_key=dataclasses.replace(fp4.shape_key, logits_dtype="bf16"))
+    assert table.lookup(fp4_bf16).row.backend == "triton"
+    plain_fp4 = dataclasses.replace(plain, shape_key=dataclasses.replace(plain.shape_key, kv_format="fp4", next_n=2))
+    assert table.lookup(plain_fp4).row is None

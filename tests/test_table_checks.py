@@ -106,7 +106,8 @@ def test_the_tuned_sm_90_table_covers_the_keys_it_was_tuned_for():
     import csv
 
     config_dir = table.shipped_config_dir()
-    tuned = {(r.shape_key.heads, r.shape_key.head_dim, r.shape_key.kv_block_size, r.shape_key.preshuffle, r.shape_key.batch, r.shape_key.next_n)
+    tuned = {(r.shape_key.heads, r.shape_key.head_dim, r.shape_key.kv_block_size, r.shape_key.preshuffle,
+              r.shape_key.batch, r.shape_key.next_n)
              for r in table.parse_file(str(config_dir / "sm_90_tuned.csv"))}
     with open(config_dir / "sm_90_compact_untuned.csv") as f:
         keys = [row for row in csv.DictReader(line for line in f if not line.startswith("#"))]

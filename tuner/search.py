@@ -128,7 +128,8 @@ class CheckStage:
         per_family = []
         for family, members in families.items():
             cands = list(dict.fromkeys(c for r in members for c in r.candidates))
-            reps = {min(members, key=lambda r: r.key.shape_key.batch).key, max(members, key=lambda r: r.key.shape_key.batch).key}
+            reps = {min(members, key=lambda r: r.key.shape_key.batch).key,
+                    max(members, key=lambda r: r.key.shape_key.batch).key}
             per_family.append((family, cands, reps))
         # About two tasks per process among the first batches, which do the compiling.
         chunk = max(1, -(-sum(len(c) for _, c, _ in per_family) // max(2 * jobs, 1)))
@@ -445,7 +446,8 @@ def print_summary(opts: Options, outcome: Outcome, runs: list[KeyRun]) -> None:
           f"{len(outcome.left)} left untuned; {len(outcome.failed)} failed; {outcome.restarts} worker restart(s)")
     if outcome.left:
         print("[tuner] not tuned (time budget; run again to resume): "
-              + ", ".join(f"b{k.shape_key.batch}/n{k.shape_key.next_n}/H{k.shape_key.heads}/p{int(k.shape_key.preshuffle)}" for k in outcome.left))
+              + ", ".join(f"b{s.batch}/n{s.next_n}/H{s.heads}/p{int(s.preshuffle)}"
+                          for s in (k.shape_key for k in outcome.left)))
     if outcome.rejected:
         print(f"[tuner] {len(outcome.rejected)} rejected (candidate, shape) pairs:")
         for where, label, status in outcome.rejected[:20]:

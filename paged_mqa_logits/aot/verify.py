@@ -93,7 +93,8 @@ def verify(directory: str | None = None, *, archs=None) -> VerifyResult:
                 problem = Problem.from_record(entry["problem"])
                 target = gpu_target(entry["arch"])
                 rows = entry.get("workspace_rows", problem.rows)  # untouched memory: only its size matters
-                workspace = torch.empty((rows, problem.max_model_len), dtype=LOGITS_DTYPES[problem.shape_key.logits_dtype])
+                workspace = torch.empty((rows, problem.max_model_len),
+                                        dtype=LOGITS_DTYPES[problem.shape_key.logits_dtype])
                 args = warm_inputs(problem, device="cpu", workspace=workspace, validate=False)
                 backend = registry.get(entry["backend"])
                 result.kernels += 1

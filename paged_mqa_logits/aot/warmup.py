@@ -141,33 +141,35 @@ def warm_inputs(problem: Problem, *, device, workspace: torch.Tensor, kv_cache: 
     """
     device = torch.device(device)
     p = problem
-    kv_block_size, ctx = p.shape_key.kv_block_size, warm_context(p)
+    key = p.shape_key
+    kv_block_size, ctx = key.kv_block_size, warm_context(p)
     blocks = math.ceil(ctx / kv_block_size)
     width = max(1, math.ceil(p.max_model_len / kv_block_size))
     dtype = fp8_dtype(p.fp8)
-    fp4 = p.shape_key.kv_format == "fp4"
-    if workspace.dtype != LOGITS_DTYPES[p.shape_key.logits_dtype]:
-        raise ValueError(f"workspace must hold {p.shape_key.logits_dtype} logits ({LOGITS_DTYPES[p.shape_key.logits_dtype]}), "
+    fp4 = key.kv_format == "fp4"
+    if workspace.dtype != LOGITS_DTYPES[key.logits_dtype]:
+        raise ValueError(f"workspace must hold {key.logits_dtype} logits ({LOGITS_DTYPES[key.logits_dtype]}), "
                          f"got {workspace.dtype}")
     out = workspace[: p.rows]
     if device.type == "meta":
-        row = token_bytes(HEAD_DIM, p.shape_key.kv_format)
+        row = token_bytes(HEAD_DIM, key.kv_format)
         packed = kv_block_size * row
-        nblocks = max(1, p.shape_key.batch * blocks)
+        nblocks = max(1, key.batch * blocks)
         kv = kv_cache if kv_cache is not None else torch.empty(
             (nblocks, packed), dtype=torch.uint8, device=device).as_strided((nblocks, kv_block_size, 1, row),
                                                                             (packed, row, row, 1))
-        q = torch.empty((p.shape_key.batch, p.shape_key.next_n, p.shape_key.heads, key_bytes(HEAD_DIM, p.shape_key.kv_format)),
+        q = torch.empty((key.batch, key.next_n, key.heads, key_bytes(HEAD_DIM, key.kv_format)),
                         dtype=torch.uint8 if fp4 else dtype, device=device)
-        q_scale = torch.empty((p.shape_key.batch, p.shape_key.next_n, p.shape_key.heads), dtype=torch.int32, device=device) if fp4 else None
-        weights = torch.empty((p.rows, p.shape_key.heads), dtype=torch.float32, device=device)
-        lens = torch.empty((p.shape_key.batch, p.shape_key.next_n) if p.lens_2d else (p.shape_key.batch,), dtype=torch.int32, device=device)
-        table = torch.empty((p.shape_key.batch, width), dtype=torch.int32, device=device)
+        q_scale = torch.empty((key.batch, key.next_n, key.heads), dtype=torch.int32, device=device) if fp4 else None
+        weights = torch.empty((p.rows, key.heads), dtype=torch.float32, device=device)
+        lens = torch.empty((key.batch, key.next_n) if p.lens_2d else (key.batch,), dtype=torch.int32, device=device)
+        table = torch.empty((key.batch, width), dtype=torch.int32, device=device)
         return LaunchArgs(q, kv, weights, out, lens, table, p.max_model_len, p, q_scale=q_scale)
 
-    inp = make_inputs(p.shape_key.batch, p.shape_key.next_n, p.shape_key.heads, ctx, kv_block_size=kv_block_size, preshuffle=p.shape_key.preshuffle,
-                      fp8_dtype=dtype, lens_2d=p.lens_2d, max_model_len=ctx, device=device, seed=seed, kv_format=p.shape_key.kv_format)
-    table = torch.full((p.shape_key.batch, width), -1, dtype=torch.int32, device=device)
+    inp = make_inputs(key.batch, key.next_n, key.heads, ctx, kv_block_size=kv_block_size, preshuffle=key.preshuffle,
+                      fp8_dtype=dtype, lens_2d=p.lens_2d, max_model_len=ctx, device=device, seed=seed,
+                      kv_format=key.kv_format)
+    table = torch.full((key.batch, width), -1, dtype=torch.int32, device=device)
     table[:, :blocks] = inp["kv_indices"][:, :blocks]
     kv = inp["kv_cache"]
     if kv_cache is not None:  # the engine's cache: reads land in its blocks, results are scratch
@@ -177,7 +179,7 @@ def warm_inputs(problem: Problem, *, device, workspace: torch.Tensor, kv_cache: 
         return LaunchArgs(inp["q_fp8"], kv, inp["weights"], out, inp["context_lens"], table, p.max_model_len, p,
                           q_scale=inp["q_scale"])
     args = build_launch_args(inp["q_fp8"], kv, inp["weights"], out, inp["context_lens"], table, p.max_model_len,
-                             p.shape_key.preshuffle, kv_block_size, p.context, inp["q_scale"])
+                             key.preshuffle, kv_block_size, p.context, inp["q_scale"])
     if args.problem != p:
         raise RuntimeError(f"warmup inputs describe {args.problem.describe()}, expected {p.describe()}")
     return args

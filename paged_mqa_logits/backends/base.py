@@ -105,10 +105,11 @@ def formats_unsupported(owner: str, problem: Problem, kv_formats=("fp8",), logit
     """Why ``owner``'s kernels cannot serve ``problem``'s query/key format or logits dtype
     (``None``: they read ``problem.shape_key.kv_format`` and write its ``logits_dtype``): the first
     check of ``unsupported`` in a backend whose kernels serve only some of them."""
-    if problem.shape_key.kv_format not in kv_formats:
-        return f"{owner} kernels read {'/'.join(kv_formats)} queries and keys, not {problem.shape_key.kv_format}"
-    if problem.shape_key.logits_dtype not in logits_dtypes:
-        return f"{owner} kernels write {'/'.join(logits_dtypes)} logits, not {problem.shape_key.logits_dtype}"
+    key = problem.shape_key
+    if key.kv_format not in kv_formats:
+        return f"{owner} kernels read {'/'.join(kv_formats)} queries and keys, not {key.kv_format}"
+    if key.logits_dtype not in logits_dtypes:
+        return f"{owner} kernels write {'/'.join(logits_dtypes)} logits, not {key.logits_dtype}"
     return None
 
 

@@ -43,9 +43,10 @@ class TorchBackend:
         return {}
 
     def launch(self, args: LaunchArgs, config: dict) -> None:
+        key = args.problem.shape_key
         logits_into(
             args.out, args.q, args.kv_cache, args.weights, args.context_lens, args.block_table,
-            args.max_model_len, kv_block_size=args.problem.shape_key.kv_block_size, preshuffle=args.problem.shape_key.preshuffle,
+            args.max_model_len, kv_block_size=key.kv_block_size, preshuffle=key.preshuffle,
             q_scale=args.q_scale,
         )
 

@@ -302,8 +302,9 @@ class TritonBackend:
         return check_knob_space(self.name, config, self.KNOB_SPACE)
 
     def unsupported(self, problem: Problem) -> str | None:
-        if problem.shape_key.heads & (problem.shape_key.heads - 1):
-            return f"heads must be a power of two for tl.arange, got {problem.shape_key.heads}"
+        key = problem.shape_key
+        if key.heads & (key.heads - 1):
+            return f"heads must be a power of two for tl.arange, got {key.heads}"
         if problem.arch == "cpu" and problem.fp8 == "fnuz":  # the cpu arch runs in the interpreter
             return "the Triton interpreter (CPU) cannot load e4m3fnuz (fp8e4b8) tensors"
         return None
@@ -333,13 +334,14 @@ class TritonBackend:
 
     def launch(self, args: LaunchArgs, config: dict) -> None:
         p = args.problem
+        key = p.shape_key
         # The chip, not the tensors' device, picks the interpreter: CPU tensors always run as the
         # cpu arch, and where they stand in for a GPU's memory (aot.verify's simulated device)
         # the GPU kernel is what must run.
         on_cpu = p.arch == "cpu"
         chunk = int(config.get("ChunkK") or 64)
-        rows = min(int(config.get("RowsPerProgram") or 8), triton.next_power_of_2(p.shape_key.next_n))
-        row_groups = triton.cdiv(p.shape_key.next_n, rows)
+        rows = min(int(config.get("RowsPerProgram") or 8), triton.next_power_of_2(key.next_n))
+        row_groups = triton.cdiv(key.next_n, rows)
         schedule = config.get("Schedule") or SPLIT
         if schedule not in SCHEDULES:
             raise ValueError(f"triton: Schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
@@ -350,9 +352,9 @@ class TritonBackend:
             splits = 1
         else:
             if splits <= 0:
-                splits = derive_split_kv(max(p.cu_num, 1), p.shape_key.batch * row_groups, p.work_context, chunk)
-            grid = (row_groups, splits, p.shape_key.batch)
-        fp4 = p.shape_key.kv_format == "fp4"
+                splits = derive_split_kv(max(p.cu_num, 1), key.batch * row_groups, p.work_context, chunk)
+            grid = (row_groups, splits, key.batch)
+        fp4 = key.kv_format == "fp4"
         kv_fp8 = args.kv_cache.view(args.q.dtype)  # uint8 for fp4
         kv_f32 = args.kv_cache.view(torch.int32 if fp4 else torch.float32)
         q_scale = args.q_scale if fp4 else args.q  # any pointer when there is none: never read
@@ -366,10 +368,10 @@ class TritonBackend:
             args.q, q_scale, kv_fp8, kv_f32, args.weights, args.out, lens, args.block_table,
             args.q.stride(0), args.q.stride(1), args.q.stride(2), *scale_strides,
             args.kv_cache.stride(0), args.weights.stride(0), args.out.stride(0), *lens_strides,
-            args.block_table.stride(0), args.max_model_len, args.max_blocks, splits, p.shape_key.batch, args.num_blocks,
-            NEXT_N=p.shape_key.next_n, ROWS=rows, HEADS=p.shape_key.heads, HEAD_DIM=p.shape_key.head_dim, KV_BLOCK_SIZE=p.shape_key.kv_block_size,
-            CHUNK=chunk, PRESHUFFLE=p.shape_key.preshuffle, LENS_2D=p.lens_2d, DOT_DTYPE=_dot_dtype(p, on_cpu),
-            NUM_STAGES=stages, BALANCED=schedule == BALANCED, KV_FP4=fp4, OUT_BF16=p.shape_key.logits_dtype == "bf16",
+            args.block_table.stride(0), args.max_model_len, args.max_blocks, splits, key.batch, args.num_blocks,
+            NEXT_N=key.next_n, ROWS=rows, HEADS=key.heads, HEAD_DIM=key.head_dim, KV_BLOCK_SIZE=key.kv_block_size,
+            CHUNK=chunk, PRESHUFFLE=key.preshuffle, LENS_2D=p.lens_2d, DOT_DTYPE=_dot_dtype(p, on_cpu),
+            NUM_STAGES=stages, BALANCED=schedule == BALANCED, KV_FP4=fp4, OUT_BF16=key.logits_dtype == "bf16",
             **options,
         )
 

@@ -196,9 +196,10 @@ def resolve_shapes(p: ArgumentParser, a, device) -> tuple[list[Shape], list[str]
                              lens_2d=not a.lens_1d, ragged=ragged, head_dim=a.head_dim,
                              kv_format=a.kv_format or "fp8", logits_dtype=a.logits_dtype or "fp32")
     for shape in shapes:  # the op's own rules, before anything is built: an error names the option
+        key = shape.shape_key
         try:
-            check_problem(arch=None, cu_num=None, batch=shape.shape_key.batch, next_n=shape.shape_key.next_n, heads=shape.shape_key.heads,
-                          head_dim=shape.shape_key.head_dim, kv_block_size=shape.shape_key.kv_block_size, preshuffle=shape.shape_key.preshuffle,
+            check_problem(arch=None, cu_num=None, batch=key.batch, next_n=key.next_n, heads=key.heads,
+                          head_dim=key.head_dim, kv_block_size=key.kv_block_size, preshuffle=key.preshuffle,
                           context=shape.context, names=OPTION_NAMES)
         except PagedMQAArgumentError as exc:
             p.error(str(exc))

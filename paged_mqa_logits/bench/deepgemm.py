@@ -27,9 +27,10 @@ def deepgemm_available() -> str | None:
 def deepgemm_unsupported(shape: Shape, arch: str) -> str | None:
     if arch != "sm_90" and not arch.startswith("sm_10"):
         return f"DeepGEMM's paged MQA logits targets sm_90/sm_100, not {arch}"
-    if shape.shape_key.kv_format == "fp4" and arch == "sm_90":
+    key = shape.shape_key
+    if key.kv_format == "fp4" and arch == "sm_90":
         return "DeepGEMM serves MXFP4 on sm_100/sm_120 only: fp4 has no DeepGEMM peer on sm_90"
-    if shape.shape_key.preshuffle or shape.shape_key.kv_block_size not in (32, 64) or shape.shape_key.heads not in (32, 64):
+    if key.preshuffle or key.kv_block_size not in (32, 64) or key.heads not in (32, 64):
         return "DeepGEMM serves plain (not preshuffled) caches with KVBlockSize 32/64 and H 32/64"
     missing = deepgemm_available()
     if missing is None and _needs_fp8_fp4_entry(shape):

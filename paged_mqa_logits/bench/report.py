@@ -31,9 +31,10 @@ def load_anchor(path: str | None) -> dict[tuple, float]:
 def anchor_us(anchor: dict, shape: Shape) -> float | None:
     """The anchor applies to the shapes it was measured on: plain cache, 2-D, uniform lengths, fp8
     inputs, fp32 logits."""
-    if shape.shape_key.preshuffle or not shape.lens_2d or shape.ragged or shape.shape_key.format_note():
+    key = shape.shape_key
+    if key.preshuffle or not shape.lens_2d or shape.ragged or key.format_note():
         return None
-    return anchor.get((shape.shape_key.heads, shape.shape_key.head_dim, shape.shape_key.kv_block_size, shape.shape_key.next_n, shape.shape_key.batch, shape.context))
+    return anchor.get((key.heads, key.head_dim, key.kv_block_size, key.next_n, key.batch, shape.context))
 
 
 COLUMNS = ["impl", "backend", "knobs", "H", "D", "kv_block_size", "preshuffle", "kv_format", "logits_dtype", "lens_2d",
@@ -59,13 +60,14 @@ def _fmt(value, decimals=3) -> str:
 
 def csv_row(m: Measurement, anchor: dict, deepgemm: dict[Shape, float]) -> dict:
     s = m.shape
+    key = s.shape_key
     a_us = anchor_us(anchor, s)
     d_us = deepgemm.get(s) if m.impl.kind != "deepgemm" else None
     return {
-        "impl": m.impl.kind, "backend": m.backend or "", "knobs": format_knobs(m.knobs), "H": s.shape_key.heads,
-        "D": s.shape_key.head_dim, "kv_block_size": s.shape_key.kv_block_size, "preshuffle": int(s.shape_key.preshuffle), "kv_format": s.shape_key.kv_format,
-        "logits_dtype": s.shape_key.logits_dtype, "lens_2d": int(s.lens_2d),
-        "ragged": s.ragged or "0", "next_n": s.shape_key.next_n, "batch": s.shape_key.batch, "context": s.context,
+        "impl": m.impl.kind, "backend": m.backend or "", "knobs": format_knobs(m.knobs), "H": key.heads,
+        "D": key.head_dim, "kv_block_size": key.kv_block_size, "preshuffle": int(key.preshuffle),
+        "kv_format": key.kv_format, "logits_dtype": key.logits_dtype, "lens_2d": int(s.lens_2d),
+        "ragged": s.ragged or "0", "next_n": key.next_n, "batch": key.batch, "context": s.context,
         "us": _fmt(m.us, 2), "GBps": _fmt(m.gbps, 0), "frac_of_copy_bw": _fmt(m.frac_of_copy_bw, 3),
         "TFLOPs": _fmt(m.tflops, 1), "calc_diff": f"{m.calc_diff:.2e}" if m.calc_diff is not None else "",
         "mask_ok": "n/a" if m.mask_ok is None and m.calc_diff is not None else _fmt(m.mask_ok),
@@ -138,10 +140,12 @@ def summary(measurements: list[Measurement], anchor: dict | None = None) -> list
             bw = [m.frac_of_copy_bw for m in ms if _memory_bound(m.shape) and m.frac_of_copy_bw]
             if bw:
                 text += f"; min frac of copy bw (next_n<=2, B*ctx>=1M) {min(bw):.3f}"
-            flops = [m.tflops for m in ms if m.shape.shape_key.next_n == 4 and m.shape.shape_key.heads == 64 and m.tflops]
+            flops = [m.tflops for m in ms
+                     if m.shape.shape_key.next_n == 4 and m.shape.shape_key.heads == 64 and m.tflops]
             if flops:
                 text += f"; max TFLOP/s (next_n=4, H=64) {max(flops):.0f}"
-            by_key = {(m.shape.shape_key.heads, m.shape.shape_key.batch, m.shape.context, m.shape.shape_key.next_n): m.us for m in ms}
+            by_key = {(m.shape.shape_key.heads, m.shape.shape_key.batch, m.shape.context,
+                       m.shape.shape_key.next_n): m.us for m in ms}
             n3 = [(by_key[(h, b, c, 3)] / ((by_key[(h, b, c, 2)] + by_key[(h, b, c, 4)]) / 2), (h, b, c))
                   for (h, b, c, n) in by_key if n == 3 and (h, b, c, 2) in by_key and (h, b, c, 4) in by_key]
             if n3:

@@ -66,10 +66,11 @@ class Shape:
         return {**asdict(self.shape_key), "context": self.context, "lens_2d": self.lens_2d, "ragged": self.ragged}
 
     def describe(self) -> str:
-        return (f"H={self.shape_key.heads} next_n={self.shape_key.next_n} batch={self.shape_key.batch} context={self.context} "
-                f"kv_block_size={self.shape_key.kv_block_size} preshuffle={int(self.shape_key.preshuffle)}"
+        key = self.shape_key
+        return (f"H={key.heads} next_n={key.next_n} batch={key.batch} context={self.context} "
+                f"kv_block_size={key.kv_block_size} preshuffle={int(key.preshuffle)}"
                 + ("" if self.lens_2d else " lens=1d") + (f" ragged={self.ragged}" if self.ragged else "")
-                + self.shape_key.format_note())
+                + key.format_note())
 
 
 def grid_shapes(heads, next_n, batch, context, kv_block_size=(DEFAULT_KV_BLOCK_SIZE,), preshuffle=(False,), *,

@@ -38,14 +38,15 @@ class Accounting:
 def accounting(shape: Shape, lens: list[int], max_model_len: int, max_blocks: int) -> Accounting:
     """Row ``(b, j)`` sees ``min(max(L_b - next_n + j + 1, 0), max_model_len, max_blocks*kv_block_size)``
     positions (problem.py); sequence ``b`` walks the longest of its rows."""
-    width = min(max_model_len, max_blocks * shape.shape_key.kv_block_size)
+    key = shape.shape_key
+    width = min(max_model_len, max_blocks * key.kv_block_size)
     visible = walked = 0
     for length in lens:
-        rows = [min(max(length - shape.shape_key.next_n + j + 1, 0), width) for j in range(shape.shape_key.next_n)]
+        rows = [min(max(length - key.next_n + j + 1, 0), width) for j in range(key.next_n)]
         visible += sum(rows)
         walked += max(rows)
-    logit_size = LOGITS_DTYPES[shape.shape_key.logits_dtype].itemsize
-    return Accounting(visible, walked * token_bytes(shape.shape_key.head_dim, shape.shape_key.kv_format), visible * logit_size)
+    logit_size = LOGITS_DTYPES[key.logits_dtype].itemsize
+    return Accounting(visible, walked * token_bytes(key.head_dim, key.kv_format), visible * logit_size)
 
 
 def _copy_footprint(shape: Shape, lens: list[int]) -> tuple[int, int]:
@@ -98,12 +99,13 @@ class Workload:
         if self._reference is None:
 
             inp = self.inputs[0]
-            rows = self.shape.shape_key.batch * self.shape.shape_key.next_n
+            key = self.shape.shape_key
+            rows = key.batch * key.next_n
             ref = torch.full((rows, inp["max_model_len"]), float("-inf"), dtype=inp["out_logits"].dtype,
                              device=self.device)
             # Big column chunks on a GPU: the reference is not what is being timed.
             logits_into(ref, inp["q_fp8"], inp["kv_cache"], inp["weights"], inp["context_lens"], inp["kv_indices"],
-                        inp["max_model_len"], kv_block_size=self.shape.shape_key.kv_block_size, preshuffle=self.shape.shape_key.preshuffle,
+                        inp["max_model_len"], kv_block_size=key.kv_block_size, preshuffle=key.preshuffle,
                         max_elements=(1 << 28) if self.device.type == "cuda" else (1 << 25), q_scale=inp["q_scale"])
             self._reference = ref
         return self._reference
@@ -145,11 +147,12 @@ def build_workload(shape: Shape, device: str | torch.device = "cpu", *, copies: 
         copies = max(1, min(copies, fits))
     hint = shape.context if context_hint == "context" else context_hint
     inputs, args = [], []
+    key = shape.shape_key
     for i in range(copies):
-        inp = make_inputs(shape.shape_key.batch, shape.shape_key.next_n, shape.shape_key.heads, lens, kv_block_size=shape.shape_key.kv_block_size,
-                          preshuffle=shape.shape_key.preshuffle, fp8_dtype=native_fp8_dtype(arch), lens_2d=shape.lens_2d,
-                          max_model_len=max(lens), device=dev, seed=seed + i, head_dim=shape.shape_key.head_dim,
-                          kv_format=shape.shape_key.kv_format, logits_dtype=LOGITS_DTYPES[shape.shape_key.logits_dtype])
+        inp = make_inputs(key.batch, key.next_n, key.heads, lens, kv_block_size=key.kv_block_size,
+                          preshuffle=key.preshuffle, fp8_dtype=native_fp8_dtype(arch), lens_2d=shape.lens_2d,
+                          max_model_len=max(lens), device=dev, seed=seed + i, head_dim=key.head_dim,
+                          kv_format=key.kv_format, logits_dtype=LOGITS_DTYPES[key.logits_dtype])
         inputs.append(inp)
         args.append(_launch_args(inp, hint))
     acc = accounting(shape, lens, inputs[0]["max_model_len"], inputs[0]["kv_indices"].shape[1])

@@ -113,7 +113,8 @@ def test_unsupported_shapes_and_archs(kwargs, expected):
 
 
 def test_fp4_is_served_natively_on_gfx950_and_widened_where_it_fits():
-    fp4 = {arch: dataclasses.replace(problem(arch), shape_key=dataclasses.replace(problem(arch).shape_key, kv_format="fp4"))
+    fp4 = {arch: dataclasses.replace(problem(arch),
+                                     shape_key=dataclasses.replace(problem(arch).shape_key, kv_format="fp4"))
            for arch in ("gfx942", "gfx950")}
     assert BACKEND.unsupported(fp4["gfx950"]) is None and BACKEND.unsupported(fp4["gfx942"]) is None
     # an MXFP4 call is judged without an fp8 flavour (its problem carries the chip's)

@@ -46,7 +46,8 @@ def test_tune_resume_merge_and_dispatch(tmp_path, registry, monkeypatch):
     rows = table.parse_file(out)
     assert ("gfx950", 32) in {(r.arch, r.context) for r in rows}
     mine = [r for r in rows if r.arch == "cpu"]
-    assert sorted((r.shape_key.batch, r.context or 0) for r in mine) == [(1, 0), (1, 32), (1, 64), (2, 0), (2, 32), (2, 64)]
+    assert (sorted((r.shape_key.batch, r.context or 0) for r in mine)
+            == [(1, 0), (1, 32), (1, 64), (2, 0), (2, 32), (2, 64)])
     assert all(r.backend in ("torch", "triton") and r.us > 0 for r in mine)
     assert all(r.provenance.startswith("tuned:cpu|cu0|triton") and "|torch" in r.provenance for r in mine)
     report = (tmp_path / "report.csv").read_text()

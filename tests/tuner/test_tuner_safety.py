@@ -39,7 +39,8 @@ def test_two_tuners_writing_one_table_keep_every_row(tmp_path):
     assert [w.wait(300) for w in writers] == [0, 0]
     rows = table.parse_file(path)
     assert len(rows) == 2 * ROWS_PER_WRITER
-    assert {(r.shape_key.batch, r.context) for r in rows} == {(b, c) for b in range(1, ROWS_PER_WRITER + 1) for c in (64, 128)}
+    assert ({(r.shape_key.batch, r.context) for r in rows}
+            == {(b, c) for b in range(1, ROWS_PER_WRITER + 1) for c in (64, 128)})
     assert sorted(os.listdir(tmp_path)) == ["cpu_tuned.csv"]  # no temporary file, no lock file left
 
 

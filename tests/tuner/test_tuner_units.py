@@ -67,8 +67,10 @@ def test_shipped_untuned_lists():
     assert {k.shape_key.heads for k in glm} == {32} and {k.shape_key.heads for k in dsv} == {64}
     for keys in (glm, dsv):
         assert {k.shape_key.batch for k in keys} == {1, 2, 4, 8, 16, 32, 64, 128, 256}
-        assert {k.shape_key.next_n for k in keys} == {1, 2, 3, 4, 8} and {k.shape_key.preshuffle for k in keys} == {True, False}
-        assert {k.shape_key.kv_block_size for k in keys} == {64} and {k.contexts for k in keys} == {(8192, 32768, 131072)}
+        assert {k.shape_key.next_n for k in keys} == {1, 2, 3, 4, 8}
+        assert {k.shape_key.preshuffle for k in keys} == {True, False}
+        assert {k.shape_key.kv_block_size for k in keys} == {64}
+        assert {k.contexts for k in keys} == {(8192, 32768, 131072)}
     assert {k.shape_key for k in compact} <= {k.shape_key for k in glm + dsv} and len(compact) < len(glm + dsv) / 2
 
 
@@ -180,7 +182,8 @@ def test_check_stage_compiles_each_family_at_its_smallest_batch_first():
     cands = [Candidate.of("triton", {"ChunkK": c}) for c in (32, 64, 128, 256)]
     runs = [KeyRun(TuneKey(shape_key(32, 128, 16, pre, b, 1), (64, 128)), cands) for pre in (False, True) for b in (1, 8, 64)]
     stage = CheckStage(runs, jobs=2, bar=_Bar())
-    tasks = [(t.shape.shape_key.preshuffle, t.shape.shape_key.batch, t.shape.context, len(t.impls)) for t in stage.tasks]
+    tasks = [(t.shape.shape_key.preshuffle, t.shape.shape_key.batch, t.shape.context, len(t.impls))
+             for t in stage.tasks]
     assert tasks == [(False, 1, 64, 2), (False, 1, 64, 2), (True, 1, 64, 2), (True, 1, 64, 2),
                      (False, 64, 64, 2), (False, 64, 64, 2), (True, 64, 64, 2), (True, 64, 64, 2)]
     assert all(t.workload == {"copies": 1} and t.screen is None for t in stage.tasks)  # check only
@@ -294,7 +297,8 @@ def test_keys_carry_the_format_and_logits_dtype_into_candidates_and_rows(tmp_pat
     path = write(tmp_path, "f.csv", "heads,head_dim,kv_block_size,preshuffle,batch,next_n,kv_format,logits_dtype,"
                                     "contexts\n64,128,64,0,8,1,fp4,bf16,8192\n64,128,64,0,8,1,,,8192\n")
     fp4, fp8 = read_untuned([path])
-    assert (fp4.shape_key.kv_format, fp4.shape_key.logits_dtype, fp8.shape_key.kv_format, fp8.shape_key.logits_dtype) == ("fp4", "bf16", "fp8", "fp32")
+    assert (fp4.shape_key.kv_format, fp4.shape_key.logits_dtype) == ("fp4", "bf16")
+    assert (fp8.shape_key.kv_format, fp8.shape_key.logits_dtype) == ("fp8", "fp32")
     assert fp4.family != fp8.family  # tuned separately: their kernels differ
     sm90 = Target.described("sm_90", 132)
     cands, skipped = candidates_for(fp4, sm90, ["gluon", "triton"])

@@ -91,14 +91,15 @@ class FlyDSLBackend:
         if formats is not None:
             return formats
         # an MXFP4 call has no fp8 flavour of its own (``problem.fp8`` is the chip's)
-        if problem.shape_key.kv_format == "fp8" and problem.fp8 != native_fp8(problem.arch):
+        key = problem.shape_key
+        if key.kv_format == "fp8" and problem.fp8 != native_fp8(problem.arch):
             return (f"{problem.arch} computes fp8 e4m3{native_fp8(problem.arch)} natively; the inputs are "
                     f"e4m3{problem.fp8}")
-        if problem.shape_key.head_dim != 128:
-            return f"head_dim must be 128, got {problem.shape_key.head_dim}"
+        if key.head_dim != 128:
+            return f"head_dim must be 128, got {key.head_dim}"
         plan = self.plan(problem, {})
         error = plan.problem_error()
-        if error is None and problem.shape_key.kv_format == "fp4" and not self.candidates(problem):  # widened, widest shapes
+        if error is None and key.kv_format == "fp4" and not self.candidates(problem):  # widened, widest shapes
             return f"no {problem.arch} kernel configuration fits: {plan.config_error()}"
         return error
 
@@ -134,7 +135,8 @@ class FlyDSLBackend:
         GPU has run the split roles: they are a tuner candidate), the balanced schedule where
         the cache layout allows it (else split) and the highest occupancy (up to 4 workgroups
         per CU) the shape fits."""
-        kinds = [k for k in MFMA_KINDS.get(problem.arch, ("fp8",)) if k in KV_FORMAT_MFMA.get(problem.shape_key.kv_format, ())]
+        kinds = [k for k in MFMA_KINDS.get(problem.arch, ("fp8",))
+                 if k in KV_FORMAT_MFMA.get(problem.shape_key.kv_format, ())]
         base = {"ChunkK": 64, "SplitKV": 0, "Mfma": (kinds or ["fp8"])[0],
                 "WaveRoles": WAVE_ROLES[0]}
         for schedule in SCHEDULES:
@@ -145,12 +147,13 @@ class FlyDSLBackend:
         return {**base, "Schedule": BALANCED, "WavePerEU": 1}
 
     def _bare_plan(self, problem: Problem, config: dict) -> KernelPlan:
-        return KernelPlan(arch=problem.arch, heads=problem.shape_key.heads, next_n=problem.shape_key.next_n,
-                          kv_block_size=problem.shape_key.kv_block_size, preshuffle=problem.shape_key.preshuffle,
+        key = problem.shape_key
+        return KernelPlan(arch=problem.arch, heads=key.heads, next_n=key.next_n,
+                          kv_block_size=key.kv_block_size, preshuffle=key.preshuffle,
                           lens_2d=problem.lens_2d, chunk_k=int(config["ChunkK"]), wave_per_eu=int(config["WavePerEU"]),
                           schedule=str(config["Schedule"]), mfma=str(config["Mfma"]),
-                          wave_roles=str(config.get("WaveRoles", WAVE_ROLES[0])), kv_format=problem.shape_key.kv_format,
-                          logits_dtype=problem.shape_key.logits_dtype)
+                          wave_roles=str(config.get("WaveRoles", WAVE_ROLES[0])), kv_format=key.kv_format,
+                          logits_dtype=key.logits_dtype)
 
     def grid_x(self, problem: Problem, plan: KernelPlan, config: dict) -> int:
         """Workgroups along x. Balanced: one resident wave of them, ``CUs x`` workgroups per CU

@@ -79,7 +79,8 @@ def _fits(problem: Problem, chunk: int, waves: int, rows: int, q_lds: int, prefe
           balanced: bool = False, key_load: str = cdna_keys.DIRECT) -> bool:
     if prefetch == 2 and not _ping_pong_allowed(q_lds, key_load):
         return False
-    lds = lds_bytes(rows, problem.shape_key.heads, q_lds) + cdna_keys.lds_bytes(chunk, key_load, problem.shape_key.head_dim)
+    key = problem.shape_key
+    lds = lds_bytes(rows, key.heads, q_lds) + cdna_keys.lds_bytes(chunk, key_load, key.head_dim)
     if lds * waves > ARCH_SPECS[problem.arch].lds_bytes:
         return False
     if balanced and prefetch and (waves >= 4 or not problem.kv_aligned16 or not problem.kv_32bit):
@@ -89,7 +90,7 @@ def _fits(problem: Problem, chunk: int, waves: int, rows: int, q_lds: int, prefe
         return False
     # the cache layout of the call: the JIT proves 16-byte key gathers only when the base and the
     # real block stride are 16-byte multiples; caches past 2 GiB take 64-bit addresses
-    need = vgpr_estimate(problem.shape_key.heads, chunk, rows, q_lds, problem.kv_aligned16, prefetch, problem.kv_32bit) \
+    need = vgpr_estimate(key.heads, chunk, rows, q_lds, problem.kv_aligned16, prefetch, problem.kv_32bit) \
         + AMD_VGPR_MARGIN + (BALANCED_VGPRS if balanced else 0) + cdna_keys.vgprs(chunk, key_load, prefetch, NUM_WARPS) \
         + (PING_PONG_VGPRS if prefetch == 2 else 0)
     return need <= ARCH_SPECS[problem.arch].vgprs_per_simd // waves

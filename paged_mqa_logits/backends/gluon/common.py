@@ -46,13 +46,14 @@ def shape_reason(problem, archs: tuple[str, ...], fp8_by_arch: dict[str, str]) -
         return f"arch {problem.arch} is not one of {', '.join(archs)}"
     if problem.fp8 != fp8_by_arch[problem.arch]:
         return f"{problem.arch} computes in fp8 e4m3{fp8_by_arch[problem.arch]}, got e4m3{problem.fp8}"
-    if problem.shape_key.head_dim != 128:
-        return f"head_dim must be 128, got {problem.shape_key.head_dim}"
-    h = problem.shape_key.heads
+    key = problem.shape_key
+    if key.head_dim != 128:
+        return f"head_dim must be 128, got {key.head_dim}"
+    h = key.heads
     if h < 16 or h & (h - 1):
         return f"heads must be a power of two >= 16 (tensor shapes are powers of two), got {h}"
-    if problem.shape_key.preshuffle and problem.shape_key.kv_block_size % 16:
-        return f"Preshuffle needs kv_block_size % 16 == 0, got {problem.shape_key.kv_block_size}"
+    if key.preshuffle and key.kv_block_size % 16:
+        return f"Preshuffle needs kv_block_size % 16 == 0, got {key.kv_block_size}"
     return None
 
 

@@ -91,10 +91,11 @@ def consumer_need(problem: Problem, rows: int, split: int, schedule: str, overla
     wgmmas are all issued before the first is waited for; with ``overlap``, two tiles' worth),
     their weights, and the overheads."""
     groups = consumer_groups(problem, rows, split)
-    columns = sum(r * problem.shape_key.heads for _, r in groups)
+    key = problem.shape_key
+    columns = sum(r * key.heads for _, r in groups)
     need = (columns // 2 * (1 + overlap) + columns // 4 + CONSUMER_OVERHEAD
             + EXTRA_GROUP_REGS * max(len(groups) - 1, 0))
-    if problem.shape_key.next_n & (problem.shape_key.next_n - 1):
+    if key.next_n & (key.next_n - 1):
         need += UNEVEN_ROWS_REGS
     if split > 1 and schedule == common.SPLIT:
         need += SPLIT_PAIR_REGS
@@ -145,9 +146,10 @@ def key_box(problem: Problem, key_copy: str, kv_align: int) -> int:
     """Tokens per TMA box (``KeyCopy=tma``), 0 for the cp.async gather: TMA needs a 16-byte
     aligned cache base and block stride, token-major keys (not preshuffled), and blocks of at
     least :data:`MIN_TMA_BLOCK` tokens (a tile takes one or two boxes of each kind)."""
-    if key_copy != "tma" or problem.shape_key.preshuffle or kv_align != 16 or problem.shape_key.kv_block_size < MIN_TMA_BLOCK:
+    key = problem.shape_key
+    if key_copy != "tma" or key.preshuffle or kv_align != 16 or key.kv_block_size < MIN_TMA_BLOCK:
         return 0
-    return min(problem.shape_key.kv_block_size, TILE)
+    return min(key.kv_block_size, TILE)
 
 
 def descriptors(kv_cache, box: int) -> tuple:
@@ -190,7 +192,8 @@ class WgmmaPipesVariant(GluonVariant):
         rows = int(pick["RowsPerMMA"])
         self.require(rows >= 1 and not rows & (rows - 1), "RowsPerMMA", rows, "a power of two")
         self.require(rows * problem.shape_key.heads <= wg.MAX_MMA_N, "RowsPerMMA", rows,
-                     f"RowsPerMMA x heads <= {wg.MAX_MMA_N} (wgmma's largest N), got {rows} x {problem.shape_key.heads} heads")
+                     f"RowsPerMMA x heads <= {wg.MAX_MMA_N} (wgmma's largest N), "
+                     f"got {rows} x {problem.shape_key.heads} heads")
         stages = int(pick["num_stages"])
         self.require_in("num_stages", stages, self.knob_space["num_stages"])
         consumers = int(pick["Consumers"])
@@ -219,7 +222,8 @@ class WgmmaPipesVariant(GluonVariant):
 
     def shape_reason(self, problem: Problem) -> str | None:
         if problem.shape_key.heads > wg.MAX_MMA_N:
-            return f"heads must be <= {wg.MAX_MMA_N} (one wgmma N covers all heads of a row), got {problem.shape_key.heads}"
+            return (f"heads must be <= {wg.MAX_MMA_N} (one wgmma N covers all heads of a row), "
+                    f"got {problem.shape_key.heads}")
         if not self.candidates(problem):
             return f"no configuration of consumer teams fits sm_90's registers and shared memory for " \
                    f"{problem.describe()}"
@@ -265,9 +269,10 @@ class WgmmaPipesVariant(GluonVariant):
     # ------------------------------------------------------------------------- launch plan
     def constexprs(self, problem: Problem, config: dict) -> dict:
         k = self.knobs(problem, config)
-        return dict(NEXT_N=problem.shape_key.next_n, NEXT_N_POW2=wg.triton_next_pow2(problem.shape_key.next_n), HEADS=problem.shape_key.heads,
-                    KV_BLOCK_SIZE=problem.shape_key.kv_block_size, ROWS_PER_MMA=wg.rows_per_mma(problem, k["RowsPerMMA"]),
-                    STAGES=k["num_stages"], PRESHUFFLE=problem.shape_key.preshuffle, LENS_2D=problem.lens_2d,
+        key = problem.shape_key
+        return dict(NEXT_N=key.next_n, NEXT_N_POW2=wg.triton_next_pow2(key.next_n), HEADS=key.heads,
+                    KV_BLOCK_SIZE=key.kv_block_size, ROWS_PER_MMA=wg.rows_per_mma(problem, k["RowsPerMMA"]),
+                    STAGES=k["num_stages"], PRESHUFFLE=key.preshuffle, LENS_2D=problem.lens_2d,
                     BALANCED=k["Schedule"] == common.BALANCED, CONSUMERS=k["Consumers"], ROW_SPLIT=k["RowSplit"],
                     OVERLAP=k["Overlap"])
 

@@ -78,10 +78,11 @@ def resources(problem: Problem, chunk: int, rows: int, stages: int) -> dict:
     """
     groups = problem_row_groups(problem, rows)
     acc_regs = live_accumulators(problem, groups, chunk)
-    weight_regs = groups[0][1] * problem.shape_key.heads // 4 if len(groups) == 1 else 0  # kept in registers
+    key = problem.shape_key
+    weight_regs = groups[0][1] * key.heads // 4 if len(groups) == 1 else 0  # kept in registers
     regs = min(255, acc_regs + weight_regs + 36 + (12 * len(groups) if len(groups) > 2 else 0))
-    q_rows = triton_next_pow2(problem.shape_key.next_n) * problem.shape_key.heads
-    smem = stages * chunk * (HEAD_DIM + 4) + q_rows * (HEAD_DIM + 4) + 4 * triton_next_pow2(problem.shape_key.next_n)
+    q_rows = triton_next_pow2(key.next_n) * key.heads
+    smem = stages * chunk * (HEAD_DIM + 4) + q_rows * (HEAD_DIM + 4) + 4 * triton_next_pow2(key.next_n)
     by_regs = SM_REGISTERS // ((-(-regs // 8) * 8) * 32 * NUM_WARPS)
     by_smem = SM_SHARED_BYTES // (smem + 1024)  # the driver reserves 1 KB per program
     return {"acc_regs": acc_regs, "acc_budget": ACC_REG_BUDGET if len(groups) <= 2 else ACC_REG_BUDGET // 2,
@@ -179,7 +180,8 @@ class WgmmaVariant(GluonVariant):
         self.require_in("ChunkK", chunk, self.knob_space["ChunkK"])
         self.require(rows >= 1 and not rows & (rows - 1), "RowsPerMMA", rows, "a power of two")
         self.require(rows * problem.shape_key.heads <= MAX_MMA_N, "RowsPerMMA", rows,
-                     f"RowsPerMMA x heads <= {MAX_MMA_N} (wgmma's largest N), got {rows} x {problem.shape_key.heads} heads")
+                     f"RowsPerMMA x heads <= {MAX_MMA_N} (wgmma's largest N), "
+                     f"got {rows} x {problem.shape_key.heads} heads")
         self.require(2 <= stages <= 8, "num_stages", stages, "an integer in 2..8")
         warps = int(config.get("num_warps") or NUM_WARPS)
         self.require(warps == NUM_WARPS, "num_warps", warps, f"{NUM_WARPS} (one warpgroup)")
@@ -201,7 +203,8 @@ class WgmmaVariant(GluonVariant):
 
     def shape_reason(self, problem: Problem) -> str | None:
         if problem.shape_key.heads > MAX_MMA_N:
-            return f"heads must be <= {MAX_MMA_N} (one wgmma N covers all heads of a row), got {problem.shape_key.heads}"
+            return (f"heads must be <= {MAX_MMA_N} (one wgmma N covers all heads of a row), "
+                    f"got {problem.shape_key.heads}")
         if not any(fits(problem, 64, 1, stages) for stages in (2, 3)):
             return f"no tile configuration fits sm_90's registers and shared memory for {problem.describe()}"
         return None
@@ -267,10 +270,11 @@ class WgmmaVariant(GluonVariant):
 
     def constexprs(self, problem: Problem, config: dict) -> dict:
         k = self.knobs(problem, config)
-        return dict(NEXT_N=problem.shape_key.next_n, NEXT_N_POW2=triton_next_pow2(problem.shape_key.next_n), HEADS=problem.shape_key.heads,
-                    KV_BLOCK_SIZE=problem.shape_key.kv_block_size, CHUNK=k["ChunkK"],
+        key = problem.shape_key
+        return dict(NEXT_N=key.next_n, NEXT_N_POW2=triton_next_pow2(key.next_n), HEADS=key.heads,
+                    KV_BLOCK_SIZE=key.kv_block_size, CHUNK=k["ChunkK"],
                     ROWS_PER_MMA=rows_per_mma(problem, k["RowsPerMMA"]), STAGES=k["num_stages"],
-                    PRESHUFFLE=problem.shape_key.preshuffle, LENS_2D=problem.lens_2d,
+                    PRESHUFFLE=key.preshuffle, LENS_2D=problem.lens_2d,
                     BALANCED=k["Schedule"] == common.BALANCED)
 
     def options(self, problem: Problem, config: dict) -> dict:

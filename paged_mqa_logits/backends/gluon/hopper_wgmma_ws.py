@@ -92,9 +92,10 @@ def key_box(problem: Problem, key_copy: str, chunk: int, kv_align: int) -> int:
     """Tokens per TMA box of the keys (``KeyCopy=tma``), 0 for the cp.async gather: TMA needs
     a 16-byte aligned cache base and block stride and token-major keys (not preshuffled), and
     a box of at least one 8-row swizzle atom."""
-    if key_copy != "tma" or problem.shape_key.preshuffle or kv_align != 16 or problem.shape_key.kv_block_size < 8:
+    key = problem.shape_key
+    if key_copy != "tma" or key.preshuffle or kv_align != 16 or key.kv_block_size < 8:
         return 0
-    return min(problem.shape_key.kv_block_size, chunk)
+    return min(key.kv_block_size, chunk)
 
 
 def key_descriptor(kv_cache, box: int):
@@ -213,10 +214,11 @@ class WgmmaWsVariant(wg.WgmmaVariant):
 
     def constexprs(self, problem: Problem, config: dict) -> dict:
         k = self.knobs(problem, config)
-        return dict(NEXT_N=problem.shape_key.next_n, NEXT_N_POW2=wg.triton_next_pow2(problem.shape_key.next_n), HEADS=problem.shape_key.heads,
-                    KV_BLOCK_SIZE=problem.shape_key.kv_block_size, CHUNK=k["ChunkK"],
+        key = problem.shape_key
+        return dict(NEXT_N=key.next_n, NEXT_N_POW2=wg.triton_next_pow2(key.next_n), HEADS=key.heads,
+                    KV_BLOCK_SIZE=key.kv_block_size, CHUNK=k["ChunkK"],
                     ROWS_PER_MMA=wg.rows_per_mma(problem, k["RowsPerMMA"]), STAGES=k["num_stages"],
-                    PRESHUFFLE=problem.shape_key.preshuffle, LENS_2D=problem.lens_2d, PRODUCER_REGS=PRODUCER_REGS[k["ChunkK"]],
+                    PRESHUFFLE=key.preshuffle, LENS_2D=problem.lens_2d, PRODUCER_REGS=PRODUCER_REGS[k["ChunkK"]],
                     CONSUMERS=k["Consumers"], CONSUMER_REGS=consumer_registers(k["ChunkK"], k["CtasPerSM"],
                                                                                k["Consumers"]),
                     ROW_SPLIT=k["RowSplit"])

@@ -83,11 +83,12 @@ class RegisterMmaVariant(GluonVariant):
     def constexprs(self, problem: Problem, config: dict, kv_32bit: bool = False) -> dict:
         knobs = self.knobs(problem, config)
         q_lds = knobs["QInLDS"]
+        key = problem.shape_key
         return dict(
-            NEXT_N=problem.shape_key.next_n, HEADS=problem.shape_key.heads, HEAD_DIM=problem.shape_key.head_dim, KV_BLOCK_SIZE=problem.shape_key.kv_block_size,
-            CHUNK=knobs["ChunkK"], ROWS=self.rows(problem, knobs), PRESHUFFLE=problem.shape_key.preshuffle,
+            NEXT_N=key.next_n, HEADS=key.heads, HEAD_DIM=key.head_dim, KV_BLOCK_SIZE=key.kv_block_size,
+            CHUNK=knobs["ChunkK"], ROWS=self.rows(problem, knobs), PRESHUFFLE=key.preshuffle,
             LENS_2D=problem.lens_2d, Q_IN_LDS=bool(q_lds),
-            HEAD_CHUNK=min(self.head_chunk, problem.shape_key.heads) if q_lds else problem.shape_key.heads,
+            HEAD_CHUNK=min(self.head_chunk, key.heads) if q_lds else key.heads,
             PREFETCH=prefetch_constexpr(knobs["Prefetch"]), KV_32BIT=kv_32bit and self.kv_32bit_loads,
             BALANCED=knobs["Schedule"] == common.BALANCED, **self.atoms(problem, knobs),
         )

@@ -212,7 +212,8 @@ def test_unsupported_reasons():
     assert MFMA.unsupported(p) is None and BACKEND.unsupported(p) is None
     assert "e4m3fnuz" in MFMA.unsupported(dataclasses.replace(p, fp8="fn"))
     assert "e4m3fn" in MFMA.unsupported(common.problem_for("gfx950", "fnuz", {}))
-    assert "power of two" in MFMA.unsupported(dataclasses.replace(p, shape_key=dataclasses.replace(p.shape_key, heads=48)))
+    assert "power of two" in MFMA.unsupported(dataclasses.replace(p, shape_key=dataclasses.replace(p.shape_key,
+                                                                                                  heads=48)))
     assert "sm_90" in MFMA.unsupported(common.problem_for("sm_90", "fn", {}))
     cpu = common.problem_for("cpu", "fnuz", {})
     assert "GPU" in BACKEND.unsupported(cpu) and "gfx942" in MFMA.unsupported(cpu)

@@ -128,7 +128,8 @@ def test_unsupported_reasons():
     assert MMA_V2.unsupported(p) is None
     assert "gfx942" in MMA_V2.unsupported(common.problem_for("gfx942", "fnuz", {}))
     assert "e4m3fn" in MMA_V2.unsupported(dataclasses.replace(p, fp8="fnuz"))
-    assert "head_dim" in MMA_V2.unsupported(dataclasses.replace(p, shape_key=dataclasses.replace(p.shape_key, head_dim=64)))
+    assert "head_dim" in MMA_V2.unsupported(dataclasses.replace(p, shape_key=dataclasses.replace(p.shape_key,
+                                                                                                 head_dim=64)))
 
 
 @pytest.mark.parametrize("lens_2d", [True, False])

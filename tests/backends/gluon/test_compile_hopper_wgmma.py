@@ -40,7 +40,8 @@ from test_hopper_wgmma_host import ARCH, WG, problem  # noqa: E402
 
 
 def shape_fields(p: Problem) -> dict:
-    return dict(heads=p.shape_key.heads, next_n=p.shape_key.next_n, kv_block_size=p.shape_key.kv_block_size, preshuffle=p.shape_key.preshuffle,
+    key = p.shape_key
+    return dict(heads=key.heads, next_n=key.next_n, kv_block_size=key.kv_block_size, preshuffle=key.preshuffle,
                 lens_2d=p.lens_2d)
 
 

@@ -32,15 +32,17 @@ def problem(heads=64, next_n=1, kv_block_size=64, preshuffle=False, lens_2d=True
 def meta_launch_args(p: Problem, block_pad: int = 0, num_blocks: int = 50, cache_offset: int = 0) -> LaunchArgs:
     """A call of ``p`` on meta tensors: q a strided view (rows 16-byte aligned), the cache blocks
     padded by ``block_pad`` bytes and the cache starting ``cache_offset`` bytes into its storage."""
-    block_bytes = p.shape_key.kv_block_size * 132 + block_pad
+    key = p.shape_key
+    block_bytes = key.kv_block_size * 132 + block_pad
     kv = torch.empty(num_blocks * block_bytes + cache_offset, dtype=torch.uint8, device="meta").as_strided(
-        (num_blocks, p.shape_key.kv_block_size, 1, 132), (block_bytes, 132, 132, 1), cache_offset)
-    q = torch.empty(p.shape_key.batch, p.shape_key.next_n, p.shape_key.heads + 16, 128, dtype=torch.float8_e4m3fn, device="meta")[:, :, 8:p.shape_key.heads + 8]
-    lens = torch.empty((p.shape_key.batch, p.shape_key.next_n) if p.lens_2d else (p.shape_key.batch,), dtype=torch.int32, device="meta")
+        (num_blocks, key.kv_block_size, 1, 132), (block_bytes, 132, 132, 1), cache_offset)
+    q = torch.empty(key.batch, key.next_n, key.heads + 16, 128, dtype=torch.float8_e4m3fn,
+                    device="meta")[:, :, 8:key.heads + 8]
+    lens = torch.empty((key.batch, key.next_n) if p.lens_2d else (key.batch,), dtype=torch.int32, device="meta")
     width = -(-p.max_model_len // 16) * 16
-    return LaunchArgs(q=q, kv_cache=kv, weights=torch.empty(p.shape_key.batch * p.shape_key.next_n, p.shape_key.heads, device="meta"),
-                      out=torch.empty(p.shape_key.batch * p.shape_key.next_n, width, device="meta"), context_lens=lens,
-                      block_table=torch.empty(p.shape_key.batch, -(-p.max_model_len // p.shape_key.kv_block_size), dtype=torch.int32,
+    return LaunchArgs(q=q, kv_cache=kv, weights=torch.empty(key.batch * key.next_n, key.heads, device="meta"),
+                      out=torch.empty(key.batch * key.next_n, width, device="meta"), context_lens=lens,
+                      block_table=torch.empty(key.batch, -(-p.max_model_len // key.kv_block_size), dtype=torch.int32,
                                               device="meta"),
                       max_model_len=p.max_model_len, problem=p)
 
