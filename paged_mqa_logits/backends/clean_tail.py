@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from ..triton_internals.interpreter import interpreted
+from .triton_portable import _row_lengths
 
 #: columns one program writes per step
 BLOCK = 1024
@@ -23,21 +24,18 @@ MAX_PARTS_PER_ROW = 64
 
 
 @triton.jit
-def clean_tail_kernel(out_ptr, lens_ptr, stride_out, stride_lens_b, stride_lens_j, next_n, width, visible_width,
-                      LENS_2D: tl.constexpr, BLOCK: tl.constexpr):
+def clean_tail_kernel(out_ptr, lens_ptr, stride_out, stride_lens_b, stride_lens_j, width, visible_width,
+                      NEXT_N: tl.constexpr, LENS_2D: tl.constexpr, BLOCK: tl.constexpr):
     """Program ``(r, part)`` writes ``-inf`` to blocks ``part, part + parts, ...`` of row
-    ``r``'s tail; a row's visible length follows the op's row rule (1-D lengths: the last
-    ``next_n`` positions of the sequence, one per row)."""
+    ``r``'s tail; a row's visible length is the portable kernel's (the op's row rule)."""
     row = tl.program_id(0)
     part = tl.program_id(1)
     parts = tl.num_programs(1)
-    b = row // next_n
-    j = row % next_n
-    if LENS_2D:
-        valid = tl.load(lens_ptr + b.to(tl.int64) * stride_lens_b + j * stride_lens_j)
-    else:
-        valid = tl.load(lens_ptr + b.to(tl.int64) * stride_lens_b) - (next_n - 1 - j)
-    valid = tl.minimum(tl.maximum(valid, 0), visible_width)
+    b = row // NEXT_N
+    j = row % NEXT_N
+    seq_len = tl.load(lens_ptr + b.to(tl.int64) * stride_lens_b)  # 1-D: the sequence's length (2-D: unused)
+    valid = _row_lengths(lens_ptr, b.to(tl.int64), seq_len, j, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
+    valid = tl.minimum(valid, visible_width)
     row_ptr = out_ptr + row.to(tl.int64) * stride_out
     minus_inf = tl.full([BLOCK], float("-inf"), tl.float32)  # the store converts it to the logits dtype
     for first in range(valid + part * BLOCK, width, parts * BLOCK):
@@ -56,4 +54,5 @@ def clean_tail(args) -> None:
     parts = max(1, min(MAX_PARTS_PER_ROW, TARGET_PROGRAMS // rows, triton.cdiv(width, BLOCK)))
     kernel = interpreted(clean_tail_kernel) if args.out.device.type == "cpu" else clean_tail_kernel
     kernel[(rows, parts)](args.out, lens, args.out.stride(0), lens.stride(0), lens.stride(1) if lens_2d else 0,
-                          args.problem.shape_key.next_n, width, args.visible_width, LENS_2D=lens_2d, BLOCK=BLOCK)
+                          width, args.visible_width, NEXT_N=args.problem.shape_key.next_n, LENS_2D=lens_2d,
+                          BLOCK=BLOCK)
