@@ -17,6 +17,8 @@ family                  variant          archs / kernel
                                          (mbarriers)
 ``hopper_pipes``        ``wgmma_pipes``  sm_90: consumer teams, one producer warp and ring
                                          each, TMA keys and scales, ``clean_logits`` fused
+``hopper_fp4``          ``wgmma_fp4``    sm_90, MXFP4 only: e2m1 widened to e4m3 in registers
+                                         (exact), then the ``wgmma`` tile scoring
 ======================  ===============  ==================================================
 
 Shared by several families: ``register_mma`` (the register-MMA kernel body ``mfma`` and
@@ -41,7 +43,7 @@ from ..base import CompileSpec, formats_unsupported
 from .variant import GluonVariant
 
 #: variant modules, in preference order for an arch's default variant
-VARIANT_MODULES = ("hopper_wgmma", "hopper_wgmma_ws", "hopper_pipes", "hopper_mma", "cdna")
+VARIANT_MODULES = ("hopper_wgmma", "hopper_wgmma_ws", "hopper_pipes", "hopper_mma", "cdna", "hopper_fp4")
 
 _VARIANTS: list[GluonVariant] = []
 _IMPORT_ERRORS: dict[str, str] = {}
@@ -82,7 +84,8 @@ class GluonBackend:
     def unsupported(self, problem: Problem) -> str | None:
         if problem.arch == "cpu":  # what CPU tensors run as (arch.detect)
             return "gluon kernels run on GPU tensors only, got CPU tensors"
-        formats = formats_unsupported("gluon", problem, logits_dtypes=("fp32", "bf16"))  # MXFP4: not in its kernels
+        # MXFP4: the sm_90 ``wgmma_fp4`` variant; each variant declines the formats it does not read
+        formats = formats_unsupported("gluon", problem, kv_formats=("fp8", "fp4"), logits_dtypes=("fp32", "bf16"))
         if formats is not None:
             return formats
         if self._serving(problem):

@@ -33,7 +33,7 @@ from ...arch import native_fp8
 from ...problem import LaunchArgs, Problem
 from ...triton_internals import compiler
 from ...triton_internals.specialise import specialise
-from ..base import CompileSpec, check_knob_space, describe_allowed
+from ..base import CompileSpec, check_knob_space, describe_allowed, formats_unsupported
 from . import common
 
 
@@ -72,6 +72,8 @@ class GluonVariant(ABC):
     kernel = None
     #: whether the kernel writes ``clean_logits``' ``-inf`` itself (``LaunchArgs.clean_logits``)
     cleans_logits: bool = False
+    #: the query/key formats its kernel reads (``ShapeKey.kv_format``): a family reads one
+    kv_formats: tuple[str, ...] = ("fp8",)
 
     def __init__(self) -> None:
         self.fp8 = {arch: native_fp8(arch) for arch in self.archs}
@@ -162,7 +164,8 @@ class GluonVariant(ABC):
 
     # ------------------------------------------------------------------------- the backend's interface
     def unsupported(self, problem: Problem) -> str | None:
-        return common.shape_reason(problem, self.archs, self.fp8) or self.shape_reason(problem)
+        return (formats_unsupported(self.owner, problem, self.kv_formats, tuple(common.LOGITS_DTYPES))
+                or common.shape_reason(problem, self.archs, self.fp8) or self.shape_reason(problem))
 
     def check_config(self, config: dict, problem: Problem | None = None) -> str | None:
         """Every knob in :attr:`knob_space` with an allowed value, then :meth:`knobs` on
