@@ -58,11 +58,16 @@ def test_demo_with_mxfp4_inputs_and_bf16_logits(capsys, backend):
 
 
 def test_explain_with_a_format_names_the_backends_that_decline_it(capsys):
-    # 32 heads: no fp4 rows (the table's fp4 rows, all Triton, are for 64 heads)
+    # 32 heads: no fp4 rows (the table's fp4 rows, all Triton, are for 64 heads); a preshuffled
+    # cache: sm_90's MXFP4 kernel (gluon wgmma_fp4) reads plain caches only
     rc, out, _ = run_main(capsys, "explain", "--arch", "sm90", "--kv-format", "fp4", "--logits-dtype", "bf16",
-                          "--heads", "32")
+                          "--heads", "32", "--preshuffle")
     assert rc == 0 and "kv_format=fp4 logits_dtype=bf16" in out and "backend : triton" in out
-    assert "skipped : gluon: gluon kernels read fp8 queries and keys, not fp4" in out
+    assert "skipped : gluon: no gluon variant serves this problem" in out
+    assert "wgmma_fp4: a preshuffled MXFP4 cache is not read by this kernel" in out
+    assert "wgmma: gluon/wgmma kernels read fp8 queries and keys, not fp4" in out
+    rc, out, _ = run_main(capsys, "explain", "--arch", "sm90", "--kv-format", "fp4", "--heads", "32")
+    assert rc == 0 and "backend : gluon" in out and "variant=wgmma_fp4" in out
 
 
 @pytest.mark.parametrize("arch,cu", [("gfx942", 304), ("gfx950", 256), ("sm90", 132)])

@@ -153,10 +153,11 @@ def test_explain_takes_the_format_and_the_logits_dtype():
     assert describe_problem(**common, kv_format="fp4", logits_dtype="bf16").shape_key.logits_dtype == "bf16"
     for arch, cu in (("sm_90", 132), ("gfx950", 256), ("gfx942", 304)):
         # FlyDSL reads MXFP4 (gfx950: its scaled MFMA; gfx942: widened to fp8, at this shape)
-        # on both CDNA chips; sm_90 falls through to Triton
-        fp4 = explain(**dict(common, arch=arch, cu_num=cu, heads=32), kv_format="fp4")  # no fp4 rows: the fall-through
-        assert fp4.backend == ("triton" if arch == "sm_90" else "flydsl"), (arch, fp4.describe())
-        assert any(name == "gluon" for name, _ in fp4.skipped)
+        # on both CDNA chips; on sm_90 Gluon's wgmma_fp4 does (widened to fp8)
+        fp4 = explain(**dict(common, arch=arch, cu_num=cu, heads=32), kv_format="fp4")  # no fp4 rows: the defaults
+        assert fp4.backend == ("gluon" if arch == "sm_90" else "flydsl"), (arch, fp4.describe())
+        assert (fp4.config.get("variant") == "wgmma_fp4") if arch == "sm_90" else \
+            any(name == "gluon" for name, _ in fp4.skipped), (arch, fp4.describe())
         # Gluon writes bf16 logits: the table's fp32 row for the shape serves them
         bf16 = explain(**dict(common, arch=arch, cu_num=cu), logits_dtype="bf16")
         assert bf16.backend == "gluon" and "rows of fp32 logits" in bf16.describe(), (arch, bf16.describe())
@@ -167,7 +168,7 @@ def test_explain_takes_the_format_and_the_logits_dtype():
 
 
 #: why a backend declines MXFP4 on an arch (``None``: it serves it)
-FP4_DECLINED = {("gluon", "sm_90"): "gluon kernels read fp8 queries and keys, not fp4",
+FP4_DECLINED = {("gluon", "sm_90"): None,  # the wgmma_fp4 variant
                 ("gluon", "gfx950"): "gluon kernels read fp8 queries and keys, not fp4",
                 ("gluon", "gfx942"): "gluon kernels read fp8 queries and keys, not fp4",
                 ("flydsl", "gfx950"): None,

@@ -84,8 +84,10 @@ class GluonBackend:
     def unsupported(self, problem: Problem) -> str | None:
         if problem.arch == "cpu":  # what CPU tensors run as (arch.detect)
             return "gluon kernels run on GPU tensors only, got CPU tensors"
-        # MXFP4: the sm_90 ``wgmma_fp4`` variant; each variant declines the formats it does not read
-        formats = formats_unsupported("gluon", problem, kv_formats=("fp8", "fp4"), logits_dtypes=("fp32", "bf16"))
+        # the formats some variant for the arch reads (MXFP4: sm_90's ``wgmma_fp4``); each variant
+        # declines the ones it does not
+        read = tuple(dict.fromkeys(f for v in _VARIANTS if problem.arch in v.archs for f in v.kv_formats)) or ("fp8",)
+        formats = formats_unsupported("gluon", problem, kv_formats=read, logits_dtypes=("fp32", "bf16"))
         if formats is not None:
             return formats
         if self._serving(problem):
