@@ -2,7 +2,7 @@
 for sm_90 and inspected, as test_compile_hopper_wgmma.py does for the fp8 kernel.
 
 Matrix (``V.compile_matrix``): every candidate and the default of H 32/64 x next_n 1/2/3/4 x
-KVBlockSize 32/64, and the default with bf16 logits; the default run compiles a covering sample
+KVBlockSize 32/64, the default with bf16 logits, the default at KVBlockSize 1/16/128/256; the default run compiles a covering sample
 (every knob value, every heads x next_n, every block size and logits dtype), ``-m slow`` all of it.
 
 Each kernel must: compile; contain fp8 ``wgmma.mma_async ... m64nNk32.f32.e4m3.e4m3`` for exactly
@@ -67,7 +67,7 @@ def test_matrix_covers_the_brief():
     configs = V.compile_matrix(ARCH)
     assert {c["next_n"] for c in configs} == {1, 2, 3, 4}
     assert {c["heads"] for c in configs} == {32, 64}
-    assert {c["kv_block_size"] for c in configs} == {32, 64}
+    assert {c["kv_block_size"] for c in configs} == {1, 16, 32, 64, 128, 256}
     assert {c.get("logits_dtype", "fp32") for c in configs} == {"fp32", "bf16"}
     assert {c["ChunkK"] for c in configs} == {64, 128}
     assert {c["Schedule"] for c in configs} == {"split", "balanced"}

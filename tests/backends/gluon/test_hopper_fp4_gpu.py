@@ -7,8 +7,9 @@ Matrix: next_n 1-4 x KVBlockSize 32/64, heads 32 and 64 across them, 1-D and 2-D
 lengths with a zero-length sequence and one shorter than next_n (zero-length rows), padded block
 strides and table / output rows; fp32 logits with the default config and a candidate (walking
 ChunkK, RowsPerMMA, both schedules), bf16 logits with the default; ``clean_logits`` off and on.
-Then through the public op (forced to the variant, and left to the dispatcher, which must pick
-it), and a CUDA graph replayed after the lengths changed in place. Skipped without an sm_90 GPU.
+KVBlockSize 1/16/128/256 with the default config (a block stride not 16-byte aligned among
+them). Then through the public op (forced to the variant, and left to the dispatcher, which must
+pick it), and a CUDA graph replayed after the lengths changed in place. Skipped without an sm_90 GPU.
 Run: ``python -m pytest -q -m gpu tests/backends/gluon/test_hopper_fp4_gpu.py``.
 """
 
@@ -116,6 +117,17 @@ def test_against_the_exact_reference(variant, case):
     for clean in (False, True):
         before = run_op(bf16, clean, backend="gluon", config=variant.default_config(bf16_problem))
         assert_matches(bf16, before, ref, clean, f"bf16 logits, clean_logits={clean}")
+
+
+@pytest.mark.parametrize("bs", [1, 16, 128, 256])
+def test_other_block_sizes(variant, bs):
+    """The block sizes past 32/64 it serves (the same per-token page lookup), default config."""
+    lens = [300 + bs, 0, 77]
+    inp = fp4_inputs(2, bs, 64, lens, bs % 32 == 0, seed=bs, block_stride_pad=4 * (bs == 16))
+    ref = reference_of(inp)
+    for clean in (False, True):
+        before = run_op(inp, clean, backend="gluon", config={"variant": NAME})
+        assert_matches(inp, before, ref, clean, f"KVBlockSize {bs}, clean_logits={clean}")
 
 
 def test_the_dispatcher_picks_it_and_the_public_op_runs_it(variant):
