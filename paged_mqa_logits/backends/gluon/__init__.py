@@ -148,15 +148,17 @@ class GluonBackend:
     def compile_specs(self, arch: str, configs: list[dict] | None = None) -> list[CompileSpec]:
         """Specs of every variant that targets ``arch``: its whole compile matrix (``configs``
         ``None``), or the given table configs (row fields merged with knobs), each built by the
-        variant it names (default: the arch's first variant)."""
+        variant it names (default: the arch's first variant that reads the row's ``kv_format``)."""
         targeting = [v for v in _VARIANTS if arch in v.archs]
         if not targeting:
             raise ValueError(f"no gluon variant targets {arch} (import errors: {import_errors()})")
         if configs is None:
             return [spec for variant in targeting for spec in variant.compile_specs(arch)]
         by_variant: dict[str, list[dict]] = {}
-        for config in configs:
-            by_variant.setdefault(config.get("variant") or targeting[0].name, []).append(config)
+        for config in configs:  # a row naming no variant: the arch's first that reads its format
+            fmt = config.get("kv_format") or "fp8"
+            default = next((v for v in targeting if fmt in v.kv_formats), targeting[0]).name
+            by_variant.setdefault(config.get("variant") or default, []).append(config)
         specs: list[CompileSpec] = []
         for variant in targeting:
             chosen = by_variant.pop(variant.name, [])

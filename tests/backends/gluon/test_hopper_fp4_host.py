@@ -213,3 +213,11 @@ def test_launch_passes_the_query_exponents(schedule):
     assert launch["CHUNK"] == config["ChunkK"] and launch["KV_BLOCK_SIZE"] == 32
     assert launch["BALANCED"] == (schedule == "balanced")
     assert launch["signature"]["q_scale_ptr"] == "*i32" and launch["signature"]["q_ptr"] == "*u8"
+
+
+def test_an_fp4_table_row_naming_no_variant_compiles_with_it():
+    row = {"heads": 64, "next_n": 2, "kv_block_size": 64, "kv_format": "fp4", "ChunkK": 64, "RowsPerMMA": 2}
+    (spec,) = BACKEND.compile_specs("sm_90", [row])
+    assert spec.knobs["variant"] == V.name and spec.fn is V.kernel
+    (fp8_spec,) = BACKEND.compile_specs("sm_90", [dict(row, kv_format="fp8", num_stages=4)])
+    assert fp8_spec.knobs["variant"] == "wgmma"
