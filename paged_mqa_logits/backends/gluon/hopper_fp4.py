@@ -19,7 +19,7 @@ import dataclasses
 import torch
 
 from ...arch import lds_limit
-from ...problem import LaunchArgs, Problem, ShapeKey
+from ...problem import LaunchArgs, Problem
 from ...triton_internals.specialise import StandIn
 from ..base import MAX_SPLIT_KV
 from . import common
@@ -228,9 +228,7 @@ class Fp4WgmmaVariant(wg.WgmmaVariant):
     def spec_problem(self, arch: str, cfg: dict) -> Problem:
         problem = common.problem_for(arch, self.fp8[arch], cfg)
         key = problem.shape_key
-        return dataclasses.replace(problem, shape_key=ShapeKey(
-            heads=key.heads, head_dim=key.head_dim, kv_block_size=key.kv_block_size, preshuffle=key.preshuffle,
-            batch=key.batch, next_n=key.next_n, kv_format="fp4", logits_dtype=key.logits_dtype))
+        return dataclasses.replace(problem, shape_key=dataclasses.replace(problem.shape_key, kv_format="fp4"))
 
     def spec_arguments(self, problem: Problem, cfg: dict) -> tuple[tuple, dict, dict]:
         """A typical vLLM call: packed uint8 q rows, a packed fp4 cache, contiguous exponents."""

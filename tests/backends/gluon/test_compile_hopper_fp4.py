@@ -2,8 +2,9 @@
 for sm_90 and inspected, as test_compile_hopper_wgmma.py does for the fp8 kernel.
 
 Matrix (``V.compile_matrix``): every candidate and the default of H 32/64 x next_n 1/2/3/4 x
-KVBlockSize 32/64, the default with bf16 logits, the default at KVBlockSize 1/16/128/256; the default run compiles a covering sample
-(every knob value, every heads x next_n, every block size and logits dtype), ``-m slow`` all of it.
+KVBlockSize 32/64, the default with bf16 logits, the default at KVBlockSize 1/16/128/256; the
+default run compiles a covering sample (every knob value, every heads x next_n, every block size
+and logits dtype), ``-m slow`` all of it.
 
 Each kernel must: compile; contain fp8 ``wgmma.mma_async ... m64nNk32.f32.e4m3.e4m3`` for exactly
 the N of its row groups and no register MMA; widen with ``prmt`` (the table lookups) in its SASS;

@@ -19,8 +19,9 @@ from paged_mqa_logits import dispatch  # noqa: E402
 from paged_mqa_logits.backends.gluon import BACKEND, hopper_fp4 as h4, variants  # noqa: E402
 from paged_mqa_logits.backends.gluon.kernels import hopper_fp4 as k4  # noqa: E402
 from paged_mqa_logits.fp4 import E2M1_VALUES, dequantize_fp4, e2m1_values, ue8m0_words  # noqa: E402
-from paged_mqa_logits.problem import Problem, ShapeKey, Target  # noqa: E402
-from paged_mqa_logits.reference import FP4_DTYPE, calc_diff, make_inputs, reference_logits, unpack_kv_cache  # noqa: E402
+from paged_mqa_logits.problem import Problem, Target  # noqa: E402
+from paged_mqa_logits.reference import (FP4_DTYPE, calc_diff, make_inputs, reference_logits,  # noqa: E402
+                                        unpack_kv_cache)
 from test_hopper_wgmma_host import meta_launch_args, problem as fp8_problem, recorded_launches  # noqa: E402
 
 V = h4.VARIANT

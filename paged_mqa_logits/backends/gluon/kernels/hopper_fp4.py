@@ -2,13 +2,13 @@
 registers and scored by the fp8 ``wgmma`` of ``hopper_wgmma.py``.
 
 Why widening is exact: an e2m1 value times ``2^s`` is an e4m3 value for every ``s`` in -8..6
-(the values span 0.5 * 2^-8 = 2^-9, e4m3's smallest subnormal, to 6 * 2^6 = 384 <= 448). A token whose largest group exponent is ``M``
-becomes e4m3 bytes of ``value * 2^(6 - (M - e_g))`` per group ``g`` and one factor
-``2^(M - 127 - 6)``, which plays the part of the fp8 path's per-token key scale (applied after
-the head sum: it is positive, so it commutes with the ReLU). A query head is widened the same
-way and its factor is folded into its weight (``w * relu(s * x) = (w * s) * relu(x)``, s > 0).
-The tile is then an ordinary fp8 wgmma tile and ``hopper_wgmma._score_tile`` (row groups,
-128-token halves, epilogue, store) runs unchanged.
+(the values span 0.5 * 2^-8 = 2^-9, e4m3's smallest subnormal, to 6 * 2^6 = 384 <= 448). A token
+whose largest group exponent is ``M`` becomes e4m3 bytes of ``value * 2^(6 - (M - e_g))`` per
+group ``g`` and one factor ``2^(M - 127 - 6)``, which plays the part of the fp8 path's per-token
+key scale (applied after the head sum: it is positive, so it commutes with the ReLU). A query
+head is widened the same way and its factor is folded into its weight (``w * relu(s * x) = (w *
+s) * relu(x)``, s > 0). The tile is then an ordinary fp8 wgmma tile and
+``hopper_wgmma._score_tile`` (row groups, 128-token halves, epilogue, store) runs unchanged.
 
 The widening is two ``prmt`` byte permutes per four codes (the hot path; :func:`_widen_words`):
 the eight e4m3 bytes of a group's magnitudes at its shift are two 32-bit *table words*
