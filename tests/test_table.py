@@ -183,7 +183,7 @@ def test_format_columns_parse_and_tables_without_them_mean_fp8_and_fp32(tmp_path
     for shipped in table.shipped_files():  # every shipped table still loads: fp8 rows, and fp4 rows of a backend reading it
         rows = table.parse_file(shipped)
         assert {(r.shape_key.kv_format, r.shape_key.logits_dtype) for r in rows} <= {("fp8", "fp32"), ("fp4", "fp32")}
-        assert {r.backend for r in rows if r.shape_key.kv_format == "fp4"} <= {"triton", "flydsl"}
+        assert {r.backend for r in rows if r.shape_key.kv_format == "fp4"} <= {"triton", "flydsl", "gluon"}
 
 
 @pytest.mark.parametrize("cells,message", [("fp5,fp32", "column kv_format must be one of fp8, fp4, got 'fp5'"),
