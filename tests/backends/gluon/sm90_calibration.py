@@ -1,5 +1,5 @@
-"""The Triton release the sm_90 kernels' register splits and fit rules are calibrated on, and
-how the compile tests judge spills off it.
+"""The Triton release the sm_90 kernels' register splits and fit rules are calibrated on, how
+the compile tests judge spills off it, and the ptxas report they read registers from.
 
 On Triton 3.6 (the H200's) no tile loop may touch local memory. Triton 3.9 allocates more
 registers for some of the same warp-specialised kernels (local loads and stores in their tile
@@ -8,9 +8,14 @@ kernels are calibrated and measured on it (docs/VERIFICATION.md)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+
 import triton
 
 from paged_mqa_logits.aot.compile import check_records
+from paged_mqa_logits.triton_internals.toolchain import ptxas_for
 from paged_mqa_logits.triton_internals.version import parse_version
 
 CALIBRATED = parse_version(triton.__version__) == (3, 6)
@@ -24,3 +29,19 @@ def problems_off_calibration(records) -> list[str]:
             print("\n" + line)
             problems.remove(line)
     return problems
+
+
+def ptxas_logs(records) -> list[str]:
+    """``ptxas -v`` of each compiled record's PTX (empty for a failed compile), assembled by the
+    ptxas Triton itself uses for sm_90 (its PTX version follows it)."""
+    ptxas = ptxas_for(90)
+
+    def log(record):
+        if not record.ok:
+            return ""
+        run = subprocess.run([ptxas, "-v", "--gpu-name=sm_90a", record.isa, "-o", os.devnull], capture_output=True,
+                             text=True)
+        return run.stdout + run.stderr
+
+    with ThreadPoolExecutor(2) as pool:
+        return list(pool.map(log, records))

@@ -17,20 +17,17 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 pytest.importorskip("triton.experimental.gluon")
 
 from compile_matrix import SIZES, of_size  # noqa: E402
-from sm90_calibration import CALIBRATED, problems_off_calibration  # noqa: E402
+from sm90_calibration import CALIBRATED, problems_off_calibration, ptxas_logs  # noqa: E402
 from paged_mqa_logits.aot.compile import LDS_LIMIT_BYTES, compile_specs  # noqa: E402
 from paged_mqa_logits.backends.gluon import common, hopper_fp4 as h4  # noqa: E402
 from paged_mqa_logits.backends.gluon import hopper_wgmma as wg  # noqa: E402
 from paged_mqa_logits.backends.gluon.kernels.hopper_wgmma import row_groups  # noqa: E402
-from paged_mqa_logits.triton_internals.toolchain import ptxas_for  # noqa: E402
 
 V = h4.VARIANT
 ARCH = "sm_90"
@@ -48,17 +45,7 @@ def compiled(request, tmp_path_factory):
     configs = of_size(V.compile_matrix(ARCH), request.param, knobs_of=sample_knobs, together=(("heads", "next_n"),))
     specs = V.compile_specs(ARCH, configs)
     records = compile_specs(specs, out_dir, jobs=min(2, os.cpu_count() or 1), progress=False)
-    ptxas = ptxas_for(90)
-
-    def ptxas_log(record):
-        if not record.ok:
-            return ""
-        run = subprocess.run([ptxas, "-v", "--gpu-name=sm_90a", record.isa, "-o", os.devnull], capture_output=True,
-                             text=True)
-        return run.stdout + run.stderr
-
-    with ThreadPoolExecutor(2) as pool:
-        logs = list(pool.map(ptxas_log, records))
+    logs = ptxas_logs(records)
     sass = [open(r.isa[:-len(".ptx")] + ".sass").read() if r.ok and os.path.exists(r.isa[:-len(".ptx")] + ".sass")
             else "" for r in records]
     return list(zip(configs, specs, records, logs, sass))

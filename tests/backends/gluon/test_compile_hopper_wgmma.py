@@ -22,15 +22,13 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 pytest.importorskip("triton.experimental.gluon")
 
 from compile_matrix import SIZES, of_size  # noqa: E402
-from paged_mqa_logits.triton_internals.toolchain import ptxas_for  # noqa: E402
+from sm90_calibration import ptxas_logs  # noqa: E402
 from paged_mqa_logits.backends.gluon import common  # noqa: E402
 from paged_mqa_logits.backends.gluon import hopper_wgmma as wg  # noqa: E402
 from paged_mqa_logits.backends.gluon.kernels.hopper_wgmma import row_groups  # noqa: E402
@@ -74,17 +72,7 @@ def compiled(request, tmp_path_factory):
     configs = of_size(ci_matrix(), request.param)
     specs = WG.compile_specs(ARCH, configs)
     records = compile_specs(specs, out_dir, jobs=min(2, os.cpu_count() or 1), progress=False)
-    ptxas = ptxas_for(90)  # the one Triton assembles sm_90 with (its PTX version follows it)
-
-    def ptxas_log(record):
-        if not record.ok:
-            return ""
-        run = subprocess.run([ptxas, "-v", "--gpu-name=sm_90a", record.isa, "-o", os.devnull], capture_output=True,
-                             text=True)
-        return run.stdout + run.stderr
-
-    with ThreadPoolExecutor(2) as pool:
-        logs = list(pool.map(ptxas_log, records))
+    logs = ptxas_logs(records)
     return list(zip(configs, specs, records, logs))
 
 

@@ -52,6 +52,17 @@ def visible_end(seq_len, max_model_len, max_blocks, KV_BLOCK_SIZE: gl.constexpr)
 
 
 @gluon.jit
+def share_run(lens_ptr, b, tile, item, stop, stride_lens_b, stride_lens_j, max_model_len, max_blocks,
+              NEXT_N: gl.constexpr, LENS_2D: gl.constexpr, KV_BLOCK_SIZE: gl.constexpr, CHUNK: gl.constexpr):
+    """Tiles of ``CHUNK`` tokens a balanced share walks in sequence ``b`` from its tile ``tile``
+    (item ``item`` of the share, which stops at ``stop``): the sequence's remaining tiles, or
+    what is left of the share. <= 0 for a sequence with nothing left to walk."""
+    seq_len = sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
+    tiles = gl.cdiv(visible_end(seq_len, max_model_len, max_blocks, KV_BLOCK_SIZE), CHUNK)
+    return gl.minimum(tiles - tile, stop - item)
+
+
+@gluon.jit
 def split_tile_range(end, split, num_splits, CHUNK: gl.constexpr):
     """``[first, stop)`` tiles of ``CHUNK`` tokens owned by KV split ``split``: an even share of
     the tiles the sequence actually has (so the host's split count only needs to be an upper

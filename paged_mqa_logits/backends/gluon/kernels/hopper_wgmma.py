@@ -495,9 +495,8 @@ def wgmma_logits_kernel(
             lens_ptr, batch, stride_lens_b, stride_lens_j, max_model_len, max_blocks, gl.program_id(0),
             gl.num_programs(0), NEXT_N, LENS_2D, KV_BLOCK_SIZE, CHUNK, device.scan_layout(32, _WARPS))
         while item < stop:
-            seq_len = device.sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
-            tiles = gl.cdiv(device.visible_end(seq_len, max_model_len, max_blocks, KV_BLOCK_SIZE), CHUNK)
-            count = gl.minimum(tiles - tile, stop - item)
+            count = device.share_run(lens_ptr, b, tile, item, stop, stride_lens_b, stride_lens_j, max_model_len,
+                                     max_blocks, NEXT_N, LENS_2D, KV_BLOCK_SIZE, CHUNK)
             if count > 0:  # zero-length sequences between long ones hold no items
                 _score_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, table_ptr,
                                key_ring, scale_ring, q_smem, weight_smem, limit_smem, b, tile, 1, count,

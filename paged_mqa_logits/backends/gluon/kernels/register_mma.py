@@ -61,8 +61,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from ....triton_internals.gluon_api import thread_barrier
-from .device import (DYNAMIC_PARAMS, balanced_share, key_offset_parts, row_length, scale_offsets, scan_layout, sequence_length,
-                     split_tile_range, tile_pages, visible_end)
+from .device import (DYNAMIC_PARAMS, balanced_share, key_offset_parts, row_length, scale_offsets, scan_layout,
+                     sequence_length, share_run, split_tile_range, tile_pages, visible_end)
 
 
 # ----------------------------------------------------------------------------- paged gathers
@@ -340,9 +340,8 @@ def logits_programs(
             gl.num_programs(0) // ROW_GROUPS, NEXT_N, LENS_2D, KV_BLOCK_SIZE, CHUNK,
             scan_layout(THREADS_PER_WARP, gl.num_warps()))
         while item < stop:
-            seq_len = sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
-            tiles = gl.cdiv(visible_end(seq_len, max_model_len, max_blocks, KV_BLOCK_SIZE), CHUNK)
-            count = gl.minimum(tiles - tile, stop - item)
+            count = share_run(lens_ptr, b, tile, item, stop, stride_lens_b, stride_lens_j, max_model_len, max_blocks,
+                              NEXT_N, LENS_2D, KV_BLOCK_SIZE, CHUNK)
             score_rows_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, table_ptr, q_smem, w_smem,
                                b, group, tile, tile + count,
                                stride_q_b, stride_q_j, stride_q_h, stride_block, stride_w, stride_out, stride_lens_b,
