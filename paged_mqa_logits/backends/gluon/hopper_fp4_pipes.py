@@ -92,8 +92,10 @@ class Fp4PipesVariant(hp.WgmmaPipesVariant):
     cleans_logits = True
 
     #: (Consumers, RowSplit, CtasPerSM, ring depths, Overlap): two consumers with whole tiles
-    #: (two producers) or in a pair (one producer); one consumer per program, two programs per SM
-    TEAM_SHAPES = ((2, 1, 1, (3, 4), 0), (2, 2, 1, (4,), 0), (1, 1, 2, (3, 4), 0), (2, 1, 1, (4,), 1))
+    #: (two producers) or in a pair (one producer); one consumer per program, two programs per
+    #: SM; overlapped consumers where their second accumulators fit. One ring depth each: at
+    #: most 8 candidates with both schedules, until the H200 says which depths matter
+    TEAM_SHAPES = ((2, 1, 1, (3,), 0), (2, 2, 1, (4,), 0), (1, 1, 2, (4,), 0), (2, 1, 1, (4,), 1))
 
     # ------------------------------------------------------------------------- knobs
     def knobs(self, problem: Problem, config: dict) -> dict:
