@@ -26,11 +26,13 @@ from .kernels.hopper_fp4_pipes import CONSUMER_WARPS, PRODUCER_WARPS, TILE, fp4_
 from .variant import LaunchPlan
 
 #: registers per thread of a producer warpgroup (``setmaxnreg``): the walk's state, the current
-#: and the prefetched tile (8 packed words and one exponent word each per thread), the table
-#: words and the 16 widened words being stored, the addresses of the next tile's 36 loads;
-#: calibrated with ptxas on Triton 3.6 so that the producer's tile loop touches no local memory
-#: (tests/backends/gluon/test_compile_hopper_fp4_pipes.py)
-PRODUCER_REGS = 88
+#: and the prefetched tile (8 packed words and 2 exponent words each per thread), the table
+#: words and the 16 widened words being stored, the next tile's addresses. Its tile loop is free
+#: of local memory from 56 on (ptxas, Triton 3.6: tried 56-104); 104 also keeps the per-sequence
+#: Q widening of 64 heads x next_n 4 (32 words a thread, beside the first tile's loads) out of
+#: local memory (88 left 38 local accesses there). Checked by
+#: tests/backends/gluon/test_compile_hopper_fp4_pipes.py.
+PRODUCER_REGS = 104
 
 
 #: shared memory the compiler adds to the pipes' buffers (layout-conversion scratch of the

@@ -54,6 +54,7 @@ def test_knobs_are_pipes_less_key_copy():
     assert V.check_config(dict(default, Consumers=1, RowSplit=2), p) is not None
     assert V.check_config(dict(default, ChunkK=128), p) is not None
     assert V.check_config(dict(default, num_stages=9), p) is not None
+    assert "KeyCopy" in V.check_config(dict(default, KeyCopy="tma"), p)  # the keys always come through registers
     assert V.check_config(default, p) is None
 
 

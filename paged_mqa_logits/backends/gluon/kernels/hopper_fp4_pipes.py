@@ -103,15 +103,16 @@ def _producer(pointers, strides, q_scale_strides, sizes, buffers, share, tail_sh
         _, end, count = _segment(lens_ptr, b, tile, item, stop, stride_lens_b, stride_lens_j, max_model_len,
                                  max_blocks, NEXT_N, KV_BLOCK_SIZE, LENS_2D)
         if count > 0:
+            table_row = table_ptr + b.to(gl.int64) * stride_table
+            first = (TEAM - k % TEAMS + TEAMS) % TEAMS  # this team's first tile here
+            # the sequence's first tile loads while team 0 widens its Q
+            words, exponent_words = _load_tile(words_ptr, table_row, tile + first, wg._issue_end(first, count, end),
+                                               stride_block, num_blocks, _TILE, KV_BLOCK_SIZE)
             if TEAM == 0:
                 _widen_sequence_query(q_ptr, q_scale_ptr, weights_ptr, q_ring, weight_ring, q_full, q_empty, q_iter,
                                       b, stride_q_b, stride_q_j, stride_q_h, stride_qs_b, stride_qs_j, stride_w,
                                       NEXT_N, NEXT_N_POW2, HEADS)
             q_iter += 1
-            table_row = table_ptr + b.to(gl.int64) * stride_table
-            first = (TEAM - k % TEAMS + TEAMS) % TEAMS  # this team's first tile here
-            words, exponent_words = _load_tile(words_ptr, table_row, tile + first, wg._issue_end(first, count, end),
-                                               stride_block, num_blocks, _TILE, KV_BLOCK_SIZE)
             for i in range(first, count, TEAMS):
                 # the next tile's loads go out before this one is widened and its slot awaited
                 next_words, next_exponents = _load_tile(words_ptr, table_row, tile + i + TEAMS,
