@@ -4,8 +4,8 @@ hopper_fp4_pipes.py) assumes: fp8 wgmmas of each consumer's row-group widths (th
 consumers), the widening's ``PRMT`` in every producer's tile loop, the register split
 (``setmaxnreg``), the mbarrier counts of the protocol (one release arrive per producer on
 *full* and on Q *full*, every consumer thread on *empty* and Q *empty*), one arrive per
-producer warpgroup after its named barrier, no local memory in any producer or consumer tile
-loop on Triton 3.6, shared memory within the host's estimate.
+producer warpgroup after its named barrier, no local memory in the kernel on Triton 3.6 (in
+any producer or consumer tile loop above all), shared memory within the host's estimate.
 
 The default run compiles a sample covering the team shapes, both schedules, the overlapped
 consumers, uneven row groups and KVBlockSize 32; ``-m slow`` compiles the whole compile matrix.
@@ -106,6 +106,9 @@ def _check(cfg, record):
     assert len(producers) >= teams, (record.name, len(producers))
     assert all(sum(i.opcode.startswith("PRMT") for i in loop) >= 32 for loop in producers), record.name
     assert len(consumers_loops) >= teams * min(split, len(groups)), (record.name, len(consumers_loops))
+    # ... nor anything else: the producers' register share covers the per-sequence Q widening
+    if CALIBRATED:
+        assert not sass.local_memory(code), (record.name, len(sass.local_memory(code)))
     for loop in producers + consumers_loops:
         spills = sass.local_memory(loop)
         if CALIBRATED:
