@@ -19,6 +19,9 @@ family                  variant          archs / kernel
                                          each, TMA keys and scales, ``clean_logits`` fused
 ``hopper_fp4``          ``wgmma_fp4``    sm_90, MXFP4 only: e2m1 widened to e4m3 in registers
                                          (exact), then the ``wgmma`` tile scoring
+``hopper_fp4_pipes``    ``wgmma_fp4_``   sm_90, MXFP4 only: producer warpgroups widen into
+                        ``pipes``        the ring the ``wgmma_pipes`` consumers read; never
+                                         the default (listed after ``hopper_fp4``)
 ======================  ===============  ==================================================
 
 Shared by several families: ``register_mma`` (the register-MMA kernel body ``mfma`` and
@@ -43,7 +46,8 @@ from ..base import CompileSpec, formats_unsupported
 from .variant import GluonVariant
 
 #: variant modules, in preference order for an arch's default variant
-VARIANT_MODULES = ("hopper_wgmma", "hopper_wgmma_ws", "hopper_pipes", "hopper_mma", "cdna", "hopper_fp4")
+VARIANT_MODULES = ("hopper_wgmma", "hopper_wgmma_ws", "hopper_pipes", "hopper_mma", "cdna", "hopper_fp4",
+                   "hopper_fp4_pipes")
 
 _VARIANTS: list[GluonVariant] = []
 _IMPORT_ERRORS: dict[str, str] = {}

@@ -204,7 +204,7 @@ class WgmmaPipesVariant(GluonVariant):
         ctas = int(pick["CtasPerSM"])
         self.require_in("CtasPerSM", ctas, self.knob_space["CtasPerSM"])
         key_copy = pick["KeyCopy"] or "tma"
-        self.require_in("KeyCopy", key_copy, self.knob_space["KeyCopy"])
+        self.require_in("KeyCopy", key_copy, self.knob_space.get("KeyCopy", (key_copy,)))  # wgmma_fp4_pipes has no such knob
         overlap = int(config.get("Overlap") or 0)
         self.require_in("Overlap", overlap, self.knob_space["Overlap"])
         splits = int(config.get("SplitKV") or 0)

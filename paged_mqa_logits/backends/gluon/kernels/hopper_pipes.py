@@ -78,7 +78,8 @@ _PRODUCER_WARPS = gl.constexpr(PRODUCER_WARPS)
 # PRODUCER_COPY: one warp gathering a [64, 128] byte tile, 16 bytes per cp.async: 8 lanes per
 #   128-byte row, 4 rows per instruction, 16 repeats.
 # PRODUCER_VEC: one warp over a vector (scales, weights), one element per lane per repeat.
-# TAIL: one warp storing a [rows, TAIL_UNIT] block of -inf, 4 logits (16 bytes of fp32) per lane.
+# TAIL: the producer's warps storing a [rows, TAIL_UNIT] block of -inf, 4 logits (16 bytes of fp32)
+#   per lane.
 # The consumer's layouts are hopper_wgmma's: the wgmma accumulator (MMA), the NVMMA tile layout
 # of keys and Q, and whatever the head-sum reduction of the accumulator gives.
 KEY_BOX_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=3)
@@ -98,8 +99,8 @@ def _producer_vec_layout():
 
 
 @gluon.constexpr_function
-def _tail_layout():
-    return gl.BlockedLayout([1, 4], [1, 32], [1, 1], [1, 0])
+def _tail_layout(warps):
+    return gl.BlockedLayout([1, 4], [1, 32], [1, warps], [1, 0])
 
 
 @gluon.constexpr_function
@@ -217,10 +218,12 @@ def _issue_query(q_ptr, weights_ptr, q_stage, weight_stage, q_full, b, stride_q_
 
 @gluon.jit
 def _clean_tail(out_ptr, lens_ptr, b, unit, count, step, stride_out, stride_lens_b, stride_lens_j,
-                max_model_len, max_blocks, NEXT_N: gl.constexpr, KV_BLOCK_SIZE: gl.constexpr, LENS_2D: gl.constexpr):
+                max_model_len, max_blocks, NEXT_N: gl.constexpr, KV_BLOCK_SIZE: gl.constexpr, LENS_2D: gl.constexpr,
+                WARPS: gl.constexpr):
     """``-inf`` over units ``unit, unit + step, ... < unit + count`` of sequence ``b``'s tail
-    (columns from its last tile's end up to ``max_model_len``), every row of the sequence."""
-    layout: gl.constexpr = _tail_layout()
+    (columns from its last tile's end up to ``max_model_len``), every row of the sequence, by
+    ``WARPS`` warps (a pipes producer warp, or ``wgmma_fp4_pipes``' producer warpgroup)."""
+    layout: gl.constexpr = _tail_layout(WARPS)
     ROWS: gl.constexpr = _pow2(NEXT_N)
     seq_len = device.sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
     tail_start = gl.cdiv(device.visible_end(seq_len, max_model_len, max_blocks, KV_BLOCK_SIZE), _TILE) * _TILE
@@ -291,7 +294,8 @@ def _producer(pointers, strides, sizes, key_desc, scale_desc, buffers, share, ta
             count = gl.minimum(units - unit, stop - item)
             first = (TEAM - u % TEAMS + TEAMS) % TEAMS
             _clean_tail(out_ptr, lens_ptr, b, unit + first, gl.maximum(count - first, 0), TEAMS, stride_out,
-                        stride_lens_b, stride_lens_j, max_model_len, max_blocks, NEXT_N, KV_BLOCK_SIZE, LENS_2D)
+                        stride_lens_b, stride_lens_j, max_model_len, max_blocks, NEXT_N, KV_BLOCK_SIZE, LENS_2D,
+                        _PRODUCER_WARPS)
             u += count
             item += count
             b += 1
