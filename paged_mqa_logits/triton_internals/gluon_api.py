@@ -9,7 +9,8 @@ Kernels use :data:`async_copy` (a module: ``async_copy.async_copy_global_to_shar
 * ``async_copy.async_copy_global_to_shared`` is ``async_copy.async_load`` from 3.8 on (3.9
   keeps the old name only to raise);
 * ``gl.thread_barrier`` is ``gl.barrier`` from 3.7 on;
-* ``tma.async_copy_global_to_shared`` is ``tma.async_load`` from 3.8 on.
+* ``tma.async_copy_global_to_shared`` is ``tma.async_load`` from 3.8 on;
+* ``shared_memory_descriptor._reinterpret`` is ``.reinterpret`` in 3.9 (:data:`reinterpret_shared`).
 
 Triton internals touched: none private (``triton.experimental.gluon.language.nvidia.ampere`` /
 ``.hopper``); the names are resolved on first use. Verified on Triton 3.6.0 and 3.9.0.
@@ -66,9 +67,12 @@ _LAZY = {
     "tma": _tma,
     #: the host-side TMA descriptor a kernel takes as an argument
     "TensorDescriptor": attribute("triton.experimental.gluon.nvidia.hopper", "TensorDescriptor"),
+    #: ``smem.reinterpret(dtype, shape, layout)`` (``._reinterpret`` before 3.9) as a function
+    "reinterpret_shared": attribute(f"{__package__}.gluon_shared", "reinterpret_shared"),
 }
 
 __all__ = sorted(_LAZY)
 
 
 __getattr__ = module_getattr(__name__, globals(), _LAZY)
+

@@ -33,7 +33,7 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from ....triton_internals.gluon_api import fence_async_shared, thread_barrier
+from ....triton_internals.gluon_api import fence_async_shared, reinterpret_shared, thread_barrier
 from . import device
 from .device import DYNAMIC_PARAMS
 from .hopper_wgmma import (NUM_WARPS, _gather, _issue_end, _load_weights, _row_limits, _score_tile,
@@ -225,8 +225,8 @@ def _score_segment(q_ptr, q_scale_ptr, words_ptr, weights_ptr, out_ptr, lens_ptr
     balanced, else all it has from ``first`` on), as ``hopper_wgmma._score_segment`` walks
     them; the shared memory is the caller's, reused from segment to segment."""
     vec_layout: gl.constexpr = gl.BlockedLayout([1], [32], [_WARPS], [0])
-    key_tile = key_wide._reinterpret(gl.float8e4nv, [CHUNK, _D], _tile_smem_layout())
-    q_tile = q_wide._reinterpret(gl.float8e4nv, [NEXT_N_POW2 * HEADS, _D], _tile_smem_layout())
+    key_tile = reinterpret_shared(key_wide, gl.float8e4nv, [CHUNK, _D], _tile_smem_layout())
+    q_tile = reinterpret_shared(q_wide, gl.float8e4nv, [NEXT_N_POW2 * HEADS, _D], _tile_smem_layout())
     table_row = table_ptr + b.to(gl.int64) * stride_table
 
     seq_len = device.sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)

@@ -38,7 +38,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
-from ....triton_internals.gluon_api import fence_async_shared, thread_barrier
+from ....triton_internals.gluon_api import fence_async_shared, reinterpret_shared, thread_barrier
 from . import device
 from . import hopper_wgmma as wg
 from .hopper_fp4 import _load_tile, _wide_smem_layout, _widen_query, _widen_words
@@ -76,7 +76,7 @@ def _widen_sequence_query(q_ptr, q_scale_ptr, weights_ptr, q_ring, weight_ring, 
     vec_layout: gl.constexpr = gl.BlockedLayout([1], [32], [_PRODUCER_WARPS], [0])  # _widen_query's factors
     stage = q_iter % 2
     mbarrier.wait(q_empty.index(stage), ((q_iter // 2) & 1) ^ 1)  # fresh barriers pass phase 1
-    q_wide = q_ring.index(stage)._reinterpret(gl.int32, [NEXT_N_POW2 * HEADS, _WORDS], _wide_smem_layout())
+    q_wide = reinterpret_shared(q_ring.index(stage), gl.int32, [NEXT_N_POW2 * HEADS, _WORDS], _wide_smem_layout())
     head_factor = _widen_query(q_ptr, q_scale_ptr, q_wide, b, stride_q_b, stride_q_j, stride_q_h, stride_qs_b,
                                stride_qs_j, NEXT_N, NEXT_N_POW2, HEADS)
     weights = wg._load_weights(weights_ptr, b, stride_w, NEXT_N, NEXT_N_POW2, HEADS, vec_layout)
@@ -122,7 +122,8 @@ def _producer(pointers, strides, q_scale_strides, sizes, buffers, share, tail_sh
                 slot, phase = _team_slot((k + i) // TEAMS, STAGES)
                 ring_slot = TEAM * STAGES + slot
                 mbarrier.wait(empty_bars.index(ring_slot), phase ^ 1)
-                key_ring.index(ring_slot)._reinterpret(gl.int32, [_TILE, _WORDS], _wide_smem_layout()).store(wide)
+                key_words = reinterpret_shared(key_ring.index(ring_slot), gl.int32, [_TILE, _WORDS], _wide_smem_layout())
+                key_words.store(wide)
                 scale_ring.index(ring_slot).reshape([_TILE]).store(factor)
                 _publish(full_bars.index(ring_slot))
                 words = next_words
