@@ -27,7 +27,7 @@ layout, and ``setmaxnreg`` works per warpgroup anyway) walks the same share as t
 The consumers are ``hopper_pipes._consumer`` with ``KEY_BOX = 0`` (their fence after *full*:
 harmless here). ``clean_logits``: the consumers' epilogue stores ``-inf`` where a row does not
 see a position of its tiles and up to ``max_model_len``, and the producers store the columns
-past each sequence's tiles with ``hopper_pipes._clean_tail`` (its layout sized for their warps).
+past each sequence's tiles with ``hopper_pipes._clean_team_tails`` (its layout sized for their warps).
 
 The host side (knobs, register split, resources, launch plan) is ``backends/gluon/hopper_fp4_pipes.py``.
 """
@@ -39,10 +39,9 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from ....triton_internals.gluon_api import fence_async_shared, reinterpret_shared, thread_barrier
-from . import device
 from . import hopper_wgmma as wg
 from .hopper_fp4 import _load_tile, _wide_smem_layout, _widen_query, _widen_words
-from .hopper_pipes import (_SCALE_BOX_LAYOUT, _TAIL_UNIT, _clean_tail, _consumer, _program_share, _segment,
+from .hopper_pipes import (_SCALE_BOX_LAYOUT, _TAIL_UNIT, _clean_team_tails, _consumer, _program_share, _segment,
                            _team_slot)
 
 #: the facts the host side reads
@@ -132,22 +131,9 @@ def _producer(pointers, strides, q_scale_strides, sizes, buffers, share, tail_sh
         item += count
         b += 1
         tile = tile * 0
-    if clean_logits != 0 and TEAMS > 100:
-        item, stop, b, unit = tail_share
-        u = 0  # the program's tail units before this sequence's first
-        while item < stop:
-            seq_len = device.sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
-            end = device.visible_end(seq_len, max_model_len, max_blocks, KV_BLOCK_SIZE)
-            units = gl.cdiv(gl.maximum(max_model_len - gl.cdiv(end, _TILE) * _TILE, 0), _TAIL_UNIT)
-            count = gl.minimum(units - unit, stop - item)
-            first = (TEAM - u % TEAMS + TEAMS) % TEAMS
-            _clean_tail(out_ptr, lens_ptr, b, unit + first, gl.maximum(count - first, 0), TEAMS, stride_out,
-                        stride_lens_b, stride_lens_j, max_model_len, max_blocks, NEXT_N, KV_BLOCK_SIZE, LENS_2D,
-                        _PRODUCER_WARPS)
-            u += count
-            item += count
-            b += 1
-            unit = unit * 0
+    if clean_logits != 0:
+        _clean_team_tails(out_ptr, lens_ptr, tail_share, stride_out, stride_lens_b, stride_lens_j, max_model_len,
+                          max_blocks, NEXT_N, KV_BLOCK_SIZE, LENS_2D, TEAM, TEAMS, _PRODUCER_WARPS)
 
 
 # ----------------------------------------------------------------------------- the kernel

@@ -236,6 +236,30 @@ def _clean_tail(out_ptr, lens_ptr, b, unit, count, step, stride_out, stride_lens
 
 
 @gluon.jit
+def _clean_team_tails(out_ptr, lens_ptr, tail_share, stride_out, stride_lens_b, stride_lens_j, max_model_len,
+                      max_blocks, NEXT_N: gl.constexpr, KV_BLOCK_SIZE: gl.constexpr, LENS_2D: gl.constexpr,
+                      TEAM: gl.constexpr, TEAMS: gl.constexpr, WARPS: gl.constexpr):
+    """Team ``TEAM``'s part of the program's tail share (``_program_share`` in units of
+    ``_TAIL_UNIT`` columns past each sequence's tiles): units alternate between the teams across
+    sequences as tiles do. Called by every producer that cleans (this file's and
+    ``wgmma_fp4_pipes``'), with its warp count."""
+    item, stop, b, unit = tail_share
+    u = 0  # the program's tail units before this sequence's first
+    while item < stop:
+        seq_len = device.sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
+        end = device.visible_end(seq_len, max_model_len, max_blocks, KV_BLOCK_SIZE)
+        units = gl.cdiv(gl.maximum(max_model_len - gl.cdiv(end, _TILE) * _TILE, 0), _TAIL_UNIT)
+        count = gl.minimum(units - unit, stop - item)
+        first = (TEAM - u % TEAMS + TEAMS) % TEAMS
+        _clean_tail(out_ptr, lens_ptr, b, unit + first, gl.maximum(count - first, 0), TEAMS, stride_out,
+                    stride_lens_b, stride_lens_j, max_model_len, max_blocks, NEXT_N, KV_BLOCK_SIZE, LENS_2D, WARPS)
+        u += count
+        item += count
+        b += 1
+        unit = unit * 0
+
+
+@gluon.jit
 def _producer(pointers, strides, sizes, key_desc, scale_desc, buffers, share, tail_share,
               NEXT_N: gl.constexpr, HEADS: gl.constexpr, KV_BLOCK_SIZE: gl.constexpr, STAGES: gl.constexpr,
               PRESHUFFLE: gl.constexpr, LENS_2D: gl.constexpr, KV_ALIGN: gl.constexpr, Q_ASYNC: gl.constexpr,
@@ -285,21 +309,8 @@ def _producer(pointers, strides, sizes, key_desc, scale_desc, buffers, share, ta
         b += 1
         tile = tile * 0
     if clean_logits != 0:
-        item, stop, b, unit = tail_share
-        u = 0  # the program's tail units before this sequence's first
-        while item < stop:
-            seq_len = device.sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
-            end = device.visible_end(seq_len, max_model_len, max_blocks, KV_BLOCK_SIZE)
-            units = gl.cdiv(gl.maximum(max_model_len - gl.cdiv(end, _TILE) * _TILE, 0), _TAIL_UNIT)
-            count = gl.minimum(units - unit, stop - item)
-            first = (TEAM - u % TEAMS + TEAMS) % TEAMS
-            _clean_tail(out_ptr, lens_ptr, b, unit + first, gl.maximum(count - first, 0), TEAMS, stride_out,
-                        stride_lens_b, stride_lens_j, max_model_len, max_blocks, NEXT_N, KV_BLOCK_SIZE, LENS_2D,
-                        _PRODUCER_WARPS)
-            u += count
-            item += count
-            b += 1
-            unit = unit * 0
+        _clean_team_tails(out_ptr, lens_ptr, tail_share, stride_out, stride_lens_b, stride_lens_j, max_model_len,
+                          max_blocks, NEXT_N, KV_BLOCK_SIZE, LENS_2D, TEAM, TEAMS, _PRODUCER_WARPS)
 
 
 # ----------------------------------------------------------------------------- consumer
