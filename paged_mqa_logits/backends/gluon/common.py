@@ -158,3 +158,26 @@ def candidate_matrix(arch: str, fp8: str, candidates) -> list[dict]:
         problem = problem_for(arch, fp8, fields)
         out += [dict(fields, **cand) for cand in candidates(problem)]
     return out
+
+
+def deduplicated_matrix(variant, arch: str, heads=(32, 64), next_ns=(1, 2, 3, 4), kv_block_sizes=(32, 64)) -> list[dict]:
+    """Every candidate and the default of ``variant`` for heads x next_n x KVBlockSize (plain
+    cache, 2-D lengths), and the default with bf16 logits, as compile configs; one per kernel
+    (``variant.kernel_key`` with the logits dtype), so shapes that build the same kernel
+    compile it once. Serves the variants whose problems come from ``variant.spec_problem``."""
+    out, seen = [], set()
+    for h in heads:
+        for next_n in next_ns:
+            for kv_block_size in kv_block_sizes:
+                fields = {"heads": h, "next_n": next_n, "kv_block_size": kv_block_size, "preshuffle": False,
+                          "lens_2d": True}
+                problem = variant.spec_problem(arch, fields)
+                default = variant.default_config(problem)
+                configs = [dict(fields, **c) for c in variant.candidates(problem) + [default]]
+                configs.append(dict(fields, logits_dtype="bf16", **default))
+                for cfg in configs:
+                    key = (cfg.get("logits_dtype", "fp32"), variant.kernel_key(problem, cfg))
+                    if key not in seen:
+                        seen.add(key)
+                        out.append(cfg)
+    return out

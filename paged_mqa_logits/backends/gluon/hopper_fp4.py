@@ -250,20 +250,7 @@ class Fp4WgmmaVariant(wg.WgmmaVariant):
         """Every candidate and the default of H 32/64 x next_n 1/2/3/4 x KVBlockSize 32/64 (plain
         cache, 2-D lengths), and the default with bf16 logits, deduplicated by kernel; the default
         of H 64, next_n 2 at KVBlockSize 1, 16, 128, 256."""
-        out, seen = [], set()
-        for heads in (32, 64):
-            for next_n in (1, 2, 3, 4):
-                for kv_block_size in (32, 64):
-                    fields = {"heads": heads, "next_n": next_n, "kv_block_size": kv_block_size, "preshuffle": False,
-                              "lens_2d": True}
-                    problem = self.spec_problem(arch, fields)
-                    configs = [dict(fields, **c) for c in self.candidates(problem) + [self.default_config(problem)]]
-                    configs.append(dict(fields, logits_dtype="bf16", **self.default_config(problem)))
-                    for cfg in configs:
-                        key = (cfg.get("logits_dtype", "fp32"), self.kernel_key(problem, cfg))
-                        if key not in seen:
-                            seen.add(key)
-                            out.append(cfg)
+        out = common.deduplicated_matrix(self, arch)
         for kv_block_size in (1, 16, 128, 256):  # the other block sizes: the default of one shape each
             fields = {"heads": 64, "next_n": 2, "kv_block_size": kv_block_size, "preshuffle": False, "lens_2d": True}
             out.append(dict(fields, **self.default_config(self.spec_problem(arch, fields))))

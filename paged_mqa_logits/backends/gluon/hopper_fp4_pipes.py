@@ -176,21 +176,7 @@ class Fp4PipesVariant(hp.WgmmaPipesVariant):
     def compile_matrix(self, arch: str) -> list[dict]:
         """Every candidate and the default of H 32/64 x next_n 1/2/3/4 x KVBlockSize 32/64 (plain
         cache, 2-D lengths), and the default with bf16 logits, deduplicated by kernel."""
-        out, seen = [], set()
-        for heads in (32, 64):
-            for next_n in (1, 2, 3, 4):
-                for kv_block_size in (32, 64):
-                    fields = {"heads": heads, "next_n": next_n, "kv_block_size": kv_block_size, "preshuffle": False,
-                              "lens_2d": True}
-                    problem = self.spec_problem(arch, fields)
-                    configs = [dict(fields, **c) for c in self.candidates(problem) + [self.default_config(problem)]]
-                    configs.append(dict(fields, logits_dtype="bf16", **self.default_config(problem)))
-                    for cfg in configs:
-                        key = (cfg.get("logits_dtype", "fp32"), self.kernel_key(problem, cfg))
-                        if key not in seen:
-                            seen.add(key)
-                            out.append(cfg)
-        return out
+        return common.deduplicated_matrix(self, arch)
 
 
 VARIANT = Fp4PipesVariant()
