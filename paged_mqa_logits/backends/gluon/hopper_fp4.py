@@ -25,7 +25,8 @@ from ..base import MAX_SPLIT_KV
 from . import common
 from . import hopper_wgmma as wg
 from ...fp4 import ue8m0_bytes
-from .kernels.hopper_fp4 import (E4M3_SPREAD_LIMIT, HIGH_BASE, HIGH_STEP, LOW_BASE, LOW_STEP, SIGN_BIAS, SIGN_SOURCE,
+from .kernels.hopper_fp4 import (E4M3_SPREAD_LIMIT, HIGH_BASE, HIGH_STEP, LOW_BASE, LOW_STEP, SIGN_HIGH_SELECTOR,
+                                 SIGN_LOW_SELECTOR,
                                  SUBNORMAL_HIGH_WORDS, SUBNORMAL_LOW_WORDS, fp4_wgmma_logits_kernel)
 from .kernels.hopper_wgmma import HEAD_DIM, NUM_WARPS
 
@@ -89,21 +90,17 @@ def prmt(a: torch.Tensor, b: torch.Tensor, selector: torch.Tensor) -> torch.Tens
     return out
 
 
-def widen_half_word(selector: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
-    """e4m3 bytes of the four codes in ``selector``'s low 16 bits (code ``i`` in bits ``4i..4i+3``)
-    through the table words ``(low, high)``: the magnitude byte by one ``prmt``, the sign by a
-    second one that reads ``0x80`` for a positive code and ``0xFF`` for a negative one."""
-    magnitude = prmt(low, high, selector & 0x7777)
-    sign = (prmt(torch.full_like(selector, SIGN_SOURCE), torch.full_like(selector, SIGN_SOURCE), selector)
-            - SIGN_BIAS) & 0x80808080
-    return magnitude | sign
-
-
 def widen_word(word: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The eight codes of a packed 32-bit word (4 bytes, element ``2i`` in the low nibble: the
-    nibbles are in element order) -> two words of e4m3 bytes, elements 0-3 and 4-7."""
+    nibbles are in element order) -> two words of e4m3 bytes, elements 0-3 and 4-7, through the
+    group's table words ``(low, high)``: each magnitude byte by a ``prmt`` on the code's 3 bits,
+    the sign bits gathered by a byte ``prmt`` of ``word << 4`` and ``word``."""
     word = word.long() & 0xFFFFFFFF
-    return widen_half_word(word, low, high), widen_half_word(word >> 16, low, high)
+    selector = word & 0x77777777
+    shifted = (word << 4) & 0xFFFFFFFF
+    first = prmt(low, high, selector) | (prmt(shifted, word, torch.tensor(SIGN_LOW_SELECTOR)) & 0x80808080)
+    second = prmt(low, high, selector >> 16) | (prmt(shifted, word, torch.tensor(SIGN_HIGH_SELECTOR)) & 0x80808080)
+    return first, second
 
 
 def widen_to_e4m3(packed: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

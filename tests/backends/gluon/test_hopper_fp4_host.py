@@ -75,8 +75,10 @@ def test_every_code_at_every_nibble_widens_exactly(spread):
 
 def test_the_kernel_reads_the_constants_the_model_is_checked_with():
     asm = k4._WIDEN_ASM.value
-    assert f"{k4.SIGN_SOURCE:#010x}" in asm and f"{k4.SIGN_BIAS:#010x}" in asm
-    assert asm.count("prmt.b32") == 4 and asm.count("and.b32 sel") == 2  # 3-bit magnitudes, both halves
+    assert f"{k4.SIGN_LOW_SELECTOR:#06x};" in asm and f"{k4.SIGN_HIGH_SELECTOR:#06x};" in asm
+    assert "shl.b32 shifted, $2, 4;" in asm  # the low nibbles' sign bits moved to their bytes' top bit
+    assert asm.count("prmt.b32") == 4 and "and.b32 sel, $2, 0x77777777;" in asm  # 3-bit magnitudes
+    assert "shr.u32 hi, sel, 16;" in asm  # codes 4-7: the selector's high half
     assert (k4._LOW_12.value, k4._LOW_13.value, k4._LOW_14.value, k4._HIGH_14.value) == (
         k4.SUBNORMAL_LOW_WORDS[12], k4.SUBNORMAL_LOW_WORDS[13], k4.SUBNORMAL_LOW_WORDS[14], k4.SUBNORMAL_HIGH_WORDS[14])
 

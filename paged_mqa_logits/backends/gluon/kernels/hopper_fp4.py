@@ -13,7 +13,7 @@ s) * relu(x)``, s > 0). The tile is then an ordinary fp8 wgmma tile and
 The widening is two ``prmt`` byte permutes per four codes (the hot path; :func:`_widen_words`):
 the eight e4m3 bytes of a group's magnitudes at its shift are two 32-bit *table words*
 (:func:`_table_words`, computed once per token and group), a code's 3-bit magnitude indexes
-them, and a second ``prmt`` in sign-replicate mode turns the code's sign bit into the byte's.
+them, and a second ``prmt`` gathers the codes' sign bits into the bytes' top bits.
 The host module (``backends/gluon/hopper_fp4.py``: ``widen_word``, ``e4m3_table_words``) holds
 the plain-torch model of exactly these formulas, checked exhaustively on CPU
 (``tests/backends/gluon/test_hopper_fp4_host.py``).
@@ -53,10 +53,12 @@ SUBNORMAL_HIGH_WORDS = {14: 0x0C080604}
 #: with ``s = 6 - spread`` each word is ``BASE + (12 - spread) * STEP`` per byte
 LOW_BASE, LOW_STEP = 0x0C080000, 0x08080800
 HIGH_BASE, HIGH_STEP = 0x1C181410, 0x08080808
-#: PTX ``prmt`` source bytes whose top bit is set: the sign selector reads ``0x80`` / ``0xFF``
-SIGN_SOURCE = 0x80808080
-#: subtracted from the sign selector's bytes (``0x80`` -> ``0x01``, ``0xFF`` -> ``0x80``: no borrow)
-SIGN_BIAS = 0x7F7F7F7F
+#: PTX ``prmt`` selectors that gather the eight codes' sign bits: byte ``i`` of a packed word
+#: holds codes ``2i`` (sign at bit 3) and ``2i + 1`` (sign at bit 7), so bytes of ``word << 4``
+#: (low nibble's sign moved to bit 7) and of ``word`` interleave into the sign bytes of codes
+#: 0-3 and of codes 4-7
+SIGN_LOW_SELECTOR = 0x5140
+SIGN_HIGH_SELECTOR = 0x7362
 
 # Device copies of the facts the kernel reads (jitted code may only read constexpr globals).
 _WARPS = gl.constexpr(NUM_WARPS)
@@ -73,23 +75,21 @@ _LOW_14 = gl.constexpr(SUBNORMAL_LOW_WORDS[14])
 _HIGH_14 = gl.constexpr(SUBNORMAL_HIGH_WORDS[14])
 
 # The widening of one packed word (eight codes, in element order) into two words of e4m3 bytes,
-# given its group's table words (``hopper_fp4.widen_half_word`` per half): magnitude bytes by a prmt
-# on the 3-bit codes, sign bytes by a prmt in sign-replicate mode (0x80 positive, 0xFF negative)
-# minus 0x7F per byte (0x01 / 0x80, no borrow), masked to the top bit.
+# given its group's table words (``hopper_fp4.widen_word``): magnitude bytes by a prmt on the
+# 3-bit codes (a prmt selector reads the low 16 bits: four codes), sign bytes by a byte prmt of
+# ``word << 4`` and ``word`` that puts every code's sign bit at its byte's top bit; nine
+# instructions per word once ptxas merges each ``and``/``or`` pair into one LOP3.
 _WIDEN_ASM = gl.constexpr(f"""{{
-.reg .b32 sel, mag, sgn, src, hi;
-mov.b32 src, {SIGN_SOURCE:#010x};
-and.b32 sel, $2, 0x7777;
+.reg .b32 sel, mag, sgn, shifted, hi;
+shl.b32 shifted, $2, 4;
+and.b32 sel, $2, 0x77777777;
 prmt.b32 mag, $3, $4, sel;
-prmt.b32 sgn, src, src, $2;
-sub.u32 sgn, sgn, {SIGN_BIAS:#010x};
+prmt.b32 sgn, shifted, $2, {SIGN_LOW_SELECTOR:#06x};
 and.b32 sgn, sgn, 0x80808080;
 or.b32 $0, mag, sgn;
-shr.u32 hi, $2, 16;
-and.b32 sel, hi, 0x7777;
-prmt.b32 mag, $3, $4, sel;
-prmt.b32 sgn, src, src, hi;
-sub.u32 sgn, sgn, {SIGN_BIAS:#010x};
+shr.u32 hi, sel, 16;
+prmt.b32 mag, $3, $4, hi;
+prmt.b32 sgn, shifted, $2, {SIGN_HIGH_SELECTOR:#06x};
 and.b32 sgn, sgn, 0x80808080;
 or.b32 $1, mag, sgn;
 }}""")
