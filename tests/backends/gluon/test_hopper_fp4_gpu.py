@@ -3,15 +3,15 @@ MXFP4 reference (``reference.reference_logits`` with ``q_scale``): ``calc_diff <
 visible position, every other position untouched bit for bit (``-inf`` where ``clean_logits``
 asks for it).
 
-Matrix: next_n 1-4 x KVBlockSize 32/64, heads 32 and 64 across them, 1-D and 2-D lengths,
-ragged lengths with a zero-length sequence and one shorter than next_n (zero-length rows),
-padded block strides and table / output rows; fp32 logits with the default config, and in four
-cases a candidate (walking ChunkK, RowsPerMMA, both schedules); bf16 logits with the default
-once per next_n; ``clean_logits`` off and on. KVBlockSize 1/16/128/256 with the default config
-(a block stride not 16-byte aligned among them). Then through the public op (forced to the
-variant, and left to the dispatcher, which must pick it), and a CUDA graph replayed after the
-lengths changed in place. Every distinct kernel compiles on first use: the matrix is sized for
-about a minute on the H200. Skipped without an sm_90 GPU.
+Matrix: next_n 1-4 x KVBlockSize 32/64 (and next_n 5-8 with the default config), heads 32 and 64
+across them, 1-D and 2-D lengths, ragged lengths with a zero-length sequence and one shorter
+than next_n (zero-length rows), padded block strides and table / output rows; fp32 logits with
+the default config, and in four cases a candidate (walking ChunkK, RowsPerMMA, both schedules);
+bf16 logits with the default once per next_n; ``clean_logits`` off and on. KVBlockSize
+1/16/128/256 with the default config (a block stride not 16-byte aligned among them). Then
+through the public op (forced to the variant, and left to the dispatcher, which must pick it),
+and a CUDA graph replayed after the lengths changed in place. Every distinct kernel compiles on
+first use: the matrix is sized for about a minute on the H200. Skipped without an sm_90 GPU.
 Run: ``python -m pytest -q -m gpu tests/backends/gluon/test_hopper_fp4_gpu.py``.
 """
 
@@ -58,6 +58,15 @@ def test_against_the_exact_reference(variant, case):
                   case)
     if bs == 64:  # bf16 logits: once per next_n (each case's kernels compile anew: keep the run short)
         check_bf16_logits(variant, inp, ref)
+
+
+@pytest.mark.parametrize("next_n", [5, 6, 7, 8])
+def test_next_n_past_four(variant, next_n):
+    """The row groups of next_n 5-8 (uneven ones at 5-7), the default config, 1-D / 2-D lengths."""
+    heads = 64 if next_n % 2 else 32
+    inp = fp4_inputs(next_n, 64, heads, [400 + 29 * next_n, 0, next_n - 2, 130], next_n % 2 == 0, seed=next_n)
+    problem = launch_args(inp).problem
+    check_configs(inp, reference_of(inp), [variant.default_config(problem)] * 2, next_n)
 
 
 @pytest.mark.parametrize("bs", [1, 16, 128, 256])

@@ -3,11 +3,12 @@ the exact MXFP4 reference, exactly as ``wgmma_fp4`` is checked (fp4_gpu_checks.p
 reference and comparison both tests share): ``calc_diff < 5e-6`` on every visible position, every other
 position untouched bit for bit (``-inf`` where ``clean_logits`` asks for it).
 
-Matrix: next_n 1-4 x KVBlockSize 32/64, heads 32 and 64 across them, 1-D and 2-D lengths,
-ragged lengths with a zero-length sequence and one shorter than next_n (zero-length rows),
-padded block strides and table / output rows; every candidate of each case (both schedules,
-the team shapes, overlapped consumers where they fit), ``clean_logits`` alternating; bf16 logits
-once per next_n. All forced through the public op (the variant is never the default). Then a
+Matrix: next_n 1-4 x KVBlockSize 32/64 (and next_n 5, 8 at 32 heads, default config), heads 32
+and 64 across them, 1-D and 2-D lengths, ragged lengths with a zero-length sequence and one
+shorter than next_n (zero-length rows), padded block strides and table / output rows; every
+candidate of each case (both schedules, the team shapes, overlapped consumers where they fit),
+``clean_logits`` alternating; bf16 logits once per next_n.
+All forced through the public op (the variant is never the default). Then a
 CUDA graph replayed after the lengths changed in place. Skipped without an sm_90 GPU.
 Run: ``python -m pytest -q -m gpu tests/backends/gluon/test_hopper_fp4_pipes_gpu.py``.
 """
@@ -48,6 +49,14 @@ def test_against_the_exact_reference(variant, case):
     check_configs(inp, ref, [variant.default_config(problem)] + variant.candidates(problem), case)
     if bs == 64:  # bf16 logits: once per next_n
         check_bf16_logits(variant, inp, ref)
+
+
+@pytest.mark.parametrize("next_n", [5, 8])
+def test_next_n_past_four(variant, next_n):
+    """next_n 5 and 8 at 32 heads (64 heads past next_n 5 fits no team shape), default config."""
+    inp = fp4_inputs(next_n, 64, 32, [1500 + 29 * next_n, 0, next_n - 2, 130], next_n % 2 == 0, seed=next_n)
+    problem = launch_args(inp).problem
+    check_configs(inp, reference_of(inp), [variant.default_config(problem)] * 2, next_n)
 
 
 def test_forced_by_name_with_every_other_knob_defaulted(variant):
