@@ -73,6 +73,13 @@ def _loops_without_dispatch(code, opcode):
             if not any(re.fullmatch(r"BAR\.SYNC\S*\s+0x1\s*;?", i.text.strip()) for i in loop)]
 
 
+def _innermost(found):
+    """The loops of ``found`` that overlap no shorter loop of ``found``."""
+    spans = [(lp[0].address, lp[-1].address) for lp in found]
+    return [lp for lp, (a, b) in zip(found, spans)
+            if not any(b2 - a2 < b - a and a2 <= b and a <= b2 for a2, b2 in spans)]
+
+
 def _check(cfg, record):
     ptx = open(record.isa).read()
     p = VARIANT.spec_problem(ARCH, cfg)
@@ -103,15 +110,18 @@ def _check(cfg, record):
     producers = [loop for loop in _loops_without_dispatch(code, "PRMT") if not any(i.opcode.startswith("QGMMA")
                                                                                   for i in loop)]
     consumers_loops = _loops_without_dispatch(code, "QGMMA")
-    # (with bf16 logits the producers' -inf tail loop packs with a few PRMT too: a widening loop
-    # is one with at least the 32 of a tile's eight words per thread, four per word)
-    widening = [loop for loop in producers if sum(i.opcode.startswith("PRMT") for i in loop) >= 32]
+    # (with bf16 logits the producers' -inf tail loops pack with a few PRMT too, and a rotated
+    # layout can make one overlap a widening loop, which then is not the innermost PRMT loop: a
+    # widening loop is the innermost of the loops with at least the 32 PRMT of a tile's eight
+    # words per thread, four per word)
+    widening = _innermost([loop for loop in sass.loops(code) if sum(i.opcode.startswith("PRMT") for i in loop) >= 32
+                           and not any(i.opcode.startswith("QGMMA") for i in loop)])
     assert len(widening) >= teams, (record.name, len(widening), len(producers))
     assert len(consumers_loops) >= teams * min(split, len(groups)), (record.name, len(consumers_loops))
     # ... nor anything else: the producers' register share covers the per-sequence Q widening
     if CALIBRATED:
         assert not sass.local_memory(code), (record.name, len(sass.local_memory(code)))
-    for loop in producers + consumers_loops:
+    for loop in producers + widening + consumers_loops:
         spills = sass.local_memory(loop)
         if CALIBRATED:
             assert not spills, (record.name, [i.text for i in spills])
