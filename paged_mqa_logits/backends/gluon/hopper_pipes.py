@@ -8,8 +8,12 @@ whole tiles; 2: consumers pair up on each tile, each scoring every other row gro
 (programs per SM the register split and the persistent grid are sized for), ``KeyCopy``
 (``tma``: one TMA box per cache block where the call's cache allows it, see :func:`key_box`;
 ``gather``: cp.async), ``Overlap`` (1: a consumer issues a tile's wgmmas before the previous
-tile's epilogue, holding two tiles' accumulators), ``Schedule`` and ``SplitKV`` (as ``wgmma``'s). Tiles are 64 tokens
-(``ChunkK`` 64, one wgmma's M). The kernel writes ``clean_logits``' ``-inf`` itself.
+tile's epilogue, holding two tiles' accumulators), ``HeadSum`` (``fp32``: the weighted ReLU head
+sum in fp32 instructions, two per score; ``tensor``: the scores ReLU'd and rounded to bf16 in one
+instruction per two, then summed over the heads by a second, small bf16 wgmma against the
+weights split into a high and a low bf16 part; see docs/CONTRACT.md for its error bound),
+``Schedule`` and ``SplitKV`` (as ``wgmma``'s). Tiles are 64 tokens (``ChunkK`` 64, one wgmma's M).
+The kernel writes ``clean_logits``' ``-inf`` itself.
 """
 
 from __future__ import annotations
@@ -86,15 +90,19 @@ def consumer_groups(problem: Problem, rows: int, split: int, part: int = 0) -> t
     return wg.problem_row_groups(problem, rows)[part::split]
 
 
-def consumer_need(problem: Problem, rows: int, split: int, schedule: str, overlap: int = 0) -> int:
+def consumer_need(problem: Problem, rows: int, split: int, schedule: str, overlap: int = 0,
+                  head_sum: str = "fp32") -> int:
     """Registers per thread a consumer needs: every accumulator of its groups at once (its
     wgmmas are all issued before the first is waited for; with ``overlap``, two tiles' worth),
-    their weights, and the overheads."""
+    their weights (``HeadSum=tensor``: as many for the packed bf16 scores, plus each group's
+    head-sum accumulator), and the overheads."""
     groups = consumer_groups(problem, rows, split)
     key = problem.shape_key
     columns = sum(r * key.heads for _, r in groups)
     need = (columns // 2 * (1 + overlap) + columns // 4 + CONSUMER_OVERHEAD
             + EXTRA_GROUP_REGS * max(len(groups) - 1, 0))
+    if head_sum == "tensor":
+        need += sum(TILE * max(8, 2 * r) // (32 * CONSUMER_WARPS) for _, r in groups)
     if key.next_n & (key.next_n - 1):
         need += UNEVEN_ROWS_REGS
     if split > 1 and schedule == common.SPLIT:
@@ -102,12 +110,36 @@ def consumer_need(problem: Problem, rows: int, split: int, schedule: str, overla
     return need
 
 
-def shared_bytes(problem: Problem, stages: int, consumers: int, split: int) -> int:
+HEAD_SUMS = ("fp32", "tensor")
+
+
+def headsum_bytes(problem: Problem, rows: int, consumers: int, split: int) -> int:
+    """``HeadSum=tensor``: per consumer and row group of its part, the ``[n, rows * H]`` bf16
+    split weights (n: a hi and a lo column per row, at least 8)."""
+    groups = consumer_groups(problem, rows, split)
+    group_rows = groups[0][1]
+    return consumers * len(groups) * max(8, 2 * group_rows) * group_rows * problem.shape_key.heads * 2
+
+
+def shared_bytes(problem: Problem, stages: int, consumers: int, split: int, rows: int = 1,
+                 head_sum: str = "fp32") -> int:
     """Per team a ring of key and scale slots with its two barriers per slot; a two-stage ring
-    of Q rows and weights."""
+    of Q rows and weights; the tensor head sum's weights."""
     q_rows = wg.triton_next_pow2(problem.shape_key.next_n) * problem.shape_key.heads
     ring = teams(consumers, split) * stages * (TILE * (HEAD_DIM + 4) + 16)
-    return ring + 2 * (q_rows * (HEAD_DIM + 4) + 16)
+    extra = headsum_bytes(problem, rows, consumers, split) if head_sum == "tensor" else 0
+    return ring + 2 * (q_rows * (HEAD_DIM + 4) + 16) + extra
+
+
+def headsum_reason(problem: Problem, rows: int, overlap: int) -> str | None:
+    """Why ``HeadSum=tensor`` cannot run a config (None if it can): its head-sum wgmmas are
+    waited for in issue order, so they cannot run behind an overlapped tile's score wgmmas, and
+    one weights buffer shape serves a consumer, so its row groups must be equal."""
+    if overlap:
+        return "Overlap=0 (the head-sum wgmmas would wait for the next tile's)"
+    if problem.shape_key.next_n % wg.rows_per_mma(problem, rows):
+        return f"next_n a multiple of RowsPerMMA (equal row groups), got next_n {problem.shape_key.next_n}"
+    return None
 
 
 #: registers ptxas wants beside a wgmma's accumulators under the kernel-wide ``maxnreg`` (it
@@ -116,7 +148,7 @@ WGMMA_OPERAND_REGS = 26
 
 
 def fits(problem: Problem, rows: int, stages: int, consumers: int, split: int, ctas: int, key_copy: str,
-         schedule: str = common.BALANCED, overlap: int = 0) -> bool:
+         schedule: str = common.BALANCED, overlap: int = 0, head_sum: str = "fp32") -> bool:
     """Every consumer part has a row group (a config with more parts than groups runs, its
     spare consumers freeing their slots unscored, but is never worth proposing), exactly one
     when overlapped; the
@@ -130,8 +162,8 @@ def fits(problem: Problem, rows: int, stages: int, consumers: int, split: int, c
         # group's wgmma; overlapped tiles on top of that spill (ptxas, 32 heads x next_n 3)
         return False
     widest = max(r for _, r in groups) * problem.shape_key.heads
-    smem = shared_bytes(problem, stages, consumers, split)
-    return (consumer_need(problem, rows, split, schedule, overlap)
+    smem = shared_bytes(problem, stages, consumers, split, rows, head_sum)
+    return (consumer_need(problem, rows, split, schedule, overlap, head_sum)
             <= consumer_registers(ctas, consumers, split, key_copy)
             and widest // 2 * (1 + overlap) + WGMMA_OPERAND_REGS <= max_registers(ctas, consumers, split)
             and smem <= lds_limit("sm_90") and ctas * (smem + 1024) <= wg.SM_SHARED_BYTES)
@@ -175,7 +207,7 @@ class WgmmaPipesVariant(GluonVariant):
     archs = ("sm_90",)
     knob_space = {"ChunkK": (TILE,), "RowsPerMMA": (1, 2, 4, 8), "num_stages": range(2, 9),
                   "Consumers": (1, 2, 3, 4), "RowSplit": (1, 2), "CtasPerSM": (1, 2), "KeyCopy": ("gather", "tma"),
-                  "Overlap": (0, 1),
+                  "Overlap": (0, 1), "HeadSum": HEAD_SUMS,
                   "Schedule": common.SCHEDULES, "SplitKV": range(0, MAX_SPLIT_KV + 1), "num_warps": (CONSUMER_WARPS,)}
     kernel = wgmma_pipes_logits_kernel
     cleans_logits = True
@@ -207,18 +239,23 @@ class WgmmaPipesVariant(GluonVariant):
         self.require_in("KeyCopy", key_copy, self.knob_space.get("KeyCopy", (key_copy,)))  # wgmma_fp4_pipes has no such knob
         overlap = int(config.get("Overlap") or 0)
         self.require_in("Overlap", overlap, self.knob_space["Overlap"])
+        head_sum = config.get("HeadSum") or "fp32"
+        self.require_in("HeadSum", head_sum, self.knob_space.get("HeadSum", ("fp32",)))
+        if head_sum == "tensor":
+            reason = headsum_reason(problem, rows, overlap)
+            self.require(reason is None, "HeadSum", head_sum, reason)
         splits = int(config.get("SplitKV") or 0)
         self.require(splits >= 0, "SplitKV", splits, "an integer >= 0")
         warps = int(config.get("num_warps") or CONSUMER_WARPS)
         self.require(warps == CONSUMER_WARPS, "num_warps", warps, f"{CONSUMER_WARPS} (a consumer warpgroup)")
         return {"ChunkK": chunk, "RowsPerMMA": rows, "num_stages": stages, "Consumers": consumers, "RowSplit": split,
-                "CtasPerSM": ctas, "KeyCopy": key_copy, "Overlap": overlap, "SplitKV": splits,
+                "CtasPerSM": ctas, "KeyCopy": key_copy, "Overlap": overlap, "HeadSum": head_sum, "SplitKV": splits,
                 "num_warps": CONSUMER_WARPS, "Schedule": self.schedule(problem, config)}
 
     def admits(self, problem: Problem, config: dict) -> bool:
         k = self.knobs(problem, config)
         return fits(problem, k["RowsPerMMA"], k["num_stages"], k["Consumers"], k["RowSplit"], k["CtasPerSM"],
-                    k["KeyCopy"], k["Schedule"], k["Overlap"])
+                    k["KeyCopy"], k["Schedule"], k["Overlap"], k["HeadSum"])
 
     def shape_reason(self, problem: Problem) -> str | None:
         if problem.shape_key.heads > wg.MAX_MMA_N:
@@ -232,9 +269,9 @@ class WgmmaPipesVariant(GluonVariant):
     # ------------------------------------------------------------------------- candidates
     @staticmethod
     def _setting(rows: int, stages: int, consumers: int, split: int, ctas: int, key_copy: str, schedule: str,
-                 overlap: int = 0) -> dict:
+                 overlap: int = 0, head_sum: str = "fp32") -> dict:
         return {"ChunkK": TILE, "RowsPerMMA": rows, "num_stages": stages, "Consumers": consumers, "RowSplit": split,
-                "CtasPerSM": ctas, "KeyCopy": key_copy, "Overlap": overlap, "SplitKV": 0,
+                "CtasPerSM": ctas, "KeyCopy": key_copy, "Overlap": overlap, "HeadSum": head_sum, "SplitKV": 0,
                 "num_warps": CONSUMER_WARPS, "Schedule": schedule}
 
     #: (Consumers, RowSplit, CtasPerSM, ring depths, Overlap): four 112-register consumers per SM
@@ -255,6 +292,14 @@ class WgmmaPipesVariant(GluonVariant):
                 for schedule in schedules:
                     yield [self._setting(rows, stages, consumers, split, ctas, key_copy, schedule, overlap)
                            for rows in wg._rows_options(problem)]
+        # the same team shapes with the head sum on the tensor cores, after every fp32 one (so
+        # the default stays fp32 until a table row names tensor)
+        if "tensor" in self.knob_space.get("HeadSum", ()):
+            for consumers, split, ctas, depths, overlap in self.TEAM_SHAPES:
+                for stages in depths if not overlap else ():
+                    for schedule in schedules:
+                        yield [self._setting(rows, stages, consumers, split, ctas, key_copy, schedule, 0, "tensor")
+                               for rows in wg._rows_options(problem) if headsum_reason(problem, rows, 0) is None]
 
     def default_config(self, problem: Problem) -> dict:
         """The first candidate: four consumers with the widest row grouping that fits whole, else
@@ -274,7 +319,7 @@ class WgmmaPipesVariant(GluonVariant):
                     KV_BLOCK_SIZE=key.kv_block_size, ROWS_PER_MMA=wg.rows_per_mma(problem, k["RowsPerMMA"]),
                     STAGES=k["num_stages"], PRESHUFFLE=key.preshuffle, LENS_2D=problem.lens_2d,
                     BALANCED=k["Schedule"] == common.BALANCED, CONSUMERS=k["Consumers"], ROW_SPLIT=k["RowSplit"],
-                    OVERLAP=k["Overlap"])
+                    OVERLAP=k["Overlap"], HEAD_SUM=int(k["HeadSum"] == "tensor"))
 
     def options(self, problem: Problem, config: dict) -> dict:
         k = self.knobs(problem, config)

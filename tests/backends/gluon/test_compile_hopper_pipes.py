@@ -69,6 +69,12 @@ SAMPLE = [
     _config(64, 2, 2, 1, 2, 4, Overlap=1),  # overlapped consumers: two tiles' accumulators
     _config(64, 4, 2, 2, 2, 4, Overlap=1),  # overlapped pairs
     _config(32, 2, 4, 1, 2, 3, Overlap=1, key_copy="gather", kv_block_size=16),
+    # the head sum on the tensor cores: whole tiles, pairs, per-row groups, 16-column products
+    _config(64, 4, 2, 1, 4, 6, HeadSum="tensor"),
+    _config(64, 4, 2, 2, 2, 4, HeadSum="tensor"),
+    _config(64, 2, 4, 2, 1, 4, HeadSum="tensor", kv_block_size=32),
+    _config(32, 8, 2, 1, 8, 4, HeadSum="tensor", key_copy="gather", kv_block_size=1),
+    _config(64, 1, 4, 1, 1, 3, HeadSum="tensor", schedule="split"),
 ]
 
 
@@ -164,9 +170,39 @@ def test_sample_compiles_and_checks(sample):
         _check(cfg, record)
 
 
+def test_tensor_head_sum_replaces_the_fp32_epilogue(sample):
+    """``HeadSum=tensor``: per tile and thread one ``F2FP.RELU.BF16.F32.PACK_AB`` per two scores and
+    the head-sum wgmmas (bf16, A from registers) in the consumers' tile loops, and none of the
+    fp32 head sum's max, fused multiply-adds or shuffles there."""
+    checked = 0
+    for cfg, record in sample:
+        if cfg.get("HeadSum") != "tensor":
+            continue
+        ptx = open(record.isa).read()
+        p = common.problem_for(ARCH, "fn", cfg)
+        k = PIPES.knobs(p, cfg)
+        groups = row_groups(p.shape_key.next_n, min(k["RowsPerMMA"], 1 << (p.shape_key.next_n.bit_length() - 1)))
+        columns = max(8, 2 * groups[0][1])
+        assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{columns}k16\.f32\.bf16\.bf16 "
+                         r"\{[^}]*\}, \{%r\d+,\s*%r\d+,\s*%r\d+,\s*%r\d+\}", ptx), record.name  # A: 4 registers
+        code = sass.parse(open(record.isa[: -len(".ptx")] + ".sass").read())
+        scores = sum(n for _, n in groups[0::k["RowSplit"]]) * p.shape_key.heads * 64 // 128
+        loops = [loop for loop in sass.innermost_loops_with(code, "QGMMA")
+                 if any(i.opcode.startswith("HGMMA") for i in loop)]
+        assert loops, record.name
+        for loop in loops:
+            ops = [i.opcode for i in loop]
+            assert sum(o.startswith("F2FP.RELU.BF16.F32.PACK_AB") for o in ops) == scores // 2, record.name
+            assert not any(o.startswith(("FMNMX", "SHFL", "FFMA")) for o in ops), (record.name, sorted(set(ops)))
+            assert not sass.local_memory(loop), record.name
+        checked += 1
+    assert checked == 5
+
+
 def test_sample_covers_every_code_path():
     assert {c["Consumers"] for c in SAMPLE} == {1, 2, 3, 4} and {c["RowSplit"] for c in SAMPLE} == {1, 2}
     assert {c.get("Overlap", 0) for c in SAMPLE} == {0, 1}
+    assert {c.get("HeadSum", "fp32") for c in SAMPLE} == {"fp32", "tensor"}
     assert {c["KeyCopy"] for c in SAMPLE} == {"tma", "gather"} and {c["Schedule"] for c in SAMPLE} == \
         {"balanced", "split"}
     assert {c["kv_block_size"] for c in SAMPLE} >= {1, 16, 32, 64}

@@ -320,54 +320,98 @@ def _part_groups(next_n, rows_per_mma, part, row_split):
     return tuple(range(part, len(wg.row_groups(next_n, rows_per_mma)), row_split))
 
 
+@gluon.constexpr_function
+def _part_group_count(next_n, rows_per_mma, row_split):
+    """Row groups of a team's first consumer part (the most any part scores)."""
+    return len(_part_groups(next_n, rows_per_mma, 0, row_split))
+
+
+@gluon.constexpr_function
+def _headsum_rows(next_n, rows_per_mma):
+    """Rows of every row group (``HeadSum=tensor`` runs only where the groups are equal)."""
+    return wg.row_groups(next_n, rows_per_mma)[0][1]
+
+
 @gluon.jit
-def _group_layouts(NEXT_N: gl.constexpr, HEADS: gl.constexpr, ROWS_PER_MMA: gl.constexpr, g: gl.constexpr):
-    """A zero accumulator of row group ``g`` and its head-summed ``[TILE, rows]`` form: their
+def _group_layouts(NEXT_N: gl.constexpr, HEADS: gl.constexpr, ROWS_PER_MMA: gl.constexpr, g: gl.constexpr,
+                   HEAD_SUM: gl.constexpr = 0):
+    """A zero accumulator of row group ``g`` and its head-summed ``[TILE, rows]`` form (with
+    ``HEAD_SUM``, the tensor head sum's ``[TILE, n/2]``, its rows padded to the wgmma's N): their
     layouts are what the sequence's weights and limits are held in (the compiler drops the values)."""
     rows: gl.constexpr = wg._group_rows(NEXT_N, ROWS_PER_MMA, g)
     acc = gl.zeros([_TILE, rows * HEADS], gl.float32, wg._mma_layout(rows * HEADS))
-    return acc, gl.sum(gl.reshape(acc, [_TILE, rows, HEADS]), axis=2)
+    if HEAD_SUM:
+        pairs = gl.zeros([_TILE, wg.headsum_columns(rows)], gl.float32, wg._headsum_layout(rows))
+        summed = gl.sum(gl.reshape(pairs, [_TILE, wg.headsum_columns(rows) // 2, 2]), axis=2)
+    else:
+        summed = gl.sum(gl.reshape(acc, [_TILE, rows, HEADS]), axis=2)
+    return acc, summed
 
 
 @gluon.jit
 def _group_operands(weight_stage, lens_ptr, b, seq_len, end, stride_lens_b, stride_lens_j, NEXT_N: gl.constexpr,
-                    HEADS: gl.constexpr, ROWS_PER_MMA: gl.constexpr, LENS_2D: gl.constexpr, g: gl.constexpr):
-    """Row group ``g``'s weights (the accumulator's column layout) and its rows' visible limits
-    (the head-summed layout)."""
+                    HEADS: gl.constexpr, ROWS_PER_MMA: gl.constexpr, LENS_2D: gl.constexpr, g: gl.constexpr,
+                    headsum_smem=None, HEAD_SUM: gl.constexpr = 0):
+    """Row group ``g``'s weights and its rows' visible limits (the head-summed layout). The weights
+    are fp32 registers in the accumulator's column layout, or with ``HEAD_SUM`` the group's
+    ``headsum_smem``, written here (the caller fences and syncs); rows the tensor head sum pads
+    the group with get limit 0."""
     first: gl.constexpr = wg._group_first_row(NEXT_N, ROWS_PER_MMA, g)
     rows: gl.constexpr = wg._group_rows(NEXT_N, ROWS_PER_MMA, g)
-    acc, summed = _group_layouts(NEXT_N, HEADS, ROWS_PER_MMA, g)
-    weight = weight_stage.slice(first * HEADS, rows * HEADS).load(gl.SliceLayout(0, acc.type.layout))
-    j = first + gl.arange(0, rows, gl.SliceLayout(0, summed.type.layout))
-    return weight, wg._row_limits(lens_ptr, b, seq_len, end, stride_lens_b, stride_lens_j, j, NEXT_N, LENS_2D)
+    acc, summed = _group_layouts(NEXT_N, HEADS, ROWS_PER_MMA, g, HEAD_SUM)
+    j = first + gl.arange(0, summed.shape[1], gl.SliceLayout(0, summed.type.layout))
+    limit = wg._row_limits(lens_ptr, b, seq_len, end, stride_lens_b, stride_lens_j, j, NEXT_N, LENS_2D)
+    if HEAD_SUM:
+        wg.write_headsum_weights(headsum_smem, weight_stage, first, rows, HEADS)
+        weight = headsum_smem
+        limit = gl.where(j < first + rows, limit, 0)
+    else:
+        weight = weight_stage.slice(first * HEADS, rows * HEADS).load(gl.SliceLayout(0, acc.type.layout))
+    return weight, limit
 
 
 @gluon.jit
 def _sequence_operands(weight_stage, lens_ptr, b, seq_len, end, stride_lens_b, stride_lens_j,
                        NEXT_N: gl.constexpr, HEADS: gl.constexpr, ROWS_PER_MMA: gl.constexpr, LENS_2D: gl.constexpr,
-                       GROUPS: gl.constexpr):
-    """:func:`_group_operands` of every group of ``GROUPS``: registers for the whole sequence."""
+                       GROUPS: gl.constexpr, headsum_smem=None, HEAD_SUM: gl.constexpr = 0,
+                       CONSUMER: gl.constexpr = 0):
+    """:func:`_group_operands` of every group of ``GROUPS``: registers for the whole sequence (with
+    ``HEAD_SUM``: consumer ``CONSUMER``'s head-sum weights in shared memory, rewritten per sequence
+    once every warp of the warpgroup is done with the previous sequence's wgmmas)."""
     weights = ()
     limits = ()
+    if HEAD_SUM:
+        thread_barrier()  # the warpgroup's last head-sum wgmmas of the previous sequence are done
     for i in gl.static_range(len(GROUPS)):
+        if HEAD_SUM:
+            group_smem = headsum_smem.index(CONSUMER * len(GROUPS) + i)
+        else:
+            group_smem = None
         weight, limit = _group_operands(weight_stage, lens_ptr, b, seq_len, end, stride_lens_b, stride_lens_j,
-                                        NEXT_N, HEADS, ROWS_PER_MMA, LENS_2D, GROUPS[i])
+                                        NEXT_N, HEADS, ROWS_PER_MMA, LENS_2D, GROUPS[i], group_smem, HEAD_SUM)
         weights = weights + (weight,)
         limits = limits + (limit,)
+    if HEAD_SUM:
+        fence_async_shared()  # the weights' generic-proxy stores, seen by wgmma's async proxy
+        thread_barrier()  # ... from every warp of the warpgroup
     return weights, limits
 
 
 @gluon.jit
 def _store_group(out_ptr, logits, limit, b, first_token, stride_out, max_model_len, cleaning,
-                 NEXT_N: gl.constexpr, FIRST_ROW: gl.constexpr, ROWS: gl.constexpr):
+                 NEXT_N: gl.constexpr, FIRST_ROW: gl.constexpr, ROWS: gl.constexpr, OWN_ROWS: gl.constexpr = 0):
     """``out[b*NEXT_N + j, p]`` for the group's rows: the logit where the row sees ``p``; when
     ``cleaning``, ``-inf`` from there up to ``max_model_len``; rounded once to the output's
-    dtype (a no-op for fp32 logits)."""
+    dtype (a no-op for fp32 logits). ``logits`` has ``ROWS`` columns, of which the first
+    ``OWN_ROWS`` (all when 0) are the group's: the others are never stored."""
     layout: gl.constexpr = logits.type.layout
     p = first_token + gl.arange(0, _TILE, gl.SliceLayout(1, layout))
     j = FIRST_ROW + gl.arange(0, ROWS, gl.SliceLayout(0, layout))
     row_start = (b.to(gl.int64) * NEXT_N + j) * stride_out
-    store_end = gl.where(cleaning & (j < NEXT_N), max_model_len, limit)
+    if OWN_ROWS > 0:
+        store_end = gl.where(cleaning & (j < NEXT_N) & (j < FIRST_ROW + OWN_ROWS), max_model_len, limit)
+    else:
+        store_end = gl.where(cleaning & (j < NEXT_N), max_model_len, limit)
     value = gl.where(p[:, None] < limit[None, :], logits, float("-inf"))
     gl.store(out_ptr + row_start[None, :] + p[:, None], value.to(out_ptr.dtype.element_ty),
              mask=p[:, None] < store_end[None, :])
@@ -376,7 +420,7 @@ def _store_group(out_ptr, logits, limit, b, first_token, stride_out, max_model_l
 @gluon.jit
 def _score_tile(keys, q_stage, scale_slot, empty_bar, weights, limits, out_ptr, b, tile, stride_out, max_model_len,
                 cleaning, NEXT_N: gl.constexpr, HEADS: gl.constexpr, ROWS_PER_MMA: gl.constexpr,
-                GROUPS: gl.constexpr):
+                GROUPS: gl.constexpr, HEAD_SUM: gl.constexpr = 0):
     """Every wgmma of ``GROUPS`` on one landed tile, the slot freed by this thread as soon as
     they are done (its scales were read before they started), then the epilogues from
     registers. A consumer part with no group (more parts than row groups) frees it unscored."""
@@ -385,7 +429,7 @@ def _score_tile(keys, q_stage, scale_slot, empty_bar, weights, limits, out_ptr, 
     else:
         scale, pending = _issue_tile(keys, q_stage, scale_slot, NEXT_N, HEADS, ROWS_PER_MMA, GROUPS)
         _retire_tile(pending, scale, empty_bar, weights, limits, out_ptr, b, tile, stride_out, max_model_len,
-                     cleaning, NEXT_N, HEADS, ROWS_PER_MMA, GROUPS, 0)
+                     cleaning, NEXT_N, HEADS, ROWS_PER_MMA, GROUPS, 0, HEAD_SUM)
 
 
 @gluon.jit
@@ -426,16 +470,29 @@ def _start_tile(key_ring, scale_ring, full_bars, q_stage, n, NEXT_N: gl.constexp
 @gluon.jit
 def _retire_tile(pending, scale, empty_bar, weights, limits, out_ptr, b, tile, stride_out, max_model_len, cleaning,
                  NEXT_N: gl.constexpr, HEADS: gl.constexpr, ROWS_PER_MMA: gl.constexpr, GROUPS: gl.constexpr,
-                 NEWER: gl.constexpr):
+                 NEWER: gl.constexpr, HEAD_SUM: gl.constexpr = 0):
     """Wait for a tile's wgmmas while ``NEWER`` later groups stay in flight, free its slot (every
-    thread for itself), then its epilogues."""
+    thread for itself), then its epilogues (with ``HEAD_SUM``: every group's head-sum wgmma
+    issued before the first is waited for; ``NEWER`` is then 0, the host admits no overlap)."""
     scores = ()
     for i in gl.static_range(len(GROUPS)):
         scores = scores + (warpgroup_mma_wait(NEWER + len(GROUPS) - 1 - i, deps=(pending[i],)),)
     async_copy.mbarrier_arrive(empty_bar, increment_count=False)  # no copy pending: arrives now
-    for i in gl.static_range(len(GROUPS)):
-        _finish_group(out_ptr, scores[i], scale, weights[i], limits[i], b, tile, stride_out, max_model_len,
-                      cleaning, NEXT_N, HEADS, ROWS_PER_MMA, GROUPS[i])
+    if HEAD_SUM:
+        sums = ()
+        operands = ()
+        for i in gl.static_range(len(GROUPS)):
+            head_sum, operand = wg.issue_tensor_head_sum(scores[i], weights[i],
+                                                         wg._group_rows(NEXT_N, ROWS_PER_MMA, GROUPS[i]))
+            sums = sums + (head_sum,)
+            operands = operands + (operand,)
+        for i in gl.static_range(len(GROUPS)):
+            _finish_tensor_group(out_ptr, sums[i], operands[i], scale, limits[i], b, tile, stride_out, max_model_len,
+                                 cleaning, NEXT_N, ROWS_PER_MMA, GROUPS[i], len(GROUPS) - 1 - i)
+    else:
+        for i in gl.static_range(len(GROUPS)):
+            _finish_group(out_ptr, scores[i], scale, weights[i], limits[i], b, tile, stride_out, max_model_len,
+                          cleaning, NEXT_N, HEADS, ROWS_PER_MMA, GROUPS[i])
 
 
 @gluon.jit
@@ -490,11 +547,24 @@ def _finish_group(out_ptr, scores, scale, weight, limit, b, tile, stride_out, ma
 
 
 @gluon.jit
+def _finish_tensor_group(out_ptr, pending, operand, scale, limit, b, tile, stride_out, max_model_len, cleaning,
+                         NEXT_N: gl.constexpr, ROWS_PER_MMA: gl.constexpr, g: gl.constexpr, NEWER: gl.constexpr):
+    """``HeadSum=tensor``: wait for row group ``g``'s head-sum wgmma, then its store (the rows the
+    head sum pads the group with are not the group's and are never stored)."""
+    logits = wg.finish_tensor_head_sum(pending, operand, scale, NEWER)
+    _store_group(out_ptr, logits, limit, b, tile * _TILE, stride_out, max_model_len, cleaning, NEXT_N,
+                 wg._group_first_row(NEXT_N, ROWS_PER_MMA, g), logits.shape[1],
+                 wg._group_rows(NEXT_N, ROWS_PER_MMA, g))
+
+
+@gluon.jit
 def _consumer(pointers, strides, sizes, buffers, share,
               NEXT_N: gl.constexpr, HEADS: gl.constexpr, KV_BLOCK_SIZE: gl.constexpr, ROWS_PER_MMA: gl.constexpr,
               STAGES: gl.constexpr, LENS_2D: gl.constexpr, KEY_BOX: gl.constexpr, TEAM: gl.constexpr,
-              TEAMS: gl.constexpr, PART: gl.constexpr, ROW_SPLIT: gl.constexpr, OVERLAP: gl.constexpr):
-    """Score team ``TEAM``'s tiles of the share, row groups ``PART, PART + ROW_SPLIT, ...``."""
+              TEAMS: gl.constexpr, PART: gl.constexpr, ROW_SPLIT: gl.constexpr, OVERLAP: gl.constexpr,
+              headsum_smem=None, HEAD_SUM: gl.constexpr = 0):
+    """Score team ``TEAM``'s tiles of the share, row groups ``PART, PART + ROW_SPLIT, ...``; with
+    ``HEAD_SUM``, the head sum on the tensor cores through this consumer's ``headsum_smem``."""
     GROUPS: gl.constexpr = _part_groups(NEXT_N, ROWS_PER_MMA, PART, ROW_SPLIT)
     q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, table_ptr = pointers
     stride_q_b, stride_q_j, stride_q_h, stride_block, stride_w, stride_out, stride_lens_b, stride_lens_j, \
@@ -513,7 +583,8 @@ def _consumer(pointers, strides, sizes, buffers, share,
             fence_async_shared()  # Q's cp.async bytes, seen by wgmma's async proxy
             q_stage = q_ring.index(stage)
             weights, limits = _sequence_operands(weight_ring.index(stage), lens_ptr, b, seq_len, end, stride_lens_b,
-                                                 stride_lens_j, NEXT_N, HEADS, ROWS_PER_MMA, LENS_2D, GROUPS)
+                                                 stride_lens_j, NEXT_N, HEADS, ROWS_PER_MMA, LENS_2D, GROUPS,
+                                                 headsum_smem, HEAD_SUM, TEAM * ROW_SPLIT + PART)
             first = (TEAM - k % TEAMS + TEAMS) % TEAMS
             if OVERLAP and len(GROUPS) > 0:
                 _score_tiles_overlapped(key_ring, scale_ring, full_bars, empty_bars, q_stage, weights, limits, out_ptr,
@@ -524,7 +595,7 @@ def _consumer(pointers, strides, sizes, buffers, share,
                     ring_slot = _await_tile(full_bars, k + i, STAGES, KEY_BOX, TEAM, TEAMS)
                     _score_tile(key_ring.index(ring_slot), q_stage, scale_ring.index(ring_slot),
                                 empty_bars.index(ring_slot), weights, limits, out_ptr, b, tile + i, stride_out,
-                                max_model_len, clean_logits != 0, NEXT_N, HEADS, ROWS_PER_MMA, GROUPS)
+                                max_model_len, clean_logits != 0, NEXT_N, HEADS, ROWS_PER_MMA, GROUPS, HEAD_SUM)
             async_copy.mbarrier_arrive(q_empty.index(stage), increment_count=False)  # done with Q and weights
             q_iter += 1
         k += count
@@ -579,7 +650,7 @@ def wgmma_pipes_logits_kernel(
     ROWS_PER_MMA: gl.constexpr, STAGES: gl.constexpr, PRESHUFFLE: gl.constexpr, LENS_2D: gl.constexpr,
     KV_ALIGN: gl.constexpr, Q_ASYNC: gl.constexpr, KEY_BOX: gl.constexpr, BALANCED: gl.constexpr,
     CONSUMERS: gl.constexpr, ROW_SPLIT: gl.constexpr, OVERLAP: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, HEAD_SUM: gl.constexpr = 0,
 ):
     """Score the program's share (see the module docstring) with ``CONSUMERS`` consumer
     warpgroups in teams of ``ROW_SPLIT``, one producer warp and one ring per team."""
@@ -593,6 +664,14 @@ def wgmma_pipes_logits_kernel(
     empty_bars = gl.allocate_shared_memory(gl.int64, [TEAMS * STAGES, 1], mbarrier.MBarrierLayout())
     q_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    if HEAD_SUM:  # per consumer and row group, the head sum's split weights
+        HEADSUM_ROWS: gl.constexpr = _headsum_rows(NEXT_N, ROWS_PER_MMA)
+        headsum_smem = gl.allocate_shared_memory(
+            gl.bfloat16, [CONSUMERS * _part_group_count(NEXT_N, ROWS_PER_MMA, ROW_SPLIT),
+                          wg.headsum_columns(HEADSUM_ROWS), HEADSUM_ROWS * HEADS],
+            wg.headsum_smem_layout(HEADSUM_ROWS * HEADS))
+    else:
+        headsum_smem = weight_ring  # unread: a partition's arguments cannot hold None
     for s in gl.static_range(TEAMS * STAGES):
         # the TMA byte count's arrive, or one noinc arrive per producer lane
         mbarrier.init(full_bars.index(s), count=1 if KEY_BOX > 0 else 32 * _PRODUCER_WARPS)
@@ -618,16 +697,16 @@ def wgmma_pipes_logits_kernel(
     if CONSUMERS == 1:
         gl.warp_specialize([
             (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK_SIZE, ROWS_PER_MMA, STAGES,
-                         LENS_2D, KEY_BOX, 0, 1, 0, 1, OVERLAP)),
+                         LENS_2D, KEY_BOX, 0, 1, 0, 1, OVERLAP, headsum_smem, HEAD_SUM)),
             (_producer, (pointers, strides, sizes, key_desc, scale_desc, buffers, share, tail_share, NEXT_N, HEADS,
                          KV_BLOCK_SIZE, STAGES, PRESHUFFLE, LENS_2D, KV_ALIGN, Q_ASYNC, KEY_BOX, 0, 1)),
         ], [_PRODUCER_WARPS], [PRODUCER_REGS])
     elif CONSUMERS == 2 and ROW_SPLIT == 1:
         gl.warp_specialize([
             (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK_SIZE, ROWS_PER_MMA, STAGES,
-                         LENS_2D, KEY_BOX, 0, 2, 0, 1, OVERLAP)),
+                         LENS_2D, KEY_BOX, 0, 2, 0, 1, OVERLAP, headsum_smem, HEAD_SUM)),
             (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK_SIZE, ROWS_PER_MMA, STAGES,
-                         LENS_2D, KEY_BOX, 1, 2, 0, 1, OVERLAP)),
+                         LENS_2D, KEY_BOX, 1, 2, 0, 1, OVERLAP, headsum_smem, HEAD_SUM)),
             (_producer, (pointers, strides, sizes, key_desc, scale_desc, buffers, share, tail_share, NEXT_N, HEADS,
                          KV_BLOCK_SIZE, STAGES, PRESHUFFLE, LENS_2D, KV_ALIGN, Q_ASYNC, KEY_BOX, 0, 2)),
             (_producer, (pointers, strides, sizes, key_desc, scale_desc, buffers, share, tail_share, NEXT_N, HEADS,
@@ -636,20 +715,20 @@ def wgmma_pipes_logits_kernel(
     elif CONSUMERS == 2:
         gl.warp_specialize([
             (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK_SIZE, ROWS_PER_MMA, STAGES,
-                         LENS_2D, KEY_BOX, 0, 1, 0, 2, OVERLAP)),
+                         LENS_2D, KEY_BOX, 0, 1, 0, 2, OVERLAP, headsum_smem, HEAD_SUM)),
             (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK_SIZE, ROWS_PER_MMA, STAGES,
-                         LENS_2D, KEY_BOX, 0, 1, 1, 2, OVERLAP)),
+                         LENS_2D, KEY_BOX, 0, 1, 1, 2, OVERLAP, headsum_smem, HEAD_SUM)),
             (_producer, (pointers, strides, sizes, key_desc, scale_desc, buffers, share, tail_share, NEXT_N, HEADS,
                          KV_BLOCK_SIZE, STAGES, PRESHUFFLE, LENS_2D, KV_ALIGN, Q_ASYNC, KEY_BOX, 0, 1)),
         ], [_CONSUMER_WARPS, _PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
     elif CONSUMERS == 3:
         gl.warp_specialize([
             (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK_SIZE, ROWS_PER_MMA, STAGES,
-                         LENS_2D, KEY_BOX, 0, 3, 0, 1, OVERLAP)),
+                         LENS_2D, KEY_BOX, 0, 3, 0, 1, OVERLAP, headsum_smem, HEAD_SUM)),
             (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK_SIZE, ROWS_PER_MMA, STAGES,
-                         LENS_2D, KEY_BOX, 1, 3, 0, 1, OVERLAP)),
+                         LENS_2D, KEY_BOX, 1, 3, 0, 1, OVERLAP, headsum_smem, HEAD_SUM)),
             (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK_SIZE, ROWS_PER_MMA, STAGES,
-                         LENS_2D, KEY_BOX, 2, 3, 0, 1, OVERLAP)),
+                         LENS_2D, KEY_BOX, 2, 3, 0, 1, OVERLAP, headsum_smem, HEAD_SUM)),
             (_producer, (pointers, strides, sizes, key_desc, scale_desc, buffers, share, tail_share, NEXT_N, HEADS,
                          KV_BLOCK_SIZE, STAGES, PRESHUFFLE, LENS_2D, KV_ALIGN, Q_ASYNC, KEY_BOX, 0, 3)),
             (_producer, (pointers, strides, sizes, key_desc, scale_desc, buffers, share, tail_share, NEXT_N, HEADS,
@@ -661,13 +740,13 @@ def wgmma_pipes_logits_kernel(
     elif CONSUMERS == 4 and ROW_SPLIT == 1:
         gl.warp_specialize([
             (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK_SIZE, ROWS_PER_MMA, STAGES,
-                         LENS_2D, KEY_BOX, 0, 4, 0, 1, OVERLAP)),
+                         LENS_2D, KEY_BOX, 0, 4, 0, 1, OVERLAP, headsum_smem, HEAD_SUM)),
             (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK_SIZE, ROWS_PER_MMA, STAGES,
-                         LENS_2D, KEY_BOX, 1, 4, 0, 1, OVERLAP)),
+                         LENS_2D, KEY_BOX, 1, 4, 0, 1, OVERLAP, headsum_smem, HEAD_SUM)),
             (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK_SIZE, ROWS_PER_MMA, STAGES,
-                         LENS_2D, KEY_BOX, 2, 4, 0, 1, OVERLAP)),
+                         LENS_2D, KEY_BOX, 2, 4, 0, 1, OVERLAP, headsum_smem, HEAD_SUM)),
             (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK_SIZE, ROWS_PER_MMA, STAGES,
-                         LENS_2D, KEY_BOX, 3, 4, 0, 1, OVERLAP)),
+                         LENS_2D, KEY_BOX, 3, 4, 0, 1, OVERLAP, headsum_smem, HEAD_SUM)),
             (_producer, (pointers, strides, sizes, key_desc, scale_desc, buffers, share, tail_share, NEXT_N, HEADS,
                          KV_BLOCK_SIZE, STAGES, PRESHUFFLE, LENS_2D, KV_ALIGN, Q_ASYNC, KEY_BOX, 0, 4)),
             (_producer, (pointers, strides, sizes, key_desc, scale_desc, buffers, share, tail_share, NEXT_N, HEADS,
@@ -682,13 +761,13 @@ def wgmma_pipes_logits_kernel(
     else:
         gl.warp_specialize([
             (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK_SIZE, ROWS_PER_MMA, STAGES,
-                         LENS_2D, KEY_BOX, 0, 2, 0, 2, OVERLAP)),
+                         LENS_2D, KEY_BOX, 0, 2, 0, 2, OVERLAP, headsum_smem, HEAD_SUM)),
             (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK_SIZE, ROWS_PER_MMA, STAGES,
-                         LENS_2D, KEY_BOX, 0, 2, 1, 2, OVERLAP)),
+                         LENS_2D, KEY_BOX, 0, 2, 1, 2, OVERLAP, headsum_smem, HEAD_SUM)),
             (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK_SIZE, ROWS_PER_MMA, STAGES,
-                         LENS_2D, KEY_BOX, 1, 2, 0, 2, OVERLAP)),
+                         LENS_2D, KEY_BOX, 1, 2, 0, 2, OVERLAP, headsum_smem, HEAD_SUM)),
             (_consumer, (pointers, strides, sizes, buffers, share, NEXT_N, HEADS, KV_BLOCK_SIZE, ROWS_PER_MMA, STAGES,
-                         LENS_2D, KEY_BOX, 1, 2, 1, 2, OVERLAP)),
+                         LENS_2D, KEY_BOX, 1, 2, 1, 2, OVERLAP, headsum_smem, HEAD_SUM)),
             (_producer, (pointers, strides, sizes, key_desc, scale_desc, buffers, share, tail_share, NEXT_N, HEADS,
                          KV_BLOCK_SIZE, STAGES, PRESHUFFLE, LENS_2D, KV_ALIGN, Q_ASYNC, KEY_BOX, 0, 2)),
             (_producer, (pointers, strides, sizes, key_desc, scale_desc, buffers, share, tail_share, NEXT_N, HEADS,

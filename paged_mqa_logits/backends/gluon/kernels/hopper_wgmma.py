@@ -114,6 +114,37 @@ def _vec_smem_layout():
     return gl.SwizzledSharedLayout(1, 1, 1, [0])
 
 
+# The tensor-core head sum (``HeadSum=tensor``), for a row group of ``rows`` rows:
+#
+# HEADSUM(rows): the accumulator [ChunkK, n] of the head-sum wgmma, n = headsum_columns(rows)
+#   (a hi and a lo column per row, at least wgmma's smallest N, 8). Its A operand is
+#   DotOperandLayout(0, HEADSUM, k_width=2): a lane of MMA(N) holds the two adjacent columns of
+#   its rows that one bf16x2 register of that operand layout holds, so the ReLU'd scores, packed
+#   by ``cvt.rn.relu.bf16x2.f32``, convert to it without moving a value.
+# HEADSUM_SMEM(K): the head-sum weights [n, K] bf16, K-major (the B operand read transposed, as Q
+#   is), in the widest swizzle a K-row of bf16 fills (64 bytes at K = 32).
+# HEADSUM_FILL: the warpgroup writing those weights, 8 bf16 (16 bytes) per thread.
+@gluon.constexpr_function
+def headsum_columns(rows):
+    return max(8, 2 * int(rows))
+
+
+@gluon.constexpr_function
+def _headsum_layout(rows):
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[_WARPS, 1],
+                                     instr_shape=[16, headsum_columns(rows), 16])
+
+
+@gluon.constexpr_function
+def headsum_smem_layout(k):
+    return gl.NVMMASharedLayout(swizzle_byte_width=min(128, 2 * int(k)), element_bitwidth=16, rank=2)
+
+
+@gluon.constexpr_function
+def _headsum_fill_layout():
+    return gl.BlockedLayout([1, 8], [1, 32], [_WARPS, 1], [1, 0])
+
+
 # ----------------------------------------------------------------------------- row groups
 @gluon.constexpr_function
 def row_groups(next_n, rows_per_mma):
@@ -249,6 +280,49 @@ def _group_logits(scores, scale, weight, CHUNK: gl.constexpr, ROWS: gl.constexpr
     y = gl.maximum(scores, 0.0) * weight[None, :]
     logits = gl.sum(gl.reshape(y, [CHUNK, ROWS, HEADS]), axis=2)
     return logits * gl.convert_layout(scale, gl.SliceLayout(1, logits.type.layout))[:, None]
+
+
+@gluon.jit
+def write_headsum_weights(headsum_smem, weight_smem, FIRST_ROW: gl.constexpr, ROWS: gl.constexpr,
+                          HEADS: gl.constexpr):
+    """``headsum_smem`` ``[n, ROWS*H]`` bf16 := the row group's weights as the B operand of the head
+    sum: column ``(r, h)`` holds ``hi = bf16(w[r, h])`` in row ``2r`` and ``lo = bf16(w - hi)`` in row
+    ``2r + 1``, zero elsewhere, so ``hi + lo`` keeps ~16 bits of each weight. Read from the fp32
+    weights of the sequence in ``weight_smem`` (row ``j``'s head ``h`` at ``j * H + h``)."""
+    N: gl.constexpr = headsum_columns(ROWS)
+    K: gl.constexpr = ROWS * HEADS
+    layout: gl.constexpr = _headsum_fill_layout()
+    w = weight_smem.slice(FIRST_ROW * HEADS, K).load(gl.SliceLayout(0, layout))
+    hi = w.to(gl.bfloat16)
+    lo = (w - hi.to(gl.float32)).to(gl.bfloat16)
+    column = gl.arange(0, N, gl.SliceLayout(1, layout))[:, None]
+    hi_column = 2 * (gl.arange(0, K, gl.SliceLayout(0, layout)) // HEADS)[None, :]
+    zero = gl.zeros([N, K], gl.bfloat16, layout)
+    headsum_smem.store(gl.where(column == hi_column, hi[None, :] + zero,
+                                gl.where(column == hi_column + 1, lo[None, :] + zero, zero)))
+
+
+@gluon.jit
+def issue_tensor_head_sum(scores, headsum_smem, ROWS: gl.constexpr):
+    """Start the head sum of a row group's ``[ChunkK, ROWS*H]`` fp32 scores on the tensor cores:
+    ReLU and round to bf16 in one ``cvt.rn.relu.bf16x2.f32`` per two scores, then a bf16 wgmma
+    against the split weights (:func:`write_headsum_weights`). Returns ``(token, operand)``, both
+    to be kept alive until :func:`finish_tensor_head_sum`."""
+    layout: gl.constexpr = _headsum_layout(ROWS)
+    relu = gl.inline_asm_elementwise("cvt.rn.relu.bf16x2.f32 $0, $2, $1;", "=r,r,r", [scores],
+                                     dtype=gl.bfloat16, is_pure=True, pack=2)
+    operand = gl.convert_layout(relu, gl.DotOperandLayout(0, layout, 2))
+    acc = gl.zeros([scores.shape[0], headsum_columns(ROWS)], gl.float32, layout)
+    return warpgroup_mma(operand, headsum_smem.permute((1, 0)), acc, use_acc=False, is_async=True), operand
+
+
+@gluon.jit
+def finish_tensor_head_sum(pending, operand, scale, NEWER: gl.constexpr):
+    """Wait for a head-sum wgmma (``NEWER`` later ones stay in flight) and return
+    ``[ChunkK, n/2]``: ``scale * (hi + lo)`` per row of the group (columns past its rows are 0)."""
+    pairs, _ = warpgroup_mma_wait(NEWER, deps=(pending, operand))
+    summed = gl.sum(gl.reshape(pairs, [pairs.shape[0], pairs.shape[1] // 2, 2]), axis=2)
+    return summed * gl.convert_layout(scale, gl.SliceLayout(1, summed.type.layout))[:, None]
 
 
 @gluon.jit
