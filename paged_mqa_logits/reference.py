@@ -236,6 +236,16 @@ def reference_logits(
     )
 
 
+def tensor_head_sum(scores: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """The arithmetic of ``HeadSum=tensor`` (docs/CONTRACT.md) on ``scores [..., H]`` (fp32 dots,
+    before the key scale) and ``weights [H]``: ``relu(score)`` rounded to bf16, each weight split
+    into ``hi = bf16(w)`` and ``lo = bf16(w - hi)``, the products summed in fp32."""
+    relu = scores.float().relu().to(torch.bfloat16).float()
+    hi = weights.float().to(torch.bfloat16)
+    lo = (weights.float() - hi.float()).to(torch.bfloat16)
+    return (relu * hi.float()).sum(-1) + (relu * lo.float()).sum(-1)
+
+
 def valid_mask(context_lens: torch.Tensor, next_n: int, max_model_len: int, table_width: int) -> torch.Tensor:
     """``[B * next_n, max_model_len]`` bool: True where the row sees the column."""
     row_len = row_lengths(context_lens, next_n).reshape(-1)

@@ -1,0 +1,148 @@
+"""``HeadSum=tensor`` on an sm_90 GPU (kernel ``backends/gluon/kernels/hopper_pipes.py``, helpers in
+``kernels/hopper_wgmma.py``): the weighted ReLU head sum as a bf16 wgmma. Every case checks the
+contract's error bound for it (docs/CONTRACT.md), per logit,
+
+    |ours - exact| <= 2^-8 * scale * sum_h |w_h| relu(s_h)
+
+(each ReLU'd score rounded once to bf16, the weights split into two bf16 parts), a calc_diff of at
+most 1e-5 against the fp32 reference, and that nothing outside the visible positions is written
+(or, with ``clean_logits``, that it is ``-inf``): every team shape that admits it, next_n 1-8, 32 and
+64 heads, every block size, 1-D and 2-D lengths, fp32 and bf16 logits, on adversarial inputs
+(mixed-sign weights over 24 binades, key scales over 20).
+
+Skipped (with the reason printed) without an sm_90 GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+import torch
+
+from paged_mqa_logits.reference import _block_views, calc_diff, check_logits, make_inputs, reference_logits
+from test_gluon_gpu import launch_args, variant_module
+
+pytestmark = pytest.mark.gpu
+
+#: (Consumers, RowSplit, CtasPerSM, RowsPerMMA, num_stages, KeyCopy, Schedule)
+TEAMS = (
+    (4, 1, 1, 1, 3, "tma", "balanced"),
+    (4, 2, 1, 1, 4, "tma", "balanced"),
+    (2, 1, 1, 4, 6, "tma", "balanced"),
+    (2, 1, 1, 2, 4, "gather", "balanced"),
+    (4, 2, 1, 2, 4, "tma", "split"),
+    (1, 1, 2, 2, 4, "tma", "split"),
+)
+
+
+def _config(index: int, rows: int | None = None) -> dict:
+    consumers, split, ctas, default_rows, stages, key_copy, schedule = TEAMS[index]
+    return {"variant": "wgmma_pipes", "Consumers": consumers, "RowSplit": split, "CtasPerSM": ctas,
+            "RowsPerMMA": rows or default_rows, "num_stages": stages, "KeyCopy": key_copy, "Schedule": schedule,
+            "Overlap": 0, "HeadSum": "tensor"}
+
+
+def _adversarial(inp: dict, gen: torch.Generator) -> None:
+    """Weights of both signs spread over 2^-12..2^12 and key scales over 2^-10..2^10, in place."""
+    w = inp["weights"]
+    w.mul_(torch.exp2(torch.randint(-12, 13, w.shape, generator=gen, device="cpu").float()).to(w.device))
+    _, scale_bytes = _block_views(inp["kv_cache"], inp["kv_block_size"])
+    scales = scale_bytes.contiguous().view(torch.float32)
+    spread = torch.exp2(torch.randint(-10, 11, scales.shape, generator=gen, device="cpu").float()).to(scales.device)
+    scale_bytes.copy_((scales * spread).view(torch.uint8))
+
+
+def _reference(inp: dict, weights: torch.Tensor) -> torch.Tensor:
+    return reference_logits(inp["q_fp8"], inp["kv_cache"], weights, inp["context_lens"], inp["kv_indices"],
+                            inp["max_model_len"], kv_block_size=inp["kv_block_size"])
+
+
+def _check_bound(inp: dict, out: torch.Tensor, before: torch.Tensor, *, clean_logits: bool) -> None:
+    ref = _reference(inp, inp["weights"])
+    check = check_logits(out, before, ref, clean_logits=clean_logits)
+    assert check.untouched, check.describe()
+    valid = torch.isfinite(ref)
+    got = out[:ref.shape[0], :ref.shape[1]].float()
+    magnitude = _reference(inp, inp["weights"].abs())
+    # the bf16 rounding of the output itself (bf16 logits) on top of the head sum's bound
+    output_rounding = 2.0 ** -8 * ref.abs() if out.dtype == torch.bfloat16 else 0.0
+    err = (got - ref).abs()
+    bound = 2.0 ** -8 * magnitude + output_rounding + 1e-30
+    worst = float((err[valid] / bound[valid]).max()) if bool(valid.any()) else 0.0
+    assert worst <= 1.0, f"error {worst:.3f} x the bound"
+    if out.dtype == torch.float32 and bool(valid.any()):
+        assert calc_diff(got[valid], ref[valid]) <= 1e-5, calc_diff(got[valid], ref[valid])
+
+
+#: (team, heads, next_n, kv_block_size): every team and next_n 1-8 at least once, both head counts,
+#: TMA boxes of one and two blocks a tile, gathered blocks of one token
+CASES = ((0, 64, 1, 64), (1, 64, 2, 32), (2, 64, 4, 64), (2, 64, 4, 32), (3, 64, 3, 1), (4, 64, 4, 64),
+         (5, 64, 2, 64), (0, 32, 5, 32), (1, 32, 4, 64), (2, 32, 8, 64), (3, 32, 6, 64), (4, 32, 7, 32),
+         (5, 32, 1, 64), (2, 64, 8, 64), (0, 32, 2, 1))
+
+
+@pytest.mark.parametrize("team,heads,next_n,kv_block_size", CASES)
+def test_tensor_head_sum_within_bound(team, heads, next_n, kv_block_size):
+    module = variant_module("wgmma_pipes")
+    rng = random.Random(team * 97 + heads + next_n * 7 + kv_block_size)
+    lens = [rng.choice((0, 1, 63, 64, 65, rng.randint(1, 2500))) for _ in range(13)]
+    lens[0] = 2500
+    inp = make_inputs(13, next_n, heads, lens, kv_block_size=kv_block_size, device="cuda", seed=team + next_n,
+                      max_model_len=2600, out_row_pad=1, table_row_pad=1, lens_2d=bool(team % 2 == 0))
+    _adversarial(inp, torch.Generator().manual_seed(team))
+    args = launch_args(inp)
+    config = None
+    for rows in (TEAMS[team][3], 1):
+        candidate = _config(team, rows)
+        if module.unsupported(args.problem) is None and module.admits(args.problem, candidate):
+            config = candidate
+            break
+    if config is None:
+        pytest.skip(f"no HeadSum=tensor config of team {TEAMS[team]} fits {args.problem.describe()}")
+    clean = bool(team % 3 == 0)
+    before = inp["out_logits"].clone()
+    module.launch(dataclasses.replace(args, clean_logits=clean), config)
+    torch.cuda.synchronize()
+    _check_bound(inp, inp["out_logits"], before, clean_logits=clean)
+
+
+@pytest.mark.parametrize("next_n", (2, 4))
+def test_bf16_logits(next_n):
+    module = variant_module("wgmma_pipes")
+    inp = make_inputs(9, next_n, 64, [3000, 5, 0, 129, 1000, 64, 2999, 17, 700], kv_block_size=64, device="cuda",
+                      seed=5, logits_dtype=torch.bfloat16, max_model_len=3100)
+    args = launch_args(inp)
+    before = inp["out_logits"].clone()
+    module.launch(args, _config(2 if next_n == 4 else 0))
+    torch.cuda.synchronize()
+    _check_bound(inp, inp["out_logits"], before, clean_logits=False)
+
+
+def test_dispatch_and_graph_replay_after_lengths_change():
+    """The op forced to a tensor config, captured in a CUDA graph, replayed with new lengths."""
+    from paged_mqa_logits import op
+
+    variant_module("wgmma_pipes")
+    lens = [2000, 1500, 3, 900]
+    inp = make_inputs(4, 4, 64, lens, kv_block_size=64, device="cuda", seed=11, max_model_len=2100)
+    config = _config(2)
+
+    def call():
+        op.paged_mqa_logits_eager(inp["q_fp8"], inp["kv_cache"], inp["weights"], inp["out_logits"],
+                                  inp["context_lens"], inp["kv_indices"], inp["max_model_len"], False, 64,
+                                  backend="gluon", config=config)
+
+    call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    new = torch.tensor([[max(n - 3 + j, 0) for j in range(4)] for n in (100, 2000, 0, 1999)], dtype=torch.int32)
+    inp["context_lens"].copy_(new.cuda())
+    inp["out_logits"].fill_(float("nan"))
+    before = inp["out_logits"].clone()
+    graph.replay()
+    torch.cuda.synchronize()
+    _check_bound(inp, inp["out_logits"], before, clean_logits=False)
