@@ -1,6 +1,7 @@
 """The base of every ``gluon`` variant: what a kernel family has in common with the others.
 
-A variant is one kernel family of the backend (``mfma``, ``mma_v2``, ``wgmma``, ``wgmma_ws``).
+A variant is one kernel family of the backend: ``mfma`` (gfx942, gfx950), ``mma_v2``, ``wgmma``,
+``wgmma_ws``, ``wgmma_pipes`` and ``wgmma_fp4`` (sm_90); the table in ``__init__.py`` says what each is.
 :class:`GluonVariant` owns the plumbing every family needs and the backend relies on:
 
 * knob validation (:meth:`~GluonVariant.check_config`: every knob in the variant's
