@@ -146,8 +146,12 @@ class GluonBackend:
         raise ValueError(f"gluon: unknown or unavailable variant {name!r} "
                          f"(available: {', '.join(v.name for v in _VARIANTS)})")
 
-    def launch(self, args: LaunchArgs, config: dict) -> bool:
-        return self.variant(args.problem, config).launch(args, config)
+    def launch(self, args: LaunchArgs, config: dict) -> None:
+        self.variant(args.problem, config).launch(args, config)
+
+    def writes_tails(self, problem: Problem, config: dict) -> bool:
+        """Whether the variant that runs ``config`` writes ``clean_logits``' ``-inf`` itself."""
+        return self.variant(problem, config).cleans_logits
 
     def compile_specs(self, arch: str, configs: list[dict] | None = None) -> list[CompileSpec]:
         """Specs of every variant that targets ``arch``: its whole compile matrix (``configs``
