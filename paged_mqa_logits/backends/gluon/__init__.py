@@ -11,7 +11,9 @@ family                  variant          archs / kernel
 ======================  ===============  ==================================================
 ``cdna``                ``mfma``         gfx942, gfx950: register MFMA, buffer loads (the
                                          ``KeyLoad`` knob's costs: ``cdna_keys.py``)
-``hopper_mma``          ``mma_v2``       sm_90: the same kernel body with ``mma_v2`` atoms
+``hopper_mma``          ``mma_v2``       sm_90: the same kernel body with ``mma_v2`` atoms;
+                                         never tuned, the default where the wgmma variants
+                                         decline (128 heads at next_n 5-8, 256 at 3-8)
 ``hopper_wgmma``        ``wgmma``        sm_90: wgmma on cp.async-staged key tiles
 ``hopper_wgmma_ws``     ``wgmma_ws``     sm_90: the same, copies in a producer warpgroup
                                          (mbarriers)

@@ -39,3 +39,16 @@ def test_a_module_without_a_gluon_variant_raises_naming_it(planted):
     with pytest.raises(TypeError, match=r"'not_a_variant': expected VARIANT to be a GluonVariant, got int"):
         load_variants(planted, ("not_a_variant",))
     assert [v.name for v in load_variants(planted, ("hopper_wgmma",))] == ["wgmma"]
+
+
+def test_mma_v2_is_the_sm_90_default_where_the_wgmma_variants_decline():
+    """Why ``mma_v2`` stays in production dispatch: wide head counts at long next_n exceed the
+    wgmma variants' tiles, and ``mma_v2`` (never tuned) serves them instead of the portable kernel."""
+    from paged_mqa_logits.backends.gluon import BACKEND
+    from paged_mqa_logits.problem import Problem, ShapeKey, Target
+
+    for heads, next_n in ((128, 5), (256, 3)):
+        key = ShapeKey(heads=heads, head_dim=128, kv_block_size=64, preshuffle=False, batch=4, next_n=next_n)
+        problem = Problem.of(key, Target.described("sm_90", 132), max_model_len=8192)
+        assert [v.name for v in variants() if v.unsupported(problem) is None] == ["mma_v2"]
+        assert BACKEND.default_config(problem)["variant"] == "mma_v2"
