@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 from collections.abc import Mapping
 
@@ -19,7 +18,7 @@ __all__ = ["paged_mqa_logits_eager", "run", "build_launch_args", "launch", "Page
 
 #: the arguments that steer the launch; every other argument describes the call and is a
 #: parameter of ``validate.build_launch_args`` (tests/test_signature.py checks that none is missing)
-LAUNCH_OPTIONS = ("clean_logits", "backend", "config")
+LAUNCH_OPTIONS = ("backend", "config")
 #: what ``build_launch_args`` takes from a call, in its parameters' order
 _DESCRIBING = getter(inspect.signature(validate.build_launch_args).parameters)
 
@@ -36,7 +35,7 @@ def run(values: Mapping, args: LaunchArgs | None = None, *, options_checked: boo
         check_options(None, clean_logits, backend, config)
     if args is None:
         args = validate.build_launch_args(*_DESCRIBING(values))
-    _launch(args, backend, config, clean_logits)
+    _launch(args, backend, config)
     return values["out_logits"]
 
 
@@ -64,25 +63,26 @@ def check_options(context_hint, clean_logits, backend, config) -> None:
     validate.check_options(context_hint, clean_logits, backend, config, backends.names())
 
 
-def launch(args: LaunchArgs, *, backend: str | None = None, config: dict | None = None, clean_logits: bool = False) -> None:
-    """Dispatch validated arguments; the path shared by the op, the bench and the tuner.
+def launch(args: LaunchArgs, *, backend: str | None = None, config: dict | None = None) -> None:
+    """Dispatch validated arguments (``args.clean_logits`` decided with them); the path shared by
+    the op, the bench and the tuner.
 
     Dispatched calls fall back down the chain when the chosen backend's launch raises (see
     :func:`dispatch.record_failure`), except during CUDA graph capture, where the error
     propagates (a fallback would record a different graph than the one warmed up). A forced
     ``backend`` raises its errors as they are; its ``config`` must pass ``check_config``.
     """
-    check_options(None, clean_logits, backend, config)
-    _launch(args, backend, config, clean_logits)
+    check_options(None, args.clean_logits, backend, config)
+    _launch(args, backend, config)
 
 
-def _launch(args: LaunchArgs, backend: str | None, config: dict | None, clean_logits: bool) -> None:
+def _launch(args: LaunchArgs, backend: str | None, config: dict | None) -> None:
+    """Launch the chosen kernel; with ``args.clean_logits``, the tail kernel after it unless the
+    chosen kernel writes the tails itself (:func:`backends.kernel_writes_tails`)."""
     if args.problem.rows == 0 or args.max_model_len == 0:
         return
-    if clean_logits != args.clean_logits:
-        args = dataclasses.replace(args, clean_logits=clean_logits)
     if backend is None:
-        cleaned = _launch_dispatched(args)
+        chosen, knobs = _launch_dispatched(args)
     else:
         reason = backends.why_not(backend, args.problem, args.target)
         if reason is not None:
@@ -95,8 +95,8 @@ def _launch(args: LaunchArgs, backend: str | None, config: dict | None, clean_lo
             if error is not None:
                 raise PagedMQAArgumentError(f"paged_mqa_logits: argument `config`: {error}")
             knobs = config
-        cleaned = chosen.launch(args, knobs)
-    if clean_logits and not cleaned:
+        chosen.launch(args, knobs)
+    if args.clean_logits and not backends.kernel_writes_tails(chosen, args.problem, knobs):
         clean(args)
 
 
@@ -105,15 +105,17 @@ def _launch(args: LaunchArgs, backend: str | None, config: dict | None, clean_lo
 _NOT_A_BACKEND_FAILURE = (PagedMQAArgumentError, MemoryError, torch.OutOfMemoryError)
 
 
-def _launch_dispatched(args: LaunchArgs) -> bool:
+def _launch_dispatched(args: LaunchArgs) -> tuple[backends.Backend, dict]:
     """Launch the dispatched choice; on a compile or launch error fall back down the chain
     (each failed choice is remembered, so the loop ends when the chain is exhausted). Returns
-    whether the kernel that ran also cleaned."""
+    the backend and the knobs that ran."""
     problem, target = args.problem, args.target
     choice = dispatch.choose(problem, target)
     while True:
         try:
-            return bool(backends.get(choice.backend).launch(args, choice.config))
+            chosen = backends.get(choice.backend)
+            chosen.launch(args, choice.config)
+            return chosen, choice.config
         except _NOT_A_BACKEND_FAILURE:
             raise
         except Exception as exc:

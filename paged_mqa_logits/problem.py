@@ -332,8 +332,9 @@ class LaunchArgs:
     for fp8, ``head_dim / 2 + 4`` for fp4) whose block stride ``kv_cache.stride(0)`` (bytes) may
     exceed ``kv_block_size * token_bytes``. With fp4, ``q`` holds the packed query bytes and
     ``q_scale`` its exponents; ``out`` is fp32 or bf16 (``problem.shape_key.logits_dtype``).
-    ``clean_logits``: the caller wants ``-inf`` in ``[valid_end, max_model_len)`` of every row; a
-    backend whose kernel writes it says so from ``launch`` (else the op cleans after it).
+    ``clean_logits``: the caller wants ``-inf`` in ``[valid_end, max_model_len)`` of every row,
+    decided when the call is validated; the chosen kernel writes it where its backend's
+    ``writes_tails`` says so, else the op's tail kernel (``backends.base.kernel_writes_tails``).
     """
 
     q: torch.Tensor  # [B, next_n, H, D] fp8, or [B, next_n, H, D / 2] uint8 packed fp4

@@ -18,8 +18,12 @@ logits_dtype       ``fp32`` / ``bf16``; optional, absent or empty = ``fp32``
 context            the context the row was tuned at, or ``any`` for a row tuned across
                    contexts (geomean) that serves calls without a ``context_hint``
 backend            ``gluon``, ``flydsl``, ``triton``, ``torch``
-ChunkK, WavePerEU, SplitKV   the common knobs (empty = backend default)
-<other columns>    backend-specific knobs (``variant``, ``num_warps``, ...); empty = default
+ChunkK, WavePerEU, SplitKV   the common knobs (empty = backend default); ``WavePerEU`` may be
+                   left out (AMD's knob: sm_90 tables have no such column)
+<other columns>    backend-specific knobs (``variant``, ``num_warps``, ...); empty = default.
+                   A knob one arch's backend never varies (:data:`FIXED_KNOBS`: ``num_warps`` 4
+                   of sm_90's ``gluon``) is no column of that arch's table: its rows read it as
+                   set; a file that has the column (as older files do) is read as it is
 us                 measured microseconds (empty for priors)
 provenance         who produced the row: ``tuned:<gpu>|cu<N>|triton<v>|torch<v>|<date>`` (the
                    tuner), ``bench:<gpu>|...|<date>|<bench CSV>`` (picked by hand from a committed
@@ -78,10 +82,16 @@ ANY_CONTEXT = "any"
 
 KEY_COLUMNS = ("arch", "cu_num") + SHAPE_KEY_COLUMNS + ("context",)
 COMMON_KNOBS = ("ChunkK", "WavePerEU", "SplitKV")
+#: common knobs a table may leave out: written only when some row sets them
+OPTIONAL_KNOBS = ("WavePerEU",)
 META_COLUMNS = ("backend", "us", "provenance")
 #: every column but the optional key columns (tables written before those existed lack them)
-REQUIRED_COLUMNS = (tuple(c for c in KEY_COLUMNS if c not in OPTIONAL_KEY_COLUMNS) + ("backend",) + COMMON_KNOBS
-                    + ("us", "provenance"))
+#: and the optional knobs
+REQUIRED_COLUMNS = (tuple(c for c in KEY_COLUMNS if c not in OPTIONAL_KEY_COLUMNS) + ("backend",)
+                    + tuple(c for c in COMMON_KNOBS if c not in OPTIONAL_KNOBS) + ("us", "provenance"))
+#: (arch, backend) -> knobs that backend never varies on that arch: no column of the arch's
+#: table (the writer leaves them out), set in every row read from a file without the column
+FIXED_KNOBS = {("sm_90", "gluon"): {"num_warps": 4}}
 KNOWN_BACKENDS = backends.registry.BACKEND_NAMES
 
 
@@ -301,8 +311,10 @@ def _parse_row(cells: dict, where: str) -> Row:
         value = _parse_value(text)
         if value is not None:
             knobs[col] = value
+    arch = normalise_arch(cells["arch"])
+    knobs.update({k: v for k, v in FIXED_KNOBS.get((arch, cells["backend"]), {}).items() if k not in cells})
     row = Row(
-        arch=normalise_arch(cells["arch"]), cu_num=cu_num, shape_key=shape_key, context=context,
+        arch=arch, cu_num=cu_num, shape_key=shape_key, context=context,
         backend=cells["backend"], config=tuple(sorted(knobs.items())), us=us,
         provenance=cells["provenance"], source=where,
     )
@@ -461,6 +473,16 @@ def table_configs(arch: str) -> list[tuple[dict, str, dict]]:
     return out
 
 
+def _varying_knobs(row: Row) -> dict:
+    """The knobs the table's columns must hold for ``row`` to read back as it is: its knobs less
+    those at their :data:`FIXED_KNOBS` value, plus (as ``None``: an empty cell) a fixed knob it
+    leaves unset (read from a file without the column, the row would have it set)."""
+    fixed = FIXED_KNOBS.get((row.arch, row.backend), {})
+    knobs = row.knobs
+    out = {k: v for k, v in knobs.items() if k not in fixed or fixed[k] != v}
+    return {**out, **{k: None for k in fixed if k not in knobs}}
+
+
 @dataclass
 class TableWriter:
     """Column order used when writing tables (the tuner writes through this)."""
@@ -468,16 +490,18 @@ class TableWriter:
     knob_columns: list[str] = field(default_factory=list)
 
     def header(self) -> list[str]:
+        common = [c for c in COMMON_KNOBS if c not in OPTIONAL_KNOBS or c in self.knob_columns]
         extra = [c for c in self.knob_columns if c not in COMMON_KNOBS]
-        return list(KEY_COLUMNS) + ["backend"] + list(COMMON_KNOBS) + extra + ["us", "provenance"]
+        return list(KEY_COLUMNS) + ["backend"] + common + extra + ["us", "provenance"]
 
     @classmethod
     def for_rows(cls, rows) -> "TableWriter":
-        """A writer whose extra knob columns are the union of the rows' knobs, sorted."""
-        return cls(sorted({k for row in rows for k in row.knobs} - set(COMMON_KNOBS)))
+        """A writer whose knob columns are the union of the rows' knobs, sorted, less those each
+        row holds at its arch's fixed value (:data:`FIXED_KNOBS`)."""
+        return cls(sorted({k for row in rows for k in _varying_knobs(row)}))
 
     def cells(self, row: Row) -> list[str]:
-        unknown = set(row.knobs) - set(self.header())
+        unknown = set(_varying_knobs(row)) - set(self.header())
         if unknown:
             raise ValueError(f"row {row.key} has knob(s) {', '.join(sorted(unknown))} the header lacks")
         values = {

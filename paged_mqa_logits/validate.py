@@ -155,8 +155,10 @@ def build_launch_args(
     KVBlockSize=1,
     context_hint=None,
     q_scale=None,
+    clean_logits=False,
 ) -> LaunchArgs:
-    """Validate a call and return its :class:`LaunchArgs` (problem key included)."""
+    """Validate a call and return its :class:`LaunchArgs` (problem key included, and whether
+    the call wants ``clean_logits``' ``-inf``)."""
     q, q_scale, kv_format = _query(q_fp8, q_scale)
     batch, next_n, heads = q.shape[:3]
     head_dim = HEAD_DIM
@@ -171,6 +173,8 @@ def build_launch_args(
     max_model_len = _host_int("max_model_len", max_model_len, 0, MAX_MODEL_LEN)
     if context_hint is not None:
         context_hint = _host_int("context_hint", context_hint, 0)
+    if not isinstance(clean_logits, bool):
+        _fail("clean_logits", "a bool", repr(clean_logits))
 
     row = token_bytes(head_dim, kv_format)
     kv = _cache(kv_cache, kv_block_size, row, kv_format)
@@ -234,7 +238,7 @@ def build_launch_args(
         kv_block_stride=0 if kv.shape[0] == 1 or kv.stride(0) == kv_block_size * row else kv.stride(0),
         kv_base_aligned=kv.data_ptr() % 16 == 0, kv_32bit=kv_fits_32bit(kv),
     )
-    return LaunchArgs(q, kv, w, out, lens, table, max_model_len, problem, q_scale=q_scale)
+    return LaunchArgs(q, kv, w, out, lens, table, max_model_len, problem, clean_logits=clean_logits, q_scale=q_scale)
 
 
 def _query(q_fp8, q_scale) -> tuple[torch.Tensor, torch.Tensor | None, str]:
@@ -413,7 +417,7 @@ def check_block_ids(context_lens: torch.Tensor, kv_indices: torch.Tensor, next_n
 def check_options(context_hint, clean_logits, backend, config, backend_names) -> None:
     """The keyword options, checked alike on the eager and the ``torch.ops`` paths, once per call
     (the entry point checks them before handing a call to the torch op, the op's implementation
-    otherwise; ``build_launch_args`` checks the hint with the call); ``backend`` must be one of
+    otherwise; ``build_launch_args`` checks the hint and ``clean_logits`` with the call); ``backend`` must be one of
     ``backend_names`` (the registry's, passed in: validation sits below the backends). A
     ``SymInt`` hint is left to the real implementation, which sees a plain int."""
     if context_hint is not None and not isinstance(context_hint, torch.SymInt):

@@ -21,7 +21,7 @@ def test_rule_violations_name_the_keyword(change, keyword):
 
 def test_an_arch_named_by_a_loaded_table_is_known(tmp_path, monkeypatch):
     table = tmp_path / "mine_tuned.csv"
-    table.write_text(",".join(REQUIRED_COLUMNS) + "\nsm_80,108,32,128,64,0,64,1,any,triton,128,,0,1,p\n")
+    table.write_text(",".join(REQUIRED_COLUMNS) + "\nsm_80,108,32,128,64,0,64,1,any,triton,128,0,1,p\n")
     with pytest.raises(PagedMQAArgumentError, match="`arch`"):
         explain(**dict(BASE, arch="sm80", cu_num=108, batch=64))
     monkeypatch.setenv("PAGED_MQA_LOGITS_CONFIGS", str(table))

@@ -123,3 +123,82 @@ def test_the_logits_do_not_depend_on_the_outputs_width(backend):
         outs.append(out)
     assert torch.equal(outs[0], outs[1][:, :39999])
     assert torch.isinf(outs[1][:, 39999:]).all()
+
+
+# ----------------------------------------------------------------------------- who writes the tails
+class TailsBackend:
+    """The torch backend's logits; with ``fused=1`` its "kernel" writes ``clean_logits``' tails
+    itself, as a marker (-123) the op's tail kernel (``-inf``) cannot be mistaken for."""
+
+    name = "tails"
+    knobs = ("fused",)
+    MARK = -123.0
+
+    def unsupported(self, problem):
+        return None
+
+    def candidates(self, problem):
+        return [{"fused": 1}]
+
+    def default_config(self, problem):
+        return {"fused": 1}
+
+    def check_config(self, config, problem=None):
+        return None if set(config) <= {"fused"} else f"unknown knobs {sorted(config)}"
+
+    def writes_tails(self, problem, config):
+        return bool(config.get("fused"))
+
+    def launch(self, args, config):
+        from paged_mqa_logits import backends
+        from paged_mqa_logits.problem import row_lengths
+
+        backends.get("torch").launch(args, config)
+        if args.clean_logits and config.get("fused"):
+            ends = row_lengths(args.context_lens, args.problem.shape_key.next_n).reshape(-1)
+            cols = torch.arange(args.max_model_len)
+            target = args.out[:args.problem.rows, :args.max_model_len]
+            target.masked_fill_(cols[None, :] >= ends.clamp_max(args.visible_width)[:, None], self.MARK)
+
+
+@pytest.fixture
+def tails(monkeypatch):
+    from paged_mqa_logits import backends, dispatch, reload_tuned_table
+    from paged_mqa_logits.backends import registry
+
+    backends.register("tails", TailsBackend())
+    monkeypatch.setattr(dispatch.DEFAULT, "fallback_chain", lambda arch: ("tails", "torch"))
+    reload_tuned_table()
+    yield
+    registry._REGISTRY.pop("tails", None)
+    registry._LOADED.pop("tails", None)
+    reload_tuned_table()
+
+
+def _tail_values(clean: bool, **options) -> set[float]:
+    inp = make_inputs(2, 2, 32, [10, 30], kv_block_size=16, max_model_len=24)
+    paged_mqa_logits(*positional(inp), clean_logits=clean, **options)
+    invisible = ~torch.isfinite(reference_for(inp))
+    return set(inp["out_logits"][:4, :24][invisible].tolist())
+
+
+def test_the_chosen_kernel_or_the_tail_kernel_writes_the_tails_never_both(tails):
+    """The op asks the chosen backend whether its kernel writes the tails before it launches:
+    if it does, no tail kernel runs (its ``-inf`` would overwrite the marker); if not, the tail
+    kernel does; without ``clean_logits`` neither does."""
+    mark = TailsBackend.MARK
+    assert _tail_values(True, backend="tails", config={"fused": 1}) == {mark}
+    assert _tail_values(True, backend="tails", config={"fused": 0}) == {float("-inf")}
+    assert _tail_values(True) == {mark}  # dispatched: the chain's first link, its default config
+    assert all(v != mark and v != float("-inf") for v in _tail_values(False))  # NaN: untouched
+
+
+def test_clean_logits_is_decided_when_the_call_is_validated():
+    from paged_mqa_logits import PagedMQAArgumentError
+    from paged_mqa_logits.op import build_launch_args
+
+    inp = make_inputs(1, 1, 32, [10], kv_block_size=16, max_model_len=24)
+    assert build_launch_args(*positional(inp), clean_logits=True).clean_logits is True
+    assert build_launch_args(*positional(inp)).clean_logits is False
+    with pytest.raises(PagedMQAArgumentError, match="clean_logits.*a bool.*1"):
+        build_launch_args(*positional(inp), clean_logits=1)

@@ -1,6 +1,7 @@
 """Tuned-table parsing, merging, the lookup rules and the table configs."""
 
 import dataclasses
+import os
 
 import pytest
 
@@ -221,3 +222,45 @@ def test_lookup_keeps_formats_apart_and_bf16_falls_back_to_fp32_rows(tmp_path, m
     assert table.lookup(fp4_bf16).row.backend == "triton"
     plain_fp4 = dataclasses.replace(plain, shape_key=dataclasses.replace(plain.shape_key, kv_format="fp4", next_n=2))
     assert table.lookup(plain_fp4).row is None
+
+
+# ----------------------------------------------------------------------------- knobs that never vary
+OLD_SM90 = ("arch,cu_num,heads,head_dim,kv_block_size,preshuffle,batch,next_n,context,backend,ChunkK,WavePerEU,"
+            "SplitKV,CtasPerSM,RowsPerMMA,Schedule,num_stages,num_warps,variant,us,provenance\n"
+            "sm_90,132,32,128,64,0,8,1,any,gluon,64,,0,0,1,split,4,4,wgmma,3.0,p\n"
+            "sm_90,132,32,128,64,0,64,1,any,gluon,128,,0,0,1,split,3,4,wgmma,9.0,p\n")
+
+
+def test_sm_90_tables_drop_the_knobs_that_never_vary_and_read_old_files_alike(tmp_path):
+    """``WavePerEU`` (empty in every sm_90 row) and ``num_warps`` (4 in every sm_90 gluon row) are
+    no columns of a table the writer writes for sm_90; a file with them (the old format) and one
+    without read as the same rows."""
+    old = tmp_path / "old_tuned.csv"
+    old.write_text(OLD_SM90)
+    rows = table.parse_file(str(old))
+    assert [r.knobs["num_warps"] for r in rows] == [4, 4]
+    new = str(tmp_path / "new_tuned.csv")
+    table.TableWriter.for_rows(rows).write(new, rows)
+    header = open(new).read().splitlines()[0].split(",")
+    assert "num_warps" not in header and "WavePerEU" not in header and "ChunkK" in header
+    assert [(r.key, r.backend, r.knobs, r.us) for r in table.parse_file(new)] == \
+        [(r.key, r.backend, r.knobs, r.us) for r in rows]
+
+
+def test_a_fixed_knob_keeps_its_column_where_a_row_differs_or_leaves_it_unset(tmp_path):
+    old = tmp_path / "old_tuned.csv"
+    old.write_text(OLD_SM90.replace("split,3,4,wgmma", "split,3,,wgmma"))
+    rows = table.parse_file(str(old))
+    assert "num_warps" not in rows[1].knobs  # the column is there: an empty cell stays unset
+    new = str(tmp_path / "new_tuned.csv")
+    table.TableWriter.for_rows(rows).write(new, rows)
+    assert "num_warps" in open(new).read().splitlines()[0].split(",")
+    assert [r.knobs for r in table.parse_file(new)] == [r.knobs for r in rows]
+
+
+def test_the_shipped_tables_parse_with_the_same_knobs_as_before_the_columns_left():
+    """The shipped sm_90 table has no ``num_warps``/``WavePerEU`` columns; its gluon rows read 4 warps."""
+    path = os.path.join(table.shipped_config_dir(), "sm_90_tuned.csv")
+    header = next(line for line in open(path) if not line.startswith("#")).strip().split(",")
+    assert "num_warps" not in header and "WavePerEU" not in header
+    assert {r.knobs.get("num_warps") for r in table.parse_file(path) if r.backend == "gluon"} == {4}

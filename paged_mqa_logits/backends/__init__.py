@@ -11,9 +11,9 @@ The names below are re-exported so ``backends.get(name)`` and friends read as be
 from __future__ import annotations
 
 from .base import (MAX_SPLIT_KV, Backend, CompileRecord, CompileSpec, check_knob_space, describe_allowed,
-                   formats_unsupported, value_allowed)
+                   formats_unsupported, kernel_writes_tails, value_allowed)
 from .registry import check_config, get, load_error, names, register, why_not
 
 __all__ = ["Backend", "CompileRecord", "CompileSpec", "MAX_SPLIT_KV", "check_config", "check_knob_space",
-           "describe_allowed", "formats_unsupported", "get", "load_error", "names", "register", "value_allowed",
+           "describe_allowed", "formats_unsupported", "get", "kernel_writes_tails", "load_error", "names", "register", "value_allowed",
            "why_not"]

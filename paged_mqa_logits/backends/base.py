@@ -19,9 +19,12 @@ A backend answers five questions and does one thing:
   is one this backend reads with a value it accepts (for ``problem``, else for any problem it
   serves), otherwise a message naming the knob and listing the allowed values. Host-only. The
   tables check every row with it when they load; ``launch`` is only given configs it accepts.
-* ``launch(args, config) -> bool | None``: write the logits of ``args`` (a :class:`LaunchArgs`)
-  into ``args.out`` following the output contract, with no host-device synchronisation; return
-  ``True`` when the kernel also wrote ``args.clean_logits``' ``-inf`` (the op cleans otherwise).
+* ``launch(args, config) -> None``: write the logits of ``args`` (a :class:`LaunchArgs`)
+  into ``args.out`` following the output contract, with no host-device synchronisation, and
+  ``args.clean_logits``' ``-inf`` too where :func:`kernel_writes_tails` says its kernel does.
+* ``writes_tails(problem, config) -> bool`` (optional; absent: never): whether ``config``'s
+  kernel writes ``clean_logits``' ``-inf`` itself; where it does not, the op launches the tail
+  kernel (``backends/clean_tail.py``) after it.
 
 Knob dictionaries use the CSV column names (``ChunkK``, ``WavePerEU``, ``SplitKV``, plus any
 backend-specific ones such as ``num_warps``). ``None`` values mean "backend default". A backend
@@ -66,7 +69,14 @@ class Backend(Protocol):
 
     def check_config(self, config: dict, problem: Problem | None = None) -> str | None: ...
 
-    def launch(self, args: LaunchArgs, config: dict) -> bool | None: ...
+    def launch(self, args: LaunchArgs, config: dict) -> None: ...
+
+
+def kernel_writes_tails(backend, problem: Problem, config: dict) -> bool:
+    """Whether ``backend``'s kernel for ``config`` writes ``clean_logits``' ``-inf`` itself (else
+    the tail kernel writes it): the backend's ``writes_tails``, ``False`` for one without it."""
+    writes = getattr(backend, "writes_tails", None)
+    return bool(writes is not None and writes(problem, config))
 
 
 #: SplitKV's bound in every backend: more splits than this are never useful (a split is at least

@@ -79,12 +79,12 @@ def parse_knobs(text: str | None) -> dict:
 def runners(impl: Impl, workload: Workload, clean_logits: bool = False) -> list[Callable]:
     """One zero-argument call per rotating copy (``clean_logits``: the op's ``-inf`` fill too)."""
 
+    calls = (workload.cleaning() if clean_logits else workload).args
     if impl.kind == "dispatch":
-        return [lambda a=a: launch(a, clean_logits=clean_logits) for a in workload.args]
+        return [lambda a=a: launch(a) for a in calls]
     if impl.kind == "backend":
         knobs = impl.knobs
-        return [lambda a=a: launch(a, backend=impl.backend, config=knobs, clean_logits=clean_logits)
-                for a in workload.args]
+        return [lambda a=a: launch(a, backend=impl.backend, config=knobs) for a in calls]
     if impl.kind == "deepgemm":
         if clean_logits:
             raise ValueError("--clean-logits times this package's kernels only (DeepGEMM's cleaning is its own call)")

@@ -89,7 +89,14 @@ class Workload:
 
         if context_hint == self.context_hint:
             return self
-        args = [_launch_args(inp, context_hint) for inp in self.inputs]
+        return self._revalidated(context_hint, clean_logits=False)
+
+    def cleaning(self) -> "Workload":
+        """The same copies, validated again as calls with ``clean_logits`` (cheap, as :meth:`with_hint`)."""
+        return self._revalidated(self.context_hint, clean_logits=True)
+
+    def _revalidated(self, context_hint: int | None, clean_logits: bool) -> "Workload":
+        args = [_launch_args(inp, context_hint, clean_logits) for inp in self.inputs]
         self.reference()
         return Workload(self.shape, self.device, self.inputs, args, self.lens, self.accounting, context_hint,
                         self._reference)
@@ -111,11 +118,11 @@ class Workload:
         return self._reference
 
 
-def _launch_args(inp: dict, context_hint: int | None) -> LaunchArgs:
+def _launch_args(inp: dict, context_hint: int | None, clean_logits: bool = False) -> LaunchArgs:
     """The validated call of one input copy (``make_inputs``' dict) with ``context_hint``."""
     return build_launch_args(inp["q_fp8"], inp["kv_cache"], inp["weights"], inp["out_logits"], inp["context_lens"],
                              inp["kv_indices"], inp["max_model_len"], inp["preshuffle"], inp["kv_block_size"],
-                             context_hint=context_hint, q_scale=inp["q_scale"])
+                             context_hint=context_hint, q_scale=inp["q_scale"], clean_logits=clean_logits)
 
 
 def build_workload(shape: Shape, device: str | torch.device = "cpu", *, copies: int | None = None,

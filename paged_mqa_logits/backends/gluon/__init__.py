@@ -11,7 +11,9 @@ family                  variant          archs / kernel
 ======================  ===============  ==================================================
 ``cdna``                ``mfma``         gfx942, gfx950: register MFMA, buffer loads (the
                                          ``KeyLoad`` knob's costs: ``cdna_keys.py``)
-``hopper_mma``          ``mma_v2``       sm_90: the same kernel body with ``mma_v2`` atoms
+``hopper_mma``          ``mma_v2``       sm_90: the same kernel body with ``mma_v2`` atoms;
+                                         never tuned, the default where the wgmma variants
+                                         decline (128 heads at next_n 5-8, 256 at 3-8)
 ``hopper_wgmma``        ``wgmma``        sm_90: wgmma on cp.async-staged key tiles
 ``hopper_wgmma_ws``     ``wgmma_ws``     sm_90: the same, copies in a producer warpgroup
                                          (mbarriers)
@@ -19,9 +21,6 @@ family                  variant          archs / kernel
                                          each, TMA keys and scales, ``clean_logits`` fused
 ``hopper_fp4``          ``wgmma_fp4``    sm_90, MXFP4 only: e2m1 widened to e4m3 in registers
                                          (exact), then the ``wgmma`` tile scoring
-``hopper_fp4_pipes``    ``wgmma_fp4_``   sm_90, MXFP4 only: producer warpgroups widen into
-                        ``pipes``        the ring the ``wgmma_pipes`` consumers read; never
-                                         the default (listed after ``hopper_fp4``)
 ======================  ===============  ==================================================
 
 Shared by several families: ``register_mma`` (the register-MMA kernel body ``mfma`` and
@@ -32,9 +31,10 @@ variant shares), ``variant.py`` (the interface and the plumbing every variant in
 This package aggregates the variants: the backend serves a problem when any variant does, its
 candidates are the union (less those of a variant with ``tuned = False``: it stays launchable
 by name and as a fallback), and ``launch`` dispatches on ``config["variant"]`` (the arch's
-default variant when absent). Variant modules are imported here once; one that fails to
-import (a Triton without some Gluon API, a module still being written) is simply absent and
-its import error is reported by ``unsupported``. Importing this package needs Triton, not a GPU.
+default variant when absent). Variant modules are imported here once, by :func:`load_variants`:
+one that fails to import raises, naming the module, so a broken variant never silently
+disappears (the registry then reports the whole backend unavailable and dispatch falls back).
+Importing this package needs Triton, not a GPU.
 """
 
 from __future__ import annotations
@@ -46,30 +46,33 @@ from ..base import CompileSpec, formats_unsupported
 from .variant import GluonVariant
 
 #: variant modules, in preference order for an arch's default variant
-VARIANT_MODULES = ("hopper_wgmma", "hopper_wgmma_ws", "hopper_pipes", "hopper_mma", "cdna", "hopper_fp4",
-                   "hopper_fp4_pipes")
+VARIANT_MODULES = ("hopper_wgmma", "hopper_wgmma_ws", "hopper_pipes", "hopper_mma", "cdna", "hopper_fp4")
 
-_VARIANTS: list[GluonVariant] = []
-_IMPORT_ERRORS: dict[str, str] = {}
-for _name in VARIANT_MODULES:
-    try:
-        _variant = importlib.import_module(f"{__name__}.{_name}").VARIANT
-    except Exception as exc:  # an unfinished or incompatible variant must not break the others
-        _IMPORT_ERRORS[_name] = f"{type(exc).__name__}: {exc}"
-        continue
-    if isinstance(_variant, GluonVariant):
-        _VARIANTS.append(_variant)
-    else:
-        _IMPORT_ERRORS[_name] = f"its VARIANT is a {type(_variant).__name__}, not a GluonVariant"
+
+
+def load_variants(package: str, modules: tuple[str, ...]) -> list[GluonVariant]:
+    """The ``VARIANT`` of each of ``package``'s ``modules``, in order. ``ImportError`` names a
+    module that fails to import; ``TypeError`` one whose ``VARIANT`` is not a :class:`GluonVariant`."""
+    out = []
+    for name in modules:
+        try:
+            module = importlib.import_module(f"{package}.{name}")
+        except Exception as exc:
+            raise ImportError(f"gluon variant module {name!r} failed to import: {type(exc).__name__}: {exc}") from exc
+        variant = getattr(module, "VARIANT", None)
+        if not isinstance(variant, GluonVariant):
+            raise TypeError(f"gluon variant module {name!r}: expected VARIANT to be a GluonVariant, "
+                            f"got {type(variant).__name__}")
+        out.append(variant)
+    return out
+
+
+_VARIANTS: list[GluonVariant] = load_variants(__name__, VARIANT_MODULES)
 
 
 def variants() -> list[GluonVariant]:
-    """The variants whose modules imported, in :data:`VARIANT_MODULES` order."""
+    """The variants, in :data:`VARIANT_MODULES` order."""
     return list(_VARIANTS)
-
-
-def import_errors() -> dict[str, str]:
-    return dict(_IMPORT_ERRORS)
 
 
 class GluonBackend:
@@ -97,7 +100,6 @@ class GluonBackend:
         if self._serving(problem):
             return None
         reasons = [f"{v.name}: {v.unsupported(problem)}" for v in _VARIANTS]
-        reasons += [f"{name}: not importable ({err})" for name, err in _IMPORT_ERRORS.items()]
         return "no gluon variant serves this problem (" + "; ".join(reasons) + ")"
 
     def unavailable(self, target: Target) -> str | None:
@@ -124,11 +126,11 @@ class GluonBackend:
             variant = next((v for v in _VARIANTS if v.name == name), None)
             if variant is None:
                 return (f"gluon knob variant={name!r}: expected one of "
-                        f"{', '.join(v.name for v in _VARIANTS) or 'none (no variant imported)'}")
+                        f"{', '.join(v.name for v in _VARIANTS)}")
             return variant.check_config(config, problem)
         serving = self._serving(problem)[:1] if problem is not None else list(_VARIANTS)
         if not serving:
-            return None if problem is not None else "gluon: no variant imported"
+            return None
         errors = [v.check_config(config, problem) for v in serving]
         return None if None in errors else "; ".join(errors)
 
@@ -144,10 +146,14 @@ class GluonBackend:
             if variant.name == name:
                 return variant
         raise ValueError(f"gluon: unknown or unavailable variant {name!r} "
-                         f"(available: {', '.join(v.name for v in _VARIANTS)}; import errors: {_IMPORT_ERRORS})")
+                         f"(available: {', '.join(v.name for v in _VARIANTS)})")
 
-    def launch(self, args: LaunchArgs, config: dict) -> bool:
-        return self.variant(args.problem, config).launch(args, config)
+    def launch(self, args: LaunchArgs, config: dict) -> None:
+        self.variant(args.problem, config).launch(args, config)
+
+    def writes_tails(self, problem: Problem, config: dict) -> bool:
+        """Whether the variant that runs ``config`` writes ``clean_logits``' ``-inf`` itself."""
+        return self.variant(problem, config).cleans_logits
 
     def compile_specs(self, arch: str, configs: list[dict] | None = None) -> list[CompileSpec]:
         """Specs of every variant that targets ``arch``: its whole compile matrix (``configs``
@@ -155,7 +161,7 @@ class GluonBackend:
         variant it names (default: the arch's first variant that reads the row's ``kv_format``)."""
         targeting = [v for v in _VARIANTS if arch in v.archs]
         if not targeting:
-            raise ValueError(f"no gluon variant targets {arch} (import errors: {import_errors()})")
+            raise ValueError(f"no gluon variant targets {arch}")
         if configs is None:
             return [spec for variant in targeting for spec in variant.compile_specs(arch)]
         by_variant: dict[str, list[dict]] = {}

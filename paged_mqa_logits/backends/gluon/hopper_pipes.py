@@ -236,7 +236,7 @@ class WgmmaPipesVariant(GluonVariant):
         ctas = int(pick["CtasPerSM"])
         self.require_in("CtasPerSM", ctas, self.knob_space["CtasPerSM"])
         key_copy = pick["KeyCopy"] or "tma"
-        self.require_in("KeyCopy", key_copy, self.knob_space.get("KeyCopy", (key_copy,)))  # wgmma_fp4_pipes has no such knob
+        self.require_in("KeyCopy", key_copy, self.knob_space["KeyCopy"])
         overlap = int(config.get("Overlap") or 0)
         self.require_in("Overlap", overlap, self.knob_space["Overlap"])
         head_sum = config.get("HeadSum") or "fp32"

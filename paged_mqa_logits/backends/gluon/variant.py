@@ -1,6 +1,7 @@
 """The base of every ``gluon`` variant: what a kernel family has in common with the others.
 
-A variant is one kernel family of the backend (``mfma``, ``mma_v2``, ``wgmma``, ``wgmma_ws``).
+A variant is one kernel family of the backend: ``mfma`` (gfx942, gfx950), ``mma_v2``, ``wgmma``,
+``wgmma_ws``, ``wgmma_pipes`` and ``wgmma_fp4`` (sm_90); the table in ``__init__.py`` says what each is.
 :class:`GluonVariant` owns the plumbing every family needs and the backend relies on:
 
 * knob validation (:meth:`~GluonVariant.check_config`: every knob in the variant's
@@ -197,9 +198,9 @@ class GluonVariant(ABC):
                 out.append({"variant": self.name, **chosen})
         return out
 
-    def launch(self, args: LaunchArgs, config: dict) -> bool:
-        """Launch ``config`` on ``args``; ``True`` when the kernel also cleaned (see
-        :attr:`cleans_logits`)."""
+    def launch(self, args: LaunchArgs, config: dict) -> None:
+        """Launch ``config`` on ``args`` (the kernel also writes ``args.clean_logits``' ``-inf``
+        when the variant :attr:`cleans_logits`)."""
         key = self.plan_key(args, config)
         plan = self._plans.get(key)
         if plan is None:
@@ -208,7 +209,6 @@ class GluonVariant(ABC):
         kwargs = plan.kwargs
         self.kernel_for(kwargs)[plan.grid](*common.kernel_arguments(args, plan.num_splits), *extra, **kwargs,
                                            **per_call)
-        return self.cleans_logits and args.clean_logits
 
     def clear_plans(self) -> None:
         """Forget the cached launch plans (after a change to what they were computed from)."""

@@ -1,5 +1,4 @@
-"""What the sm_90 MXFP4 GPU tests share (test_hopper_fp4_gpu.py for ``wgmma_fp4``,
-test_hopper_fp4_pipes_gpu.py for ``wgmma_fp4_pipes``): the variant lookup that skips without an
+"""The sm_90 MXFP4 GPU checks of test_hopper_fp4_gpu.py (``wgmma_fp4``): the variant lookup that skips without an
 sm_90 GPU, fp4 inputs, the exact reference, and the checks: ``calc_diff < 5e-6`` on every visible
 position against ``reference.reference_logits`` with ``q_scale``, every other position untouched
 bit for bit (``-inf`` where ``clean_logits`` asks for it)."""
@@ -21,8 +20,8 @@ def _skip(reason: str):
     pytest.skip(reason)
 
 
-def sm90_variant(name: str, module: str):
-    """The Gluon variant ``name`` (kernel module ``module``), or a skip naming why it cannot run."""
+def sm90_variant(name: str):
+    """The Gluon variant ``name``, or a skip naming why it cannot run here."""
     if not torch.cuda.is_available():
         _skip(f"no CUDA GPU: the {name} kernel runs on sm_90 only")
     from paged_mqa_logits.arch import detect
@@ -30,11 +29,10 @@ def sm90_variant(name: str, module: str):
     arch = detect("cuda").arch
     if arch != "sm_90":
         _skip(f"{name} targets sm_90, this GPU is {arch}")
-    from paged_mqa_logits.backends.gluon import import_errors, variants
+    from paged_mqa_logits.backends.gluon import variants
 
     found = [v for v in variants() if v.name == name]
-    if not found:
-        _skip(f"{name} is not importable: {import_errors().get(module)}")
+    assert found, f"no gluon variant named {name!r}"
     return found[0]
 
 

@@ -52,16 +52,16 @@ def fp8_dtype(arch: str):
 
 
 def variant_module(name: str):
-    """The variant object named ``name`` (skips when it does not target this GPU or did not import)."""
+    """The variant object named ``name`` (skips when it does not target this GPU; a variant that
+    does not import fails the backend's import, not a skip)."""
     arch = device_arch()
     if name not in VARIANTS.get(arch, ()):
         _skip(f"variant {name!r} does not target this GPU ({arch})")
-    from paged_mqa_logits.backends.gluon import import_errors, variants
+    from paged_mqa_logits.backends.gluon import variants
 
-    for variant in variants():
-        if variant.name == name:
-            return variant
-    _skip(f"variant {name!r} is not importable: {import_errors()}")
+    found = [v for v in variants() if v.name == name]
+    assert found, f"no gluon variant named {name!r}"
+    return found[0]
 
 
 def launch_args(inp: dict, context_hint=None):

@@ -39,7 +39,7 @@ WALKED = (1, 4, 6, 7)
 
 @pytest.fixture(scope="module")
 def variant():
-    return sm90_variant(NAME, "hopper_fp4")
+    return sm90_variant(NAME)
 
 
 @pytest.mark.parametrize("case", range(len(CASES)))

@@ -170,7 +170,7 @@ def test_it_is_registered_and_serves_fp4_only():
     assert V.unsupported(problem(logits_dtype="bf16")) is None
     assert "fp4" in V.unsupported(fp8_problem()) and "fp8" in V.unsupported(fp8_problem())
     for other in variants():
-        if "fp4" not in other.kv_formats:  # the fp8 variants decline it (wgmma_fp4_pipes serves it too)
+        if "fp4" not in other.kv_formats:  # the fp8 variants decline it 
             assert "fp4" in other.unsupported(problem()), other.name
     assert "preshuffled" in V.unsupported(problem(preshuffle=True))
     assert "arch" in V.unsupported(dataclasses.replace(problem(), arch="gfx950", fp8="fn"))

@@ -222,7 +222,7 @@ def _clean_tail(out_ptr, lens_ptr, b, unit, count, step, stride_out, stride_lens
                 WARPS: gl.constexpr):
     """``-inf`` over units ``unit, unit + step, ... < unit + count`` of sequence ``b``'s tail
     (columns from its last tile's end up to ``max_model_len``), every row of the sequence, by
-    ``WARPS`` warps (a pipes producer warp, or ``wgmma_fp4_pipes``' producer warpgroup)."""
+    ``WARPS`` warps (the producer warp)."""
     layout: gl.constexpr = _tail_layout(WARPS)
     ROWS: gl.constexpr = _pow2(NEXT_N)
     seq_len = device.sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
@@ -241,8 +241,7 @@ def _clean_team_tails(out_ptr, lens_ptr, tail_share, stride_out, stride_lens_b, 
                       TEAM: gl.constexpr, TEAMS: gl.constexpr, WARPS: gl.constexpr):
     """Team ``TEAM``'s part of the program's tail share (``_program_share`` in units of
     ``_TAIL_UNIT`` columns past each sequence's tiles): units alternate between the teams across
-    sequences as tiles do. Called by every producer that cleans (this file's and
-    ``wgmma_fp4_pipes``'), with its warp count."""
+    sequences as tiles do. Called by the producer that cleans, with its warp count."""
     item, stop, b, unit = tail_share
     u = 0  # the program's tail units before this sequence's first
     while item < stop:
