@@ -138,3 +138,16 @@ def test_a_run_that_tunes_nothing_exits_non_zero(capsys, keys, tmp_path):
                           "--time-budget", "0.000001", "--quiet")
     assert rc == 1 and any("nothing tuned" in line for line in err), err
     assert not out.exists()
+
+
+def test_the_installed_entry_point_works_from_any_directory(tmp_path):
+    """``python -m paged_mqa_logits.tuner`` needs no checkout as the working directory (``python
+    -m tuner`` is the checkout's alias), and its help names the command it was run as."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "paged_mqa_logits.tuner", "--help"], capture_output=True,
+                          text=True, cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: python -m paged_mqa_logits.tuner ")
+    assert "'python -m paged_mqa_logits.tuner recheck --table TABLE.csv'" in " ".join(done.stdout.split())
