@@ -75,6 +75,14 @@ def test_bad_untuned_file_is_one_line(capsys, tmp_path):
     assert rc == 1 and len(err) == 1 and "bad.csv" in err[0] and "header lacks" in err[0]
 
 
+def test_an_untuned_list_that_is_not_utf8_text_is_one_line_naming_the_file(capsys, tmp_path):
+    binary = tmp_path / "binary_untuned.csv"
+    binary.write_bytes(KEYS.encode() + b"\x80\x81,1\n")
+    rc, _, err = run_main(capsys, str(binary), "--dry-run", "--arch", "sm_90")
+    assert rc == 1 and len(err) == 1, err
+    assert f"{binary}:3: not a text (UTF-8) CSV file" in err[0]
+
+
 def test_debug_shows_the_traceback(keys):
     with pytest.raises(CliError, match="-o/--out"):
         cli.main([keys, "--debug"])
