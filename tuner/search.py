@@ -13,7 +13,7 @@
    candidate per context, and the best geometric mean over the key's contexts as the
    ``context=any`` row, merged into the output file atomically.
 
-``--time-budget S`` bounds the whole run: the check stage may use half of it (what it did not
+``--time-budget S`` (at least :data:`MIN_TIME_BUDGET` from the command line) bounds the whole run: the check stage may use half of it (what it did not
 reach is checked while timing), the confirm stage is dropped when the remaining keys would not
 fit otherwise, and keys that do not fit at all are left out (keys run coarse-to-fine in batch,
 so the nearest-batch rule covers them; a later run resumes them).
@@ -36,6 +36,16 @@ from .candidates import Candidate, candidates_for, load_extra_backends
 from .keys import TuneKey, order_keys, read_untuned
 from .worker import Pool, Task
 from .writer import geomean, provenance, read_existing, rows_for, tuned_shape_keys, update_table
+
+
+#: the shortest ``--time-budget`` the command line accepts. Nothing is written before one
+#: (key, context) task finishes: a worker process starts (imports torch, Triton and the package),
+#: builds the task's inputs and reference, and compiles and screens each candidate of the key
+#: once, which takes tens of seconds even on a GPU (on CPU, through the Triton interpreter,
+#: minutes); a started task gets a grace of 30 s past the budget, no more.
+MIN_TIME_BUDGET = 60.0
+WHY_MIN_TIME_BUDGET = ("nothing is written before a worker process has started and finished one (key, context) "
+                       "task: inputs built, every candidate of the key compiled and timed once")
 
 
 @dataclass
