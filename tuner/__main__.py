@@ -18,7 +18,8 @@ from .search import MIN_TIME_BUDGET, WHY_MIN_TIME_BUDGET
 
 PROG = f"python -m {__package__ or 'tuner'}"  # "paged_mqa_logits.tuner" once installed
 SUBCOMMANDS = ("tune", "recheck")
-EXIT_STATUS = ("exit status: 0 every key tuned, already tuned, or left for a later run by the time budget; "
+EXIT_STATUS = ("exit status: 0 every key tuned, already tuned, too large for the free memory (skipped, as the "
+               "contexts of a key that do not fit) or left for a later run by the time budget; "
                "1 a key failed (no candidate passed, no backend serves it), nothing was tuned or an input file is malformed; "
                "2 a usage error (including a --time-budget below the minimum), before anything starts; "
                "130 interrupted.")

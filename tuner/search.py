@@ -94,6 +94,7 @@ class Outcome:
     skipped: list = field(default_factory=list)  # TuneKey already in the output
     left: list = field(default_factory=list)  # TuneKey not reached (time budget)
     failed: list = field(default_factory=list)  # TuneKey no candidate passed (or no backend serves)
+    too_large: list = field(default_factory=list)  # TuneKey whose inputs fit the free memory at no context
     rejected: list = field(default_factory=list)  # (where, candidate label, status)
     measurements: list = field(default_factory=list)  # report rows (dicts)
     seconds: float = 0.0
@@ -164,7 +165,7 @@ class CheckStage:
         return self.tasks.popleft() if self.tasks else None
 
     def record(self, task, idx, stage, m):
-        if not m.ok:
+        if not m.ok and not m.status.startswith(bench.SKIPPED_FOR_MEMORY):  # too large to check: the timing stage says so
             self.failed.setdefault(task.meta["family"], {})[task.meta["candidates"][idx]] = m.status
 
     def task_done(self, task):
@@ -395,11 +396,21 @@ def time_runs(opts: Options, target, outcome: Outcome, runs: list[KeyRun], t0: f
 
     def key_done(run: KeyRun) -> None:
         run.finished = True
+        too_large = {}  # context -> why its inputs were not built
         for (context, idx, stage), m in sorted(run.results.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
             outcome.measurements.append(_report_row(target, run.key, context, stage, run.candidates[idx], m))
-            if not m.ok:
+            if m.status.startswith(bench.SKIPPED_FOR_MEMORY):
+                too_large[context] = m.status
+            elif not m.ok:
                 outcome.rejected.append((f"{run.key.describe()} context={context}", run.candidates[idx].label, m.status))
-        rows = rows_for(run.key, target.arch, target.cu_num, run.candidates, run.results, prov)
+        for context, status in too_large.items():
+            _say(opts, f"[tuner] {run.key.describe()} context={context}: {status}")
+        ran = tuple(c for c in run.key.contexts if c not in too_large)
+        if not ran:  # the device's size, not the candidates' fault: not a failure
+            outcome.too_large.append(run.key)
+            return
+        # the key's rows (its ``any`` row too) cover the contexts that fit
+        rows = rows_for(TuneKey(run.key.shape_key, ran), target.arch, target.cu_num, run.candidates, run.results, prov)
         if not rows:
             _say(opts, f"[tuner] {run.key.describe()}: no candidate passed; nothing written")
             outcome.failed.append(run.key)
@@ -453,7 +464,8 @@ def print_summary(opts: Options, outcome: Outcome, runs: list[KeyRun]) -> None:
     t = outcome.target
     print(f"[tuner] {len(outcome.tuned)} key(s) tuned on {t.arch}/cu{t.cu_num} ({len(outcome.rows)} rows -> {opts.out}) "
           f"in {outcome.seconds:.0f} s; {len(outcome.skipped)} skipped as already tuned; "
-          f"{len(outcome.left)} left untuned; {len(outcome.failed)} failed; {outcome.restarts} worker restart(s)")
+          f"{len(outcome.left)} left untuned; {len(outcome.failed)} failed; {len(outcome.too_large)} too large for "
+          f"the free memory; {outcome.restarts} worker restart(s)")
     if outcome.left:
         print("[tuner] not tuned (time budget; run again to resume): "
               + ", ".join(f"b{s.batch}/n{s.next_n}/H{s.heads}/p{int(s.preshuffle)}"
