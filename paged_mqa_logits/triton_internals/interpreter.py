@@ -212,9 +212,8 @@ def serialise_compiles() -> None:
     a direct ``triton.compile`` (a cross-compile of another tool or thread), the JIT's async
     compile mode (it compiles after ``_do_compile`` returned)."""
     from triton.compiler import code_generator
+    from triton.compiler.compiler import ASTSource
     from triton.runtime.jit import JITFunction
-
-    from .compiler import ASTSource
 
     _holding_the_language_lock(JITFunction, "_do_compile")
     _holding_the_language_lock(ASTSource, "hash")
