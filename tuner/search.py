@@ -385,9 +385,10 @@ def time_runs(opts: Options, target, outcome: Outcome, runs: list[KeyRun], t0: f
     mp = max(1, min(opts.mp, ngpu)) if gpu else 1
     timing_devices = [f"cuda:{i}" for i in range(mp)] if gpu else ["cpu"]
     jobs = opts.jobs if opts.jobs is not None else (min(16, os.cpu_count() or 1) if gpu else 0)
-    import triton
+    from paged_mqa_logits.triton_internals.version import installed_version
 
-    prov = provenance(gpu_name() if gpu else "cpu", target.cu_num, triton.__version__, torch.__version__,
+    # the torch backend tunes without Triton: its provenance then says "none"
+    prov = provenance(gpu_name() if gpu else "cpu", target.cu_num, installed_version() or "none", torch.__version__,
                       lengths=opts.lengths)
     check_devices = [f"cuda:{i % ngpu}" if gpu else "cpu" for i in range(jobs)]
     pool = Pool(check_devices or timing_devices, timeout=opts.timeout, build_timeout=opts.build_timeout,
