@@ -13,9 +13,10 @@ Public surface:
 docs/CONTRACT.md is the contract every backend implements.
 """
 
-from .triton_internals.version import require_triton, warn_if_untested
-
-require_triton()  # before anything else: a clear message instead of a failure deep inside
+# Triton is not needed to import: tables, ``explain`` and the torch backend work without it. A
+# Triton backend checks for it when first loaded (backends/registry.py), so the dispatch falls back
+# to torch and a forced Triton backend or a compile names what to install.
+from .triton_internals.version import warn_if_untested
 from .dispatch import reload_tuned_table
 from .op import PagedMQAArgumentError
 from .torch_op import paged_mqa_logits
@@ -25,4 +26,4 @@ from .explain import explain
 __all__ = ["paged_mqa_logits", "warmup", "reload_tuned_table", "explain", "PagedMQAArgumentError"]
 __version__ = "0.1.0"
 
-warn_if_untested()  # once per process, for a Triton outside the tested range
+warn_if_untested()  # once per process, for a Triton outside the tested range (none: no warning)

@@ -204,7 +204,7 @@ COMMANDS = {
     "explain": (explain_cmd, "which backend/knobs/rule a problem gets (no GPU needed)"),
     "bench": (_bench, "time backends or the dispatch with the method of docs/BENCHMARK.md"),
     "compile": (_delegate("paged_mqa_logits.aot.compile"), "cross-compile a backend's candidates for an arch (no GPU needed)"),
-    "precompile": (_delegate("paged_mqa_logits.kernel_cache"),
+    "precompile": (_delegate("paged_mqa_logits.aot.cli"),
                    "fill the run-time kernel cache with what the tuned table can pick (no GPU needed)"),
 }
 

@@ -16,10 +16,12 @@ import contextlib
 import sys
 from typing import Callable, Iterator
 
+from .triton_internals.version import TritonMissing
+
 DEBUG_FLAG = "--debug"
 USAGE_ERROR, RUNTIME_ERROR, INTERRUPTED = 2, 1, 130
 #: optional packages and the extra that installs them (pyproject.toml)
-OPTIONAL_PACKAGES = {"flydsl": "rocm"}
+OPTIONAL_PACKAGES = {"flydsl": "rocm", "triton": "triton"}
 
 
 class CliError(Exception):
@@ -92,6 +94,8 @@ def one_line(text: str) -> str:
 
 def describe(exc: BaseException) -> str:
     """What went wrong, in one line, in words a user can act on."""
+    if isinstance(exc, TritonMissing):  # already says what to install
+        return one_line(exc)
     if isinstance(exc, ImportError) and exc.name:
         package = exc.name.split(".")[0]
         if package in OPTIONAL_PACKAGES:

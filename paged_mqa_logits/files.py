@@ -1,4 +1,9 @@
-"""Writing the package's output files all or nothing.
+"""Reading the package's input files with errors that name them; writing its output files all
+or nothing.
+
+:func:`read_text` reads every CSV the package takes (tuned tables, the tuner's untuned key
+lists): a file that cannot be opened or is not UTF-8 text is an error naming the file (and the
+line), of the caller's error type.
 
 Every file the tables, the tuner (tables, reports, re-checks, untuned key lists), ``compile``
 and the backends' compile records write goes through :func:`atomic_write`: a reader (another
@@ -13,6 +18,22 @@ import contextlib
 import os
 import tempfile
 from typing import IO, Iterator
+
+
+def read_text(path: str, error: type[Exception] = ValueError) -> str:
+    """The UTF-8 text of ``path`` (a leading byte order mark, as spreadsheets export, dropped).
+    Raises ``error`` naming ``path`` when it cannot be read (missing, a directory, no permission)
+    or is not UTF-8 text (with the line of the first bad byte)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise error(f"{path}: cannot read it ({exc.strerror or type(exc).__name__})") from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise error(f"{path}:{line}: not a text (UTF-8) CSV file ({exc.reason})") from None
 
 
 def write_target(path: str) -> str:

@@ -72,8 +72,8 @@ from pathlib import Path
 
 from . import backends
 from .arch import normalise_arch
-from .errors import PagedMQAArgumentError
-from .files import atomic_write
+from .errors import PagedMQAArgumentError, PagedMQAEnvironmentError
+from .files import atomic_write, read_text
 from .problem import OPTIONAL_KEY_COLUMNS, SHAPE_KEY_COLUMNS, Problem, ShapeKey, Target, int_cell
 
 ENV_CONFIGS = "PAGED_MQA_LOGITS_CONFIGS"
@@ -205,7 +205,9 @@ def configured_files() -> list[str]:
         elif os.path.isfile(entry):
             files.append(entry)
         else:
-            raise FileNotFoundError(f"{name} lists {entry!r}, which is neither a file nor a directory")
+            raise PagedMQAEnvironmentError(f"paged_mqa_logits: environment variable {name}: expected "
+                                           f"existing files or directories (or 'default'), got {entry!r}, which is "
+                                           f"no file or directory")
     return files
 
 
@@ -241,13 +243,7 @@ def parse_file(path: str) -> list[Row]:
     value outside its backend's space (``Backend.check_config``)."""
     rows: list[Row] = []
     header: list[str] | None = None
-    with open(path, "rb") as f:
-        data = f.read()
-    try:
-        text = data.decode("utf-8-sig")  # a byte order mark (spreadsheet exports) is not part of the header
-    except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise TableError(f"{path}:{line}: not a text (UTF-8) CSV file ({exc.reason})") from None
+    text = read_text(path, TableError)
     for lineno, line in enumerate(io.StringIO(text, newline=""), start=1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue

@@ -407,3 +407,39 @@ def test_the_gpu_grid_covers_both_block_sizes_and_a_batch_far_past_l2():
     assert big and all(s.shape_key.batch * s.context * 132 > 17e9 for s in big)
     cpu_shapes, _ = resolve_shapes(p, p.parse_args([]), torch.device("cpu"))
     assert len(cpu_shapes) == 8 and {s.shape_key.kv_block_size for s in cpu_shapes} == {64}
+
+
+def test_a_shape_too_large_for_the_free_memory_is_skipped_and_the_run_passes(tmp_path, capsys, monkeypatch):
+    """A faked free-memory figure that holds the small shape's inputs but not the large one's: the
+    large one is reported as skipped with the bytes it needs and the bytes free, the small one is
+    timed, and the run exits 0."""
+    from paged_mqa_logits.bench import workload
+
+    small, = bench.grid_shapes([16], [1], [1], [32], [16])
+    persistent, transient = workload._copy_footprint(small, small.lens(0))
+    limit = 2 * (transient + 5 * persistent)  # the 32-token shape fits, the 4096-token one does not
+    monkeypatch.setenv(workload.ENV_MEMORY_LIMIT, str(limit))
+    assert workload.free_memory(torch.device("cpu")) == limit
+    out = tmp_path / "bench.csv"
+    rc = bench.main(["--heads", "16", "--next-n", "1", "--batch", "1", "--context", "32,4096", "--kv-block-size", "16",
+                     "--backend", "torch", "--replays", "1", "--device", "cpu", "--quiet", "--out", str(out)])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    _, rows = _read(out)
+    by_context = {r["context"]: r["status"] for r in rows}
+    assert by_context["32"] == "ok"
+    assert by_context["4096"].startswith("skipped: too large: ") and f"GiB free ({limit} bytes)" in by_context["4096"]
+    needed = int(by_context["4096"].split("GiB free (")[1].split(" bytes")[0])
+    assert needed > limit
+    assert "# skipped 1 shape(s) whose inputs do not fit" in captured.out
+    assert "FAILED" not in captured.err
+
+
+def test_a_memory_limit_that_is_no_byte_count_names_the_variable(monkeypatch):
+    from paged_mqa_logits.bench import workload
+    from paged_mqa_logits.errors import PagedMQAEnvironmentError
+
+    monkeypatch.setenv(workload.ENV_MEMORY_LIMIT, "8GiB")
+    with pytest.raises(PagedMQAEnvironmentError, match="PAGED_MQA_LOGITS_MEMORY_LIMIT: expected a positive number "
+                                                       "of bytes, got '8GiB'"):
+        workload.free_memory(torch.device("cpu"))

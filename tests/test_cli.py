@@ -188,6 +188,18 @@ def test_bad_table_is_one_line(capsys, monkeypatch, tmp_path):
     assert_one_line_error(rc, err, "broken_tuned.csv", "--debug")
 
 
+@pytest.mark.parametrize("command", [("explain", "--arch", "sm90"),
+                                     ("demo", "--device", "cpu", "--batch", "1", "--context", "64", "--heads", "16")])
+def test_a_missing_configs_file_is_one_line_naming_the_variable_and_the_path(capsys, monkeypatch, tmp_path, command):
+    missing = tmp_path / "gone_tuned.csv"
+    monkeypatch.setenv("PAGED_MQA_LOGITS_CONFIGS", str(missing))
+    from paged_mqa_logits import reload_tuned_table
+
+    reload_tuned_table()
+    rc, _, err = run_main(capsys, *command)
+    assert_one_line_error(rc, err, "environment variable PAGED_MQA_LOGITS_CONFIGS", str(missing))
+
+
 def test_missing_optional_package_is_one_line(capsys, monkeypatch):
     """A missing flydsl (the rocm extra) is named with the install command."""
     monkeypatch.setitem(sys.modules, "flydsl", None)  # import flydsl -> ImportError(name="flydsl")

@@ -52,11 +52,12 @@ def test_configure_precompile_and_the_package_uses_the_cache(cmake, tmp_path):
 
     # A fresh process finds the cache through the documented variable and loads from it.
     probe = (
-        "from paged_mqa_logits import kernel_cache as kc\n"
-        "dirs = kc.activate()\n"
+        "from paged_mqa_logits.triton_internals import cache_overlay\n"
+        "from paged_mqa_logits.aot.verify import verify\n"
+        "dirs = cache_overlay.activate()\n"
         "from triton import knobs\n"
         "print('dirs', dirs, 'overlay', knobs.cache.manager_class.__name__)\n"
-        "r = kc.verify()\n"
+        "r = verify()\n"
         "print(r.describe())\n"
     )
     out = _run([sys.executable, "-c", probe], cwd=REPO, env=dict(env, PAGED_MQA_LOGITS_KERNEL_CACHE=str(cache)))

@@ -12,7 +12,8 @@ import sys
 import pytest
 import torch
 
-from paged_mqa_logits import kernel_cache as kc
+from paged_mqa_logits.aot.launches import gpu_target, launches_of, meta_launch_args
+from paged_mqa_logits.aot.verify import VerifyResult, simulated_device, verify
 from paged_mqa_logits.triton_internals import cache_overlay as overlay
 from paged_mqa_logits import reload_tuned_table
 from paged_mqa_logits.triton_internals.compiler import cache_invalidating_env
@@ -44,9 +45,9 @@ def tiny_table(tmp_path, monkeypatch):
 
 @pytest.fixture
 def clean_activation():
-    kc.deactivate()
+    overlay.deactivate()
     yield
-    kc.deactivate()
+    overlay.deactivate()
 
 
 def valid_manifest(files: dict) -> dict:
@@ -77,13 +78,13 @@ def test_recorded_keys_equal_the_keys_of_a_real_jit_launch(arch, lens_2d, kv_for
     from paged_mqa_logits import backends
     from paged_mqa_logits.triton_internals.compiler import ASTSource, compile_cache_hash, make_backend
 
-    target = kc.gpu_target(arch)
+    target = gpu_target(arch)
     problem = _problem(arch, lens_2d=lens_2d, batch=1 if lens_2d else 3, kv_format=kv_format,
                        logits_dtype=logits_dtype)
     config = {"ChunkK": 64, "SplitKV": 0, "num_warps": 4, "num_stages": 3}
     workspace = torch.empty((problem.rows, 512), dtype=LOGITS_DTYPES[logits_dtype])
     real = warm_inputs(problem, device="cpu", workspace=workspace, validate=False)
-    recorded = kc.launches_of("triton", kc.meta_launch_args(real), config, target)
+    recorded = launches_of("triton", meta_launch_args(real), config, target)
     assert len(recorded) == 1
 
     seen = []
@@ -95,7 +96,7 @@ def test_recorded_keys_equal_the_keys_of_a_real_jit_launch(arch, lens_2d, kv_for
     kernel = recorded[0].kernel
     knobs.runtime.jit_cache_hook = hook
     try:
-        with kc.simulated_device(target, kc.VerifyResult(), [kernel]):
+        with simulated_device(target, VerifyResult(), [kernel]):
             backends.get("triton").launch(real, config)
     finally:
         knobs.runtime.jit_cache_hook = None
@@ -120,7 +121,7 @@ def test_meta_inputs_specialise_like_real_inputs():
                            workspace=torch.empty((problem.rows + 2, problem.max_model_len), dtype=dtype, device="meta"))
         names = ("q", "kv_cache", "weights", "out", "context_lens", "block_table")
         for name in names + (("q_scale",) if problem.shape_key.kv_format == "fp4" else ()):
-            a, b = getattr(kc.meta_launch_args(real), name), getattr(meta, name)
+            a, b = getattr(meta_launch_args(real), name), getattr(meta, name)
             assert (a.dtype, a.shape, a.stride(), a.storage_offset(), a.untyped_storage().nbytes()) == \
                    (b.dtype, b.shape, b.stride(), b.storage_offset(), b.untyped_storage().nbytes()), name
 
@@ -128,7 +129,7 @@ def test_meta_inputs_specialise_like_real_inputs():
 def _cli(*args, env=None):
     """The CLI in a fresh process: compiling must not share a process with the Triton interpreter
     the CPU tests run (it leaves triton.language patched; see triton_internals/interpreter.py)."""
-    done = subprocess.run([sys.executable, "-m", "paged_mqa_logits.kernel_cache", *args], capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "paged_mqa_logits", "precompile", *args], capture_output=True,
                           text=True, cwd=REPO, env=dict(os.environ, **(env or {})))
     return done.returncode, done.stdout + done.stderr
 
@@ -138,9 +139,9 @@ def test_precompile_then_the_jit_finds_every_kernel_and_launcher(tiny_table, tmp
     code, log = _cli("--arch", "sm_90;gfx950", "--out", out, "--max-model-len", "512", "--no-fallbacks", "--quiet",
                      "--verify")
     assert code == 0, log
-    manifest = kc.read_manifest(out)
+    manifest = overlay.read_manifest(out)
     assert manifest["targets"] == ["gfx950", "sm_90"]
-    assert manifest["files"] and all(kc.sha256_of(os.path.join(out, rel)) == sha for rel, sha in manifest["files"].items())
+    assert manifest["files"] and all(overlay.sha256_of(os.path.join(out, rel)) == sha for rel, sha in manifest["files"].items())
     assert not any(name.endswith(".tmp") for name in os.listdir(out))
     assert {k["arch"] for k in manifest["kernels"]} == {"sm_90", "gfx950"}
     formats = {(k["arch"], k["problem"]["shape_key"]["kv_format"], k["problem"]["shape_key"]["logits_dtype"])
@@ -148,7 +149,7 @@ def test_precompile_then_the_jit_finds_every_kernel_and_launcher(tiny_table, tmp
     assert {("sm_90", "fp4", "bf16"), ("gfx950", "fp4", "fp32"), ("sm_90", "fp8", "fp32")} <= formats
     assert f"verify: {len(manifest['kernels'])}/{len(manifest['kernels'])} kernels found by the JIT" in log
 
-    result = kc.verify(out)  # in this process too: loading from the cache compiles nothing
+    result = verify(out)  # in this process too: loading from the cache compiles nothing
     assert result.ok, result.describe()
     assert result.disk_hits == len(manifest["kernels"])
     if per_kernel_launchers():  # Triton 3.6's CUDA launcher stubs (HIP stubs need the local HIP runtime)
@@ -157,20 +158,20 @@ def test_precompile_then_the_jit_finds_every_kernel_and_launcher(tiny_table, tmp
     # relocatable: the group files' absolute paths of the build dir are not needed
     moved = str(tmp_path / "installed" / "kernel_cache")
     shutil.move(out, moved)
-    assert kc.verify(moved).ok
+    assert verify(moved).ok
 
     # a manifest written while problems repeated their key's fields flat and carried their
     # target's device type and ``hypothetical`` still verifies: those keys are ignored
-    old = kc.read_manifest(moved)
+    old = overlay.read_manifest(moved)
     for entry in old["kernels"]:
         assert "device_type" not in entry["problem"] and "hypothetical" not in entry["problem"]
         entry["problem"].update(entry["problem"].pop("shape_key"), device_type="cuda", hypothetical=True)
-    kc.write_manifest_atomically(moved, old)
-    assert kc.verify(moved).ok
+    overlay.write_manifest_atomically(moved, old)
+    assert verify(moved).ok
 
     # a cache-invalidating env var that differs from build time makes every kernel miss (the
     # verification can fail); fresh process, since a miss compiles
-    probe = f"from paged_mqa_logits import kernel_cache as kc; print(kc.verify({moved!r}).describe())"
+    probe = f"from paged_mqa_logits.aot.verify import verify; print(verify({moved!r}).describe())"
     stale = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO,
                            env=dict(os.environ, TRITON_DEFAULT_FP_FUSION="0"))
     n = len(manifest["kernels"])
@@ -182,34 +183,34 @@ def test_lookup_rule_env_defaults_and_off(tmp_path, monkeypatch, clean_activatio
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir()
     b.mkdir()
-    monkeypatch.setenv(kc.ENV_CACHE, os.pathsep.join([str(a), str(tmp_path / "missing"), str(b)]))
-    assert kc.cache_dirs() == [str(a), str(b)]
-    monkeypatch.setenv(kc.ENV_CACHE, "off")
-    assert kc.cache_dirs() == []
-    monkeypatch.delenv(kc.ENV_CACHE)
+    monkeypatch.setenv(overlay.ENV_CACHE, os.pathsep.join([str(a), str(tmp_path / "missing"), str(b)]))
+    assert overlay.cache_dirs() == [str(a), str(b)]
+    monkeypatch.setenv(overlay.ENV_CACHE, "off")
+    assert overlay.cache_dirs() == []
+    monkeypatch.delenv(overlay.ENV_CACHE)
     monkeypatch.setattr(overlay, "default_dirs", lambda: [str(tmp_path / "nope"), str(b)])
-    assert kc.cache_dirs() == [str(b)]
+    assert overlay.cache_dirs() == [str(b)]
 
 
 def test_a_cache_built_by_another_triton_or_python_is_skipped(tmp_path, monkeypatch, clean_activation, caplog):
     (tmp_path / "manifest.json").write_text(json.dumps(
         {"triton_version": "0.0.0", "python_ext_suffix": ".cpython-39-x86_64-linux-gnu.so", "kernels": [],
          "files": {}}))
-    monkeypatch.setenv(kc.ENV_CACHE, str(tmp_path))
-    assert kc.activate() == []
+    monkeypatch.setenv(overlay.ENV_CACHE, str(tmp_path))
+    assert overlay.activate() == []
     assert "not used" in caplog.text
 
 
 def test_activate_overlays_without_touching_the_users_cache(tmp_path, monkeypatch, clean_activation):
     from triton import knobs
 
-    monkeypatch.setenv(kc.ENV_CACHE, str(tmp_path))
+    monkeypatch.setenv(overlay.ENV_CACHE, str(tmp_path))
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "user"))
-    kc.write_manifest_atomically(str(tmp_path), valid_manifest({}))
-    assert kc.activate() == [str(tmp_path)]
+    overlay.write_manifest_atomically(str(tmp_path), valid_manifest({}))
+    assert overlay.activate() == [str(tmp_path)]
     assert knobs.cache.manager_class.precompiled_dirs == [str(tmp_path)]
     assert knobs.cache.dir == str(tmp_path / "user")  # writes still go to the user's cache dir
-    kc.deactivate()
+    overlay.deactivate()
     assert knobs.cache.manager_class is None
 
     class Mine:  # a user-installed cache manager wins
@@ -217,7 +218,7 @@ def test_activate_overlays_without_touching_the_users_cache(tmp_path, monkeypatc
 
     knobs.cache.manager_class = Mine
     try:
-        assert kc.activate() == []
+        assert overlay.activate() == []
         assert knobs.cache.manager_class is Mine
     finally:
         del knobs.cache.manager_class
@@ -231,14 +232,6 @@ def test_a_relative_xdg_cache_home_is_ignored(monkeypatch, tmp_path):
     assert overlay.default_dirs()[-1] == str(tmp_path / ".cache" / "paged_mqa_logits" / "kernel_cache")
 
 
-def test_the_deprecated_kernel_cache_module_only_aliases_the_aot_names():
-    """``paged_mqa_logits.kernel_cache`` keeps its CLI and names, each the very object of its
-    home module (the ``aot`` package or the cache overlay), so the two spellings never drift."""
-    from paged_mqa_logits.aot import cli, launches, precompile, verify
-    from paged_mqa_logits.backends import registry
-
-    homes = (cli, launches, precompile, verify, overlay, registry)
-    for name in kc.__all__:
-        owners = [m for m in homes if getattr(m, name, None) is getattr(kc, name)]
-        assert owners, f"kernel_cache.{name} is not a name of the aot package or the overlay"
-    assert kc.main is cli.main and kc.PROG == cli.PROG
+def test_precompile_help_names_the_command_it_is_run_as():
+    code, log = _cli("--help")
+    assert code == 0 and log.startswith("usage: python -m paged_mqa_logits precompile "), log

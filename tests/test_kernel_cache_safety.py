@@ -9,7 +9,6 @@ import threading
 
 import pytest
 
-from paged_mqa_logits import kernel_cache as kc
 from paged_mqa_logits.triton_internals import cache_overlay as overlay
 from test_kernel_cache import valid_manifest
 
@@ -19,17 +18,17 @@ KEY = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567ABCDEFGHIJKLMNOPQRST"
 @pytest.fixture
 def clean_activation(monkeypatch, tmp_path):
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "user_cache"))
-    kc.deactivate()
+    overlay.deactivate()
     yield
-    kc.deactivate()
+    overlay.deactivate()
 
 
 def make_cache(root, content=b"\x7fELF kernel bytes", listed=True):
     os.makedirs(root / KEY, exist_ok=True)
     (root / KEY / "kernel.cubin").write_bytes(content)
     (root / KEY / "planted.so").write_bytes(b"not listed")
-    files = {f"{KEY}/kernel.cubin": kc.sha256_of(str(root / KEY / "kernel.cubin"))} if listed else {}
-    kc.write_manifest_atomically(str(root), valid_manifest(files))
+    files = {f"{KEY}/kernel.cubin": overlay.sha256_of(str(root / KEY / "kernel.cubin"))} if listed else {}
+    overlay.write_manifest_atomically(str(root), valid_manifest(files))
     return root
 
 
@@ -40,7 +39,7 @@ def warnings_of(caplog):
 @pytest.mark.parametrize("damage", ["torn", "garbage", "binary", "no files map", "missing"])
 def test_damaged_manifest_degrades_to_the_jit_with_one_warning(tmp_path, monkeypatch, clean_activation, caplog, damage):
     root = make_cache(tmp_path / "cache")
-    manifest = root / kc.MANIFEST
+    manifest = root / overlay.MANIFEST
     text = manifest.read_text()
     if damage == "torn":
         manifest.write_text(text[: len(text) // 2])
@@ -52,10 +51,10 @@ def test_damaged_manifest_degrades_to_the_jit_with_one_warning(tmp_path, monkeyp
         manifest.write_text(json.dumps({k: v for k, v in json.loads(text).items() if k != "files"}))
     else:
         manifest.unlink()
-    monkeypatch.setenv(kc.ENV_CACHE, str(root))
+    monkeypatch.setenv(overlay.ENV_CACHE, str(root))
     with caplog.at_level(logging.WARNING, logger="paged_mqa_logits"):
-        assert kc.activate() == []
-        assert kc.activate() == []  # decided once: not re-parsed
+        assert overlay.activate() == []
+        assert overlay.activate() == []  # decided once: not re-parsed
     assert len(warnings_of(caplog)) == 1 and "not used" in warnings_of(caplog)[0].getMessage()
 
 
@@ -72,9 +71,9 @@ def test_directories_others_can_write_or_own_are_refused(tmp_path, monkeypatch, 
     os.chmod(root, mode)
     if not owned:
         other_users_own_everything(monkeypatch)
-    monkeypatch.setenv(kc.ENV_CACHE, str(root))
+    monkeypatch.setenv(overlay.ENV_CACHE, str(root))
     with caplog.at_level(logging.WARNING, logger="paged_mqa_logits"):
-        assert kc.activate() == ([] if refused else [str(root)])
+        assert overlay.activate() == ([] if refused else [str(root)])
     assert any("not used" in r.getMessage() for r in warnings_of(caplog)) == refused
 
 
@@ -96,8 +95,8 @@ def test_a_file_others_could_have_planted_is_not_served(tmp_path, monkeypatch, c
         kernel.symlink_to(real)
     else:
         os.chmod(root / KEY, 0o1777)
-    monkeypatch.setenv(kc.ENV_CACHE, str(root))
-    assert kc.activate() == [str(root)]
+    monkeypatch.setenv(overlay.ENV_CACHE, str(root))
+    assert overlay.activate() == [str(root)]
     from triton import knobs
 
     manager = knobs.cache.manager_class(KEY)
@@ -117,15 +116,15 @@ def test_precompile_output_is_trusted_under_a_permissive_umask(tmp_path):
 
 def test_a_manifest_others_can_write_is_refused(tmp_path, monkeypatch, clean_activation):
     root = make_cache(tmp_path / "cache")
-    os.chmod(root / kc.MANIFEST, 0o666)
-    monkeypatch.setenv(kc.ENV_CACHE, str(root))
-    assert kc.activate() == []
+    os.chmod(root / overlay.MANIFEST, 0o666)
+    monkeypatch.setenv(overlay.ENV_CACHE, str(root))
+    assert overlay.activate() == []
 
 
 def test_only_listed_files_with_matching_hashes_are_served(tmp_path, monkeypatch, clean_activation, caplog):
     root = make_cache(tmp_path / "cache")
-    monkeypatch.setenv(kc.ENV_CACHE, str(root))
-    assert kc.activate() == [str(root)]
+    monkeypatch.setenv(overlay.ENV_CACHE, str(root))
+    assert overlay.activate() == [str(root)]
     from triton import knobs
 
     manager = knobs.cache.manager_class(KEY)
@@ -142,21 +141,21 @@ def test_manifest_writes_are_atomic_for_concurrent_readers(tmp_path):
     root = tmp_path / "cache"
     root.mkdir()
     big = valid_manifest({f"{KEY}/file{i}.bin": "0" * 64 for i in range(2000)})
-    kc.write_manifest_atomically(str(root), big)
+    overlay.write_manifest_atomically(str(root), big)
     errors, done = [], threading.Event()
 
     def reader():
         while not done.is_set():
             try:
-                assert len(kc.read_manifest(str(root))["files"]) == 2000
+                assert len(overlay.read_manifest(str(root))["files"]) == 2000
             except Exception as exc:  # a torn read
                 errors.append(exc)
 
     thread = threading.Thread(target=reader)
     thread.start()
     for _ in range(100):
-        kc.write_manifest_atomically(str(root), big)
+        overlay.write_manifest_atomically(str(root), big)
     done.set()
     thread.join()
     assert not errors
-    assert sorted(os.listdir(root)) == [kc.MANIFEST]  # no temporary file left behind
+    assert sorted(os.listdir(root)) == [overlay.MANIFEST]  # no temporary file left behind

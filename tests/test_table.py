@@ -6,6 +6,7 @@ import os
 import pytest
 
 from paged_mqa_logits import reload_tuned_table, table
+from paged_mqa_logits.errors import PagedMQAEnvironmentError
 from paged_mqa_logits.problem import Problem, ShapeKey
 from table_files import HEADER, use, write
 
@@ -91,7 +92,16 @@ def test_env_path_list_default_token_directory_and_alias(tmp_path, monkeypatch):
     assert table.loaded_files() == [mine]
     monkeypatch.setenv("AITER_CONFIG_PAGED_MQA_LOGITS", str(tmp_path / "missing.csv"))
     reload_tuned_table()
-    with pytest.raises(FileNotFoundError, match="AITER_CONFIG_PAGED_MQA_LOGITS lists .*missing.csv"):
+    with pytest.raises(PagedMQAEnvironmentError,
+                       match="environment variable AITER_CONFIG_PAGED_MQA_LOGITS: .*missing.csv.*no file or directory"):
+        table.loaded_files()
+
+
+def test_a_table_that_cannot_be_read_is_the_packages_error_naming_it(tmp_path, monkeypatch):
+    unreadable = tmp_path / "dir_tuned.csv"
+    unreadable.mkdir()  # the directory's *_tuned.csv glob picks it up; opening it fails
+    use(monkeypatch, str(tmp_path))
+    with pytest.raises(table.TableError, match=f"^{unreadable}: cannot read it"):
         table.loaded_files()
 
 

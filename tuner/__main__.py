@@ -14,9 +14,15 @@ import sys
 from paged_mqa_logits import cli
 
 from .keys import parse_contexts
+from .search import MIN_TIME_BUDGET, WHY_MIN_TIME_BUDGET
 
 PROG = f"python -m {__package__ or 'tuner'}"  # "paged_mqa_logits.tuner" once installed
 SUBCOMMANDS = ("tune", "recheck")
+EXIT_STATUS = ("exit status: 0 every key tuned, already tuned, too large for the free memory (skipped, as the "
+               "contexts of a key that do not fit) or left for a later run by the time budget; "
+               "1 a key failed (no candidate passed, no backend serves it), nothing was tuned or an input file is malformed; "
+               "2 a usage error (including a --time-budget below the minimum), before anything starts; "
+               "130 interrupted.")
 
 
 def _contexts(text: str) -> tuple[int, ...]:
@@ -32,7 +38,8 @@ def _tune_parser() -> cli.ArgumentParser:
         description="Tune paged_mqa_logits for the current GPU: check and time every candidate of every backend "
                     "that can serve each key of the untuned CSV(s), and merge the picks into --out. See docs/TUNING.md.",
         epilog=f"commands: '{PROG} [tune] UNTUNED.csv... -o TABLE.csv' tunes (this help); "
-               f"'{PROG} recheck --table TABLE.csv' re-times a tuned table's picks ({PROG} recheck --help).")
+               f"'{PROG} recheck --table TABLE.csv' re-times a tuned table's picks ({PROG} recheck --help). "
+               f"{EXIT_STATUS}")
     p.add_argument("untuned", nargs="+",
                    help="untuned CSV(s): heads,head_dim,kv_block_size,preshuffle,batch,next_n[,contexts]; a name "
                         "of the shipped lists (glm5_untuned.csv, dsv32_untuned.csv) that is no file here is the "
@@ -57,8 +64,8 @@ def _tune_parser() -> cli.ArgumentParser:
     p.add_argument("--timeout", type=float, default=180.0, help="seconds per candidate (compile included)")
     p.add_argument("--build-timeout", type=float, default=600.0, help="seconds to build one shape's inputs")
     p.add_argument("--time-budget", type=float, default=None,
-                   help="seconds for the whole run; no candidate is started once it is spent (default: no limit; "
-                        "see docs/TUNING.md)")
+                   help=f"seconds for the whole run, at least {MIN_TIME_BUDGET:.0f}; no candidate is started once it "
+                        "is spent (default: no limit; see docs/TUNING.md)")
     p.add_argument("--top", type=int, default=3, help="candidates per (key, context) re-timed in the confirm stage")
     p.add_argument("--max-candidates", type=int, default=0, help="at most N candidates per backend and key (0: all)")
     p.add_argument("--max-copies", type=int, default=64, help="rotating input copies at most")
@@ -135,6 +142,9 @@ def _tune(argv: list[str]) -> int:
                      ("--jobs", a.jobs, 0), ("--top", a.top, 1), ("--max-candidates", a.max_candidates, 0),
                      ("--max-copies", a.max_copies, 1), ("--screen-replays", a.screen_replays, 1),
                      ("--confirm-replays", a.confirm_replays, 0))
+    if a.time_budget is not None and a.time_budget < MIN_TIME_BUDGET and not a.dry_run:
+        raise cli.CliError(f"argument --time-budget: expected at least {MIN_TIME_BUDGET:.0f} s ({WHY_MIN_TIME_BUDGET}), "
+                           f"got {a.time_budget:g}")
     if a.arch is not None:
         from paged_mqa_logits.arch import USUAL_CU_NUM, normalise_arch
         from paged_mqa_logits.validate import arch_rule
@@ -153,7 +163,9 @@ def _tune(argv: list[str]) -> int:
         quiet=a.quiet, lengths="" if a.lengths == "uniform" else a.lengths)
     outcome = tune(opts)
     if not a.dry_run and not outcome.tuned and (outcome.failed or outcome.left):
-        print(f"[tuner] nothing tuned: {len(outcome.failed)} key(s) failed, {len(outcome.left)} not reached",
+        budget = (f"; the time budget of {a.time_budget:g} s ran out before the first key finished (give more "
+                  "seconds, fewer keys or fewer --contexts)" if outcome.left else "")
+        print(f"[tuner] nothing tuned: {len(outcome.failed)} key(s) failed, {len(outcome.left)} not reached{budget}",
               file=sys.stderr)
         return 1
     return 1 if outcome.failed else 0

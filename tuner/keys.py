@@ -14,10 +14,11 @@ file: they are the current device's.
 from __future__ import annotations
 
 import csv
+import io
 from dataclasses import dataclass
 
 from paged_mqa_logits.bench import Shape
-from paged_mqa_logits.files import atomic_write
+from paged_mqa_logits.files import atomic_write, read_text
 from paged_mqa_logits.problem import REQUIRED_KEY_COLUMNS, SHAPE_KEY_COLUMNS, ShapeKey
 
 DEFAULT_CONTEXTS = (8192, 32768)
@@ -56,8 +57,9 @@ def read_untuned(paths: list[str], contexts: tuple[int, ...] | None = None) -> l
     """Keys of the untuned files, de-duplicated (a key listed twice gets the union of its contexts)."""
     merged: dict[ShapeKey, set[int]] = {}
     for path in paths:
-        with open(path, newline="") as f:
-            lines = [(n, line) for n, line in enumerate(f, start=1) if line.strip() and not line.lstrip().startswith("#")]
+        text = read_text(path)
+        lines = [(n, line) for n, line in enumerate(io.StringIO(text, newline=""), start=1)
+                 if line.strip() and not line.lstrip().startswith("#")]
         if not lines:
             continue
         header = [c.strip() for c in next(csv.reader([lines[0][1]]))]

@@ -13,7 +13,7 @@
    candidate per context, and the best geometric mean over the key's contexts as the
    ``context=any`` row, merged into the output file atomically.
 
-``--time-budget S`` bounds the whole run: the check stage may use half of it (what it did not
+``--time-budget S`` (at least :data:`MIN_TIME_BUDGET` from the command line) bounds the whole run: the check stage may use half of it (what it did not
 reach is checked while timing), the confirm stage is dropped when the remaining keys would not
 fit otherwise, and keys that do not fit at all are left out (keys run coarse-to-fine in batch,
 so the nearest-batch rule covers them; a later run resumes them).
@@ -36,6 +36,16 @@ from .candidates import Candidate, candidates_for, load_extra_backends
 from .keys import TuneKey, order_keys, read_untuned
 from .worker import Pool, Task
 from .writer import geomean, provenance, read_existing, rows_for, tuned_shape_keys, update_table
+
+
+#: the shortest ``--time-budget`` the command line accepts. Nothing is written before one
+#: (key, context) task finishes: a worker process starts (imports torch, Triton and the package),
+#: builds the task's inputs and reference, and compiles and screens each candidate of the key
+#: once, which takes tens of seconds even on a GPU (on CPU, through the Triton interpreter,
+#: minutes); a started task gets a grace of 30 s past the budget, no more.
+MIN_TIME_BUDGET = 60.0
+WHY_MIN_TIME_BUDGET = ("nothing is written before a worker process has started and finished one (key, context) "
+                       "task: inputs built, every candidate of the key compiled and timed once")
 
 
 @dataclass
@@ -84,6 +94,7 @@ class Outcome:
     skipped: list = field(default_factory=list)  # TuneKey already in the output
     left: list = field(default_factory=list)  # TuneKey not reached (time budget)
     failed: list = field(default_factory=list)  # TuneKey no candidate passed (or no backend serves)
+    too_large: list = field(default_factory=list)  # TuneKey whose inputs fit the free memory at no context
     rejected: list = field(default_factory=list)  # (where, candidate label, status)
     measurements: list = field(default_factory=list)  # report rows (dicts)
     seconds: float = 0.0
@@ -154,7 +165,7 @@ class CheckStage:
         return self.tasks.popleft() if self.tasks else None
 
     def record(self, task, idx, stage, m):
-        if not m.ok:
+        if not m.ok and not m.status.startswith(bench.SKIPPED_FOR_MEMORY):  # too large to check: the timing stage says so
             self.failed.setdefault(task.meta["family"], {})[task.meta["candidates"][idx]] = m.status
 
     def task_done(self, task):
@@ -374,9 +385,10 @@ def time_runs(opts: Options, target, outcome: Outcome, runs: list[KeyRun], t0: f
     mp = max(1, min(opts.mp, ngpu)) if gpu else 1
     timing_devices = [f"cuda:{i}" for i in range(mp)] if gpu else ["cpu"]
     jobs = opts.jobs if opts.jobs is not None else (min(16, os.cpu_count() or 1) if gpu else 0)
-    import triton
+    from paged_mqa_logits.triton_internals.version import installed_version
 
-    prov = provenance(gpu_name() if gpu else "cpu", target.cu_num, triton.__version__, torch.__version__,
+    # the torch backend tunes without Triton: its provenance then says "none"
+    prov = provenance(gpu_name() if gpu else "cpu", target.cu_num, installed_version() or "none", torch.__version__,
                       lengths=opts.lengths)
     check_devices = [f"cuda:{i % ngpu}" if gpu else "cpu" for i in range(jobs)]
     pool = Pool(check_devices or timing_devices, timeout=opts.timeout, build_timeout=opts.build_timeout,
@@ -385,11 +397,21 @@ def time_runs(opts: Options, target, outcome: Outcome, runs: list[KeyRun], t0: f
 
     def key_done(run: KeyRun) -> None:
         run.finished = True
+        too_large = {}  # context -> why its inputs were not built
         for (context, idx, stage), m in sorted(run.results.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
             outcome.measurements.append(_report_row(target, run.key, context, stage, run.candidates[idx], m))
-            if not m.ok:
+            if m.status.startswith(bench.SKIPPED_FOR_MEMORY):
+                too_large[context] = m.status
+            elif not m.ok:
                 outcome.rejected.append((f"{run.key.describe()} context={context}", run.candidates[idx].label, m.status))
-        rows = rows_for(run.key, target.arch, target.cu_num, run.candidates, run.results, prov)
+        for context, status in too_large.items():
+            _say(opts, f"[tuner] {run.key.describe()} context={context}: {status}")
+        ran = tuple(c for c in run.key.contexts if c not in too_large)
+        if not ran:  # the device's size, not the candidates' fault: not a failure
+            outcome.too_large.append(run.key)
+            return
+        # the key's rows (its ``any`` row too) cover the contexts that fit
+        rows = rows_for(TuneKey(run.key.shape_key, ran), target.arch, target.cu_num, run.candidates, run.results, prov)
         if not rows:
             _say(opts, f"[tuner] {run.key.describe()}: no candidate passed; nothing written")
             outcome.failed.append(run.key)
@@ -443,7 +465,8 @@ def print_summary(opts: Options, outcome: Outcome, runs: list[KeyRun]) -> None:
     t = outcome.target
     print(f"[tuner] {len(outcome.tuned)} key(s) tuned on {t.arch}/cu{t.cu_num} ({len(outcome.rows)} rows -> {opts.out}) "
           f"in {outcome.seconds:.0f} s; {len(outcome.skipped)} skipped as already tuned; "
-          f"{len(outcome.left)} left untuned; {len(outcome.failed)} failed; {outcome.restarts} worker restart(s)")
+          f"{len(outcome.left)} left untuned; {len(outcome.failed)} failed; {len(outcome.too_large)} too large for "
+          f"the free memory; {outcome.restarts} worker restart(s)")
     if outcome.left:
         print("[tuner] not tuned (time budget; run again to resume): "
               + ", ".join(f"b{s.batch}/n{s.next_n}/H{s.heads}/p{int(s.preshuffle)}"

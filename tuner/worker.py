@@ -173,6 +173,8 @@ def _child_main(conn, device: str, env: dict, coordinator_pid: int) -> None:
             conn.send(("fatal", task["id"], str(exc)))
             conn.close()
             os._exit(3)
+        except bench.ShapeDoesNotFit as exc:  # the device's size, not a failure of the candidates
+            conn.send(("task_skipped", task["id"], str(exc)))
         except Exception as exc:
             conn.send(("task_error", task["id"], f"{type(exc).__name__}: {exc}"[:300]))
         conn.send(("done", task["id"], None))
@@ -329,6 +331,10 @@ class Pool:
                 source.record(w.task, idx, stage, m)
             elif kind == "task_error":
                 self._fail_rest(w.task, source, f"ERROR: {payload}")
+            elif kind == "task_skipped":
+                from paged_mqa_logits.bench import SKIPPED_FOR_MEMORY
+
+                self._fail_rest(w.task, source, f"{SKIPPED_FOR_MEMORY}{payload}")
             elif kind == "fatal":
                 w.proc.join(10)
                 self._replace(w, source, payload)

@@ -10,6 +10,7 @@ import math
 import os
 
 from paged_mqa_logits import table
+from paged_mqa_logits.bench import SKIPPED_FOR_MEMORY
 from paged_mqa_logits.files import write_target
 from paged_mqa_logits.problem import ShapeKey
 from paged_mqa_logits.table import Row, TableWriter
@@ -49,9 +50,10 @@ def best_times(candidates: list[Candidate], results: dict) -> dict[int, dict[int
 
     The confirm stage's time is used where there is one, else the screen's. A candidate that
     failed anything at any context (check, crash, timeout) is dropped everywhere: a context row
-    also serves the contexts near it, so it must be right for all of them.
+    also serves the contexts near it, so it must be right for all of them. A context whose
+    inputs did not fit the free memory ran nothing and drops no candidate.
     """
-    bad = {idx for (_, idx, _), m in results.items() if not m.ok}
+    bad = {idx for (_, idx, _), m in results.items() if not m.ok and not m.status.startswith(SKIPPED_FOR_MEMORY)}
     times: dict[int, dict[int, float]] = {}
     for (context, idx, stage), m in results.items():
         if idx in bad or not m.us:

@@ -18,8 +18,8 @@ import order (each imports only those above it):
   current device, with synthetic calls;
 * :mod:`.precompile` -- compiling those kernels (plus launcher stubs) into a cache directory;
 * :mod:`.verify` -- launching a cache's kernels through the real JIT on a simulated device;
-* :mod:`.cli` -- the precompile CLI (``python -m paged_mqa_logits precompile``; the CMake
-  target runs it as ``python -m paged_mqa_logits.kernel_cache``, a deprecated alias).
+* :mod:`.cli` -- the precompile CLI (``python -m paged_mqa_logits precompile``, which the CMake
+  ``precompile`` target runs).
 
 This ``__init__`` imports none of them: the CLI loads them.
 """

@@ -1,4 +1,4 @@
-"""The precompile CLI (``python -m paged_mqa_logits.kernel_cache``; the CMake ``precompile``
+"""The precompile CLI (``python -m paged_mqa_logits precompile``; the CMake ``precompile``
 target runs it): precompile the tuned table's kernels for some archs, optionally verify."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from .warmup import WARMUP_DEFAULT_MAX_MODEL_LEN, Family
 from .precompile import precompile
 from .verify import verify
 
-PROG = "python -m paged_mqa_logits.kernel_cache"
+PROG = "python -m paged_mqa_logits precompile"
 
 
 # ============================================================================ CLI

@@ -1,7 +1,9 @@
 """The backend registry: name -> backend object, loaded on first use.
 
-Modules are imported lazily so that a missing optional package (flydsl) or a broken toolchain
-only disables that backend. The dispatcher, the op and the tooling take their backends from
+Modules are imported lazily so that a missing optional package (flydsl; Triton, checked when a
+Triton backend is first loaded) or a broken toolchain only disables that backend, and the
+dispatch goes on down the arch's fallback chain (``dispatch.arch_fallback_chain``, which ends in
+``torch`` everywhere). The dispatcher, the op and the tooling take their backends from
 here (the dispatcher through an injectable :class:`Registry`, tests register stand-ins).
 """
 
@@ -11,6 +13,7 @@ import importlib
 
 from ..triton_internals import cache_overlay as overlay
 from ..triton_internals import compiler, interpreter
+from ..triton_internals.version import TritonMissing, require_triton
 from ..problem import Problem, Target, resolve_target
 from .base import Backend
 
@@ -56,12 +59,16 @@ def get(name: str) -> Backend | None:
     if name not in _REGISTRY:
         raise KeyError(f"unknown backend {name!r}; known: {', '.join(_REGISTRY)}")
     module_name, attr = _REGISTRY[name].split(":")
-    if name in TRITON_BACKENDS:
-        overlay.activate()  # precompiled kernels are found from the backend's first compile on
-        interpreter.serialise_compiles()  # CPU calls and GPU compiles on other threads wait for each other
-        compiler.order_independent_cache_keys()  # before any kernel is keyed: precompiled keys match
     try:
+        if name in TRITON_BACKENDS:
+            require_triton()  # no (or too old a) Triton: this backend is unavailable, the chain goes on
+            overlay.activate()  # precompiled kernels are found from the backend's first compile on
+            interpreter.serialise_compiles()  # CPU calls and GPU compiles on other threads wait for each other
+            compiler.order_independent_cache_keys()  # before any kernel is keyed: precompiled keys match
         backend = getattr(importlib.import_module(module_name), attr)
+    except TritonMissing as exc:  # the package's own message says what to install
+        _LOAD_ERRORS[name] = str(exc)
+        return None
     except Exception as exc:  # an optional backend must never break the package
         _LOAD_ERRORS[name] = f"{type(exc).__name__}: {exc}"
         return None

@@ -41,7 +41,7 @@ from .measure import (SENTINEL_BITS, SENTINEL_BITS_BF16, DeviceLost, Impl, Measu
                       format_knobs, measure, parse_knobs, runners, time_calls)
 from .report import COLUMNS, anchor_us, csv_row, geomean, load_anchor, print_table, summary, write_csv
 from .shapes import DEFAULT_GRID, LENGTH_MODES, Shape, grid_shapes, shapes_from_csv
-from .workload import MIN_WORKING_SET, Accounting, Workload, accounting, build_workload
+from .workload import MIN_WORKING_SET, SKIPPED_FOR_MEMORY, Accounting, ShapeDoesNotFit, Workload, accounting, build_workload, free_memory
 
 __all__ = [
     "main", "DEEPGEMM_NEXT_N", "deepgemm_available", "deepgemm_flattens", "deepgemm_runner", "deepgemm_unsupported",
@@ -49,5 +49,5 @@ __all__ = [
     "Measurement", "Schedule", "Timing", "check", "format_knobs", "measure", "parse_knobs", "runners", "time_calls",
     "COLUMNS", "anchor_us", "csv_row", "geomean", "load_anchor", "print_table", "summary", "write_csv",
     "DEFAULT_GRID", "LENGTH_MODES", "Shape", "grid_shapes", "shapes_from_csv", "MIN_WORKING_SET", "Accounting",
-    "Workload", "accounting", "build_workload",
+    "SKIPPED_FOR_MEMORY", "ShapeDoesNotFit", "Workload", "accounting", "build_workload", "free_memory",
 ]

@@ -17,7 +17,7 @@ from .environment import environment
 from .measure import DeviceLost, Impl, Measurement, Schedule, measure, parse_knobs
 from .report import load_anchor, print_table, summary, write_csv
 from .shapes import CPU_GRID as CPU_GRID_VALUES, DEFAULT_GRID, Shape, _int_list, grid_shapes, shapes_from_csv
-from .workload import build_workload
+from .workload import SKIPPED_FOR_MEMORY, ShapeDoesNotFit, build_workload
 
 
 def _bool_list(text: str) -> list[bool]:
@@ -74,8 +74,10 @@ def parser() -> ArgumentParser:
     p = ArgumentParser(
         prog="python -m paged_mqa_logits bench",
         description="Time backends, knob sets, the production dispatch and (if importable) DeepGEMM in the "
-                    "same run with the method of docs/BENCHMARK.md; writes a CSV and exits non-zero if any shape "
-                    "fails its check.")
+                    "same run with the method of docs/BENCHMARK.md; writes a CSV. A shape whose inputs do not fit "
+                    "the free memory (capped by PAGED_MQA_LOGITS_MEMORY_LIMIT bytes) is skipped, not failed.",
+        epilog="exit status: 0 every shape that ran passed its check; 1 a shape failed its check or raised; "
+               "2 a usage error.")
     g = p.add_argument_group("shapes (a grid, or --shapes FILE); on a CPU the grid's defaults are a small grid")
     g.add_argument("--heads", default=None, help=f"default {GPU_GRID['heads']} (CPU: {CPU_GRID['heads']})")
     g.add_argument("--next-n", default=None, help=f"default {GPU_GRID['next_n']} (CPU: {CPU_GRID['next_n']})")
@@ -159,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
         print("# " + line)
     if a.out:
         print(f"# wrote {a.out}")
+    too_large = len({m.shape for m in results if m.status.startswith(SKIPPED_FOR_MEMORY)})
+    if too_large:
+        print(f"# skipped {too_large} shape(s) whose inputs do not fit this device's free memory (see status)")
     if failed:
         print("# FAILED: at least one shape failed its accuracy check or raised (see status)", file=sys.stderr)
     return 1 if failed else 0
@@ -223,6 +228,11 @@ def run_shapes(a, shapes: list[Shape], device, env, target: Target, schedule: Sc
         try:
             workload = build_workload(shape, device, copies=a.copies, max_copies=a.max_copies, seed=a.seed,
                                       context_hint=None if a.no_hint else "context", arch=env.arch)
+        except ShapeDoesNotFit as exc:  # the device's size, not a failure: the run goes on
+            status = f"{SKIPPED_FOR_MEMORY}{exc}"
+            results.extend(Measurement(shape, impl, status=status) for impl in impls)
+            tqdm.write(status, file=sys.stderr)
+            workload = None
         except Exception as exc:
             status = f"ERROR: building inputs: {type(exc).__name__}: {exc}"[:300]
             results.extend(Measurement(shape, impl, status=status) for impl in impls)

@@ -1,15 +1,23 @@
 """Honest footprint: rotating input copies of one shape, each its own ``make_inputs`` call (every
 sequence's blocks its own, placed by a random permutation), enough of them to pass L2; and the byte /
-FLOP accounting every figure is computed from."""
+FLOP accounting every figure is computed from.
+
+The copies are sized to the device: as many as fit its free memory (:func:`free_memory`:
+``torch.cuda.mem_get_info`` on a GPU, the host's available memory on CPU, capped by
+``PAGED_MQA_LOGITS_MEMORY_LIMIT`` bytes when set, to leave room for another process); a shape of
+which not even one copy fits raises :class:`ShapeDoesNotFit`, which the bench and the tuner
+report as skipped, not failed."""
 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 
 import torch
 
 from ..arch import detect, native_fp8_dtype
+from ..errors import PagedMQAEnvironmentError
 from ..problem import LOGITS_DTYPES, LaunchArgs, token_bytes
 from ..reference import KEY_CHUNK_ELEMENTS, logits_into, make_inputs
 from ..validate import build_launch_args
@@ -17,6 +25,53 @@ from .environment import l2_bytes
 from .shapes import Shape
 
 MIN_WORKING_SET = 512 << 20
+ENV_MEMORY_LIMIT = "PAGED_MQA_LOGITS_MEMORY_LIMIT"
+#: the share of the free memory the copies may take; the rest is the allocator's and the timing's
+USABLE_FRACTION = 0.8
+#: copies' worth of room beside the copies: the reference and the check's output
+ROOM_COPIES = 3
+#: the status the bench and the tuner give every implementation of a shape that does not fit
+SKIPPED_FOR_MEMORY = "skipped: too large: "
+
+
+class ShapeDoesNotFit(MemoryError):
+    """Not even one copy of a shape's inputs fits the free memory: the shape is skipped."""
+
+    def __init__(self, shape: Shape, needed: int, free: int):
+        self.shape, self.needed, self.free = shape, needed, free
+        super().__init__(f"{shape.describe()}: does not fit: needs {needed / 2**30:.1f} GiB free ({needed} bytes: "
+                         f"one copy of the inputs while building it and room for the reference and the check), "
+                         f"{free / 2**30:.1f} GiB free ({free} bytes)")
+
+
+def _memory_limit() -> int | None:
+    text = os.environ.get(ENV_MEMORY_LIMIT, "").strip()
+    if not text:
+        return None
+    if not text.isascii() or not text.isdigit() or int(text) < 1:
+        raise PagedMQAEnvironmentError(f"paged_mqa_logits: environment variable {ENV_MEMORY_LIMIT}: expected a "
+                                       f"positive number of bytes, got {text!r}")
+    return int(text)
+
+
+def _host_available() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def free_memory(dev: torch.device) -> int | None:
+    """Bytes free for the inputs on ``dev`` (see the module docstring); ``None`` when unknown."""
+    free = torch.cuda.mem_get_info(dev)[0] if dev.type == "cuda" else _host_available()
+    limit = _memory_limit()
+    if limit is not None:
+        free = limit if free is None else min(free, limit)
+    return free
 
 
 @dataclass
@@ -144,13 +199,13 @@ def build_workload(shape: Shape, device: str | torch.device = "cpu", *, copies: 
             copies = min(max(2, math.ceil(target / max(per_copy, 1))), max_copies)
         else:
             copies = 1  # CPU: the loop is for tests and accounting, not for bandwidth
-    if dev.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(dev)
-        budget = int(0.8 * free) - transient - 3 * per_copy  # room for the reference and the check
+    free = free_memory(dev)
+    if free is not None:
+        budget = int(USABLE_FRACTION * free) - transient - ROOM_COPIES * per_copy
         fits = budget // max(per_copy, 1)
         if fits < 1:
-            raise MemoryError(f"{shape.describe()}: one copy needs {(per_copy + transient) / 2**30:.1f} GiB "
-                              f"while building, {free / 2**30:.1f} GiB free")
+            needed = math.ceil((transient + (ROOM_COPIES + 1) * per_copy) / USABLE_FRACTION)
+            raise ShapeDoesNotFit(shape, needed, free)
         copies = max(1, min(copies, fits))
     hint = shape.context if context_hint == "context" else context_hint
     inputs, args = [], []

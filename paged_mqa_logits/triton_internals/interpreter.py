@@ -12,11 +12,13 @@ interpreter arrays of one element, which numpy 2 refuses to turn into ints, so
 interpreter also computes floats as the GPUs do (:func:`_gpu_float_semantics`).
 
 The patch is process-wide, so launches are serialised with GPU compiles on other threads: an
-interpreted launch and every compile (``JITFunction._do_compile``, wrapped once by
-:func:`serialise_compiles`; direct ``triton.compile`` calls inside :func:`compiling`) hold one
-lock.
+interpreted launch and every compile's reads of ``triton.language`` (``JITFunction._do_compile``,
+``ASTSource.hash`` and the code generator, wrapped once by :func:`serialise_compiles`, so a
+direct ``triton.compile`` of any caller is covered too; :func:`compiling` holds it around a
+whole compile) hold one lock.
 
-Triton internals touched: ``triton.runtime.jit.JITFunction._do_compile`` (wrapped),
+Triton internals touched: ``triton.runtime.jit.JITFunction._do_compile``,
+``triton.compiler.compiler.ASTSource.hash``, ``triton.compiler.code_generator.ast_to_ttir`` (wrapped),
 ``triton.runtime.interpreter`` (``InterpretedFunction``,
 ``_patch_lang_core`` wrapped, ``_convert_float`` and ``InterpreterBuilder.create_maxnumf`` /
 ``create_minnumf`` replaced during a launch), ``triton.runtime.jit.JITFunction``; members of
@@ -185,22 +187,37 @@ def compiling():
         yield
 
 
-def serialise_compiles() -> None:
-    """Make every ``JITFunction`` compile (a launch's cache miss) hold the language lock, so CPU
-    calls (interpreted) and GPU compiles can run in one process on any threads. Idempotent."""
-    from triton.runtime.jit import JITFunction
-
-    original = JITFunction._do_compile
+def _holding_the_language_lock(owner, name: str) -> None:
+    """Replace ``owner.name`` by a wrapper that holds :data:`_LANGUAGE_LOCK` (once)."""
+    original = getattr(owner, name)
     if getattr(original, "serialised_with_the_interpreter", False):
         return
 
     @functools.wraps(original)
-    def _do_compile(self, *args, **kwargs):
+    def locked(*args, **kwargs):
         with _LANGUAGE_LOCK:
-            return original(self, *args, **kwargs)
+            return original(*args, **kwargs)
 
-    _do_compile.serialised_with_the_interpreter = True
-    JITFunction._do_compile = _do_compile
+    locked.serialised_with_the_interpreter = True
+    setattr(owner, name, locked)
+
+
+def serialise_compiles() -> None:
+    """Make every compile in the process hold the language lock where it reads
+    ``triton.language``, so CPU calls (interpreted) and GPU compiles can run in one process on
+    any threads. Idempotent. Wrapped: ``JITFunction._do_compile`` (a launch's cache miss),
+    ``ASTSource.hash`` (a kernel's cache key walks its globals, ``tl.max`` included) and
+    ``code_generator.ast_to_ttir`` (the code generator: ``ASTSource.make_ir`` and Gluon's import
+    it from there at each call). The last two catch the compiles that hold no lock of their own:
+    a direct ``triton.compile`` (a cross-compile of another tool or thread), the JIT's async
+    compile mode (it compiles after ``_do_compile`` returned)."""
+    from triton.compiler import code_generator
+    from triton.compiler.compiler import ASTSource
+    from triton.runtime.jit import JITFunction
+
+    _holding_the_language_lock(JITFunction, "_do_compile")
+    _holding_the_language_lock(ASTSource, "hash")
+    _holding_the_language_lock(code_generator, "ast_to_ttir")
 
 
 @contextlib.contextmanager

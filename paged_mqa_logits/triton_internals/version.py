@@ -4,7 +4,8 @@ Policy: Triton is not a hard requirement of the distribution, because torch buil
 own under different names (CUDA builds ``triton``, ROCm builds ``pytorch-triton-rocm``) and pip
 would install the CUDA ``triton`` wheel over a ROCm one; CPU builds of torch bring none (the
 ``triton`` extra installs it). Versions older than :data:`MINIMUM_TRITON` cannot run the kernels
-(import fails with :class:`TritonMissing`); newer than the newest tested one warn once.
+(a Triton backend's first load fails with :class:`TritonMissing`, and the dispatch falls back
+to torch; the package itself imports without Triton); newer than the newest tested one warn once.
 
 Triton internals touched: none (``triton.__version__`` and the installed distributions'
 metadata). Verified on Triton 3.6.0 and 3.9.0.
@@ -68,7 +69,11 @@ def require_triton(text: str | None = None) -> None:
            f"'paged_mqa_logits[triton]' (or 'triton>={minimum}')")
     text = text if text is not None else installed_version()
     if text is None:
-        if importlib.util.find_spec("triton") is not None:  # a source build without metadata
+        try:
+            found = importlib.util.find_spec("triton") is not None  # a source build without metadata
+        except ImportError:  # an import hook that refuses it
+            found = False
+        if found:
             return
         raise TritonMissing(f"paged_mqa_logits needs Triton >= {minimum}, and this environment has none: {how}")
     try:

@@ -75,6 +75,14 @@ def test_bad_untuned_file_is_one_line(capsys, tmp_path):
     assert rc == 1 and len(err) == 1 and "bad.csv" in err[0] and "header lacks" in err[0]
 
 
+def test_an_untuned_list_that_is_not_utf8_text_is_one_line_naming_the_file(capsys, tmp_path):
+    binary = tmp_path / "binary_untuned.csv"
+    binary.write_bytes(KEYS.encode() + b"\x80\x81,1\n")
+    rc, _, err = run_main(capsys, str(binary), "--dry-run", "--arch", "sm_90")
+    assert rc == 1 and len(err) == 1, err
+    assert f"{binary}:3: not a text (UTF-8) CSV file" in err[0]
+
+
 def test_debug_shows_the_traceback(keys):
     with pytest.raises(CliError, match="-o/--out"):
         cli.main([keys, "--debug"])
@@ -130,11 +138,49 @@ def test_unknown_lengths_is_a_usage_error():
         cli._tune_parser().parse_args(["keys.csv", "--lengths", "half"])
 
 
-def test_a_run_that_tunes_nothing_exits_non_zero(capsys, keys, tmp_path):
-    """Every key's candidates fail (a time budget that ends before the first one): exit 1 and
-    a line saying nothing was tuned, the table untouched."""
+def test_a_run_that_tunes_nothing_exits_non_zero(capsys, keys, tmp_path, monkeypatch):
+    """Every key's candidates fail (a time budget that ends before the first one, allowed here
+    below the command line's minimum): exit 1 and a line saying nothing was tuned and that the
+    budget ran out, the table untouched."""
+    monkeypatch.setattr(cli, "MIN_TIME_BUDGET", 0.0)
     out = tmp_path / "t.csv"
     rc, _, err = run_main(capsys, keys, "-o", str(out), "--backends", "torch", "--contexts", "64", "--device", "cpu",
                           "--time-budget", "0.000001", "--quiet")
-    assert rc == 1 and any("nothing tuned" in line for line in err), err
+    assert rc == 1 and any("nothing tuned" in line and "time budget of 1e-06 s ran out" in line for line in err), err
     assert not out.exists()
+
+
+def test_a_budget_below_the_minimum_is_refused_before_anything_starts(capsys, keys, tmp_path, monkeypatch):
+    from tuner import search
+
+    def no_run(opts):
+        raise AssertionError("the run started")
+
+    monkeypatch.setattr(search, "tune", no_run)
+    out = tmp_path / "t.csv"
+    rc, _, err = run_main(capsys, keys, "-o", str(out), "--device", "cpu", "--time-budget", "5")
+    assert rc == 2 and len(err) == 1, err
+    assert f"argument --time-budget: expected at least {search.MIN_TIME_BUDGET:.0f} s (nothing is written" in err[0]
+    assert err[0].endswith("got 5")
+    assert not out.exists()
+
+
+def test_help_documents_the_exit_status(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "exit status: 0 every key tuned" in out and "2 a usage error" in out and "130 interrupted" in out
+    assert f"at least {cli.MIN_TIME_BUDGET:.0f}" in out
+
+
+def test_the_installed_entry_point_works_from_any_directory(tmp_path):
+    """``python -m paged_mqa_logits.tuner`` needs no checkout as the working directory (``python
+    -m tuner`` is the checkout's alias), and its help names the command it was run as."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "paged_mqa_logits.tuner", "--help"], capture_output=True,
+                          text=True, cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: python -m paged_mqa_logits.tuner ")
+    assert "'python -m paged_mqa_logits.tuner recheck --table TABLE.csv'" in " ".join(done.stdout.split())

@@ -114,3 +114,30 @@ def test_recheck_reports_drift_and_regressions(tmp_path, capsys):
     assert recheck(tuned, baseline=baseline, device="cpu", replays=1, quiet=True, sample=1) == 0
     assert "[recheck] 1 rows: 1 drifted beyond 10%, 0 WARN, 1 FAIL" in capsys.readouterr().out
     assert recheck(tuned, baseline=report, device="cpu", replays=1, quiet=True, sample=1) == 0
+
+
+def test_contexts_too_large_for_the_free_memory_are_skipped_and_the_run_passes(tmp_path, capsys, monkeypatch):
+    """A faked free-memory figure (inherited by the worker processes) that holds a 32-token
+    context but not a 4096-token one: the key tuned at both contexts gets its rows at 32 (and an
+    ``any`` row over the contexts that ran), the key tuned only at 4096 is reported as too large,
+    neither is a failure, and the command line exits 0."""
+    from paged_mqa_logits import bench
+    from paged_mqa_logits.bench import workload
+    from tuner import __main__ as tuner_cli
+
+    small, = bench.grid_shapes([16], [1], [1], [32], [16])
+    persistent, transient = workload._copy_footprint(small, small.lens(0))
+    monkeypatch.setenv(workload.ENV_MEMORY_LIMIT, str(2 * (transient + 5 * persistent)))
+    untuned = tmp_path / "keys_untuned.csv"
+    untuned.write_text("heads,head_dim,kv_block_size,preshuffle,batch,next_n,contexts\n"
+                       "16,128,16,0,1,1,32;4096\n"
+                       "16,128,16,0,2,1,4096\n")
+    out = tmp_path / "cpu_tuned.csv"
+    rc = tuner_cli.main([str(untuned), "-o", str(out), "--backends", "torch", "--device", "cpu", "--top", "1",
+                         "--screen-replays", "1", "--confirm-replays", "1", "--quiet"])
+    printed = capsys.readouterr().out
+    assert rc == 0, printed
+    rows = table.parse_file(str(out))
+    assert sorted((r.shape_key.batch, r.context or 0) for r in rows) == [(1, 0), (1, 32)]
+    assert printed.count("context=4096: skipped: too large: ") == 2 and "GiB free (" in printed
+    assert "1 key(s) tuned" in printed and "0 failed; 1 too large for the free memory" in printed

@@ -1,6 +1,6 @@
 """The host side of the sm_90 ``wgmma`` variant (backends/gluon/hopper_wgmma.py), without a
 GPU: support, candidates and their resource fit, the split rule, and the launch path, whose
-kernel arguments Triton's own binder specialises on meta tensors (``kernel_cache.record_launches``).
+kernel arguments Triton's own binder specialises on meta tensors (``record_launches``).
 The kernels themselves are cross-compiled in test_compile_hopper_wgmma.py."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ pytest.importorskip("triton.experimental.gluon")
 
 import torch  # noqa: E402
 
-from paged_mqa_logits import kernel_cache  # noqa: E402
+from paged_mqa_logits.aot.launches import record_launches  # noqa: E402
 from paged_mqa_logits.backends.gluon import hopper_wgmma as wg  # noqa: E402
 from paged_mqa_logits.problem import LaunchArgs, Problem  # noqa: E402
 from paged_mqa_logits.triton_internals.compiler import GPUTarget  # noqa: E402
@@ -51,7 +51,7 @@ def recorded_launches(variant, args: LaunchArgs, config: dict) -> list[dict]:
     """The launches ``variant.launch(args, config)`` makes, each as ``{argument: constexpr value}``
     plus ``"signature"``: specialised by Triton's binder for sm_90, nothing compiled."""
     sink = []
-    with kernel_cache.record_launches(GPUTarget("cuda", 90, 32), sink):
+    with record_launches(GPUTarget("cuda", 90, 32), sink):
         variant.launch(args, config)
     out = []
     for launch in sink:
