@@ -1,3 +1,4 @@
+import atexit
 import os
 import sys
 
@@ -80,3 +81,22 @@ def pytest_collection_modifyitems(config, items):
         module = os.path.relpath(str(item.path), ROOT).replace(os.sep, "/")
         if in_full_tier(module, getattr(item, "originalname", item.name)):
             item.add_marker(pytest.mark.full)
+
+
+# ----------------------------------------------------------------------------- exit
+def _stderr_to_devnull() -> None:
+    sys.stderr.flush()
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+
+
+def pytest_unconfigure(config):
+    """Triton's nanobind bindings (Triton 3.9; 3.6 has pybind11) report at interpreter exit the IR
+    objects its compiler still holds (instances, types, hundreds of functions: ~30 lines of
+    "nanobind: leaked" after pytest's summary). They are Triton's, held where Python cannot free them,
+    and nanobind has no Python switch for the report, so once pytest is done (summary printed, exit
+    status set) the interpreter's teardown writes stderr to /dev/null, and only when such a Triton was
+    loaded (tests/test_readme.py runs a cold compile in a subprocess and checks the tail)."""
+    libtriton = sys.modules.get("triton._C.libtriton")
+    context = getattr(getattr(libtriton, "ir", None), "context", None)
+    if libtriton is not None and type(context).__module__ == "nanobind":
+        atexit.register(_stderr_to_devnull)

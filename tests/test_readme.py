@@ -214,3 +214,17 @@ def test_tier_of_a_test(module, test, full):
     import conftest
 
     assert conftest.in_full_tier(module, test) is full
+
+
+def test_no_nanobind_leak_report_after_the_summary(tmp_path):
+    """A cold compile (fresh Triton cache) leaves Triton's IR objects alive at exit; under a Triton
+    with nanobind bindings their report must not follow pytest's summary (tests/conftest.py)."""
+    import subprocess
+
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "cache"))
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_compile.py", "-k",
+                          "test_amd_resources_agree_with_the_code_object_metadata"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "1 passed" in run.stdout.strip().splitlines()[-1]
+    assert "nanobind" not in run.stdout + run.stderr
