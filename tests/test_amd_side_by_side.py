@@ -16,6 +16,7 @@ import cdna_cycles  # noqa: E402
 from paged_mqa_logits import table  # noqa: E402
 from paged_mqa_logits.backends.gluon import cdna  # noqa: E402
 from paged_mqa_logits.aot.compile import max_waves_per_simd  # noqa: E402
+from paged_mqa_logits.backends.flydsl.toolchain import NOT_INSTALLED, flydsl_installed  # noqa: E402
 
 REPORT = os.path.join(ROOT, "benchmarks", "amd", "side_by_side.csv")
 MFMA_OF = {("gfx942", "fp8"): "v_mfma_f32_(16x16x32|32x32x16)_fp8_fp8",
@@ -25,6 +26,8 @@ MFMA_OF = {("gfx942", "fp8"): "v_mfma_f32_(16x16x32|32x32x16)_fp8_fp8",
 
 @pytest.fixture(scope="module")
 def sample(tmp_path_factory):
+    if not flydsl_installed():  # the sample compiles FlyDSL kernels beside the Gluon ones
+        pytest.skip(NOT_INSTALLED)
     out = str(tmp_path_factory.mktemp("amd_side_by_side"))
     rows = []
     for arch, heads, next_n, block, pre, batch in sbs.SAMPLE:
