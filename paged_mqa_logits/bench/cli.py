@@ -75,7 +75,7 @@ def parser() -> ArgumentParser:
         prog="python -m paged_mqa_logits bench",
         description="Time backends, knob sets, the production dispatch and (if importable) DeepGEMM in the "
                     "same run with the method of docs/BENCHMARK.md; writes a CSV and exits non-zero if any shape "
-                    "fails its check.")
+                    "fails its check. With --topk: the top-k bench instead (its own options, --topk --help).")
     g = p.add_argument_group("shapes (a grid, or --shapes FILE); on a CPU the grid's defaults are a small grid")
     g.add_argument("--heads", default=None, help=f"default {GPU_GRID['heads']} (CPU: {CPU_GRID['heads']})")
     g.add_argument("--next-n", default=None, help=f"default {GPU_GRID['next_n']} (CPU: {CPU_GRID['next_n']})")
@@ -131,6 +131,10 @@ def parser() -> ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if "--topk" in (sys.argv[1:] if argv is None else argv):  # the top-k bench has its own options
+        from .topk import main as topk_main
+
+        return topk_main([x for x in (sys.argv[1:] if argv is None else argv) if x != "--topk"])
     p = parser()
     a = p.parse_args(argv)
     device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
