@@ -1,8 +1,9 @@
 """Exact top-k over logits rows: the indexer's selection after :func:`paged_mqa_logits`.
 
 * :func:`topk` — the op (``torch.ops.paged_mqa_logits.topk``); docs/TOPK.md is its contract.
-* :data:`BACKENDS` — ``torch`` (``torch.topk`` over the visible prefix) and ``triton`` (a
-  portable radix select, every Triton GPU and CPU through the interpreter).
+* :data:`BACKENDS` — ``torch`` (``torch.topk`` over the visible prefix), ``triton`` (a portable
+  radix select) and ``triton_radix`` (histogram first, two reads of a row); both Triton kernels
+  run on every Triton GPU and on CPU through the interpreter.
 """
 
 from .backends import BACKENDS, default_backend

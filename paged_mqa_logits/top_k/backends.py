@@ -1,8 +1,9 @@
 """The top-k backends by name, and the default choice for a device.
 
 The choice lives here, not in the logits op's tuned tables: ``torch`` on CPU tensors (the
-interpreter runs the Triton kernel, exactly but slowly), ``triton`` on every GPU. ``backend=``
-on a call names one explicitly."""
+interpreter runs the Triton kernels, exactly but slowly), ``triton`` (the portable kernel) on
+every GPU until ``triton_radix`` (the histogram-first kernel) has been measured there.
+``backend=`` on a call names one explicitly."""
 
 from __future__ import annotations
 
@@ -10,13 +11,14 @@ from typing import Callable
 
 import torch
 
-from . import torch_ref, triton_portable
+from . import torch_ref, triton_portable, triton_radix
 from .validate import TopkCall
 
 #: backend name -> ``launch(call)``, which writes ``call.out`` and nothing else
 BACKENDS: dict[str, Callable[[TopkCall], None]] = {
     "torch": torch_ref.launch,
     "triton": triton_portable.launch,
+    "triton_radix": triton_radix.launch,
 }
 
 

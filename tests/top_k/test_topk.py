@@ -12,7 +12,7 @@ from paged_mqa_logits import PagedMQAArgumentError, topk
 
 from topk_cases import KINDS, adversarial_rows, assert_exact, lengths_for
 
-BACKENDS = ("torch", "triton")
+BACKENDS = ("torch", "triton", "triton_radix")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -76,12 +76,31 @@ def test_torch_backend_k2048_long_rows():
     assert_exact(out, logits, lengths, next_n, k)
 
 
-def test_interpreted_kernel_longer_rows():
+@pytest.mark.parametrize("capacity", [8192, 5])
+def test_radix_kernel_list_and_overflow(monkeypatch, capacity):
+    """The threshold bin's candidates listed, and (capacity 5) the exact fallback over the row."""
+    from paged_mqa_logits.top_k import triton_radix
+
+    monkeypatch.setattr(triton_radix, "CAPACITY", capacity)
+    g = torch.Generator().manual_seed(11)
+    logits = torch.randn(4, 400, generator=g)
+    logits[1, :300] = 2.0  # the threshold bin is one value, 300 wide
+    logits[2] = torch.randint(0, 3, (400,), generator=g).float()
+    lengths = torch.tensor([400, 390, 400, 200], dtype=torch.int32)
+    table = torch.randperm(128, generator=g)[:100].reshape(4, 25).to(torch.int32)
+    out = topk(logits, lengths, 32, backend="triton_radix")
+    assert_exact(out, logits, lengths, 1, 32)
+    mapped = topk(logits, lengths, 32, block_table=table, block_size=16, backend="triton_radix")
+    assert_exact(mapped, logits, lengths, 1, 32, table, 16)
+
+
+@pytest.mark.parametrize("backend", ["triton", "triton_radix"])
+def test_interpreted_kernel_longer_rows(backend):
     g = torch.Generator().manual_seed(3)
     logits = torch.randn(2, 3000, generator=g)
     logits[1, 100:2000] = 0.5
     lengths = torch.tensor([3000, 2500], dtype=torch.int32)
-    out = topk(logits, lengths, 64, backend="triton")
+    out = topk(logits, lengths, 64, backend=backend)
     assert_exact(out, logits, lengths, 1, 64)
 
 
@@ -144,7 +163,7 @@ def _call(**overrides):
     (dict(block_size=4), "block_size", "1 without a `block_table`"),
     (dict(block_table=torch.zeros(2, 3, dtype=torch.int32), block_size=4), "block_table", "covering every column"),
     (dict(block_table=torch.zeros(3, 8, dtype=torch.int32), block_size=4), "block_table", "2 rows"),
-    (dict(backend="cuda"), "backend", "'torch', 'triton'"),
+    (dict(backend="cuda"), "backend", "'torch', 'triton', 'triton_radix'"),
 ])
 def test_validation_names_the_argument(overrides, argument, fragment):
     args = _call(**overrides)

@@ -13,7 +13,7 @@ from paged_mqa_logits.compat import vllm
 from topk_cases import KINDS, adversarial_rows, assert_exact, lengths_for
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")]
-BACKENDS = ("torch", "triton")
+BACKENDS = ("torch", "triton", "triton_radix")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
