@@ -17,6 +17,7 @@ from .environment import environment
 from .measure import DeviceLost, Impl, Measurement, Schedule, measure, parse_knobs
 from .report import load_anchor, print_table, summary, write_csv
 from .shapes import CPU_GRID as CPU_GRID_VALUES, DEFAULT_GRID, Shape, _int_list, grid_shapes, shapes_from_csv
+from .topk import main as topk_main
 from .workload import build_workload
 
 
@@ -132,8 +133,6 @@ def parser() -> ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     if "--topk" in (sys.argv[1:] if argv is None else argv):  # the top-k bench has its own options
-        from .topk import main as topk_main
-
         return topk_main([x for x in (sys.argv[1:] if argv is None else argv) if x != "--topk"])
     p = parser()
     a = p.parse_args(argv)

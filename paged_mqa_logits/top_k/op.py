@@ -11,7 +11,7 @@ import torch
 
 from ..torch_op import NAMESPACE
 from ..validate import _fail
-from .backends import BACKENDS, choose
+from .backends import BACKENDS, choose, launcher
 from .validate import check_call
 
 SCHEMA = ("topk(Tensor logits, Tensor lengths, int next_n, int k, Tensor(a!) out, Tensor? block_table=None, "
@@ -27,7 +27,7 @@ def run(logits, lengths, next_n, k, out, block_table=None, block_size=1, backend
     if backend is not None and backend not in BACKENDS:
         _fail("backend", "None or one of " + ", ".join(map(repr, BACKENDS)), repr(backend))
     call = check_call(logits, lengths, next_n, k, out, block_table, block_size)
-    BACKENDS[choose(call.logits.device, backend)](call)
+    launcher(choose(call.logits.device, backend))(call)
     return out
 
 

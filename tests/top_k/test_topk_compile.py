@@ -4,6 +4,8 @@ kernels use no local memory."""
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 
 pytest.importorskip("triton")
@@ -22,7 +24,7 @@ def _spec(kernel, arch, has_table, extra_pointers=(), extra_ints=(), block=1024,
     signature.update({name: "i32" for name in _INTS + tuple(extra_ints)})
     constexprs = {"NEXT_N": 2, "LENS_2D": True, "HAS_TABLE": has_table, "BLOCK": block}
     signature.update({name: "constexpr" for name in constexprs})
-    order = [p.name for p in kernel.params]
+    order = list(inspect.signature(kernel.fn).parameters)
     signature = {name: signature[name] for name in order}
     options = {"num_warps": warps}
     if arch.startswith("gfx"):
