@@ -1,7 +1,7 @@
 """``triton_radix`` backend: a histogram-first exact top-k for GPUs (CPU tensors run it through
 the interpreter, for the tests).
 
-One program per row, over the row twice instead of nine times:
+Over each row twice instead of nine times:
 
 1. **Histogram.** The top 12 bits of every visible key (sign, exponent, three mantissa bits of
    the fp32 value) go into a 4096-bin histogram; suffix sums give the bin ``B`` holding the
@@ -14,8 +14,13 @@ One program per row, over the row twice instead of nine times:
 
 A threshold bin with more than ``CAPACITY`` elements skips the list: the search and the write
 then run over the row (five more reads), still exact. Rows with at most ``k`` visible positions
-write them all without reading the row. Not yet split across programs: a batch of few long rows
-leaves SMs idle.
+are written without reading the row.
+
+Few rows, wide rows: one program per row would leave most SMs idle, so such calls split each row
+into ``S`` chunks over three launches. Each chunk's program writes its histogram; each then sums
+the ``S`` histograms, and since a chunk's share of the bins above ``B`` and of ``B`` itself is in
+its own histogram, it knows where its positions go without atomics; one program per row
+resolves the list. The result is the same as the one-program path's, slot for slot.
 """
 
 from __future__ import annotations
@@ -35,11 +40,81 @@ CAPACITY = 8192
 HIST_BITS = tl.constexpr(12)
 NUM_BINS = tl.constexpr(4096)
 NUM_WARPS = 8
+#: split rows into chunks when the rows are fewer than this many per SM ...
+SPLIT_ROWS_PER_SM = 1
+#: ... into at most this many chunks (a power of two), each at least MIN_CHUNK columns
+MAX_SPLIT = 16
+MIN_CHUNK = 4096
 
 
 @triton.jit
 def _bins(keys):
     return ((keys ^ SIGN) >> (32 - HIST_BITS)) & (NUM_BINS - 1)
+
+
+@triton.jit
+def _histogram(row_ptr, stride_col, first, last, BLOCK: tl.constexpr):
+    """Histogram of the top key bits of columns ``[first, last)``."""
+    hist = tl.zeros([NUM_BINS], dtype=tl.int32)
+    for start in range(first, last, BLOCK):
+        _, keys, live = element_keys(row_ptr, stride_col, row_ptr, start, last, False, BLOCK)
+        hist += tl.histogram(_bins(keys), NUM_BINS, mask=live)
+    return hist
+
+
+@triton.jit
+def _threshold_bin(hist, n, kk):
+    """The bin holding the ``kk``-th largest key, its element count and the count above it."""
+    bin_ids = tl.arange(0, NUM_BINS)
+    at_or_above = n - tl.cumsum(hist, axis=0) + hist  # elements in bins >= b
+    threshold_bin = tl.sum((at_or_above >= kk).to(tl.int32), axis=0) - 1
+    in_bin = tl.sum(tl.where(bin_ids == threshold_bin, hist, 0), axis=0)
+    above_bin = tl.sum(tl.where(bin_ids == threshold_bin, at_or_above, 0), axis=0) - in_bin
+    return threshold_bin, in_bin, above_bin
+
+
+@triton.jit
+def _split(row_ptr, stride_col, first, last, threshold_bin, written, listed, list_it, out_row, listed_ptr, table_row,
+           block_size, HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr):
+    """Columns ``[first, last)``: bins above the threshold bin to slots ``written, ...``; with
+    ``list_it``, the threshold bin's positions to list entries ``listed, ...``."""
+    for start in range(first, last, BLOCK):
+        positions, keys, live = element_keys(row_ptr, stride_col, row_ptr, start, last, False, BLOCK)
+        bins = _bins(keys)
+        above = live & (bins > threshold_bin)
+        inside = live & (bins == threshold_bin) & list_it
+        emit(out_row, written + tl.cumsum(above.to(tl.int32), axis=0) - 1, positions, above, table_row, block_size,
+             HAS_TABLE)
+        tl.store(listed_ptr + listed + tl.cumsum(inside.to(tl.int32), axis=0) - 1, positions, mask=inside)
+        written += tl.sum(above.to(tl.int32), axis=0)
+        listed += tl.sum(inside.to(tl.int32), axis=0)
+
+
+@triton.jit
+def _resolve(row_ptr, stride_col, n, kk, threshold_bin, in_bin, above_bin, capacity, out_row, listed_ptr, table_row,
+             block_size, HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr):
+    """The exact threshold inside the threshold bin and the write of the rest of the selection:
+    from the list when it held the bin, else over the row."""
+    prefix = threshold_bin << (32 - HIST_BITS)
+    if in_bin <= capacity:
+        need = kk - above_bin
+        threshold, gt = search(row_ptr, stride_col, listed_ptr, in_bin, prefix, n * 0, need, 32 - HIST_BITS - 4,
+                               True, BLOCK)
+        write_selection(row_ptr, stride_col, listed_ptr, in_bin, threshold, above_bin, above_bin + gt, need - gt,
+                        out_row, table_row, block_size, True, HAS_TABLE, BLOCK)
+    else:
+        threshold, gt = search(row_ptr, stride_col, row_ptr, n, prefix, above_bin, kk, 32 - HIST_BITS - 4, False,
+                               BLOCK)
+        write_selection(row_ptr, stride_col, row_ptr, n, threshold, n * 0, gt, kk - gt, out_row, table_row,
+                        block_size, False, HAS_TABLE, BLOCK)
+
+
+@triton.jit
+def _write_all(out_row, n, table_row, block_size, HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr):
+    """Every visible position, in column order (a row with at most ``k`` of them)."""
+    for start in range(0, n, BLOCK):
+        columns = start + tl.arange(0, BLOCK)
+        emit(out_row, columns, columns, columns < n, table_row, block_size, HAS_TABLE)
 
 
 @triton.jit
@@ -52,62 +127,119 @@ def _topk_radix_kernel(logits_ptr, lens_ptr, out_ptr, table_ptr, scratch_ptr, st
     out_row = out_ptr + row.to(tl.int64) * stride_out
     table_row = table_ptr + b.to(tl.int64) * stride_table
     listed_ptr = scratch_ptr + row.to(tl.int64) * capacity
-    zero = n * 0
-    if n <= k:  # every visible position is selected: nothing to read
-        for start in range(0, n, BLOCK):
-            columns = start + tl.arange(0, BLOCK)
-            emit(out_row, columns, columns, columns < n, table_row, block_size, HAS_TABLE)
+    if n <= k:
+        _write_all(out_row, n, table_row, block_size, HAS_TABLE, BLOCK)
     else:
-        hist = tl.zeros([NUM_BINS], dtype=tl.int32)
-        for start in range(0, n, BLOCK):
-            _, keys, live = element_keys(row_ptr, stride_col, row_ptr, start, n, False, BLOCK)
-            hist += tl.histogram(_bins(keys), NUM_BINS, mask=live)
-        bin_ids = tl.arange(0, NUM_BINS)
-        at_or_above = n - tl.cumsum(hist, axis=0) + hist  # elements in bins >= b
-        threshold_bin = tl.sum((at_or_above >= kk).to(tl.int32), axis=0) - 1
-        in_bin = tl.sum(tl.where(bin_ids == threshold_bin, hist, 0), axis=0)
-        above_bin = tl.sum(tl.where(bin_ids == threshold_bin, at_or_above, 0), axis=0) - in_bin
-        prefix = threshold_bin << (32 - HIST_BITS)
-        if in_bin <= capacity:
-            written = zero
-            listed = zero
-            for start in range(0, n, BLOCK):
-                positions, keys, live = element_keys(row_ptr, stride_col, row_ptr, start, n, False, BLOCK)
-                bins = _bins(keys)
-                above = live & (bins > threshold_bin)
-                inside = live & (bins == threshold_bin)
-                emit(out_row, written + tl.cumsum(above.to(tl.int32), axis=0) - 1, positions, above, table_row,
-                     block_size, HAS_TABLE)
-                tl.store(listed_ptr + listed + tl.cumsum(inside.to(tl.int32), axis=0) - 1, positions, mask=inside)
-                written += tl.sum(above.to(tl.int32), axis=0)
-                listed += tl.sum(inside.to(tl.int32), axis=0)
-            tl.debug_barrier()  # the list is read back by other threads of the program
-            need = kk - above_bin
-            threshold, gt = search(row_ptr, stride_col, listed_ptr, in_bin, prefix, zero, need, 32 - HIST_BITS - 4,
-                                   True, BLOCK)
-            write_selection(row_ptr, stride_col, listed_ptr, in_bin, threshold, above_bin, above_bin + gt, need - gt,
-                            out_row, table_row, block_size, True, HAS_TABLE, BLOCK)
-        else:
-            threshold, gt = search(row_ptr, stride_col, row_ptr, n, prefix, above_bin, kk, 32 - HIST_BITS - 4, False,
-                                   BLOCK)
-            write_selection(row_ptr, stride_col, row_ptr, n, threshold, zero, gt, kk - gt, out_row, table_row,
-                            block_size, False, HAS_TABLE, BLOCK)
+        threshold_bin, in_bin, above_bin = _threshold_bin(_histogram(row_ptr, stride_col, 0, n, BLOCK), n, kk)
+        _split(row_ptr, stride_col, 0, n, threshold_bin, n * 0, n * 0, in_bin <= capacity, out_row, listed_ptr,
+               table_row, block_size, HAS_TABLE, BLOCK)
+        tl.debug_barrier()  # the list is read back by other threads of the program
+        _resolve(row_ptr, stride_col, n, kk, threshold_bin, in_bin, above_bin, capacity, out_row, listed_ptr,
+                 table_row, block_size, HAS_TABLE, BLOCK)
     fill_tail(out_row, kk, k, BLOCK)
 
 
-def launch(call: TopkCall) -> None:
+# ----------------------------------------------------------------------------- split rows
+@triton.jit
+def _chunk_histogram_kernel(logits_ptr, lens_ptr, hist_ptr, stride_row, stride_col, stride_lens_b, stride_lens_j,
+                            width, k, chunk, NEXT_N: tl.constexpr, LENS_2D: tl.constexpr, SPLIT: tl.constexpr,
+                            BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    part = tl.program_id(1)
+    _, n, _ = row_setup(lens_ptr, row, stride_lens_b, stride_lens_j, width, k, NEXT_N, LENS_2D)
+    row_ptr = logits_ptr + row.to(tl.int64) * stride_row
+    first = part * chunk
+    hist = _histogram(row_ptr, stride_col, first, tl.minimum(first + chunk, n), BLOCK)
+    tl.store(hist_ptr + (row.to(tl.int64) * SPLIT + part) * NUM_BINS + tl.arange(0, NUM_BINS), hist)
+
+
+@triton.jit
+def _chunk_split_kernel(logits_ptr, lens_ptr, out_ptr, table_ptr, hist_ptr, scratch_ptr, stride_row, stride_col,
+                        stride_lens_b, stride_lens_j, stride_out, stride_table, width, k, block_size, capacity, chunk,
+                        NEXT_N: tl.constexpr, LENS_2D: tl.constexpr, HAS_TABLE: tl.constexpr, SPLIT: tl.constexpr,
+                        BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    part = tl.program_id(1)
+    b, n, kk = row_setup(lens_ptr, row, stride_lens_b, stride_lens_j, width, k, NEXT_N, LENS_2D)
+    if n > k:
+        row_ptr = logits_ptr + row.to(tl.int64) * stride_row
+        out_row = out_ptr + row.to(tl.int64) * stride_out
+        table_row = table_ptr + b.to(tl.int64) * stride_table
+        parts = tl.arange(0, SPLIT)
+        bin_ids = tl.arange(0, NUM_BINS)
+        hists = tl.load(hist_ptr + (row.to(tl.int64) * SPLIT + parts[:, None]) * NUM_BINS + bin_ids[None, :])
+        threshold_bin, in_bin, above_bin = _threshold_bin(tl.sum(hists, axis=0), n, kk)
+        before = (parts < part)[:, None]
+        written = tl.sum(tl.sum(tl.where(before & (bin_ids[None, :] > threshold_bin), hists, 0), axis=1), axis=0)
+        listed = tl.sum(tl.sum(tl.where(before & (bin_ids[None, :] == threshold_bin), hists, 0), axis=1), axis=0)
+        first = part * chunk
+        _split(row_ptr, stride_col, first, tl.minimum(first + chunk, n), threshold_bin, written, listed,
+               in_bin <= capacity, out_row, scratch_ptr + row.to(tl.int64) * capacity, table_row, block_size,
+               HAS_TABLE, BLOCK)
+
+
+@triton.jit
+def _chunk_resolve_kernel(logits_ptr, lens_ptr, out_ptr, table_ptr, hist_ptr, scratch_ptr, stride_row, stride_col,
+                          stride_lens_b, stride_lens_j, stride_out, stride_table, width, k, block_size, capacity,
+                          NEXT_N: tl.constexpr, LENS_2D: tl.constexpr, HAS_TABLE: tl.constexpr, SPLIT: tl.constexpr,
+                          BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    b, n, kk = row_setup(lens_ptr, row, stride_lens_b, stride_lens_j, width, k, NEXT_N, LENS_2D)
+    out_row = out_ptr + row.to(tl.int64) * stride_out
+    table_row = table_ptr + b.to(tl.int64) * stride_table
+    if n <= k:
+        _write_all(out_row, n, table_row, block_size, HAS_TABLE, BLOCK)
+    else:
+        parts = tl.arange(0, SPLIT)
+        bin_ids = tl.arange(0, NUM_BINS)
+        hists = tl.load(hist_ptr + (row.to(tl.int64) * SPLIT + parts[:, None]) * NUM_BINS + bin_ids[None, :])
+        threshold_bin, in_bin, above_bin = _threshold_bin(tl.sum(hists, axis=0), n, kk)
+        _resolve(logits_ptr + row.to(tl.int64) * stride_row, stride_col, n, kk, threshold_bin, in_bin, above_bin,
+                 capacity, out_row, scratch_ptr + row.to(tl.int64) * capacity, table_row, block_size, HAS_TABLE,
+                 BLOCK)
+    fill_tail(out_row, kk, k, BLOCK)
+
+
+def split_for(rows: int, width: int, sms: int) -> int:
+    """Chunks per row: 1 when the rows fill the GPU, else enough (a power of two, at most
+    ``MAX_SPLIT``, chunks of at least ``MIN_CHUNK`` columns) to approach one program per SM."""
+    if rows >= SPLIT_ROWS_PER_SM * sms:
+        return 1
+    split = 1
+    while split < MAX_SPLIT and rows * split * 2 <= sms and width // (split * 2) >= MIN_CHUNK:
+        split *= 2
+    return split
+
+
+def launch(call: TopkCall, split: int | None = None) -> None:
     rows, width = call.logits.shape
     if rows == 0:
         return
-    on_cpu = call.logits.device.type == "cpu"
-    kernel = interpreted(_topk_radix_kernel) if on_cpu else _topk_radix_kernel
+    device = call.logits.device
+    on_cpu = device.type == "cpu"
+    if split is None:
+        split = 1 if on_cpu else split_for(rows, width, torch.cuda.get_device_properties(device).multi_processor_count)
     capacity = max(1, min(CAPACITY, width))
-    scratch = torch.empty((rows, capacity), dtype=torch.int32, device=call.logits.device)
+    scratch = torch.empty((rows, capacity), dtype=torch.int32, device=device)
     table = call.block_table if call.block_table is not None else call.lengths  # never read without one
     options = {} if on_cpu else {"num_warps": NUM_WARPS}
-    kernel[(rows,)](
-        call.logits, call.lengths, call.out, table, scratch, call.logits.stride(0), call.logits.stride(1),
-        *lens_strides(call.lengths), call.out.stride(0), table.stride(0), width, call.k, call.block_size, capacity,
-        NEXT_N=call.next_n, LENS_2D=call.lens_2d, HAS_TABLE=call.block_table is not None,
-        BLOCK=CPU_BLOCK if on_cpu else BLOCK, **options,
-    )
+    block = CPU_BLOCK if on_cpu else BLOCK
+    run = (lambda kernel: interpreted(kernel)) if on_cpu else (lambda kernel: kernel)
+    lens = (call.lengths, *lens_strides(call.lengths))
+    common = dict(NEXT_N=call.next_n, LENS_2D=call.lens_2d, BLOCK=block, **options)
+    strides = (call.logits.stride(0), call.logits.stride(1))
+    if split == 1:
+        run(_topk_radix_kernel)[(rows,)](
+            call.logits, call.lengths, call.out, table, scratch, *strides, *lens[1:], call.out.stride(0),
+            table.stride(0), width, call.k, call.block_size, capacity, HAS_TABLE=call.block_table is not None,
+            **common)
+        return
+    chunk = triton.cdiv(width, split)
+    hist = torch.empty((rows, split, 4096), dtype=torch.int32, device=device)
+    run(_chunk_histogram_kernel)[(rows, split)](
+        call.logits, call.lengths, hist, *strides, *lens[1:], width, call.k, chunk, SPLIT=split, **common)
+    tail = (call.logits, call.lengths, call.out, table, hist, scratch, *strides, *lens[1:], call.out.stride(0),
+            table.stride(0), width, call.k, call.block_size, capacity)
+    run(_chunk_split_kernel)[(rows, split)](*tail, chunk, HAS_TABLE=call.block_table is not None, SPLIT=split,
+                                            **common)
+    run(_chunk_resolve_kernel)[(rows,)](*tail, HAS_TABLE=call.block_table is not None, SPLIT=split, **common)

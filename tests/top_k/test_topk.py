@@ -94,6 +94,35 @@ def test_radix_kernel_list_and_overflow(monkeypatch, capacity):
     assert_exact(mapped, logits, lengths, 1, 32, table, 16)
 
 
+@pytest.mark.parametrize("capacity", [8192, 5])
+@pytest.mark.parametrize("split", [2, 4])
+def test_radix_split_rows_match_one_program(monkeypatch, capacity, split):
+    """Rows split over programs (three launches) select what one program per row selects, slot for slot."""
+    from paged_mqa_logits.top_k import triton_radix
+    from paged_mqa_logits.top_k.validate import check_call
+
+    monkeypatch.setattr(triton_radix, "CAPACITY", capacity)
+    g = torch.Generator().manual_seed(12)
+    logits = torch.randn(6, 300, generator=g)
+    logits[0, :120] = 1.0
+    lengths = torch.tensor([[300, 250], [10, 0], [299, 200]], dtype=torch.int32)
+    table = torch.randperm(64, generator=g)[:60].reshape(3, 20).to(torch.int32)
+    one, many = (torch.full((6, 16), 7, dtype=torch.int32) for _ in range(2))
+    triton_radix.launch(check_call(logits, lengths, None, 16, one, table, 16), split=1)
+    triton_radix.launch(check_call(logits, lengths, None, 16, many, table, 16), split=split)
+    assert torch.equal(one, many)
+    assert_exact(many, logits, lengths, 2, 16, table, 16)
+
+
+def test_radix_split_choice():
+    from paged_mqa_logits.top_k.triton_radix import split_for
+
+    assert split_for(rows=4096, width=8192, sms=132) == 1  # the rows fill the GPU
+    assert split_for(rows=2, width=163840, sms=132) == 16  # few long rows: the most chunks
+    assert split_for(rows=16, width=32768, sms=132) == 8  # chunks of 4096 columns at least
+    assert split_for(rows=16, width=8192, sms=132) == 2
+
+
 @pytest.mark.parametrize("backend", ["triton", "triton_radix"])
 def test_interpreted_kernel_longer_rows(backend):
     g = torch.Generator().manual_seed(3)

@@ -19,12 +19,14 @@ _INTS = ("stride_row", "stride_col", "stride_lens_b", "stride_lens_j", "stride_o
          "block_size")
 
 
-def _spec(kernel, arch, has_table, extra_pointers=(), extra_ints=(), block=1024, warps=8):
+def _spec(kernel, arch, has_table, extra_pointers=(), extra_ints=(), block=1024, warps=8, extra=None):
+    """The kernel's signature as a k 2048 call specialises it (parameters it lacks are dropped)."""
     signature = dict(_POINTERS, **{p: "*i32" for p in extra_pointers})
     signature.update({name: "i32" for name in _INTS + tuple(extra_ints)})
-    constexprs = {"NEXT_N": 2, "LENS_2D": True, "HAS_TABLE": has_table, "BLOCK": block}
-    signature.update({name: "constexpr" for name in constexprs})
     order = list(inspect.signature(kernel.fn).parameters)
+    constexprs = {"NEXT_N": 2, "LENS_2D": True, "HAS_TABLE": has_table, "BLOCK": block, **(extra or {})}
+    constexprs = {name: value for name, value in constexprs.items() if name in order}
+    signature.update({name: "constexpr" for name in constexprs})
     signature = {name: signature[name] for name in order}
     options = {"num_warps": warps}
     if arch.startswith("gfx"):
@@ -49,3 +51,17 @@ def test_portable_kernel_cross_compiles(arch):
     record = compile_spec(_spec(triton_portable._topk_row_kernel, arch, True, block=triton_portable.BLOCK, warps=4),
                           None)
     assert record.ok, record.error
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "gfx942"])
+def test_split_row_kernels_cross_compile(arch):
+    split = {"SPLIT": 8}
+    histogram = _spec(triton_radix._chunk_histogram_kernel, arch, False, [], [], triton_radix.BLOCK,
+                      triton_radix.NUM_WARPS, extra=split)
+    split_kernel = _spec(triton_radix._chunk_split_kernel, arch, True, ["scratch_ptr", "hist_ptr"],
+                         ["capacity", "chunk"], triton_radix.BLOCK, triton_radix.NUM_WARPS, extra=split)
+    resolve = _spec(triton_radix._chunk_resolve_kernel, arch, True, ["scratch_ptr", "hist_ptr"], ["capacity"],
+                    triton_radix.BLOCK, triton_radix.NUM_WARPS, extra=split)
+    for spec in (histogram, split_kernel, resolve):
+        record = compile_spec(spec, None)
+        assert record.ok, f"{spec.name}: {record.error}"
