@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from ..triton_internals.interpreter import interpreted
-from .triton_select import fill_tail, lens_strides, row_setup, search, write_selection
+from .triton_select import fill_tail, lens_strides, row_addresses, row_setup, search, write_selection
 from .validate import TopkCall
 
 #: elements one step of a pass reads (the [BLOCK, 16] comparison of a search round)
@@ -27,9 +27,8 @@ def _topk_row_kernel(logits_ptr, lens_ptr, out_ptr, table_ptr, stride_row, strid
                      NEXT_N: tl.constexpr, LENS_2D: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     b, n, kk = row_setup(lens_ptr, row, stride_lens_b, stride_lens_j, width, k, NEXT_N, LENS_2D)
-    row_ptr = logits_ptr + row.to(tl.int64) * stride_row
-    out_row = out_ptr + row.to(tl.int64) * stride_out
-    table_row = table_ptr + b.to(tl.int64) * stride_table
+    row_ptr, out_row, table_row = row_addresses(logits_ptr, out_ptr, table_ptr, row, b, stride_row, stride_out,
+                                                stride_table)
     threshold, gt = search(row_ptr, stride_col, row_ptr, n, n * 0, n * 0, kk, 28, False, BLOCK)
     write_selection(row_ptr, stride_col, row_ptr, n, threshold, n * 0, gt, kk - gt, out_row, table_row, block_size,
                     False, HAS_TABLE, BLOCK)

@@ -30,7 +30,8 @@ import triton
 import triton.language as tl
 
 from ..triton_internals.interpreter import interpreted
-from .triton_select import SIGN, element_keys, emit, fill_tail, lens_strides, row_setup, search, write_selection
+from .triton_select import (SIGN, element_keys, emit, fill_tail, lens_strides, row_addresses, row_setup, search,
+                            write_selection)
 from .validate import TopkCall
 
 BLOCK = 1024
@@ -123,9 +124,8 @@ def _topk_radix_kernel(logits_ptr, lens_ptr, out_ptr, table_ptr, scratch_ptr, st
                        NEXT_N: tl.constexpr, LENS_2D: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     b, n, kk = row_setup(lens_ptr, row, stride_lens_b, stride_lens_j, width, k, NEXT_N, LENS_2D)
-    row_ptr = logits_ptr + row.to(tl.int64) * stride_row
-    out_row = out_ptr + row.to(tl.int64) * stride_out
-    table_row = table_ptr + b.to(tl.int64) * stride_table
+    row_ptr, out_row, table_row = row_addresses(logits_ptr, out_ptr, table_ptr, row, b, stride_row, stride_out,
+                                                stride_table)
     listed_ptr = scratch_ptr + row.to(tl.int64) * capacity
     if n <= k:
         _write_all(out_row, n, table_row, block_size, HAS_TABLE, BLOCK)
@@ -162,9 +162,8 @@ def _chunk_split_kernel(logits_ptr, lens_ptr, out_ptr, table_ptr, hist_ptr, scra
     part = tl.program_id(1)
     b, n, kk = row_setup(lens_ptr, row, stride_lens_b, stride_lens_j, width, k, NEXT_N, LENS_2D)
     if n > k:
-        row_ptr = logits_ptr + row.to(tl.int64) * stride_row
-        out_row = out_ptr + row.to(tl.int64) * stride_out
-        table_row = table_ptr + b.to(tl.int64) * stride_table
+        row_ptr, out_row, table_row = row_addresses(logits_ptr, out_ptr, table_ptr, row, b, stride_row, stride_out,
+                                                    stride_table)
         parts = tl.arange(0, SPLIT)
         bin_ids = tl.arange(0, NUM_BINS)
         hists = tl.load(hist_ptr + (row.to(tl.int64) * SPLIT + parts[:, None]) * NUM_BINS + bin_ids[None, :])
@@ -185,8 +184,8 @@ def _chunk_resolve_kernel(logits_ptr, lens_ptr, out_ptr, table_ptr, hist_ptr, sc
                           BLOCK: tl.constexpr):
     row = tl.program_id(0)
     b, n, kk = row_setup(lens_ptr, row, stride_lens_b, stride_lens_j, width, k, NEXT_N, LENS_2D)
-    out_row = out_ptr + row.to(tl.int64) * stride_out
-    table_row = table_ptr + b.to(tl.int64) * stride_table
+    row_ptr, out_row, table_row = row_addresses(logits_ptr, out_ptr, table_ptr, row, b, stride_row, stride_out,
+                                                stride_table)
     if n <= k:
         _write_all(out_row, n, table_row, block_size, HAS_TABLE, BLOCK)
     else:
@@ -194,7 +193,7 @@ def _chunk_resolve_kernel(logits_ptr, lens_ptr, out_ptr, table_ptr, hist_ptr, sc
         bin_ids = tl.arange(0, NUM_BINS)
         hists = tl.load(hist_ptr + (row.to(tl.int64) * SPLIT + parts[:, None]) * NUM_BINS + bin_ids[None, :])
         threshold_bin, in_bin, above_bin = _threshold_bin(tl.sum(hists, axis=0), n, kk)
-        _resolve(logits_ptr + row.to(tl.int64) * stride_row, stride_col, n, kk, threshold_bin, in_bin, above_bin,
+        _resolve(row_ptr, stride_col, n, kk, threshold_bin, in_bin, above_bin,
                  capacity, out_row, scratch_ptr + row.to(tl.int64) * capacity, table_row, block_size, HAS_TABLE,
                  BLOCK)
     fill_tail(out_row, kk, k, BLOCK)

@@ -115,5 +115,12 @@ def row_setup(lens_ptr, row, stride_lens_b, stride_lens_j, width, k, NEXT_N: tl.
     return b, n, tl.minimum(n, k)
 
 
+@triton.jit
+def row_addresses(logits_ptr, out_ptr, table_ptr, row, b, stride_row, stride_out, stride_table):
+    """The row's logits, its output row and its sequence's block-table row."""
+    return (logits_ptr + row.to(tl.int64) * stride_row, out_ptr + row.to(tl.int64) * stride_out,
+            table_ptr + b.to(tl.int64) * stride_table)
+
+
 def lens_strides(lengths) -> tuple[int, int]:
     return lengths.stride(0), lengths.stride(1) if lengths.dim() == 2 else 0

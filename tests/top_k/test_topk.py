@@ -10,21 +10,13 @@ import torch
 import paged_mqa_logits
 from paged_mqa_logits import PagedMQAArgumentError, topk
 
-from topk_cases import KINDS, adversarial_rows, assert_exact, lengths_for
-
-BACKENDS = ("torch", "triton", "triton_radix")
+from topk_cases import BACKENDS, KINDS, assert_exact, check_adversarial, lengths_for
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("kind", KINDS)
 def test_adversarial_rows(backend, kind):
-    g = torch.Generator().manual_seed(1)
-    batch, next_n, width, k = 3, 2, 200, 16
-    logits = adversarial_rows(kind, batch * next_n, width, k, g)
-    lengths = lengths_for(batch, next_n, width, False, g)
-    out = topk(logits, lengths, k, next_n=next_n, backend=backend)
-    assert out.dtype == torch.int32 and out.shape == (batch * next_n, k)
-    assert_exact(out, logits, lengths, next_n, k)
+    check_adversarial(backend, kind, batch=3, next_n=2, width=200, k=16, device="cpu")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

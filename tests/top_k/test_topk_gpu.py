@@ -10,21 +10,15 @@ import torch
 from paged_mqa_logits import topk
 from paged_mqa_logits.compat import vllm
 
-from topk_cases import KINDS, adversarial_rows, assert_exact, lengths_for
+from topk_cases import BACKENDS, KINDS, assert_exact, check_adversarial, lengths_for
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")]
-BACKENDS = ("torch", "triton", "triton_radix")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("kind", KINDS)
 def test_adversarial_rows_k2048(backend, kind):
-    g = torch.Generator().manual_seed(1)
-    batch, next_n, width, k = 4, 2, 20000, 2048
-    logits = adversarial_rows(kind, batch * next_n, width, k, g)
-    lengths = lengths_for(batch, next_n, width, False, g)
-    out = topk(logits.cuda(), lengths.cuda(), k, next_n=next_n, backend=backend)
-    assert_exact(out, logits, lengths, next_n, k)
+    check_adversarial(backend, kind, batch=4, next_n=2, width=20000, k=2048, device="cuda")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -63,6 +63,22 @@ def adversarial_rows(kind: str, rows: int, width: int, k: int, generator: torch.
     raise ValueError(kind)
 
 
+#: every backend of the op
+BACKENDS = ("torch", "triton", "triton_radix")
+
+
+def check_adversarial(backend: str, kind: str, batch: int, next_n: int, width: int, k: int, device: str) -> None:
+    """One ``kind`` of rows (seeded), ragged 1-D lengths, the op on ``device``, the exact-set check."""
+    from paged_mqa_logits import topk
+
+    g = torch.Generator().manual_seed(1)
+    logits = adversarial_rows(kind, batch * next_n, width, k, g)
+    lengths = lengths_for(batch, next_n, width, False, g)
+    out = topk(logits.to(device), lengths.to(device), k, next_n=next_n, backend=backend)
+    assert out.dtype == torch.int32 and out.shape == (batch * next_n, k)
+    assert_exact(out, logits, lengths, next_n, k)
+
+
 KINDS = ("random", "constant", "ties_at_threshold", "neg_inf", "one_huge", "signed_zeros", "nan")
 
 
