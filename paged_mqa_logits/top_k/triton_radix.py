@@ -17,10 +17,11 @@ then run over the row (five more reads), still exact. Rows with at most ``k`` vi
 are written without reading the row.
 
 Few rows, wide rows: one program per row would leave most SMs idle, so such calls split each row
-into ``S`` chunks over three launches. Each chunk's program writes its histogram; each then sums
-the ``S`` histograms, and since a chunk's share of the bins above ``B`` and of ``B`` itself is in
-its own histogram, it knows where its positions go without atomics; one program per row
-resolves the list. The result is the same as the one-program path's, slot for slot.
+into ``S`` chunks over three launches. Each chunk's program adds its histogram into its row's and
+stores its suffix sums; each then finds ``B`` from the row's histogram and reads, from every
+earlier chunk's suffix sums, how many of its elements lie above ``B`` and in ``B``, so it knows
+where its own positions go (deterministic: the only atomics are the integer histogram adds); one
+program per row resolves the list. The result is the same as the one-program path's, slot for slot.
 """
 
 from __future__ import annotations
@@ -141,47 +142,56 @@ def _topk_radix_kernel(logits_ptr, lens_ptr, out_ptr, table_ptr, scratch_ptr, st
 
 # ----------------------------------------------------------------------------- split rows
 @triton.jit
-def _chunk_histogram_kernel(logits_ptr, lens_ptr, hist_ptr, stride_row, stride_col, stride_lens_b, stride_lens_j,
-                            width, k, chunk, NEXT_N: tl.constexpr, LENS_2D: tl.constexpr, SPLIT: tl.constexpr,
-                            BLOCK: tl.constexpr):
+def _chunk_histogram_kernel(logits_ptr, lens_ptr, total_ptr, suffix_ptr, stride_row, stride_col, stride_lens_b,
+                            stride_lens_j, width, k, chunk, NEXT_N: tl.constexpr, LENS_2D: tl.constexpr,
+                            SPLIT: tl.constexpr, BLOCK: tl.constexpr):
+    """A chunk's histogram, added into its row's (``total``, zeroed by the caller), and its suffix
+    sums (elements of the chunk in bins ``>= b``), from which later chunks read their offsets."""
     row = tl.program_id(0)
     part = tl.program_id(1)
     _, n, _ = row_setup(lens_ptr, row, stride_lens_b, stride_lens_j, width, k, NEXT_N, LENS_2D)
-    row_ptr = logits_ptr + row.to(tl.int64) * stride_row
     first = part * chunk
-    hist = _histogram(row_ptr, stride_col, first, tl.minimum(first + chunk, n), BLOCK)
-    tl.store(hist_ptr + (row.to(tl.int64) * SPLIT + part) * NUM_BINS + tl.arange(0, NUM_BINS), hist)
+    hist = _histogram(logits_ptr + row.to(tl.int64) * stride_row, stride_col, first, tl.minimum(first + chunk, n),
+                      BLOCK)
+    bin_ids = tl.arange(0, NUM_BINS)
+    tl.atomic_add(total_ptr + row.to(tl.int64) * NUM_BINS + bin_ids, hist)
+    suffix = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist
+    tl.store(suffix_ptr + (row.to(tl.int64) * SPLIT + part) * NUM_BINS + bin_ids, suffix)
 
 
 @triton.jit
-def _chunk_split_kernel(logits_ptr, lens_ptr, out_ptr, table_ptr, hist_ptr, scratch_ptr, stride_row, stride_col,
-                        stride_lens_b, stride_lens_j, stride_out, stride_table, width, k, block_size, capacity, chunk,
-                        NEXT_N: tl.constexpr, LENS_2D: tl.constexpr, HAS_TABLE: tl.constexpr, SPLIT: tl.constexpr,
-                        BLOCK: tl.constexpr):
+def _row_threshold_bin(total_ptr, row, n, kk):
+    return _threshold_bin(tl.load(total_ptr + row.to(tl.int64) * NUM_BINS + tl.arange(0, NUM_BINS)), n, kk)
+
+
+@triton.jit
+def _chunk_split_kernel(logits_ptr, lens_ptr, out_ptr, table_ptr, total_ptr, suffix_ptr, scratch_ptr, stride_row,
+                        stride_col, stride_lens_b, stride_lens_j, stride_out, stride_table, width, k, block_size,
+                        capacity, chunk, NEXT_N: tl.constexpr, LENS_2D: tl.constexpr, HAS_TABLE: tl.constexpr,
+                        SPLIT: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     part = tl.program_id(1)
     b, n, kk = row_setup(lens_ptr, row, stride_lens_b, stride_lens_j, width, k, NEXT_N, LENS_2D)
     if n > k:
         row_ptr, out_row, table_row = row_addresses(logits_ptr, out_ptr, table_ptr, row, b, stride_row, stride_out,
                                                     stride_table)
+        threshold_bin, in_bin, above_bin = _row_threshold_bin(total_ptr, row, n, kk)
+        # the earlier chunks' elements above the threshold bin and in it: two of their suffix sums each
         parts = tl.arange(0, SPLIT)
-        bin_ids = tl.arange(0, NUM_BINS)
-        hists = tl.load(hist_ptr + (row.to(tl.int64) * SPLIT + parts[:, None]) * NUM_BINS + bin_ids[None, :])
-        threshold_bin, in_bin, above_bin = _threshold_bin(tl.sum(hists, axis=0), n, kk)
-        before = (parts < part)[:, None]
-        written = tl.sum(tl.sum(tl.where(before & (bin_ids[None, :] > threshold_bin), hists, 0), axis=1), axis=0)
-        listed = tl.sum(tl.sum(tl.where(before & (bin_ids[None, :] == threshold_bin), hists, 0), axis=1), axis=0)
+        before = parts < part
+        suffix = suffix_ptr + (row.to(tl.int64) * SPLIT + parts) * NUM_BINS
+        at_bin = tl.load(suffix + threshold_bin, mask=before, other=0)
+        past_bin = tl.load(suffix + threshold_bin + 1, mask=before & (threshold_bin + 1 < NUM_BINS), other=0)
         first = part * chunk
-        _split(row_ptr, stride_col, first, tl.minimum(first + chunk, n), threshold_bin, written, listed,
-               in_bin <= capacity, out_row, scratch_ptr + row.to(tl.int64) * capacity, table_row, block_size,
-               HAS_TABLE, BLOCK)
+        _split(row_ptr, stride_col, first, tl.minimum(first + chunk, n), threshold_bin, tl.sum(past_bin, axis=0),
+               tl.sum(at_bin - past_bin, axis=0), in_bin <= capacity, out_row,
+               scratch_ptr + row.to(tl.int64) * capacity, table_row, block_size, HAS_TABLE, BLOCK)
 
 
 @triton.jit
-def _chunk_resolve_kernel(logits_ptr, lens_ptr, out_ptr, table_ptr, hist_ptr, scratch_ptr, stride_row, stride_col,
+def _chunk_resolve_kernel(logits_ptr, lens_ptr, out_ptr, table_ptr, total_ptr, scratch_ptr, stride_row, stride_col,
                           stride_lens_b, stride_lens_j, stride_out, stride_table, width, k, block_size, capacity,
-                          NEXT_N: tl.constexpr, LENS_2D: tl.constexpr, HAS_TABLE: tl.constexpr, SPLIT: tl.constexpr,
-                          BLOCK: tl.constexpr):
+                          NEXT_N: tl.constexpr, LENS_2D: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     b, n, kk = row_setup(lens_ptr, row, stride_lens_b, stride_lens_j, width, k, NEXT_N, LENS_2D)
     row_ptr, out_row, table_row = row_addresses(logits_ptr, out_ptr, table_ptr, row, b, stride_row, stride_out,
@@ -189,13 +199,9 @@ def _chunk_resolve_kernel(logits_ptr, lens_ptr, out_ptr, table_ptr, hist_ptr, sc
     if n <= k:
         _write_all(out_row, n, table_row, block_size, HAS_TABLE, BLOCK)
     else:
-        parts = tl.arange(0, SPLIT)
-        bin_ids = tl.arange(0, NUM_BINS)
-        hists = tl.load(hist_ptr + (row.to(tl.int64) * SPLIT + parts[:, None]) * NUM_BINS + bin_ids[None, :])
-        threshold_bin, in_bin, above_bin = _threshold_bin(tl.sum(hists, axis=0), n, kk)
-        _resolve(row_ptr, stride_col, n, kk, threshold_bin, in_bin, above_bin,
-                 capacity, out_row, scratch_ptr + row.to(tl.int64) * capacity, table_row, block_size, HAS_TABLE,
-                 BLOCK)
+        threshold_bin, in_bin, above_bin = _row_threshold_bin(total_ptr, row, n, kk)
+        _resolve(row_ptr, stride_col, n, kk, threshold_bin, in_bin, above_bin, capacity, out_row,
+                 scratch_ptr + row.to(tl.int64) * capacity, table_row, block_size, HAS_TABLE, BLOCK)
     fill_tail(out_row, kk, k, BLOCK)
 
 
@@ -234,11 +240,12 @@ def launch(call: TopkCall, split: int | None = None) -> None:
             **common)
         return
     chunk = triton.cdiv(width, split)
-    hist = torch.empty((rows, split, 4096), dtype=torch.int32, device=device)
+    total = torch.zeros((rows, 4096), dtype=torch.int32, device=device)
+    suffix = torch.empty((rows, split, 4096), dtype=torch.int32, device=device)
     run(_chunk_histogram_kernel)[(rows, split)](
-        call.logits, call.lengths, hist, *strides, *lens[1:], width, call.k, chunk, SPLIT=split, **common)
-    tail = (call.logits, call.lengths, call.out, table, hist, scratch, *strides, *lens[1:], call.out.stride(0),
-            table.stride(0), width, call.k, call.block_size, capacity)
-    run(_chunk_split_kernel)[(rows, split)](*tail, chunk, HAS_TABLE=call.block_table is not None, SPLIT=split,
-                                            **common)
-    run(_chunk_resolve_kernel)[(rows,)](*tail, HAS_TABLE=call.block_table is not None, SPLIT=split, **common)
+        call.logits, call.lengths, total, suffix, *strides, *lens[1:], width, call.k, chunk, SPLIT=split, **common)
+    head = (call.logits, call.lengths, call.out, table, total)
+    tail = (scratch, *strides, *lens[1:], call.out.stride(0), table.stride(0), width, call.k, call.block_size, capacity)
+    has_table = call.block_table is not None
+    run(_chunk_split_kernel)[(rows, split)](*head, suffix, *tail, chunk, HAS_TABLE=has_table, SPLIT=split, **common)
+    run(_chunk_resolve_kernel)[(rows,)](*head, *tail, HAS_TABLE=has_table, **common)

@@ -56,12 +56,13 @@ def test_portable_kernel_cross_compiles(arch):
 @pytest.mark.parametrize("arch", ["sm_90", "gfx942"])
 def test_split_row_kernels_cross_compile(arch):
     split = {"SPLIT": 8}
-    histogram = _spec(triton_radix._chunk_histogram_kernel, arch, False, ["hist_ptr"], ["chunk"], triton_radix.BLOCK,
+    tables = ["total_ptr", "suffix_ptr", "scratch_ptr"]
+    histogram = _spec(triton_radix._chunk_histogram_kernel, arch, False, tables, ["chunk"], triton_radix.BLOCK,
                       triton_radix.NUM_WARPS, extra=split)
-    split_kernel = _spec(triton_radix._chunk_split_kernel, arch, True, ["scratch_ptr", "hist_ptr"],
-                         ["capacity", "chunk"], triton_radix.BLOCK, triton_radix.NUM_WARPS, extra=split)
-    resolve = _spec(triton_radix._chunk_resolve_kernel, arch, True, ["scratch_ptr", "hist_ptr"], ["capacity"],
-                    triton_radix.BLOCK, triton_radix.NUM_WARPS, extra=split)
+    split_kernel = _spec(triton_radix._chunk_split_kernel, arch, True, tables, ["capacity", "chunk"],
+                         triton_radix.BLOCK, triton_radix.NUM_WARPS, extra=split)
+    resolve = _spec(triton_radix._chunk_resolve_kernel, arch, True, tables, ["capacity"], triton_radix.BLOCK,
+                    triton_radix.NUM_WARPS, extra=split)
     for spec in (histogram, split_kernel, resolve):
         record = compile_spec(spec, None)
         assert record.ok, f"{spec.name}: {record.error}"
