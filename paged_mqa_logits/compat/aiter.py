@@ -1,4 +1,4 @@
-"""AITER's ``deepgemm_fp8_paged_mqa_logits`` on top of this package's op.
+"""AITER's ``deepgemm_fp8_paged_mqa_logits`` and ``top_k_per_row_decode`` on top of this package's ops.
 
 Replace ``from aiter.ops.triton.pa_mqa_logits import deepgemm_fp8_paged_mqa_logits`` with
 ``from paged_mqa_logits.compat.aiter import deepgemm_fp8_paged_mqa_logits``. The arguments,
@@ -24,6 +24,11 @@ CUs), and where the clamped set is still not one its kernels combine (say a ``Ch
 variant's tiles cannot take with its other knobs), ``ChunkK``, then every upstream knob, is
 left to the table. ``VarCtxSchedule`` (AITER's schedule for ragged batches) is accepted and
 unused: the op balances ragged batches itself.
+
+``top_k_per_row_decode`` runs :func:`paged_mqa_logits.topk` with the rows, lengths and output of
+vLLM's op of that name (:mod:`paged_mqa_logits.compat.vllm`); ``stable=True`` orders each row by
+descending logit, equal logits by ascending position; ``workspace`` is accepted and unused (the
+op needs none).
 """
 
 from __future__ import annotations
@@ -35,8 +40,10 @@ from ..arch import detect
 from ..signature import OP
 from ..torch_op import paged_mqa_logits
 from ..validate import PagedMQAArgumentError
+from ..top_k.torch_ref import sort_by_value
+from .topk_rows import per_row_decode
 
-__all__ = ["deepgemm_fp8_paged_mqa_logits", "aiter_knobs", "served_config"]
+__all__ = ["deepgemm_fp8_paged_mqa_logits", "top_k_per_row_decode", "aiter_knobs", "served_config"]
 
 
 class _Default(int):
@@ -139,3 +146,22 @@ def deepgemm_fp8_paged_mqa_logits(
     config = served_config(choice.backend, problem, dict(choice.config), knobs)
     # the call validated above is not validated again (where the op's run can reuse it)
     return torch_op.call(OP.complete(dict(op_arguments, backend=choice.backend, config=config)), args)
+
+
+_TOPK_NAMES = {"lengths": "seqLens", "out": "indices", "num_rows": "numRows"}
+
+
+def top_k_per_row_decode(logits: torch.Tensor, next_n: int, seqLens: torch.Tensor, indices: torch.Tensor,
+                         numRows: int, stride0: int, stride1: int, k: int = 2048, stable: bool = False, *,
+                         workspace: torch.Tensor | None = None) -> torch.Tensor:
+    """Each row's ``k`` largest visible positions into ``indices`` (returned); see the module docstring."""
+    if not isinstance(stable, bool):
+        _fail("stable", "a bool", repr(stable))
+    if workspace is not None and not isinstance(workspace, torch.Tensor):
+        _fail("workspace", "None or a torch.Tensor", type(workspace).__name__)
+    out = per_row_decode("paged_mqa_logits.compat.aiter", _TOPK_NAMES, logits, next_n, seqLens, indices, numRows,
+                         stride0, stride1, k)
+    if stable and numRows:
+        rows = logits.as_strided((numRows, logits.shape[1]), (stride0, stride1), logits.storage_offset())
+        out.copy_(sort_by_value(out, rows))
+    return indices

@@ -234,6 +234,13 @@ def _interpreted_language():
                 if isinstance(value, JITFunction):
                     saved[(module, name)] = value
                     setattr(module, name, InterpretedFunction(_rebind(value.fn)))
+        # The interpreter sums and scans with numpy only when the combine function is
+        # ``tl.standard._sum_combine``; the interpreted ``tl.sum``/``tl.cumsum`` pass their twin of
+        # it, which would otherwise take the element-by-element path (~1000x slower).
+        twin = _interpreted_env(vars(tl.standard)).get("_sum_combine")
+        if twin is not None:
+            saved[(tl.standard, "_sum_combine")] = tl.standard._sum_combine
+            tl.standard._sum_combine = twin
         try:
             yield
         finally:

@@ -17,3 +17,9 @@ def max_kernel(x, y, out, N: tl.constexpr):
     pairwise = tl.maximum(tl.load(x + offsets), tl.load(y + offsets))
     tl.store(out + offsets, pairwise)
     tl.store(out + N, tl.max(tl.load(x + offsets), 0))
+
+
+@triton.jit
+def sum_scan_kernel(x, out, N: tl.constexpr):
+    values = tl.load(x + tl.arange(0, N))
+    tl.store(out + tl.arange(0, N), tl.cumsum(values, axis=0) + tl.sum(values, axis=0))

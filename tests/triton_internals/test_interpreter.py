@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from kernels import max_kernel
+from kernels import max_kernel, sum_scan_kernel
 from paged_mqa_logits.triton_internals.interpreter import interpreted
 
 
@@ -30,6 +30,24 @@ def test_a_twin_runs_on_cpu_with_gpu_maxnum_and_leaves_triton_language_alone():
     twin[(1,)](x, y, out, N=4)
     assert out[:4].tolist() == [2.0, 1.0, -3.0, 6.0]  # IEEE maxNum: a NaN operand yields the other
     assert isinstance(tl.max, JITFunction) and unpatched() == members
+
+
+def test_sums_and_scans_take_numpys_path_and_the_combine_function_is_restored(monkeypatch):
+    """``tl.sum``/``tl.cumsum`` reach the interpreter with the interpreted twin of ``_sum_combine``;
+    it must stand in for ``tl.standard``'s during a launch, or every sum runs element by element."""
+    import triton.language as tl
+    import triton.runtime.interpreter as interpreter
+
+    original = tl.standard._sum_combine
+    generic = []
+    monkeypatch.setattr(interpreter.ReduceOps, "generic_reduce", lambda self, input: generic.append(1))
+    monkeypatch.setattr(interpreter.ScanOps, "generic_scan", lambda self, input: generic.append(1))
+    x = torch.arange(8, dtype=torch.int32)
+    out = torch.zeros(8, dtype=torch.int32)
+    interpreted(sum_scan_kernel)[(1,)](x, out, N=8)
+    assert out.tolist() == (torch.cumsum(x, 0) + 28).tolist()
+    assert not generic  # neither the sum nor the scan took the element-by-element path
+    assert tl.standard._sum_combine is original
 
 
 def test_a_gpu_compile_on_another_thread_waits_for_an_interpreted_launch(tmp_path):

@@ -1,0 +1,203 @@
+"""The top-k op on CPU: exact sets for both backends (the Triton kernel through the
+interpreter), both length layouts, strides, the page-table transform, validation, the
+registered op."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import paged_mqa_logits
+from paged_mqa_logits import PagedMQAArgumentError, topk
+
+from topk_cases import BACKENDS, KINDS, assert_exact, check_adversarial, lengths_for
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_adversarial_rows(backend, kind):
+    check_adversarial(backend, kind, batch=3, next_n=2, width=200, k=16, device="cpu")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("next_n", [1, 3, 8])
+@pytest.mark.parametrize("lens_2d", [False, True])
+def test_layouts_and_next_n(backend, next_n, lens_2d):
+    g = torch.Generator().manual_seed(next_n)
+    batch, width, k = 2, 150, 64
+    logits = torch.randn(batch * next_n, width, generator=g)
+    lengths = lengths_for(batch, next_n, width, lens_2d, g)
+    out = topk(logits, lengths, k, next_n=None if lens_2d else next_n, backend=backend)
+    assert_exact(out, logits, lengths, next_n, k)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_strided_rows_and_out(backend):
+    """Row stride past the width, a column stride of 2, an out with padded rows, bf16 logits."""
+    g = torch.Generator().manual_seed(5)
+    base = torch.randn(4, 2 * 300, generator=g)
+    logits = base[:, ::2][:, :250]
+    lengths = torch.tensor([250, 7], dtype=torch.int32)
+    out = torch.full((4, 40), 99, dtype=torch.int32)[:, :32]
+    topk(logits, lengths, 32, next_n=2, out=out, backend=backend)
+    assert_exact(out, logits, lengths, 2, 32)
+    half = torch.randn(2, 100, generator=g).bfloat16()
+    result = topk(half, torch.tensor([100, 60], dtype=torch.int32), 16, backend=backend)
+    assert_exact(result, half, torch.tensor([100, 60], dtype=torch.int32), 1, 16)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_backends_agree_on_distinct_values(backend):
+    """Distinct values leave one right answer: both backends give the same sets, the larger batch."""
+    g = torch.Generator().manual_seed(9)
+    batch, next_n, width, k = 16, 2, 96, 16
+    logits = torch.randperm(batch * next_n * width, generator=g).float().reshape(batch * next_n, width)
+    lengths = lengths_for(batch, next_n, width, False, g)
+    out = topk(logits, lengths, k, next_n=next_n, backend=backend)
+    ref = topk(logits, lengths, k, next_n=next_n, backend="torch")
+    assert torch.equal(out.sort(dim=1).values, ref.sort(dim=1).values)
+
+
+def test_torch_backend_k2048_long_rows():
+    g = torch.Generator().manual_seed(2)
+    batch, next_n, width, k = 2, 2, 40000, 2048
+    logits = torch.randn(batch * next_n, width, generator=g)
+    logits[0, :5000] = 1.0  # ties straddling the threshold
+    lengths = torch.tensor([30000, 1500], dtype=torch.int32)
+    out = topk(logits, lengths, k, next_n=next_n, backend="torch")
+    assert_exact(out, logits, lengths, next_n, k)
+
+
+@pytest.mark.parametrize("capacity", [8192, 5])
+def test_radix_kernel_list_and_overflow(monkeypatch, capacity):
+    """The threshold bin's candidates listed, and (capacity 5) the exact fallback over the row."""
+    from paged_mqa_logits.top_k import triton_radix
+
+    monkeypatch.setattr(triton_radix, "CAPACITY", capacity)
+    g = torch.Generator().manual_seed(11)
+    logits = torch.randn(4, 400, generator=g)
+    logits[1, :300] = 2.0  # the threshold bin is one value, 300 wide
+    logits[2] = torch.randint(0, 3, (400,), generator=g).float()
+    lengths = torch.tensor([400, 390, 400, 200], dtype=torch.int32)
+    table = torch.randperm(128, generator=g)[:100].reshape(4, 25).to(torch.int32)
+    out = topk(logits, lengths, 32, backend="triton_radix")
+    assert_exact(out, logits, lengths, 1, 32)
+    mapped = topk(logits, lengths, 32, block_table=table, block_size=16, backend="triton_radix")
+    assert_exact(mapped, logits, lengths, 1, 32, table, 16)
+
+
+@pytest.mark.parametrize("capacity", [8192, 5])
+@pytest.mark.parametrize("split", [2, 4])
+def test_radix_split_rows_match_one_program(monkeypatch, capacity, split):
+    """Rows split over programs (three launches) select what one program per row selects, slot for slot."""
+    from paged_mqa_logits.top_k import triton_radix
+    from paged_mqa_logits.top_k.validate import check_call
+
+    monkeypatch.setattr(triton_radix, "CAPACITY", capacity)
+    g = torch.Generator().manual_seed(12)
+    logits = torch.randn(6, 300, generator=g)
+    logits[0, :120] = 1.0
+    lengths = torch.tensor([[300, 250], [10, 0], [299, 200]], dtype=torch.int32)
+    table = torch.randperm(64, generator=g)[:60].reshape(3, 20).to(torch.int32)
+    one, many = (torch.full((6, 16), 7, dtype=torch.int32) for _ in range(2))
+    triton_radix.launch(check_call(logits, lengths, None, 16, one, table, 16), split=1)
+    triton_radix.launch(check_call(logits, lengths, None, 16, many, table, 16), split=split)
+    assert torch.equal(one, many)
+    assert_exact(many, logits, lengths, 2, 16, table, 16)
+
+
+def test_radix_split_choice():
+    from paged_mqa_logits.top_k.triton_radix import split_for
+
+    assert split_for(rows=4096, width=8192, sms=132) == 1  # the rows fill the GPU
+    assert split_for(rows=2, width=163840, sms=132) == 16  # few long rows: the most chunks
+    assert split_for(rows=16, width=32768, sms=132) == 8  # chunks of 4096 columns at least
+    assert split_for(rows=16, width=8192, sms=132) == 2
+
+
+@pytest.mark.parametrize("backend", ["triton", "triton_radix"])
+def test_interpreted_kernel_longer_rows(backend):
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(2, 3000, generator=g)
+    logits[1, 100:2000] = 0.5
+    lengths = torch.tensor([3000, 2500], dtype=torch.int32)
+    out = topk(logits, lengths, 64, backend=backend)
+    assert_exact(out, logits, lengths, 1, 64)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_page_table_transform(backend):
+    g = torch.Generator().manual_seed(4)
+    batch, next_n, width, k, block = 2, 2, 128, 16, 16
+    logits = torch.randn(batch * next_n, width, generator=g)
+    lengths = torch.tensor([100, 9], dtype=torch.int32)
+    table = torch.randperm(64, generator=g)[: batch * 8].reshape(batch, 8).to(torch.int32)
+    out = topk(logits, lengths, k, next_n=next_n, block_table=table, block_size=block, backend=backend)
+    assert_exact(out, logits, lengths, next_n, k, table, block)
+    plain = topk(logits, lengths, k, next_n=next_n, backend=backend)
+    seq = torch.arange(batch * next_n)[:, None] // next_n
+    mapped = torch.where(plain >= 0, table.long()[seq, plain.long().clamp_min(0) // block] * block + plain % block, -1)
+    assert torch.equal(out.sort(dim=1).values, mapped.int().sort(dim=1).values)
+
+
+def test_empty_batch_and_zero_width():
+    out = topk(torch.empty(0, 10), torch.empty(0, dtype=torch.int32), 8)
+    assert out.shape == (0, 8)
+    for backend in BACKENDS:
+        out = topk(torch.empty(2, 0), torch.tensor([5, 0], dtype=torch.int32), 4, backend=backend)
+        assert bool((out == -1).all())
+
+
+def test_registered_op_and_compile():
+    g = torch.Generator().manual_seed(6)
+    logits = torch.randn(4, 64, generator=g)
+    lengths = torch.tensor([64, 30], dtype=torch.int32)
+    out = torch.empty(4, 8, dtype=torch.int32)
+    paged_mqa_logits.top_k.op.op(logits, lengths, 2, 8, out, None, 1, "torch")
+    assert_exact(out, logits, lengths, 2, 8)
+
+    def step(x, lens):
+        return topk(x, lens, 8, next_n=2)
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    assert_exact(compiled(logits, lengths), logits, lengths, 2, 8)
+
+
+def _call(**overrides):
+    args = dict(logits=torch.randn(4, 32), lengths=torch.tensor([32, 5], dtype=torch.int32), k=8, next_n=2,
+                out=torch.zeros(4, 8, dtype=torch.int32))
+    args.update(overrides)
+    return args
+
+
+@pytest.mark.parametrize("overrides, argument, fragment", [
+    (dict(logits=torch.randn(4, 32).double()), "logits", "dtype float32 or bfloat16"),
+    (dict(logits=torch.randn(5, 32)), "logits", "4 rows (batch 2 x next_n 2)"),
+    (dict(lengths=torch.tensor([32, 5])), "lengths", "dtype int32"),
+    (dict(lengths=torch.ones(2, 3, dtype=torch.int32)), "next_n", "lengths.shape[1]=3"),
+    (dict(k=0), "k", "an int in 1..4096"),
+    (dict(k=5000), "k", "an int in 1..4096"),
+    (dict(next_n=9, logits=torch.randn(18, 32)), "next_n", "1..8"),
+    (dict(out=torch.zeros(4, 8, dtype=torch.int64)), "out", "dtype int32"),
+    (dict(out=torch.zeros(4, 9, dtype=torch.int32)), "out", "shape [rows=4, k=8]"),
+    (dict(out=torch.zeros(8, 4, dtype=torch.int32).t()), "out", "contiguous last dimension"),
+    (dict(block_size=4), "block_size", "1 without a `block_table`"),
+    (dict(block_table=torch.zeros(2, 3, dtype=torch.int32), block_size=4), "block_table", "covering every column"),
+    (dict(block_table=torch.zeros(3, 8, dtype=torch.int32), block_size=4), "block_table", "2 rows"),
+    (dict(backend="cuda"), "backend", "'torch', 'triton', 'triton_radix'"),
+])
+def test_validation_names_the_argument(overrides, argument, fragment):
+    args = _call(**overrides)
+    before = args["out"].clone()
+    with pytest.raises(PagedMQAArgumentError, match=f"argument `{argument}`") as error:
+        topk(**args)
+    assert fragment in str(error.value) and "got" in str(error.value)
+    assert torch.equal(args["out"], before)  # nothing written
+
+
+def test_out_aliasing_an_input_is_refused():
+    storage = torch.zeros(100, dtype=torch.int32)
+    lengths = storage[:2]
+    lengths.fill_(16)
+    with pytest.raises(PagedMQAArgumentError, match="argument `out`.*overlaps `lengths`"):
+        topk(torch.randn(2, 16), lengths, 4, out=storage[:8].view(2, 4))

@@ -1,0 +1,65 @@
+"""The CPU-checkable parts of ``bench --topk``: lengths, byte accounting, the exactness check
+(which must catch a wrong selection), the CSV and the option errors."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+import torch
+
+from paged_mqa_logits.bench import topk as bench
+from paged_mqa_logits.cli import CliError
+from paged_mqa_logits.top_k import topk
+
+
+def test_lengths_and_bytes():
+    g = torch.Generator().manual_seed(0)
+    uniform = bench.RowShape(4, 2, 100, "uniform", 16)
+    lens = bench.sequence_lengths(uniform, g)
+    assert lens.tolist() == [100] * 4
+    # rows see 99 and 100 positions: 4 bytes each, plus 16 slots of 4 bytes per row
+    assert bench.useful_bytes(uniform, lens) == 4 * 4 * (99 + 100) + 4 * 8 * 16
+    wide = bench.sequence_lengths(bench.RowShape(64, 1, 100, "wide", 16), g)
+    assert wide[0] == 100 and int(wide.min()) >= 1 and int(wide.max()) <= 100 and len(set(wide.tolist())) > 10
+
+
+def test_selection_check_catches_a_wrong_answer():
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(4, 50, generator=g)
+    lens = torch.tensor([50, 10], dtype=torch.int32)
+    row_lens = torch.tensor([49, 50, 9, 10], dtype=torch.int32)
+    out = topk(logits, lens, 16, next_n=2)
+    assert bench.selection_matches(out, logits, row_lens, 16)
+    wrong = out.clone()
+    wrong[0, 0] = int(logits[0, :49].argmin())
+    assert not bench.selection_matches(wrong, logits, row_lens, 16)
+    short = out.clone()
+    short[2, 8] = -1  # row 2 sees 9 positions: one dropped
+    assert not bench.selection_matches(short, logits, row_lens, 16)
+
+
+def test_cpu_run_writes_the_csv(tmp_path, capsys):
+    path = tmp_path / "topk.csv"
+    rc = bench.main(["--batch", "2", "--next-n", "2", "--context", "64", "--k", "8", "--backend", "torch",
+                     "--replays", "1", "--out", str(path)])
+    assert rc == 0
+    text = path.read_text()
+    assert "# versions: triton" in text and "# copy_bandwidth_GBps" in text
+    rows = list(csv.DictReader(line for line in text.splitlines() if not line.startswith("#")))
+    assert [r["impl"] for r in rows] == ["torch.topk", "topk:torch"] * 2
+    assert {r["lengths"] for r in rows} == {"uniform", "wide"}
+    assert all(r["status"] == "ok" and float(r["us"]) > 0 and float(r["GBps"]) > 0 for r in rows)
+    assert all(float(r["speedup_vs_torch_topk"]) > 0 for r in rows)
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["--batch", "0"], "--batch"),
+    (["--k", "x"], "--k"),
+    (["--lengths", "ragged"], "--lengths"),
+    (["--backend", "cuda"], "--backend"),
+])
+def test_option_errors(argv, option):
+    with pytest.raises((CliError, SystemExit)) as error:
+        bench.main(argv)
+    assert option in str(error.value)

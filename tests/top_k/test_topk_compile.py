@@ -1,0 +1,68 @@
+"""Both top-k kernels cross-compile on CPU for sm_90 and gfx942/gfx950 (the aot driver's
+``compile_spec``), with the arguments a k 2048 call passes, page table on and off; on sm_90 the
+kernels use no local memory."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+pytest.importorskip("triton")
+
+from paged_mqa_logits.aot.compile import compile_spec  # noqa: E402
+from paged_mqa_logits.backends.base import CompileSpec  # noqa: E402
+from paged_mqa_logits.top_k import triton_portable, triton_radix  # noqa: E402
+
+_POINTERS = {"logits_ptr": "*fp32", "lens_ptr": "*i32", "out_ptr": "*i32", "table_ptr": "*i32"}
+_INTS = ("stride_row", "stride_col", "stride_lens_b", "stride_lens_j", "stride_out", "stride_table", "width", "k",
+         "block_size")
+
+
+def _spec(kernel, arch, has_table, extra_pointers=(), extra_ints=(), block=1024, warps=8, extra=None):
+    """The kernel's signature as a k 2048 call specialises it (parameters it lacks are dropped)."""
+    signature = dict(_POINTERS, **{p: "*i32" for p in extra_pointers})
+    signature.update({name: "i32" for name in _INTS + tuple(extra_ints)})
+    order = list(inspect.signature(kernel.fn).parameters)
+    constexprs = {"NEXT_N": 2, "LENS_2D": True, "HAS_TABLE": has_table, "BLOCK": block, **(extra or {})}
+    constexprs = {name: value for name, value in constexprs.items() if name in order}
+    signature.update({name: "constexpr" for name in constexprs})
+    signature = {name: signature[name] for name in order}
+    options = {"num_warps": warps}
+    if arch.startswith("gfx"):
+        options["waves_per_eu"] = 1
+    return CompileSpec(name=f"topk_{kernel.__name__}_{arch}_{int(has_table)}", backend="topk", arch=arch, knobs={},
+                       fn=kernel, signature=signature, constexprs=constexprs, options=options, gluon=False)
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "gfx942", "gfx950"])
+@pytest.mark.parametrize("has_table", [False, True])
+def test_radix_kernel_cross_compiles(arch, has_table):
+    spec = _spec(triton_radix._topk_radix_kernel, arch, has_table, ["scratch_ptr"], ["capacity"],
+                 triton_radix.BLOCK, triton_radix.NUM_WARPS)
+    record = compile_spec(spec, None)
+    assert record.ok, record.error
+    if arch == "sm_90" and record.scratch_bytes is not None:
+        assert record.scratch_bytes == 0
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "gfx942"])
+def test_portable_kernel_cross_compiles(arch):
+    record = compile_spec(_spec(triton_portable._topk_row_kernel, arch, True, block=triton_portable.BLOCK, warps=4),
+                          None)
+    assert record.ok, record.error
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "gfx942"])
+def test_split_row_kernels_cross_compile(arch):
+    split = {"SPLIT": 8}
+    tables = ["total_ptr", "suffix_ptr", "scratch_ptr"]
+    histogram = _spec(triton_radix._chunk_histogram_kernel, arch, False, tables, ["chunk"], triton_radix.BLOCK,
+                      triton_radix.NUM_WARPS, extra=split)
+    split_kernel = _spec(triton_radix._chunk_split_kernel, arch, True, tables, ["capacity", "chunk"],
+                         triton_radix.BLOCK, triton_radix.NUM_WARPS, extra=split)
+    resolve = _spec(triton_radix._chunk_resolve_kernel, arch, True, tables, ["capacity"], triton_radix.BLOCK,
+                    triton_radix.NUM_WARPS, extra=split)
+    for spec in (histogram, split_kernel, resolve):
+        record = compile_spec(spec, None)
+        assert record.ok, f"{spec.name}: {record.error}"

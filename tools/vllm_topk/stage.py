@@ -1,0 +1,108 @@
+"""Copy the vLLM sources that define the top-k entry points, and the headers they include, from a
+git dir (one revision) into a folder; write ``manifest.json`` with each entry point's file and C++
+signature, which ``build.py`` binds. Run through ``tools/stage_vllm_topk.sh``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+
+ENTRY_POINTS = ("top_k_per_row_decode", "persistent_topk")
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+
+
+def git(gitdir: str, *args: str) -> str:
+    return subprocess.run(["git", "-C", gitdir, *args], check=True, capture_output=True, text=True).stdout
+
+
+def exists(gitdir: str, rev: str, path: str) -> bool:
+    return subprocess.run(["git", "-C", gitdir, "cat-file", "-e", f"{rev}:{path}"], capture_output=True).returncode == 0
+
+
+def defining_file(gitdir: str, rev: str, name: str) -> str | None:
+    """The first ``.cu`` file under csrc/ with a top-level ``void name(`` definition."""
+    try:
+        hits = git(gitdir, "grep", "-l", "-E", rf"^void {name}\(", rev, "--", "csrc")
+    except subprocess.CalledProcessError:
+        return None
+    files = sorted(line.split(":", 1)[1] for line in hits.splitlines() if line.endswith(".cu"))
+    return files[0] if files else None
+
+
+def signature(source: str, name: str) -> str:
+    """``void name(...)`` as the definition spells it (balanced parentheses, whitespace folded)."""
+    start = re.search(rf"^void {name}\(", source, re.M).start()
+    depth, i = 0, source.index("(", start)
+    for i in range(i, len(source)):
+        depth += {"(": 1, ")": -1}.get(source[i], 0)
+        if depth == 0:
+            break
+    text = source[start:i + 1]
+    text = re.sub(r"//[^\n]*", "", text)
+    return " ".join(text.split())
+
+
+def include_closure(gitdir: str, rev: str, roots: list[str]) -> tuple[list[str], list[str]]:
+    """Every quoted include reachable from ``roots`` (resolved next to the includer, then under
+    csrc/); returns the files and the includes found nowhere (system or generated headers)."""
+    files, missing, queue = [], [], list(roots)
+    while queue:
+        path = queue.pop(0)
+        if path in files:
+            continue
+        files.append(path)
+        for name in _INCLUDE.findall(git(gitdir, "show", f"{rev}:{path}")):
+            candidates = [os.path.normpath(os.path.join(os.path.dirname(path), name)), os.path.join("csrc", name)]
+            found = next((c for c in candidates if exists(gitdir, rev, c)), None)
+            if found is None:
+                missing.append(f"{path}: {name}")
+            elif found not in files:
+                queue.append(found)
+    return files, missing
+
+
+def stage(gitdir: str, dest: str, rev: str = "HEAD") -> dict:
+    commit = git(gitdir, "rev-parse", rev).strip()
+    entries = {}
+    for name in ENTRY_POINTS:
+        path = defining_file(gitdir, commit, name)
+        if path is None:
+            print(f"note: no csrc/*.cu defines `void {name}(` at {commit[:12]}; not staged", file=sys.stderr)
+            continue
+        text = signature(git(gitdir, "show", f"{commit}:{path}"), name)
+        if "torch::Tensor" not in text:
+            print(f"note: {name} in {path} does not take torch::Tensor (the stable ABI?): {text}; not staged",
+                  file=sys.stderr)
+            continue
+        entries[name] = {"file": path, "signature": text}
+    if not entries:
+        raise SystemExit(f"stage: none of {', '.join(ENTRY_POINTS)} found at {commit[:12]}")
+    files, missing = include_closure(gitdir, commit, sorted({e["file"] for e in entries.values()}))
+    for path in files:
+        target = os.path.join(dest, path)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with open(target, "w") as f:
+            f.write(git(gitdir, "show", f"{commit}:{path}"))
+    manifest = {"revision": commit, "entry_points": entries, "files": files, "unresolved_includes": missing}
+    with open(os.path.join(dest, "manifest.json"), "w") as f:
+        json.dump(manifest, f, indent=1)
+    print(f"staged {len(files)} files of vLLM {commit[:12]} into {dest}: " + ", ".join(files))
+    return manifest
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("gitdir")
+    p.add_argument("dest")
+    p.add_argument("--rev", default="HEAD")
+    a = p.parse_args(argv)
+    stage(a.gitdir, a.dest, a.rev)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
