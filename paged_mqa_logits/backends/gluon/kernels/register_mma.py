@@ -150,16 +150,16 @@ def store_row_logits(out_ptr, row, stride_out, tokens, logits, row_end):
 
 @gluon.jit
 def score_row(q, keys, scales, weights, out_ptr, row, stride_out, tokens, row_end,
-              HEADS: gl.constexpr, CHUNK: gl.constexpr, ACC: gl.constexpr, MMA: gl.constexpr):
+              HEADS: gl.constexpr, CHUNK: gl.constexpr, ACC: gl.constexpr, MMA: gl.constexpr, HEAD_SUM: gl.constexpr):
     """One query row (operands in registers) against one key tile: MMA, epilogue, masked store."""
     scores = MMA(q, keys, gl.zeros([HEADS, CHUNK], gl.float32, ACC))
-    store_row_logits(out_ptr, row, stride_out, tokens, weighted_relu_head_sum(scores, scales, weights), row_end)
+    store_row_logits(out_ptr, row, stride_out, tokens, HEAD_SUM(scores, scales, weights), row_end)
 
 
 @gluon.jit
 def score_staged_row(q_smem, w_smem, keys, scales, out_ptr, row, stride_out, tokens, row_end,
                      HEADS: gl.constexpr, HEAD_CHUNK: gl.constexpr, CHUNK: gl.constexpr, ACC: gl.constexpr,
-                     K_WIDTH: gl.constexpr, MMA: gl.constexpr):
+                     K_WIDTH: gl.constexpr, MMA: gl.constexpr, HEAD_SUM: gl.constexpr):
     """One query row staged in shared memory (``[H, D]`` fp8 and ``[H]`` fp32) against one key
     tile, ``HEAD_CHUNK`` heads per MMA: only one head chunk's operand and scores are live."""
     logits = gl.zeros([CHUNK], gl.float32, gl.SliceLayout(0, ACC))
@@ -167,7 +167,7 @@ def score_staged_row(q_smem, w_smem, keys, scales, out_ptr, row, stride_out, tok
         q = q_smem.slice(h0, HEAD_CHUNK).load(gl.DotOperandLayout(0, ACC, K_WIDTH))
         w = w_smem.slice(h0, HEAD_CHUNK).load(gl.SliceLayout(1, ACC))
         scores = MMA(q, keys, gl.zeros([HEAD_CHUNK, CHUNK], gl.float32, ACC))
-        logits += weighted_relu_head_sum(scores, scales, w)
+        logits += HEAD_SUM(scores, scales, w)
     store_row_logits(out_ptr, row, stride_out, tokens, logits, row_end)
 
 
@@ -175,7 +175,7 @@ def score_staged_row(q_smem, w_smem, keys, scales, out_ptr, row, stride_out, tok
 def score_tile_rows(q_smem, w_smem, qs, ws, keys, scales, out_ptr, row0, stride_out, tile, row_ends, range_end,
                     HEADS: gl.constexpr, HEAD_CHUNK: gl.constexpr, CHUNK: gl.constexpr, ROWS: gl.constexpr,
                     Q_IN_LDS: gl.constexpr, ACC: gl.constexpr, K_WIDTH: gl.constexpr, MMA: gl.constexpr,
-                    KEY_OPERAND: gl.constexpr, CLIP: gl.constexpr):
+                    KEY_OPERAND: gl.constexpr, CLIP: gl.constexpr, HEAD_SUM: gl.constexpr):
     """Every row of the program against one gathered key tile, stored where the row sees the
     token (and, with ``CLIP``, the token lies before ``range_end``)."""
     B_LAYOUT: gl.constexpr = gl.DotOperandLayout(1, ACC, K_WIDTH)
@@ -191,10 +191,10 @@ def score_tile_rows(q_smem, w_smem, qs, ws, keys, scales, out_ptr, row0, stride_
             row_end = row_ends[r]
         if Q_IN_LDS:
             score_staged_row(q_smem.index(r), w_smem.index(r), operand, scales, out_ptr, row0 + r, stride_out, tokens,
-                             row_end, HEADS, HEAD_CHUNK, CHUNK, ACC, K_WIDTH, MMA)
+                             row_end, HEADS, HEAD_CHUNK, CHUNK, ACC, K_WIDTH, MMA, HEAD_SUM)
         else:
             score_row(qs[r], operand, scales, ws[r], out_ptr, row0 + r, stride_out, tokens, row_end, HEADS, CHUNK, ACC,
-                      MMA)
+                      MMA, HEAD_SUM)
 
 
 # ----------------------------------------------------------------------------- the kernel
@@ -208,7 +208,7 @@ def score_rows_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr,
                        Q_IN_LDS: gl.constexpr, HEAD_CHUNK: gl.constexpr, PREFETCH: gl.constexpr,
                        KV_32BIT: gl.constexpr, ACC: gl.constexpr, K_WIDTH: gl.constexpr, MMA: gl.constexpr,
                        LOAD: gl.constexpr, LOAD_KV: gl.constexpr, THREADS_PER_WARP: gl.constexpr,
-                       KEY_LAYOUT: gl.constexpr, KEY_OPERAND: gl.constexpr):
+                       KEY_LAYOUT: gl.constexpr, KEY_OPERAND: gl.constexpr, HEAD_SUM: gl.constexpr):
     """Tiles ``[first, stop)`` of sequence ``b`` scored against its rows ``group*ROWS ..
     + ROWS``: Q and the weights loaded once, then the (prefetching) tile loop."""
     A_LAYOUT: gl.constexpr = gl.DotOperandLayout(0, ACC, K_WIDTH)
@@ -268,14 +268,14 @@ def score_rows_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr,
                                                    LOAD)
                 score_tile_rows(q_smem, w_smem, qs, ws, keys, scales, out_ptr, row0, stride_out, tile, row_ends,
                                 range_end, HEADS, HEAD_CHUNK, CHUNK, ROWS, Q_IN_LDS, ACC, K_WIDTH, MMA, KEY_OPERAND,
-                                True)
+                                True, HEAD_SUM)
                 keys, scales = load_tile(kv_ptr, scale_ptr, pages_k, pages_s, tile + 2, stride_block, CHUNK, KV_BLOCK_SIZE,
                                          HEAD_DIM, PRESHUFFLE, KEYS, TOKENS, LOAD_KV, KV_32BIT)
                 pages_k, pages_s = load_tile_pages(table_row, tile + 3, end, num_blocks, CHUNK, KV_BLOCK_SIZE, KEYS, TOKENS,
                                                    LOAD)
                 score_tile_rows(q_smem, w_smem, qs, ws, keys_b, scales_b, out_ptr, row0, stride_out, tile + 1, row_ends,
                                 range_end, HEADS, HEAD_CHUNK, CHUNK, ROWS, Q_IN_LDS, ACC, K_WIDTH, MMA, KEY_OPERAND,
-                                True)
+                                True, HEAD_SUM)
         else:
             for tile in range(first, stop):
                 if PREFETCH:
@@ -294,7 +294,7 @@ def score_rows_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr,
                                              KV_BLOCK_SIZE, HEAD_DIM, PRESHUFFLE, KEYS, TOKENS, LOAD_KV, KV_32BIT)
                 score_tile_rows(q_smem, w_smem, qs, ws, keys, scales, out_ptr, row0, stride_out, tile, row_ends,
                                 stop * CHUNK, HEADS, HEAD_CHUNK, CHUNK, ROWS, Q_IN_LDS, ACC, K_WIDTH, MMA, KEY_OPERAND,
-                                False)
+                                False, HEAD_SUM)
                 if PREFETCH:
                     keys = next_keys
                     scales = next_scales
@@ -316,7 +316,7 @@ def logits_programs(
     # arch atoms
     ACC: gl.constexpr, K_WIDTH: gl.constexpr, MMA: gl.constexpr, LOAD: gl.constexpr, LOAD_KV: gl.constexpr,
     THREADS_PER_WARP: gl.constexpr,
-    KEY_LAYOUT: gl.constexpr, KEY_OPERAND: gl.constexpr,
+    KEY_LAYOUT: gl.constexpr, KEY_OPERAND: gl.constexpr, HEAD_SUM: gl.constexpr,
 ):
     """Balanced: program ``p`` (of a persistent grid, row group fastest) scores its equal share
     of the batch's tiles (``schedule.py``) for row group ``p % ROW_GROUPS``, segment by segment.
@@ -348,7 +348,7 @@ def logits_programs(
                                stride_lens_j, stride_table, max_model_len, max_blocks, num_blocks,
                                NEXT_N, HEADS, HEAD_DIM, KV_BLOCK_SIZE, CHUNK, ROWS, PRESHUFFLE, LENS_2D, Q_IN_LDS,
                                HEAD_CHUNK, PREFETCH, KV_32BIT, ACC, K_WIDTH, MMA, LOAD, LOAD_KV, THREADS_PER_WARP,
-                               KEY_LAYOUT, KEY_OPERAND)
+                               KEY_LAYOUT, KEY_OPERAND, HEAD_SUM)
             item += gl.maximum(count, 0)  # zero-length sequences between long ones hold no items
             b += 1
             tile = tile * 0
@@ -364,7 +364,7 @@ def logits_programs(
                            stride_lens_j, stride_table, max_model_len, max_blocks, num_blocks,
                            NEXT_N, HEADS, HEAD_DIM, KV_BLOCK_SIZE, CHUNK, ROWS, PRESHUFFLE, LENS_2D, Q_IN_LDS,
                            HEAD_CHUNK, PREFETCH, KV_32BIT, ACC, K_WIDTH, MMA, LOAD, LOAD_KV, THREADS_PER_WARP,
-                           KEY_LAYOUT, KEY_OPERAND)
+                           KEY_LAYOUT, KEY_OPERAND, HEAD_SUM)
 
 
 @gluon.jit(do_not_specialize=DYNAMIC_PARAMS)
@@ -380,7 +380,7 @@ def register_mma_logits_kernel(
     BALANCED: gl.constexpr,
     # arch atoms
     ACC: gl.constexpr, K_WIDTH: gl.constexpr, MMA: gl.constexpr, LOAD: gl.constexpr, LOAD_KV: gl.constexpr,
-    THREADS_PER_WARP: gl.constexpr,
+    THREADS_PER_WARP: gl.constexpr, HEAD_SUM: gl.constexpr,
 ):
     """The kernel: keys gathered straight into the MMA's B operand (:func:`logits_programs`)."""
     logits_programs(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, table_ptr,
@@ -388,7 +388,7 @@ def register_mma_logits_kernel(
                     stride_lens_j, stride_table, max_model_len, max_blocks, num_splits, batch, num_blocks,
                     NEXT_N, HEADS, HEAD_DIM, KV_BLOCK_SIZE, CHUNK, ROWS, PRESHUFFLE, LENS_2D, Q_IN_LDS, HEAD_CHUNK,
                     PREFETCH, KV_32BIT, BALANCED, ACC, K_WIDTH, MMA, LOAD, LOAD_KV, THREADS_PER_WARP,
-                    None, None)
+                    None, None, HEAD_SUM)
 
 
 @gluon.jit(do_not_specialize=DYNAMIC_PARAMS)
@@ -405,7 +405,7 @@ def register_mma_logits_kernel_key_layout(
     # arch atoms
     ACC: gl.constexpr, K_WIDTH: gl.constexpr, MMA: gl.constexpr, LOAD: gl.constexpr, LOAD_KV: gl.constexpr,
     THREADS_PER_WARP: gl.constexpr,
-    KEY_LAYOUT: gl.constexpr, KEY_OPERAND: gl.constexpr,
+    KEY_LAYOUT: gl.constexpr, KEY_OPERAND: gl.constexpr, HEAD_SUM: gl.constexpr,
 ):
     """The kernel with keys gathered in ``KEY_LAYOUT`` and turned into the B operand by
     ``KEY_OPERAND`` (see the module docstring; :func:`logits_programs`)."""
@@ -414,4 +414,4 @@ def register_mma_logits_kernel_key_layout(
                     stride_lens_j, stride_table, max_model_len, max_blocks, num_splits, batch, num_blocks,
                     NEXT_N, HEADS, HEAD_DIM, KV_BLOCK_SIZE, CHUNK, ROWS, PRESHUFFLE, LENS_2D, Q_IN_LDS, HEAD_CHUNK,
                     PREFETCH, KV_32BIT, BALANCED, ACC, K_WIDTH, MMA, LOAD, LOAD_KV, THREADS_PER_WARP,
-                    KEY_LAYOUT, KEY_OPERAND)
+                    KEY_LAYOUT, KEY_OPERAND, HEAD_SUM)
