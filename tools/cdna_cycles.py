@@ -31,7 +31,8 @@ body is replayed until its iteration time is steady, and barriers cost only thei
 LDS allow, at most the kernel's ``WavePerEU``), an iteration costs
 ``max(pipes..., single_wave / W)``: the busiest shared pipe, or one wave's latency divided
 among the waves that hide it. Its name is the bound (``mfma``, ``valu``, ``salu``, ``vmem``,
-``lds``, ``latency``). Normalised by the MFMA work of the iteration to **cycles per 64 keys**:
+``lds``, ``latency``). Normalised by the score MFMAs' work of the iteration (fp8 operands; a bf16 head-sum MFMA
+costs pipe time but scores nothing) to **cycles per 64 keys**:
 one wave's clocks to score 64 keys against every query row of a sequence (all heads), which
 compares kernels that split rows, heads and keys differently.
 

@@ -27,7 +27,8 @@ LDS and read per tile, 64 heads per MFMA, instead of held in VGPRs), ``Prefetch`
 next tile in flight while this one is scored; 2: the same, two tiles per loop iteration in
 alternating registers, so no register copy per tile; 0: one tile per wave), ``KeyLoad`` (plain caches:
 keys gathered straight into the MFMA operand, or in whole rows and converted through LDS;
-``cdna_keys.py``). ``candidates`` offers every (ChunkK, WavePerEU, ReuseKV/QInLDS, Mfma) that
+``cdna_keys.py``), ``HeadSum`` (gfx950: ``fp32``, the default, or ``tensor``: the weighted head
+sum as a bf16 MFMA on the score accumulator's registers, docs/AMD_HEADSUM.md; never a candidate). ``candidates`` offers every (ChunkK, WavePerEU, ReuseKV/QInLDS, Mfma) that
 :meth:`MfmaVariant.admits`, with Prefetch where it fits, then the same with ``KeyLoad=lds`` for
 plain caches.
 """
