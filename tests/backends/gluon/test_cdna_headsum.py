@@ -201,3 +201,23 @@ def test_fp32_stays_the_default_and_keeps_its_names():
     assert "HeadSum" not in MFMA.knobs(problem, config)
     assert MFMA.knobs(problem, tensor(config))["HeadSum"] == "tensor"
     assert not any("HeadSum" in c for c in MFMA.candidates(problem))
+
+
+def test_the_sm90_twin_atom_compiles_into_the_register_mma_body(tmp_path, monkeypatch):
+    """``kernels/hopper_mma.py: mma_bf16_head_sum``, what the H100 / H200 run of the body's
+    ``HEAD_SUM`` path uses (tests/backends/gluon/test_register_headsum_gpu.py): Q staged and in
+    registers, a bf16 ``mma.sync`` besides the fp8 one, the packed bf16 convert, no local memory."""
+    from paged_mqa_logits.backends.gluon import hopper_mma
+    from paged_mqa_logits.backends.gluon.kernels.hopper_mma import mma_bf16_head_sum
+
+    monkeypatch.setattr(hopper_mma.MmaV2Variant, "head_sum", lambda self, problem, knobs: mma_bf16_head_sum)
+    shape = dict(heads=64, next_n=4, kv_block_size=64, preshuffle=False, lens_2d=True)
+    configs = [dict(shape, ChunkK=64, num_warps=4, SplitKV=0, ReuseKV=1, QInLDS=1, Prefetch=0, Schedule="split"),
+               dict(shape, ChunkK=64, num_warps=4, SplitKV=1, ReuseKV=0, QInLDS=0, Prefetch=1, Schedule="split")]
+    records = compile_specs(hopper_mma.VARIANT.compile_specs("sm_90", configs), str(tmp_path), jobs=1, progress=False)
+    assert not check_records(records), check_records(records)
+    for r in records:
+        text = open(r.isa[:-4] + ".sass").read()
+        assert re.search(r"HMMA\.16816\.F32\.BF16", text), r.name
+        assert "F2FP.BF16.F32.PACK_AB" in text, r.name
+        assert not re.search(r"\b(STL|LDL)\b", text), r.name

@@ -10,6 +10,8 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
+from .register_mma import relu_bf16, weight_rows
+
 NUM_WARPS = 4  # one wave per SIMD of the CU
 #: bytes of one token's keys (head_dim 128, fp8): one row of a plain cache block
 ROW_BYTES = 128
@@ -126,16 +128,6 @@ def operand_heads(x, K_BLOCK: gl.constexpr, K_WIDTH: gl.constexpr):
 
 
 @gluon.jit
-def relu_bf16(scores):
-    """``relu(scores)`` rounded to bf16 (to nearest even): the rounding first (gfx950: one
-    ``v_cvt_pk_bf16_f32`` per two scores), then the ReLU on the packed pair as a 16-bit integer
-    max with 0 (bf16 is sign-magnitude: every negative, -0 included, is a negative int16), one
-    ``v_pk_max_i16`` per two scores; rounding commutes with the ReLU."""
-    bits = scores.to(gl.bfloat16).to(gl.int16, bitcast=True)
-    return gl.maximum(bits, gl.zeros_like(bits)).to(gl.bfloat16, bitcast=True)
-
-
-@gluon.jit
 def mfma_bf16_head_sum(scores, scales, weights):
     """``HeadSum=tensor``: ``sum_h w[h] * relu(scores[h, t])`` as a bf16 MFMA ``W[TILE, H] @
     relu(S)[H, T]`` whose row 0 holds ``bf16(w)`` and row 1 ``bf16(w - bf16(w))``, the two
@@ -148,11 +140,7 @@ def mfma_bf16_head_sum(scores, scales, weights):
     TILE: gl.constexpr = HS.instr_shape[0]
     A: gl.constexpr = gl.DotOperandLayout(0, HS, K_WIDTH)
     b = gl.convert_layout(operand_heads(relu_bf16(scores), K_BLOCK, K_WIDTH), gl.DotOperandLayout(1, HS, K_WIDTH))
-    w = gl.convert_layout(operand_heads(weights, K_BLOCK, K_WIDTH), gl.SliceLayout(0, A))
-    hi = w.to(gl.bfloat16)
-    lo = (w - hi.to(gl.float32)).to(gl.bfloat16)
-    row = gl.arange(0, TILE, gl.SliceLayout(1, A))[:, None]
-    a = gl.where(row == 0, hi[None, :], gl.where(row == 1, lo[None, :], gl.zeros_like(lo)[None, :]))
+    a = weight_rows(operand_heads(weights, K_BLOCK, K_WIDTH), TILE, A)
     out = gl.amd.cdna3.mfma(a, b, gl.zeros([TILE, scores.shape[1]], gl.float32, HS))
     # rows 4a + 2b + c: registers hold c and b; keep b = 0, add c = 0 (hi) and 1 (lo), sum the
     # (zero but for a = 0) rows a

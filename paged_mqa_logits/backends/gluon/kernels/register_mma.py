@@ -14,7 +14,12 @@ sm_90. Everything an arch changes comes in as constexpr *arch atoms*:
 * ``LOAD_KV(base, offsets, KV_32BIT)``: a gather from the KV cache with 64-bit offsets (AMD:
   ``buffer_load`` when the host proved the whole cache lies within 2^31 bytes of its base,
   else ``gl.load`` on 64-bit addresses; NVIDIA: ``gl.load``);
-* ``THREADS_PER_WARP``: 64 (AMD) or 32 (NVIDIA), for the staging layouts.
+* ``THREADS_PER_WARP``: 64 (AMD) or 32 (NVIDIA), for the staging layouts;
+* ``HEAD_SUM(scores, scales, weights)``: the epilogue's weighted ReLU head sum, ``[H, T]`` ->
+  ``[T]``: :func:`weighted_relu_head_sum` in fp32 (every arch's default), or a bf16 matrix
+  product of the ReLU'd scores with hi/lo weight rows (gfx950 ``HeadSum=tensor``,
+  ``kernels/cdna.py``; its sm_90 twin ``kernels/hopper_mma.py``) built from :func:`relu_bf16`
+  and :func:`weight_rows`.
 
 Keys are gathered straight into the MMA's B operand layout. An arch that gathers them in
 another layout takes the second entry point, :func:`register_mma_logits_kernel_key_layout`, the
@@ -138,6 +143,27 @@ def weighted_relu_head_sum(scores, scales, weights):
     The per-token scale is factored out of the ReLU (exact for the non-negative scales fp8
     quantisation produces, as the sm_90 kernels and DeepGEMM do): two fp32 ops per score."""
     return gl.sum(gl.maximum(scores, 0.0) * weights[:, None], axis=0) * scales
+
+
+@gluon.jit
+def relu_bf16(scores):
+    """``relu(scores)`` rounded to bf16 (to nearest even): the rounding first (gfx950: one
+    ``v_cvt_pk_bf16_f32`` per two scores), then the ReLU on the packed pair as a 16-bit integer
+    max with 0 (bf16 is sign-magnitude: every negative, -0 included, is a negative int16), one
+    ``v_pk_max_i16`` per two scores; rounding commutes with the ReLU."""
+    bits = scores.to(gl.bfloat16).to(gl.int16, bitcast=True)
+    return gl.maximum(bits, gl.zeros_like(bits)).to(gl.bfloat16, bitcast=True)
+
+
+@gluon.jit
+def weight_rows(weights, TILE: gl.constexpr, A: gl.constexpr):
+    """The A operand ``[TILE, H]`` bf16 of a head-sum product from ``[H]`` fp32 weights: row 0
+    ``hi = bf16(w)``, row 1 ``lo = bf16(w - hi)`` (together ~16 mantissa bits), the rest zero."""
+    w = gl.convert_layout(weights, gl.SliceLayout(0, A))
+    hi = w.to(gl.bfloat16)
+    lo = (w - hi.to(gl.float32)).to(gl.bfloat16)
+    row = gl.arange(0, TILE, gl.SliceLayout(1, A))[:, None]
+    return gl.where(row == 0, hi[None, :], gl.where(row == 1, lo[None, :], gl.zeros_like(lo)[None, :]))
 
 
 @gluon.jit
