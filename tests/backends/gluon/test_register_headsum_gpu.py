@@ -7,11 +7,10 @@ product). Every case holds the contract's bound per logit,
     |ours - exact| <= 2^-8 * scale * sum_h |w_h| relu(s_h)
 
 and a calc_diff of at most 1e-5 against the fp32 reference, and leaves every position a row does
-not see untouched: 8 shapes (next_n 1-8, 32 and 64 heads, blocks 1-256, 1-D and 2-D lengths, fp32
+not see untouched: 8 shapes (next_n 1/2/3/4/5/8, 32 and 64 heads, blocks 1-256, 1-D and 2-D lengths, fp32
 and bf16 logits), each with a candidate walked through the list (Q staged in LDS), a Q-in-registers
 candidate on a 3-way split grid with the two-tile loop, and the default config, on adversarial
-weights and key scales. Skipped without an
-sm_90 GPU.
+weights and key scales. Skipped without an sm_90 GPU.
 """
 
 from __future__ import annotations
