@@ -114,3 +114,32 @@ def test_our_kernels_in_the_report_meet_the_targets(report):
     for arch in sbs.ARCHS:
         ratios = [c["ours"] / c["aiter_default"] for c in comparison if c["arch"] == arch]
         assert math.exp(sum(map(math.log, ratios)) / len(ratios)) <= 0.9, arch
+
+
+def test_the_report_holds_a_head_sum_tensor_twin_of_every_gluon_pick_where_it_exists(report):
+    """``ours-tensor`` rows: the HeadSum=tensor twin of every Gluon pick on the archs offering it,
+    compiled without scratch at the pick's occupancy, each paired with its pick by the summary."""
+    twins = [r for r in report if r["who"] == sbs.TENSOR_WHO]
+    picks = [r for r in report if r["who"] == "ours" and r["backend"] == "gluon"
+             and r["arch"] in cdna.TENSOR_HEAD_SUM_ARCHS]
+    assert twins and {r["arch"] for r in twins} == set(cdna.TENSOR_HEAD_SUM_ARCHS)
+    assert len(twins) == len(picks)
+    for r in twins:
+        assert r["ok"] == "1" and r["scratch"] == "0" and "HeadSum=tensor" in r["knobs"].split(), r["kernel"]
+        assert "bf16" in r["mfma_kind"], r["kernel"]
+    pairs = sbs.tensor_pairs(report)
+    assert sum(len(p) for p in pairs.values()) == len(twins)
+    assert any(line.startswith(f"{arch}: {len(pairs[arch])} Gluon picks; HeadSum=tensor")
+               for line in sbs.summary(report) for arch in pairs)
+    # the comparison with AITER stays on the picks: the same with and without the twins
+    assert sbs.comparison(report) == sbs.comparison([r for r in report if r["who"] != sbs.TENSOR_WHO])
+
+
+def test_head_sum_tensor_rows_are_the_gluon_picks_with_the_knob(tmp_path):
+    arch, heads, next_n, block, pre, batch = sbs.SAMPLE[0]
+    shape = sbs.Shape(arch, heads, next_n, block, pre)
+    twins = sbs.our_rows([shape], str(tmp_path), 1, (batch,), head_sum_tensor=True)
+    picks = [(backend, knobs) for backend, knobs, _ in sbs.our_picks(shape, (batch,)).values()]
+    assert [r["knobs"] for r in twins] == [" ".join(f"{k}={v}" for k, v in sorted(dict(knobs, HeadSum="tensor").items()))
+                                           for backend, knobs in picks if backend == "gluon"]
+    assert all(r["who"] == sbs.TENSOR_WHO and r["ok"] == 1 for r in twins)

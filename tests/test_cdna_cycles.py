@@ -62,3 +62,13 @@ def test_the_estimate_is_the_busiest_pipe_or_the_latency_shared_by_the_waves():
     assert two_rows.cycles_per_64_keys == pytest.approx(two_rows.cycles_per_iteration * two_rows.scale)
     with pytest.raises(ValueError, match="no MFMA"):
         cc.estimate(cc.LoopProfile(), 1, 16, 1)
+
+
+def test_a_bf16_head_sum_mfma_costs_pipe_time_but_scores_nothing():
+    """The HeadSum=tensor MFMA (gfx950 ``32x32x16`` bf16: 8 passes) occupies the matrix pipe and
+    an issue slot; the normalisation counts the fp8 score MFMA's multiply-adds only."""
+    bf16 = "v_mfma_f32_32x32x16_bf16 v[0:15], v[16:19], v[20:23], 0"
+    p = profile(SCALED_950, bf16)
+    assert p.pipes["mfma"] == 8 * 4 + 8 * 4 and p.pipes["valu"] == 2 * 4
+    assert p.macs == 16 * 16 * 128
+    assert cc.mfma_passes("v_mfma_f32_32x32x8_bf16") == 8 and cc.mfma_passes("v_mfma_f32_16x16x16_bf16") == 4

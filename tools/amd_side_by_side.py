@@ -21,6 +21,9 @@ Usage (docs/VERIFICATION.md): ``PYTHONPATH=. python tools/amd_side_by_side.py --
 /path/to/aiter --aiter-python /path/to/venv/bin/python --csv benchmarks/amd/side_by_side.csv``;
 ``--sample`` compiles only :data:`SAMPLE` (ours), what CI runs; ``--update-tables CSV`` writes a
 report's estimates into the provenance of every gfx942 / gfx950 table row (``table.CycleEstimate``).
+``--head-sum-tensor CSV`` compiles the ``HeadSum=tensor`` twin of every Gluon pick on the archs
+that offer it (``cdna.TENSOR_HEAD_SUM_ARCHS``) and puts those rows (``who`` :data:`TENSOR_WHO`)
+into the report ``CSV`` in place of its previous ones; the comparison with AITER stays on the picks.
 """
 
 from __future__ import annotations
@@ -55,6 +58,8 @@ AITER_WAVES = (1, 2, 4)
 AITER_DEFAULT = (256, 2)
 #: the CI sample: a few of our kernels, both backends and both MFMA kinds among them
 SAMPLE = (("gfx950", 64, 2, 64, True, 1), ("gfx942", 32, 1, 1, False, 1), ("gfx950", 32, 4, 64, True, 256))
+#: ``who`` of a pick's HeadSum=tensor twin (not a pick: the default head sum is fp32)
+TENSOR_WHO = "ours-tensor"
 SHAPE_COLUMNS = ("arch", "heads", "next_n", "kv_block_size", "preshuffle")
 COLUMNS = ("arch", "heads", "next_n", "kv_block_size", "preshuffle", "kernel", "who", "backend", "knobs",
            "batches", "ok", "vgprs", "agprs", "sgprs", "scratch", "lds", "waves", "mfma_kind", "mfma", "vmem",
@@ -192,11 +197,14 @@ def row(shape: Shape, kernel: str, who: str, backend: str, knobs: dict, batches,
 
 
 # ----------------------------------------------------------------------------- the run
-def our_rows(shapes: list[Shape], out: str, jobs: int, batches=BATCHES) -> list[dict]:
+def our_rows(shapes: list[Shape], out: str, jobs: int, batches=BATCHES, head_sum_tensor: bool = False) -> list[dict]:
     """Compile every pick of ``shapes`` (Gluon in ``jobs`` processes, FlyDSL in its own) and
-    return their report rows."""
-    work = [(shape, backend, knobs, used) for shape in shapes
-            for backend, knobs, used in our_picks(shape, batches).values()]
+    return their report rows; with ``head_sum_tensor``, the ``HeadSum=tensor`` twins of the
+    Gluon picks instead (rows of :data:`TENSOR_WHO`)."""
+    work = [(shape, backend, dict(knobs, HeadSum="tensor") if head_sum_tensor else knobs, used) for shape in shapes
+            for backend, knobs, used in our_picks(shape, batches).values()
+            if not head_sum_tensor or backend == "gluon"]
+    who = TENSOR_WHO if head_sum_tensor else "ours"
     records = {}
     for arch in sorted({s.arch for s, *_ in work}):
         gluon = [(i, w) for i, w in enumerate(work) if w[0].arch == arch and w[1] == "gluon"]
@@ -211,7 +219,7 @@ def our_rows(shapes: list[Shape], out: str, jobs: int, batches=BATCHES) -> list[
     rows = []
     for i, (shape, backend, knobs, used) in enumerate(work):
         r = records[i]
-        rows.append(row(shape, r.name, "ours", backend, knobs, used, r.ok, r.isa, int(knobs.get("WavePerEU") or 0),
+        rows.append(row(shape, r.name, who, backend, knobs, used, r.ok, r.isa, int(knobs.get("WavePerEU") or 0),
                         resources_of(r), r.error))
     return rows
 
@@ -236,7 +244,7 @@ def comparison(rows: list[dict]) -> list[dict]:
     does not see)."""
     by_shape: dict[tuple, dict] = {}
     for r in rows:
-        if not int(r["ok"]):
+        if not int(r["ok"]) or r["who"] == TENSOR_WHO:
             continue
         key = tuple(r[c] for c in SHAPE_COLUMNS)
         entry = by_shape.setdefault(key, {"ours": [], "aiter": [], "aiter_default": None})
@@ -276,7 +284,25 @@ def summary(rows: list[dict]) -> list[str]:
         lines.append(f"{arch}: {len(mine)} shapes; ours / AITER best: geomean {geomean(best):.3f}, worst "
                      f"{max(best):.3f}, {sum(b > 1 for b in best)} above 1; ours / AITER default: geomean "
                      f"{geomean(default):.3f}, worst {max(default):.3f}, {sum(d > 1 for d in default)} above 1")
+    for arch, pairs in tensor_pairs(rows).items():
+        ratios = [tensor / pick for pick, tensor in pairs]
+        lines.append(f"{arch}: {len(pairs)} Gluon picks; HeadSum=tensor / fp32 cycles per 64 keys: geomean "
+                     f"{geomean(ratios):.3f}, best {min(ratios):.3f}, worst {max(ratios):.3f}")
     return lines
+
+
+def tensor_pairs(rows: list[dict]) -> dict[str, list[tuple[float, float]]]:
+    """Per arch, (pick, its HeadSum=tensor twin) cycles per 64 keys of every compiled pair."""
+    key = lambda r, knobs: tuple(str(r[c]) for c in SHAPE_COLUMNS) + (knobs,)
+    picks = {key(r, r["knobs"]): float(r["cycles_per_64_keys"]) for r in rows
+             if r["who"] == "ours" and r["backend"] == "gluon" and int(r["ok"])}
+    out: dict[str, list[tuple[float, float]]] = {}
+    for r in rows:
+        if r["who"] == TENSOR_WHO and int(r["ok"]):
+            pick = picks.get(key(r, " ".join(k for k in r["knobs"].split() if k != "HeadSum=tensor")))
+            if pick is not None:
+                out.setdefault(r["arch"], []).append((pick, float(r["cycles_per_64_keys"])))
+    return out
 
 
 def table_estimates(rows: list[dict]) -> dict[tuple, table.CycleEstimate]:
@@ -344,6 +370,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--csv", help="write the report here")
     parser.add_argument("--out", help="keep ISA and binaries here (default: a temporary directory)")
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
+    parser.add_argument("--head-sum-tensor", metavar="CSV", help="compile the HeadSum=tensor twins of the Gluon "
+                                                                   "picks and replace that report's twin rows")
     parser.add_argument("--update-tables", metavar="CSV", help="write this report's estimates into the shipped "
                                                                  "gfx942 / gfx950 tables and exit")
     args = parser.parse_args(argv)
@@ -354,6 +382,15 @@ def main(argv: list[str]) -> int:
         print(f"{update_tables(paths, estimates)} provenances changed")
         return 0
     out = args.out or tempfile.mkdtemp(prefix="amd_side_by_side_")
+    if args.head_sum_tensor:
+        archs = [a for a in args.arch if a in cdna.TENSOR_HEAD_SUM_ARCHS]
+        twins = our_rows(grid(archs), out, args.jobs, head_sum_tensor=True)
+        with open(args.head_sum_tensor) as f:
+            rows = [r for r in csv.DictReader(f) if not (r["who"] == TENSOR_WHO and r["arch"] in archs)] + twins
+        write_csv(args.head_sum_tensor, rows)
+        for line in summary(rows):
+            print(line)
+        return 0 if all(int(r["ok"]) for r in twins) else 1
     if args.sample:
         rows = []
         for arch, heads, next_n, block, pre, batch in SAMPLE:

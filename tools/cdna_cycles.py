@@ -31,7 +31,8 @@ body is replayed until its iteration time is steady, and barriers cost only thei
 LDS allow, at most the kernel's ``WavePerEU``), an iteration costs
 ``max(pipes..., single_wave / W)``: the busiest shared pipe, or one wave's latency divided
 among the waves that hide it. Its name is the bound (``mfma``, ``valu``, ``salu``, ``vmem``,
-``lds``, ``latency``). Normalised by the MFMA work of the iteration to **cycles per 64 keys**:
+``lds``, ``latency``). Normalised by the score MFMAs' work of the iteration (fp8 operands; a bf16 head-sum MFMA
+costs pipe time but scores nothing) to **cycles per 64 keys**:
 one wave's clocks to score 64 keys against every query row of a sequence (all heads), which
 compares kernels that split rows, heads and keys differently.
 
@@ -66,7 +67,14 @@ CALIBRATION = ("VMEM_LATENCY 1000 clocks: AITER's Gluon kernel (gfx950, H 32, KV
 MFMA_PASSES = {
     "16x16x32_fp8": 4, "16x16x32_bf8": 4, "32x32x16_fp8": 8, "32x32x16_bf8": 8,
     "16x16x128_f8f6f4": 8, "32x32x64_f8f6f4": 16,
+    # bf16 (the HeadSum=tensor head sum): gfx942 256 and gfx950 512 multiply-adds per clock and
+    # SIMD on its K-doubled forms (the chips' peak bf16 rates), the older forms as gfx942's
+    "32x32x8_bf16": 8, "32x32x8bf16": 8, "16x16x16_bf16": 4, "16x16x16bf16": 4,
+    "32x32x16_bf16": 8, "16x16x32_bf16": 4,
 }
+#: MFMA operand types that score keys (fp8); other MFMAs (the bf16 head sum) are not the work
+#: :func:`estimate` normalises by
+SCORE_OPERANDS = ("fp8", "bf8", "f8f6f4")
 #: VALU instructions that take two passes (64-bit integer multiply-adds, lane swaps)
 TWO_PASS_VALU = ("v_mad_u64_u32", "v_mad_i64_i32", "v_permlane16_swap", "v_permlane32_swap", "v_lshl_add_u64")
 PIPES = ("mfma", "valu", "salu", "vmem", "lds")
@@ -147,7 +155,7 @@ class LoopProfile:
     instructions: int = 0
     counts: dict = field(default_factory=dict)  # per kind
     mfma_kinds: dict = field(default_factory=dict)  # mnemonic -> count
-    macs: int = 0
+    macs: int = 0  # of the score MFMAs
     vmem_bytes: int = 0  # per wave
     waitcnts: int = 0
     pipes: dict = field(default_factory=dict)  # clocks per pipe
@@ -162,7 +170,8 @@ def profile(lines: list[str]) -> LoopProfile:
         p.counts[k] = p.counts.get(k, 0) + 1
         if k == "mfma":
             p.mfma_kinds[name] = p.mfma_kinds.get(name, 0) + 1
-            p.macs += mfma_macs(name)
+            if any(t in name for t in SCORE_OPERANDS):
+                p.macs += mfma_macs(name)
             p.pipes["mfma"] += ISSUE * mfma_passes(name)
             p.pipes["valu"] += ISSUE
         elif k == "valu":

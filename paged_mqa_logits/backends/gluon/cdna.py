@@ -27,7 +27,8 @@ LDS and read per tile, 64 heads per MFMA, instead of held in VGPRs), ``Prefetch`
 next tile in flight while this one is scored; 2: the same, two tiles per loop iteration in
 alternating registers, so no register copy per tile; 0: one tile per wave), ``KeyLoad`` (plain caches:
 keys gathered straight into the MFMA operand, or in whole rows and converted through LDS;
-``cdna_keys.py``). ``candidates`` offers every (ChunkK, WavePerEU, ReuseKV/QInLDS, Mfma) that
+``cdna_keys.py``), ``HeadSum`` (gfx950: ``fp32``, the default, or ``tensor``: the weighted head
+sum as a bf16 MFMA on the score accumulator's registers, docs/AMD_HEADSUM.md; never a candidate). ``candidates`` offers every (ChunkK, WavePerEU, ReuseKV/QInLDS, Mfma) that
 :meth:`MfmaVariant.admits`, with Prefetch where it fits, then the same with ``KeyLoad=lds`` for
 plain caches.
 """
@@ -44,7 +45,7 @@ from ..base import MAX_SPLIT_KV, CompileSpec
 from . import cdna_keys, common
 from .register_mma import CHUNK_SIZES, RegisterMmaVariant, rows_per_program
 from .kernels.cdna import (NUM_WARPS, buffer_gather, cache_gather, gather_layout, keys_through_lds, keys_to_operand,
-                           mfma_f8f6f4, mfma_fp8, mfma_layout)
+                           mfma_bf16_head_sum, mfma_f8f6f4, mfma_fp8, mfma_layout)
 from .kernels.register_mma import register_mma_logits_kernel
 
 #: MFMA families per arch, default first
@@ -53,6 +54,11 @@ WAVES_PER_EU = (1, 2, 4)
 THREADS_PER_WARP = 64
 #: heads per MFMA when Q is read from LDS: two 32-row tiles (32 measured no better)
 HEAD_CHUNK = 64
+#: ``HeadSum``: the weighted head sum in fp32 VALU ops (default), or as a bf16 MFMA (docs/AMD_HEADSUM.md)
+HEAD_SUMS = ("fp32", "tensor")
+#: archs where ``HeadSum=tensor`` pays in the cycle model: gfx942 has no packed bf16 convert and its
+#: bf16 MFMA alone takes longer than today's whole loop iteration (docs/AMD_HEADSUM.md)
+TENSOR_HEAD_SUM_ARCHS = ("gfx950",)
 
 
 # ----------------------------------------------------------------------------- resource rules
@@ -188,7 +194,7 @@ class MfmaVariant(RegisterMmaVariant):
     #: allowed values per knob (combinations, e.g. Mfma per arch, are judged by :meth:`knobs`)
     knob_space = {"ChunkK": CHUNK_SIZES, "WavePerEU": WAVES_PER_EU, "SplitKV": range(0, MAX_SPLIT_KV + 1),
                   "ReuseKV": (0, 1), "Mfma": ("fp8", "f8f6f4"), "QInLDS": (0, 1), "Prefetch": PREFETCHES,
-                  "Schedule": common.SCHEDULES, cdna_keys.KNOB: cdna_keys.KEY_LOADS}
+                  "Schedule": common.SCHEDULES, cdna_keys.KNOB: cdna_keys.KEY_LOADS, "HeadSum": HEAD_SUMS}
     head_chunk = HEAD_CHUNK
     kv_32bit_loads = True
 
@@ -200,8 +206,9 @@ class MfmaVariant(RegisterMmaVariant):
         prefetch, then none), so a table row
         that names only the common knobs (e.g. upstream's ChunkK 256 / WavePerEU 4) still gets a
         kernel that reaches its occupancy without spilling, when one exists. ``KeyLoad`` is
-        there only when it is not ``direct``, so direct configs, the names of their compiled
-        kernels and the tuned rows are what they were before the knob existed."""
+        there only when it is not ``direct``, and ``HeadSum`` only when it is not ``fp32``, so
+        such configs, the names of their compiled kernels and the tuned rows are what they were
+        before those knobs existed."""
         chunk = int(config.get("ChunkK") or 128)
         waves = int(config.get("WavePerEU") or 2)
         split = int(config.get("SplitKV") or 0)
@@ -216,6 +223,10 @@ class MfmaVariant(RegisterMmaVariant):
         self.require_in(cdna_keys.KNOB, key_load, cdna_keys.KEY_LOADS)
         self.require(key_load in cdna_keys.key_loads(problem.shape_key.preshuffle), cdna_keys.KNOB, key_load,
                      f"{cdna_keys.DIRECT} on a Preshuffle cache (already stored in the MFMA operand's order)")
+        head_sum = config.get("HeadSum") or HEAD_SUMS[0]
+        self.require_in("HeadSum", head_sum, HEAD_SUMS)
+        self.require(head_sum == HEAD_SUMS[0] or problem.arch in TENSOR_HEAD_SUM_ARCHS, "HeadSum", head_sum,
+                     f"fp32 on {problem.arch} (the bf16 MFMA head sum does not pay there: docs/AMD_HEADSUM.md)")
         rows = rows_per_program(problem.shape_key.next_n, reuse)
         q_options = [int(config["QInLDS"])] if config.get("QInLDS") is not None else ([0, 1] if rows == 1 else [1])
         prefetch_options = [int(config["Prefetch"])] if config.get("Prefetch") is not None else list(PREFETCHES)
@@ -231,7 +242,8 @@ class MfmaVariant(RegisterMmaVariant):
                                settings[0])
         return {"ChunkK": chunk, "WavePerEU": waves, "SplitKV": split, "ReuseKV": reuse, "Mfma": kind,
                 "QInLDS": q_lds, "Prefetch": prefetch, "Schedule": schedule,
-                **({cdna_keys.KNOB: key_load} if key_load != cdna_keys.DIRECT else {})}
+                **({cdna_keys.KNOB: key_load} if key_load != cdna_keys.DIRECT else {}),
+                **({"HeadSum": head_sum} if head_sum != HEAD_SUMS[0] else {})}
 
     def admits(self, problem: Problem, config: dict) -> bool:
         """Whether a knob set reaches the occupancy ``WavePerEU`` asks for, with no spills.
@@ -283,6 +295,12 @@ class MfmaVariant(RegisterMmaVariant):
         return dict(ACC=mfma_layout(problem.arch, problem.shape_key.heads, knobs["ChunkK"], kind), K_WIDTH=16,
                     MMA=mfma_f8f6f4 if kind == "f8f6f4" else mfma_fp8, LOAD=buffer_gather, LOAD_KV=cache_gather,
                     THREADS_PER_WARP=THREADS_PER_WARP, **self.key_atoms(problem, knobs))
+
+    def head_sum(self, problem: Problem, knobs: dict):
+        """``HeadSum=tensor``: the bf16 MFMA head sum (``kernels/cdna.py``), else the fp32 one."""
+        if knobs.get("HeadSum", HEAD_SUMS[0]) == "tensor":
+            return mfma_bf16_head_sum
+        return super().head_sum(problem, knobs)
 
     def key_atoms(self, problem: Problem, knobs: dict) -> dict:
         """``KeyLoad=lds``: the gather layout and the conversion to the operand (``cdna_keys.py``);

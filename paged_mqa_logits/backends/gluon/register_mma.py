@@ -15,7 +15,8 @@ from abc import abstractmethod
 from ...problem import LaunchArgs, Problem
 from ...schedule import derive_split_kv, persistent_programs
 from . import common
-from .kernels.register_mma import register_mma_logits_kernel, register_mma_logits_kernel_key_layout
+from .kernels.register_mma import (register_mma_logits_kernel, register_mma_logits_kernel_key_layout,
+                                   weighted_relu_head_sum)
 from .variant import GluonVariant
 
 #: tokens per tile (``ChunkK``)
@@ -90,8 +91,14 @@ class RegisterMmaVariant(GluonVariant):
             LENS_2D=problem.lens_2d, Q_IN_LDS=bool(q_lds),
             HEAD_CHUNK=min(self.head_chunk, key.heads) if q_lds else key.heads,
             PREFETCH=prefetch_constexpr(knobs["Prefetch"]), KV_32BIT=kv_32bit and self.kv_32bit_loads,
-            BALANCED=knobs["Schedule"] == common.BALANCED, **self.atoms(problem, knobs),
+            BALANCED=knobs["Schedule"] == common.BALANCED, HEAD_SUM=self.head_sum(problem, knobs),
+            **self.atoms(problem, knobs),
         )
+
+    def head_sum(self, problem: Problem, knobs: dict):
+        """The epilogue atom ``HEAD_SUM(scores, scales, weights)``: the fp32 ReLU-weight head sum;
+        a variant with a matrix-core head sum (``HeadSum=tensor``) overrides this."""
+        return weighted_relu_head_sum
 
     # ------------------------------------------------------------------------- launch
     def plan_key(self, args: LaunchArgs, config: dict) -> tuple:

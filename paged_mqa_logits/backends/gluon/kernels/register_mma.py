@@ -14,7 +14,12 @@ sm_90. Everything an arch changes comes in as constexpr *arch atoms*:
 * ``LOAD_KV(base, offsets, KV_32BIT)``: a gather from the KV cache with 64-bit offsets (AMD:
   ``buffer_load`` when the host proved the whole cache lies within 2^31 bytes of its base,
   else ``gl.load`` on 64-bit addresses; NVIDIA: ``gl.load``);
-* ``THREADS_PER_WARP``: 64 (AMD) or 32 (NVIDIA), for the staging layouts.
+* ``THREADS_PER_WARP``: 64 (AMD) or 32 (NVIDIA), for the staging layouts;
+* ``HEAD_SUM(scores, scales, weights)``: the epilogue's weighted ReLU head sum, ``[H, T]`` ->
+  ``[T]``: :func:`weighted_relu_head_sum` in fp32 (every arch's default), or a bf16 matrix
+  product of the ReLU'd scores with hi/lo weight rows (gfx950 ``HeadSum=tensor``,
+  ``kernels/cdna.py``; its sm_90 twin ``kernels/hopper_mma.py``) built from :func:`relu_bf16`
+  and :func:`weight_rows`.
 
 Keys are gathered straight into the MMA's B operand layout. An arch that gathers them in
 another layout takes the second entry point, :func:`register_mma_logits_kernel_key_layout`, the
@@ -141,6 +146,27 @@ def weighted_relu_head_sum(scores, scales, weights):
 
 
 @gluon.jit
+def relu_bf16(scores):
+    """``relu(scores)`` rounded to bf16 (to nearest even): the rounding first (gfx950: one
+    ``v_cvt_pk_bf16_f32`` per two scores), then the ReLU on the packed pair as a 16-bit integer
+    max with 0 (bf16 is sign-magnitude: every negative, -0 included, is a negative int16), one
+    ``v_pk_max_i16`` per two scores; rounding commutes with the ReLU."""
+    bits = scores.to(gl.bfloat16).to(gl.int16, bitcast=True)
+    return gl.maximum(bits, gl.zeros_like(bits)).to(gl.bfloat16, bitcast=True)
+
+
+@gluon.jit
+def weight_rows(weights, TILE: gl.constexpr, A: gl.constexpr):
+    """The A operand ``[TILE, H]`` bf16 of a head-sum product from ``[H]`` fp32 weights: row 0
+    ``hi = bf16(w)``, row 1 ``lo = bf16(w - hi)`` (together ~16 mantissa bits), the rest zero."""
+    w = gl.convert_layout(weights, gl.SliceLayout(0, A))
+    hi = w.to(gl.bfloat16)
+    lo = (w - hi.to(gl.float32)).to(gl.bfloat16)
+    row = gl.arange(0, TILE, gl.SliceLayout(1, A))[:, None]
+    return gl.where(row == 0, hi[None, :], gl.where(row == 1, lo[None, :], gl.zeros_like(lo)[None, :]))
+
+
+@gluon.jit
 def store_row_logits(out_ptr, row, stride_out, tokens, logits, row_end):
     """``out[row, t] = logits`` where ``t < row_end``; 64-bit row offset, 32-bit columns. The
     fp32 logits are rounded once, here, to the output's dtype (a no-op for fp32 logits)."""
@@ -150,16 +176,16 @@ def store_row_logits(out_ptr, row, stride_out, tokens, logits, row_end):
 
 @gluon.jit
 def score_row(q, keys, scales, weights, out_ptr, row, stride_out, tokens, row_end,
-              HEADS: gl.constexpr, CHUNK: gl.constexpr, ACC: gl.constexpr, MMA: gl.constexpr):
+              HEADS: gl.constexpr, CHUNK: gl.constexpr, ACC: gl.constexpr, MMA: gl.constexpr, HEAD_SUM: gl.constexpr):
     """One query row (operands in registers) against one key tile: MMA, epilogue, masked store."""
     scores = MMA(q, keys, gl.zeros([HEADS, CHUNK], gl.float32, ACC))
-    store_row_logits(out_ptr, row, stride_out, tokens, weighted_relu_head_sum(scores, scales, weights), row_end)
+    store_row_logits(out_ptr, row, stride_out, tokens, HEAD_SUM(scores, scales, weights), row_end)
 
 
 @gluon.jit
 def score_staged_row(q_smem, w_smem, keys, scales, out_ptr, row, stride_out, tokens, row_end,
                      HEADS: gl.constexpr, HEAD_CHUNK: gl.constexpr, CHUNK: gl.constexpr, ACC: gl.constexpr,
-                     K_WIDTH: gl.constexpr, MMA: gl.constexpr):
+                     K_WIDTH: gl.constexpr, MMA: gl.constexpr, HEAD_SUM: gl.constexpr):
     """One query row staged in shared memory (``[H, D]`` fp8 and ``[H]`` fp32) against one key
     tile, ``HEAD_CHUNK`` heads per MMA: only one head chunk's operand and scores are live."""
     logits = gl.zeros([CHUNK], gl.float32, gl.SliceLayout(0, ACC))
@@ -167,7 +193,7 @@ def score_staged_row(q_smem, w_smem, keys, scales, out_ptr, row, stride_out, tok
         q = q_smem.slice(h0, HEAD_CHUNK).load(gl.DotOperandLayout(0, ACC, K_WIDTH))
         w = w_smem.slice(h0, HEAD_CHUNK).load(gl.SliceLayout(1, ACC))
         scores = MMA(q, keys, gl.zeros([HEAD_CHUNK, CHUNK], gl.float32, ACC))
-        logits += weighted_relu_head_sum(scores, scales, w)
+        logits += HEAD_SUM(scores, scales, w)
     store_row_logits(out_ptr, row, stride_out, tokens, logits, row_end)
 
 
@@ -175,7 +201,7 @@ def score_staged_row(q_smem, w_smem, keys, scales, out_ptr, row, stride_out, tok
 def score_tile_rows(q_smem, w_smem, qs, ws, keys, scales, out_ptr, row0, stride_out, tile, row_ends, range_end,
                     HEADS: gl.constexpr, HEAD_CHUNK: gl.constexpr, CHUNK: gl.constexpr, ROWS: gl.constexpr,
                     Q_IN_LDS: gl.constexpr, ACC: gl.constexpr, K_WIDTH: gl.constexpr, MMA: gl.constexpr,
-                    KEY_OPERAND: gl.constexpr, CLIP: gl.constexpr):
+                    KEY_OPERAND: gl.constexpr, CLIP: gl.constexpr, HEAD_SUM: gl.constexpr):
     """Every row of the program against one gathered key tile, stored where the row sees the
     token (and, with ``CLIP``, the token lies before ``range_end``)."""
     B_LAYOUT: gl.constexpr = gl.DotOperandLayout(1, ACC, K_WIDTH)
@@ -191,10 +217,10 @@ def score_tile_rows(q_smem, w_smem, qs, ws, keys, scales, out_ptr, row0, stride_
             row_end = row_ends[r]
         if Q_IN_LDS:
             score_staged_row(q_smem.index(r), w_smem.index(r), operand, scales, out_ptr, row0 + r, stride_out, tokens,
-                             row_end, HEADS, HEAD_CHUNK, CHUNK, ACC, K_WIDTH, MMA)
+                             row_end, HEADS, HEAD_CHUNK, CHUNK, ACC, K_WIDTH, MMA, HEAD_SUM)
         else:
             score_row(qs[r], operand, scales, ws[r], out_ptr, row0 + r, stride_out, tokens, row_end, HEADS, CHUNK, ACC,
-                      MMA)
+                      MMA, HEAD_SUM)
 
 
 # ----------------------------------------------------------------------------- the kernel
@@ -208,7 +234,7 @@ def score_rows_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr,
                        Q_IN_LDS: gl.constexpr, HEAD_CHUNK: gl.constexpr, PREFETCH: gl.constexpr,
                        KV_32BIT: gl.constexpr, ACC: gl.constexpr, K_WIDTH: gl.constexpr, MMA: gl.constexpr,
                        LOAD: gl.constexpr, LOAD_KV: gl.constexpr, THREADS_PER_WARP: gl.constexpr,
-                       KEY_LAYOUT: gl.constexpr, KEY_OPERAND: gl.constexpr):
+                       KEY_LAYOUT: gl.constexpr, KEY_OPERAND: gl.constexpr, HEAD_SUM: gl.constexpr):
     """Tiles ``[first, stop)`` of sequence ``b`` scored against its rows ``group*ROWS ..
     + ROWS``: Q and the weights loaded once, then the (prefetching) tile loop."""
     A_LAYOUT: gl.constexpr = gl.DotOperandLayout(0, ACC, K_WIDTH)
@@ -268,14 +294,14 @@ def score_rows_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr,
                                                    LOAD)
                 score_tile_rows(q_smem, w_smem, qs, ws, keys, scales, out_ptr, row0, stride_out, tile, row_ends,
                                 range_end, HEADS, HEAD_CHUNK, CHUNK, ROWS, Q_IN_LDS, ACC, K_WIDTH, MMA, KEY_OPERAND,
-                                True)
+                                True, HEAD_SUM)
                 keys, scales = load_tile(kv_ptr, scale_ptr, pages_k, pages_s, tile + 2, stride_block, CHUNK, KV_BLOCK_SIZE,
                                          HEAD_DIM, PRESHUFFLE, KEYS, TOKENS, LOAD_KV, KV_32BIT)
                 pages_k, pages_s = load_tile_pages(table_row, tile + 3, end, num_blocks, CHUNK, KV_BLOCK_SIZE, KEYS, TOKENS,
                                                    LOAD)
                 score_tile_rows(q_smem, w_smem, qs, ws, keys_b, scales_b, out_ptr, row0, stride_out, tile + 1, row_ends,
                                 range_end, HEADS, HEAD_CHUNK, CHUNK, ROWS, Q_IN_LDS, ACC, K_WIDTH, MMA, KEY_OPERAND,
-                                True)
+                                True, HEAD_SUM)
         else:
             for tile in range(first, stop):
                 if PREFETCH:
@@ -294,7 +320,7 @@ def score_rows_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr,
                                              KV_BLOCK_SIZE, HEAD_DIM, PRESHUFFLE, KEYS, TOKENS, LOAD_KV, KV_32BIT)
                 score_tile_rows(q_smem, w_smem, qs, ws, keys, scales, out_ptr, row0, stride_out, tile, row_ends,
                                 stop * CHUNK, HEADS, HEAD_CHUNK, CHUNK, ROWS, Q_IN_LDS, ACC, K_WIDTH, MMA, KEY_OPERAND,
-                                False)
+                                False, HEAD_SUM)
                 if PREFETCH:
                     keys = next_keys
                     scales = next_scales
@@ -316,7 +342,7 @@ def logits_programs(
     # arch atoms
     ACC: gl.constexpr, K_WIDTH: gl.constexpr, MMA: gl.constexpr, LOAD: gl.constexpr, LOAD_KV: gl.constexpr,
     THREADS_PER_WARP: gl.constexpr,
-    KEY_LAYOUT: gl.constexpr, KEY_OPERAND: gl.constexpr,
+    KEY_LAYOUT: gl.constexpr, KEY_OPERAND: gl.constexpr, HEAD_SUM: gl.constexpr,
 ):
     """Balanced: program ``p`` (of a persistent grid, row group fastest) scores its equal share
     of the batch's tiles (``schedule.py``) for row group ``p % ROW_GROUPS``, segment by segment.
@@ -348,7 +374,7 @@ def logits_programs(
                                stride_lens_j, stride_table, max_model_len, max_blocks, num_blocks,
                                NEXT_N, HEADS, HEAD_DIM, KV_BLOCK_SIZE, CHUNK, ROWS, PRESHUFFLE, LENS_2D, Q_IN_LDS,
                                HEAD_CHUNK, PREFETCH, KV_32BIT, ACC, K_WIDTH, MMA, LOAD, LOAD_KV, THREADS_PER_WARP,
-                               KEY_LAYOUT, KEY_OPERAND)
+                               KEY_LAYOUT, KEY_OPERAND, HEAD_SUM)
             item += gl.maximum(count, 0)  # zero-length sequences between long ones hold no items
             b += 1
             tile = tile * 0
@@ -364,7 +390,7 @@ def logits_programs(
                            stride_lens_j, stride_table, max_model_len, max_blocks, num_blocks,
                            NEXT_N, HEADS, HEAD_DIM, KV_BLOCK_SIZE, CHUNK, ROWS, PRESHUFFLE, LENS_2D, Q_IN_LDS,
                            HEAD_CHUNK, PREFETCH, KV_32BIT, ACC, K_WIDTH, MMA, LOAD, LOAD_KV, THREADS_PER_WARP,
-                           KEY_LAYOUT, KEY_OPERAND)
+                           KEY_LAYOUT, KEY_OPERAND, HEAD_SUM)
 
 
 @gluon.jit(do_not_specialize=DYNAMIC_PARAMS)
@@ -380,7 +406,7 @@ def register_mma_logits_kernel(
     BALANCED: gl.constexpr,
     # arch atoms
     ACC: gl.constexpr, K_WIDTH: gl.constexpr, MMA: gl.constexpr, LOAD: gl.constexpr, LOAD_KV: gl.constexpr,
-    THREADS_PER_WARP: gl.constexpr,
+    THREADS_PER_WARP: gl.constexpr, HEAD_SUM: gl.constexpr,
 ):
     """The kernel: keys gathered straight into the MMA's B operand (:func:`logits_programs`)."""
     logits_programs(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, table_ptr,
@@ -388,7 +414,7 @@ def register_mma_logits_kernel(
                     stride_lens_j, stride_table, max_model_len, max_blocks, num_splits, batch, num_blocks,
                     NEXT_N, HEADS, HEAD_DIM, KV_BLOCK_SIZE, CHUNK, ROWS, PRESHUFFLE, LENS_2D, Q_IN_LDS, HEAD_CHUNK,
                     PREFETCH, KV_32BIT, BALANCED, ACC, K_WIDTH, MMA, LOAD, LOAD_KV, THREADS_PER_WARP,
-                    None, None)
+                    None, None, HEAD_SUM)
 
 
 @gluon.jit(do_not_specialize=DYNAMIC_PARAMS)
@@ -405,7 +431,7 @@ def register_mma_logits_kernel_key_layout(
     # arch atoms
     ACC: gl.constexpr, K_WIDTH: gl.constexpr, MMA: gl.constexpr, LOAD: gl.constexpr, LOAD_KV: gl.constexpr,
     THREADS_PER_WARP: gl.constexpr,
-    KEY_LAYOUT: gl.constexpr, KEY_OPERAND: gl.constexpr,
+    KEY_LAYOUT: gl.constexpr, KEY_OPERAND: gl.constexpr, HEAD_SUM: gl.constexpr,
 ):
     """The kernel with keys gathered in ``KEY_LAYOUT`` and turned into the B operand by
     ``KEY_OPERAND`` (see the module docstring; :func:`logits_programs`)."""
@@ -414,4 +440,4 @@ def register_mma_logits_kernel_key_layout(
                     stride_lens_j, stride_table, max_model_len, max_blocks, num_splits, batch, num_blocks,
                     NEXT_N, HEADS, HEAD_DIM, KV_BLOCK_SIZE, CHUNK, ROWS, PRESHUFFLE, LENS_2D, Q_IN_LDS, HEAD_CHUNK,
                     PREFETCH, KV_32BIT, BALANCED, ACC, K_WIDTH, MMA, LOAD, LOAD_KV, THREADS_PER_WARP,
-                    KEY_LAYOUT, KEY_OPERAND)
+                    KEY_LAYOUT, KEY_OPERAND, HEAD_SUM)
