@@ -48,10 +48,10 @@ if command -v cmake >/dev/null 2>&1; then
   TRITON_CACHE_DIR="$WORK/precompile_triton_cache" cmake --build "$WORK/build" --target precompile >> "$WORK/precompile.log" 2>&1
   HOW=cmake
 else
-  TRITON_CACHE_DIR="$WORK/precompile_triton_cache" "$PY" -m paged_mqa_logits.kernel_cache --arch sm_90 --out "$CACHE" \
+  TRITON_CACHE_DIR="$WORK/precompile_triton_cache" "$PY" -m paged_mqa_logits precompile --arch sm_90 --out "$CACHE" \
     --max-model-len $MAX_MODEL_LEN --batch-sizes "$BATCHES" --lens 2d --heads $HEADS --next-n $NEXT_N \
     --kv-block-size $KV_BLOCK_SIZE --preshuffle 0 --family --verify --quiet > "$WORK/precompile.log" 2>&1
-  HOW="python -m paged_mqa_logits.kernel_cache (no cmake)"
+  HOW="python -m paged_mqa_logits precompile (no cmake)"
 fi
 t1=$(now)
 PRECOMPILE_S=$("$PY" -c "print($t1 - $t0)")
