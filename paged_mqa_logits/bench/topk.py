@@ -29,6 +29,7 @@ from .measure import Schedule, time_calls
 from .report import _fmt
 from .shapes import _int_list
 from .workload import MIN_WORKING_SET
+from ..files import atomic_write
 
 LENGTHS = ("uniform", "wide")
 GPU_DEFAULTS = {"batch": "64,256,1024", "next_n": "1,2", "context": "8192,32768,131072", "k": "2048"}
@@ -158,7 +159,7 @@ def measure_shape(shape: RowShape, names: list[str], vllm, device: torch.device,
 
 
 def write_csv(path: str, header: list[str], rows: list[dict]) -> None:
-    with open(path, "w", newline="") as f:
+    with atomic_write(path, newline="") as f:
         for line in header:
             f.write(line + "\n")
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
