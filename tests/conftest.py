@@ -37,7 +37,6 @@ FULL_MODULES = {
     "tests/backends/gluon/test_compile_bf16.py": (),
     "tests/backends/gluon/test_compile_cdna.py": ("test_launch_path_binds_specialises_and_compiles",),
     "tests/backends/gluon/test_compile_hopper_fp4.py": (),
-    "tests/backends/gluon/test_compile_hopper_fp4_pipes.py": (),
     "tests/backends/gluon/test_compile_hopper_mma.py": (),
     "tests/backends/gluon/test_compile_hopper_pipes.py": (),
     "tests/backends/gluon/test_compile_hopper_wgmma_ws.py": (),
@@ -45,6 +44,9 @@ FULL_MODULES = {
                                                "test_cuda_graph_capture_and_replay"),
     "tests/backends/gluon/test_hopper_fp4_gpu.py": ("test_the_dispatcher_picks_it_and_the_public_op_runs_it",),
     "tests/backends/gluon/test_hopper_pipes_gpu.py": (),
+    "tests/backends/gluon/test_headsum_gpu.py": ("test_dispatch_and_graph_replay_after_lengths_change",),
+    "tests/backends/gluon/test_register_headsum_gpu.py": (),
+    "tests/backends/gluon/test_cdna_headsum.py": (),
     "tests/backends/test_compile_flydsl.py": (),
     "tests/backends/test_flydsl_cdna.py": (),
     "tests/backends/test_lds_dma_vs_llvm.py": (),
@@ -96,7 +98,7 @@ def pytest_unconfigure(config):
     and nanobind has no Python switch for the report, so once pytest is done (summary printed, exit
     status set) the interpreter's teardown writes stderr to /dev/null, and only when such a Triton was
     loaded (tests/test_readme.py runs a cold compile in a subprocess and checks the tail)."""
-    libtriton = sys.modules.get("triton._C.libtriton")
-    context = getattr(getattr(libtriton, "ir", None), "context", None)
-    if libtriton is not None and type(context).__module__ == "nanobind":
+    from paged_mqa_logits.triton_internals.version import nanobind_bindings_loaded
+
+    if nanobind_bindings_loaded():
         atexit.register(_stderr_to_devnull)

@@ -7,8 +7,9 @@ would install the CUDA ``triton`` wheel over a ROCm one; CPU builds of torch bri
 (a Triton backend's first load fails with :class:`TritonMissing`, and the dispatch falls back
 to torch; the package itself imports without Triton); newer than the newest tested one warn once.
 
-Triton internals touched: none (``triton.__version__`` and the installed distributions'
-metadata). Verified on Triton 3.6.0 and 3.9.0.
+Triton internals touched: ``triton._C.libtriton``'s binding type, read only once loaded
+(:func:`nanobind_bindings_loaded`); otherwise ``triton.__version__`` and the installed distributions'
+metadata. Verified on Triton 3.6.0 and 3.9.0.
 """
 
 from __future__ import annotations
@@ -116,3 +117,12 @@ def warn_if_untested(text: str | None = None) -> bool:
     warnings.warn(f"paged_mqa_logits is tested with Triton {tested_range_text()}; this environment has Triton "
                   f"{text}: kernels may fail to compile or compile differently", RuntimeWarning, stacklevel=3)
     return True
+
+
+def nanobind_bindings_loaded() -> bool:
+    """Whether the loaded Triton's C++ bindings are nanobind's (Triton 3.9; 3.6 has pybind11), whose
+    report of objects still alive at interpreter exit the test suite silences (tests/conftest.py).
+    Reads ``triton._C.libtriton`` only if it is already imported."""
+    libtriton = sys.modules.get("triton._C.libtriton")
+    context = getattr(getattr(libtriton, "ir", None), "context", None)
+    return libtriton is not None and type(context).__module__ == "nanobind"
