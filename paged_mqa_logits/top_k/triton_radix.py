@@ -31,8 +31,8 @@ import triton
 import triton.language as tl
 
 from ..triton_internals.interpreter import interpreted
-from .triton_select import (SIGN, element_keys, emit, fill_tail, lens_strides, row_addresses, row_setup, search,
-                            write_selection)
+from .triton_select import (SIGN, element_keys, emit, fill_tail, flag_mask, lens_strides, row_addresses, row_setup,
+                            search, write_selection)
 from .validate import TopkCall
 
 BLOCK = 1024
@@ -84,7 +84,7 @@ def _split(row_ptr, stride_col, first, last, threshold_bin, written, listed, lis
         positions, keys, live = element_keys(row_ptr, stride_col, row_ptr, start, last, False, BLOCK)
         bins = _bins(keys)
         above = live & (bins > threshold_bin)
-        inside = live & (bins == threshold_bin) & list_it
+        inside = live & (bins == threshold_bin) & flag_mask(bins, list_it)
         emit(out_row, written + tl.cumsum(above.to(tl.int32), axis=0) - 1, positions, above, table_row, block_size,
              HAS_TABLE)
         tl.store(listed_ptr + listed + tl.cumsum(inside.to(tl.int32), axis=0) - 1, positions, mask=inside)
@@ -181,7 +181,8 @@ def _chunk_split_kernel(logits_ptr, lens_ptr, out_ptr, table_ptr, total_ptr, suf
         before = parts < part
         suffix = suffix_ptr + (row.to(tl.int64) * SPLIT + parts) * NUM_BINS
         at_bin = tl.load(suffix + threshold_bin, mask=before, other=0)
-        past_bin = tl.load(suffix + threshold_bin + 1, mask=before & (threshold_bin + 1 < NUM_BINS), other=0)
+        past_bin = tl.load(suffix + threshold_bin + 1, mask=before & flag_mask(parts, threshold_bin + 1 < NUM_BINS),
+                           other=0)
         first = part * chunk
         _split(row_ptr, stride_col, first, tl.minimum(first + chunk, n), threshold_bin, tl.sum(past_bin, axis=0),
                tl.sum(at_bin - past_bin, axis=0), in_bin <= capacity, out_row,

@@ -31,6 +31,14 @@ def order_keys(x):
 
 
 @triton.jit
+def flag_mask(like, flag):
+    """A scalar flag as a bool mask shaped like ``like``: ``tensor & scalar`` would do on a GPU, but
+    Triton 3.9's interpreter turns a bool tensor ``&`` a bool scalar into an int32 array, which its
+    masked loads and stores refuse."""
+    return (like * 0 + flag.to(tl.int32)) != 0
+
+
+@triton.jit
 def element_keys(row_ptr, stride_col, idx_ptr, start, count, USE_INDEX: tl.constexpr, BLOCK: tl.constexpr):
     """Positions, keys and liveness of elements ``[start, start + BLOCK)`` of the set."""
     offsets = start + tl.arange(0, BLOCK)
