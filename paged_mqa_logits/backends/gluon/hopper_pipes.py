@@ -240,7 +240,7 @@ class WgmmaPipesVariant(GluonVariant):
         overlap = int(config.get("Overlap") or 0)
         self.require_in("Overlap", overlap, self.knob_space["Overlap"])
         head_sum = config.get("HeadSum") or "fp32"
-        self.require_in("HeadSum", head_sum, self.knob_space.get("HeadSum", ("fp32",)))
+        self.require_in("HeadSum", head_sum, self.knob_space["HeadSum"])
         if head_sum == "tensor":
             reason = headsum_reason(problem, rows, overlap)
             self.require(reason is None, "HeadSum", head_sum, reason)
@@ -294,12 +294,11 @@ class WgmmaPipesVariant(GluonVariant):
                            for rows in wg._rows_options(problem)]
         # the same team shapes with the head sum on the tensor cores, after every fp32 one (so
         # the default stays fp32 until a table row names tensor)
-        if "tensor" in self.knob_space.get("HeadSum", ()):
-            for consumers, split, ctas, depths, overlap in self.TEAM_SHAPES:
-                for stages in depths if not overlap else ():
-                    for schedule in schedules:
-                        yield [self._setting(rows, stages, consumers, split, ctas, key_copy, schedule, 0, "tensor")
-                               for rows in wg._rows_options(problem) if headsum_reason(problem, rows, 0) is None]
+        for consumers, split, ctas, depths, overlap in self.TEAM_SHAPES:
+            for stages in depths if not overlap else ():
+                for schedule in schedules:
+                    yield [self._setting(rows, stages, consumers, split, ctas, key_copy, schedule, 0, "tensor")
+                           for rows in wg._rows_options(problem) if headsum_reason(problem, rows, 0) is None]
 
     def default_config(self, problem: Problem) -> dict:
         """The first candidate: four consumers with the widest row grouping that fits whole, else
