@@ -29,6 +29,7 @@ from . import common
 from . import hopper_wgmma as wg
 from .kernels.hopper_pipes import (CONSUMER_WARPS, HEAD_DIM, KEY_BOX_LAYOUT, PRODUCER_WARPS, SCALE_BOX_LAYOUT, TILE,
                                    wgmma_pipes_logits_kernel)
+from .kernels.hopper_wgmma import headsum_columns
 from .variant import GluonVariant, LaunchPlan
 
 #: registers per thread of a producer warp (its warpgroup's ``setmaxnreg``): a TMA warp holds a
@@ -102,7 +103,7 @@ def consumer_need(problem: Problem, rows: int, split: int, schedule: str, overla
     need = (columns // 2 * (1 + overlap) + columns // 4 + CONSUMER_OVERHEAD
             + EXTRA_GROUP_REGS * max(len(groups) - 1, 0))
     if head_sum == "tensor":
-        need += sum(TILE * max(8, 2 * r) // (32 * CONSUMER_WARPS) for _, r in groups)
+        need += sum(TILE * headsum_columns(r) // (32 * CONSUMER_WARPS) for _, r in groups)
     if key.next_n & (key.next_n - 1):
         need += UNEVEN_ROWS_REGS
     if split > 1 and schedule == common.SPLIT:
@@ -115,10 +116,10 @@ HEAD_SUMS = ("fp32", "tensor")
 
 def headsum_bytes(problem: Problem, rows: int, consumers: int, split: int) -> int:
     """``HeadSum=tensor``: per consumer and row group of its part, the ``[n, rows * H]`` bf16
-    split weights (n: a hi and a lo column per row, at least 8)."""
+    split weights (n = ``headsum_columns(rows)``: a hi and a lo column per row, at least 8)."""
     groups = consumer_groups(problem, rows, split)
     group_rows = groups[0][1]
-    return consumers * len(groups) * max(8, 2 * group_rows) * group_rows * problem.shape_key.heads * 2
+    return consumers * len(groups) * headsum_columns(group_rows) * group_rows * problem.shape_key.heads * 2
 
 
 def shared_bytes(problem: Problem, stages: int, consumers: int, split: int, rows: int = 1,
