@@ -260,7 +260,7 @@ def test_cli_config_narrows_all_candidates(tmp_path, fake_backend):
 def test_host_overhead_benchmark_runs(monkeypatch, capsys):
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
     monkeypatch.setattr(registry, "_LOADED", dict(registry._LOADED))
-    spec = importlib.util.spec_from_file_location("host_overhead", os.path.join(ROOT, "benchmarks", "host_overhead.py"))
+    spec = importlib.util.spec_from_file_location("host_overhead", os.path.join(ROOT, "tools", "host_overhead.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     rows = module.main(["--iters", "3", "--repeats", "1", "--context", "64", "--kv-block-size", "16", "--heads", "16"])

@@ -10,7 +10,7 @@ Prints microseconds per call of:
   backend on the current device (GPU: asynchronous launches, synchronised once at the end, so
   the figure is the host cost per call whenever the kernel is shorter than that).
 
-``python benchmarks/host_overhead.py [--iters N] [--device cpu|cuda] [--batch B ...]``; with
+``python tools/host_overhead.py [--iters N] [--device cpu|cuda] [--batch B ...]``; with
 ``$OUT`` set, the table is also written to ``$OUT/host_overhead.csv``.
 """
 
