@@ -11,7 +11,7 @@ import subprocess
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "benchmarks")
 #: a result file named in backticks, with or without its benchmarks/ folder
-CITED = re.compile(r"`(?:benchmarks/)?((?:h200|amd)/)?([\w.-]+\.(?:csv|log|txt))`")
+CITED = re.compile(r"`(?:benchmarks/)?((?:h100|h200|amd)/)?([\w.-]+\.(?:csv|log|txt))`")
 
 
 def _tracked() -> list[str]:
