@@ -1,3 +1,8 @@
+"""``paged_mqa_logits.arch``: arch names normalised (``sm90``, ``gfx950:sramecc+:xnack-``), CPU tensors
+detected as CPU even under the ``PAGED_MQA_LOGITS_ARCH`` override (which says once why it is ignored), the
+override applied to GPU info with bad values naming the variable, fp8 support per arch, and (GPU only) detection
+of the real device."""
+
 import pytest
 import torch
 
