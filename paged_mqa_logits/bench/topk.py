@@ -97,11 +97,15 @@ def implementations(shape: RowShape, names: list[str], vllm) -> dict[str, Callab
             x, next_n, lens, out, x.shape[0], x.stride(0), x.stride(1), k)
         if hasattr(vllm, "persistent_topk"):
             workspace = {}
+            # later vLLM takes the longest row too (an upper bound: it picks the launch shape
+            # and lets CTAs past it exit); the row width is one, known without a device sync
+            takes_max_len = "max_seq_len" in getattr(vllm, "signatures", {}).get("persistent_topk", ())
 
             def persistent(x, lens, row_lens, out):
                 if x.device not in workspace:
                     workspace[x.device] = torch.empty(PERSISTENT_WORKSPACE_BYTES, dtype=torch.uint8, device=x.device)
-                vllm.persistent_topk(x, row_lens, out, workspace[x.device], k)
+                extra = (x.shape[1],) if takes_max_len else ()
+                vllm.persistent_topk(x, row_lens, out, workspace[x.device], k, *extra)
             calls["vllm:persistent_topk"] = persistent
     return calls
 

@@ -63,3 +63,27 @@ def test_option_errors(argv, option):
     with pytest.raises((CliError, SystemExit)) as error:
         bench.main(argv)
     assert option in str(error.value)
+
+
+def test_vllm_persistent_topk_gets_max_seq_len_where_it_takes_one():
+    """The staged module's ``signatures`` say whether persistent_topk takes ``max_seq_len`` (vLLM
+    added it); the bench passes the row width then, and the five arguments of old otherwise."""
+    calls = []
+
+    class Staged:
+        def __init__(self, params):
+            self.signatures = {"persistent_topk": params}
+
+        def top_k_per_row_decode(self, *args):
+            pass
+
+        def persistent_topk(self, *args):
+            calls.append(args[4:])
+
+    shape = bench.RowShape(batch=1, next_n=1, context=32, lengths="uniform", k=8)
+    x, lens = torch.zeros(1, 32), torch.full((1,), 32, dtype=torch.int32)
+    out = torch.empty(1, 8, dtype=torch.int32)
+    for params in (("logits", "lengths", "output", "workspace", "k", "max_seq_len"),
+                   ("logits", "lengths", "output", "workspace", "k")):
+        bench.implementations(shape, [], Staged(params))["vllm:persistent_topk"](x, lens, lens, out)
+    assert calls == [(8, 32), (8,)]

@@ -1,6 +1,10 @@
 """Copy the vLLM sources that define the top-k entry points, and the headers they include, from a
-git dir (one revision) into a folder; write ``manifest.json`` with each entry point's file and C++
-signature, which ``build.py`` binds. Run through ``tools/stage_vllm_topk.sh``."""
+git dir (one revision) into a folder; write ``manifest.json`` with each entry point's file, C++
+signature and tensor ABI, which ``build.py`` binds. Run through ``tools/stage_vllm_topk.sh``.
+
+Older vLLM takes ``torch::Tensor`` (ABI "aten"); from the libtorch stable ABI migration on, the
+entry points take ``torch::stable::Tensor`` (ABI "stable") and the extension is compiled with the
+``TORCH_TARGET_VERSION`` that vLLM's CMakeLists.txt sets, which the manifest records."""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ import sys
 
 ENTRY_POINTS = ("top_k_per_row_decode", "persistent_topk")
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+_TARGET_VERSION = re.compile(r"TORCH_TARGET_VERSION=(0x[0-9A-Fa-f]+U?L{0,2})")
 
 
 def git(gitdir: str, *args: str) -> str:
@@ -46,6 +51,24 @@ def signature(source: str, name: str) -> str:
     return " ".join(text.split())
 
 
+def abi(signature_text: str) -> str | None:
+    """"stable" for ``torch::stable::Tensor`` parameters, "aten" for ``torch::Tensor``/``at::Tensor``."""
+    if "torch::stable::Tensor" in signature_text:
+        return "stable"
+    if re.search(r"\b(torch|at)::Tensor\b", signature_text):
+        return "aten"
+    return None
+
+
+def target_version(gitdir: str, rev: str) -> str | None:
+    """The ``TORCH_TARGET_VERSION`` vLLM's top-level CMakeLists.txt compiles its stable extension
+    with (the oldest torch whose C shims it may use), or None where there is none."""
+    if not exists(gitdir, rev, "CMakeLists.txt"):
+        return None
+    found = _TARGET_VERSION.findall(git(gitdir, "show", f"{rev}:CMakeLists.txt"))
+    return found[0] if found else None
+
+
 def include_closure(gitdir: str, rev: str, roots: list[str]) -> tuple[list[str], list[str]]:
     """Every quoted include reachable from ``roots`` (resolved next to the includer, then under
     csrc/); returns the files and the includes found nowhere (system or generated headers)."""
@@ -74,11 +97,12 @@ def stage(gitdir: str, dest: str, rev: str = "HEAD") -> dict:
             print(f"note: no csrc/*.cu defines `void {name}(` at {commit[:12]}; not staged", file=sys.stderr)
             continue
         text = signature(git(gitdir, "show", f"{commit}:{path}"), name)
-        if "torch::Tensor" not in text:
-            print(f"note: {name} in {path} does not take torch::Tensor (the stable ABI?): {text}; not staged",
+        kind = abi(text)
+        if kind is None:
+            print(f"note: {name} in {path} takes no torch tensor build.py can bind: {text}; not staged",
                   file=sys.stderr)
             continue
-        entries[name] = {"file": path, "signature": text}
+        entries[name] = {"file": path, "signature": text, "abi": kind}
     if not entries:
         raise SystemExit(f"stage: none of {', '.join(ENTRY_POINTS)} found at {commit[:12]}")
     files, missing = include_closure(gitdir, commit, sorted({e["file"] for e in entries.values()}))
@@ -88,6 +112,8 @@ def stage(gitdir: str, dest: str, rev: str = "HEAD") -> dict:
         with open(target, "w") as f:
             f.write(git(gitdir, "show", f"{commit}:{path}"))
     manifest = {"revision": commit, "entry_points": entries, "files": files, "unresolved_includes": missing}
+    if any(e["abi"] == "stable" for e in entries.values()):
+        manifest["torch_target_version"] = target_version(gitdir, commit)
     with open(os.path.join(dest, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1)
     print(f"staged {len(files)} files of vLLM {commit[:12]} into {dest}: " + ", ".join(files))
