@@ -41,8 +41,8 @@ Files: the shipped ``configs/*_tuned.csv``, unless ``PAGED_MQA_LOGITS_CONFIGS`` 
 ``AITER_CONFIG_PAGED_MQA_LOGITS``) holds a path list (``os.pathsep``-separated). The list
 replaces the shipped files; the entry ``default`` stands for them, so ``default:/my/t.csv``
 merges a file over the shipped tables. A directory entry means its ``*_tuned.csv`` files.
-A file may hold rows of both ops; the shipped top-k rows sit beside the logits ones in files of
-their own (``configs/<arch>_topk_tuned.csv``), read by the same loader.
+A file may hold rows of both ops; tuned top-k rows are kept beside the logits tables in files of
+their own (``configs/<arch>_topk_tuned.csv``, docs/TUNING.md), read by the same loader.
 Merging: rows with the same key (:attr:`Row.key`: every column up to ``context``) are
 de-duplicated; within a file the fastest ``us`` wins (a row without ``us`` loses to one with),
 and a later file replaces an earlier file's row.
