@@ -13,9 +13,12 @@ import inspect
 
 from . import arch as arch_mod
 from . import dispatch, table
-from .problem import SHAPE_KEY_COLUMNS, Problem, ShapeKey, Target
+from .errors import PagedMQAArgumentError
+from .problem import SHAPE_KEY_COLUMNS, Problem, ShapeKey, Target, TopkKey
 from .signature import OP
-from .validate import check_problem
+from .top_k.backends import TopkChoice, decide
+from .top_k.validate import MAX_K
+from .validate import arch_rule, check_problem, logits_dtype_rule, next_n_rule
 
 #: the keywords of a described problem, with the described call's defaults
 DESCRIPTION = OP.description()
@@ -68,10 +71,6 @@ def check_topk(*, arch: str, cu_num: int, batch: int, next_n: int, context: int,
     """The top-k op's rules (``top_k/validate.py``) on a described call: each violation raises
     :class:`~paged_mqa_logits.PagedMQAArgumentError` naming the argument (as ``names`` calls it),
     the expected and the actual value."""
-    from .errors import PagedMQAArgumentError
-    from .top_k.validate import MAX_K
-    from .validate import arch_rule, logits_dtype_rule, next_n_rule
-
     names = names or {}
     rules = [("arch", arch_rule(arch, known_archs()), arch),
              ("cu_num", None if cu_num >= (0 if arch == "cpu" else 1) else "an int >= 1", cu_num),
@@ -86,13 +85,10 @@ def check_topk(*, arch: str, cu_num: int, batch: int, next_n: int, context: int,
 
 
 def explain_topk(*, arch: str, cu_num: int, batch: int, next_n: int = 1, context: int, k: int = 2048,
-                 logits_dtype: str = "fp32"):
+                 logits_dtype: str = "fp32") -> TopkChoice:
     """The :class:`~paged_mqa_logits.top_k.backends.TopkChoice` (backend, knobs, rule, source) a
     ``paged_mqa_logits.topk`` call over ``batch * next_n`` rows of width ``context`` gets on a
     described ``arch`` with ``cu_num`` CUs, after the op's rules (:func:`check_topk`)."""
-    from .problem import TopkKey
-    from .top_k.backends import decide
-
     arch = arch_mod.normalise_arch(arch)
     check_topk(arch=arch, cu_num=cu_num, batch=batch, next_n=next_n, context=context, k=k, logits_dtype=logits_dtype)
     return decide(arch, cu_num, TopkKey(rows=batch * next_n, k=k, logits_dtype=logits_dtype), context)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from paged_mqa_logits.arch import gpu_name
 from paged_mqa_logits.bench.measure import Schedule, time_calls
 from paged_mqa_logits.bench.topk import RowShape, copies_for, selection_matches, sequence_lengths
 from paged_mqa_logits.files import read_text
@@ -34,9 +35,12 @@ from paged_mqa_logits.top_k import knobs as topk_knobs
 from paged_mqa_logits.top_k.backends import BACKENDS, launcher
 from paged_mqa_logits.top_k.torch_ref import visible_lengths
 from paged_mqa_logits.top_k.validate import MAX_K, check_call
+from paged_mqa_logits.triton_internals.version import installed_version
 
 from .candidates import Candidate, _spread
 from .keys import DEFAULT_CONTEXTS, TuneKey, coarse_to_fine, parse_contexts
+from .search import Outcome, _report_row, _say, print_summary, resolve_target, write_report
+from .writer import provenance, read_existing, rows_for, tuned_shape_keys, update_table
 
 COLUMNS = ("rows", "k", "logits_dtype", "contexts")
 
@@ -141,8 +145,6 @@ def time_context(key: TuneKey, context: int, cands: list[Candidate], device: tor
 def plan(opts, target, outcome) -> list:
     """``[(key, candidates)]`` to tune: the keys of the untuned lists, less those the output
     already holds for ``target`` (unless ``--all``); ``--dry-run`` prints each key's candidates."""
-    from .writer import read_existing, tuned_shape_keys
-
     keys = read_untuned(opts.untuned, opts.contexts)
     unknown = [b for b in opts.backends or [] if b not in BACKENDS]
     if unknown:
@@ -172,12 +174,6 @@ def order_keys_topk(keys) -> list[TuneKey]:
 
 def tune(opts):
     """The ``--op topk`` run (module docstring); returns the run's ``search.Outcome``."""
-    from paged_mqa_logits.arch import gpu_name
-    from paged_mqa_logits.triton_internals.version import installed_version
-
-    from .search import Outcome, _report_row, _say, print_summary, resolve_target, write_report
-    from .writer import provenance, rows_for, update_table
-
     t0 = time.monotonic()
     target = resolve_target(opts)
     outcome = Outcome(target)
