@@ -130,13 +130,60 @@ def demo(argv: list[str]) -> int:
     return 0 if check.ok else 1
 
 
+def _explain_topk(argv: list[str]) -> int:
+    from .arch import USUAL_CU_NUM, normalise_arch
+    from .top_k.validate import MAX_K
+
+    p = cli.ArgumentParser(prog=f"{PROG} explain --topk",
+                           description="Which top-k backend, knobs and rule a paged_mqa_logits.topk call gets; no "
+                                       "GPU needed. The call is checked with the op's own argument rules first.")
+    p.add_argument("--topk", action="store_true", help="explain the top-k op (this command)")
+    p.add_argument("--arch", required=True, help="one of " + ", ".join(USUAL_CU_NUM) + " (sm90 and 90 mean sm_90)")
+    p.add_argument("--cu-num", type=int, default=None, help="CUs (ROCm) or SMs (CUDA) (default: the arch's usual part)")
+    p.add_argument("--batch", type=int, default=64, help="sequences (rows = batch x next_n)")
+    p.add_argument("--next-n", type=int, default=1, help="query rows per sequence")
+    p.add_argument("--context", type=int, default=32768, help="row width of the logits (max_model_len)")
+    p.add_argument("--k", type=int, default=2048, help=f"positions selected per row (1..{MAX_K})")
+    p.add_argument("--logits-dtype", default="fp32", choices=tuple(LOGITS_DTYPES), help="dtype of the logits")
+    a = p.parse_args(argv)
+    from .errors import PagedMQAArgumentError
+    from .explain import explain_topk, known_archs
+    from .table import loaded_files
+
+    arch = normalise_arch(a.arch)
+    cu_num = a.cu_num if a.cu_num is not None else USUAL_CU_NUM.get(arch)
+    if cu_num is None:
+        if arch in known_archs():
+            raise cli.CliError(f"argument --cu-num: expected a count ({arch} has no usual part in arch.py), got none")
+        cu_num = 1  # the arch check below names --arch
+    try:
+        choice = explain_topk(arch=arch, cu_num=cu_num, batch=a.batch, next_n=a.next_n, context=a.context, k=a.k,
+                              logits_dtype=a.logits_dtype)
+    except PagedMQAArgumentError as exc:
+        message = str(exc).replace("paged_mqa_logits.explain: ", "")
+        for field, option in {**OPTION_NAMES, "k": "--k", "logits_dtype": "--logits-dtype"}.items():
+            message = message.replace(f"argument `{field}`", f"argument {option}")
+        raise cli.CliError(message) from None
+    print(f"problem : topk arch={arch} cu_num={cu_num} rows={a.batch * a.next_n} (batch {a.batch} x next_n "
+          f"{a.next_n}) context={a.context} k={a.k} logits_dtype={a.logits_dtype}")
+    print(f"backend : {choice.backend}")
+    print("knobs   : " + (", ".join(f"{k}={v}" for k, v in sorted(choice.config.items())) or "(none)"))
+    print(f"rule    : {choice.rule}")
+    print(f"source  : {choice.source}")
+    print("tables  : " + (", ".join(loaded_files()) or "(none)"))
+    return 0
+
+
 def explain_cmd(argv: list[str]) -> int:
+    if "--topk" in argv:
+        return _explain_topk(argv)
     from .arch import USUAL_CU_NUM, normalise_arch
 
     usual = ", ".join(f"{k} {v}" for k, v in USUAL_CU_NUM.items())
     p = cli.ArgumentParser(prog=f"{PROG} explain",
                            description="Which backend, knobs and rule a problem gets; no GPU needed. The problem "
-                                       "is checked with the op's own argument rules first.")
+                                       "is checked with the op's own argument rules first. 'explain --topk' "
+                                       "explains the top-k op instead (its --help lists its options).")
     p.add_argument("--arch", required=True, help="one of " + ", ".join(USUAL_CU_NUM) + " (sm90 and 90 mean sm_90)")
     p.add_argument("--cu-num", type=int, default=None,
                    help=f"CUs (ROCm) or SMs (CUDA) (default: the arch's usual part: {usual})")
@@ -201,7 +248,7 @@ def _bench(argv: list[str]) -> int:
 
 COMMANDS = {
     "demo": (demo, "synthetic inputs on the best device, dispatched and checked against the reference"),
-    "explain": (explain_cmd, "which backend/knobs/rule a problem gets (no GPU needed)"),
+    "explain": (explain_cmd, "which backend/knobs/rule a problem gets, --topk: a top-k call (no GPU needed)"),
     "bench": (_bench, "time backends or the dispatch with the method of docs/BENCHMARK.md"),
     "compile": (_delegate("paged_mqa_logits.aot.compile"), "cross-compile a backend's candidates for an arch (no GPU needed)"),
     "precompile": (_delegate("paged_mqa_logits.aot.cli"),

@@ -43,12 +43,19 @@ class ArchSpec:
     #: most one CTA may use) in bytes; 0 where there is none
     lds_bytes: int = 0
     vgprs_per_simd: int = 0  # AMD: VGPRs per SIMD lane (arch VGPRs + AGPRs, one file); 0 elsewhere
+    #: the usual part's peak HBM bandwidth (GB/s) and peak engine clock (MHz), from the vendor's
+    #: data sheets (MI300X: 5.3 TB/s, 2100 MHz; MI355X: 8 TB/s, 2400 MHz); 0 where unused. Only
+    #: static models read them (``tools/topk_amd_model.py``); nothing at run time does
+    hbm_gbps: int = 0
+    clock_mhz: int = 0
 
 
 ARCH_SPECS: dict[str, ArchSpec] = {
     spec.name: spec for spec in (
-        ArchSpec("gfx942", fp8=("fnuz",), usual_cu_num=304, warp_size=64, lds_bytes=64 * 1024, vgprs_per_simd=512),
-        ArchSpec("gfx950", fp8=("fn",), usual_cu_num=256, warp_size=64, lds_bytes=160 * 1024, vgprs_per_simd=512),
+        ArchSpec("gfx942", fp8=("fnuz",), usual_cu_num=304, warp_size=64, lds_bytes=64 * 1024, vgprs_per_simd=512,
+                 hbm_gbps=5300, clock_mhz=2100),
+        ArchSpec("gfx950", fp8=("fn",), usual_cu_num=256, warp_size=64, lds_bytes=160 * 1024, vgprs_per_simd=512,
+                 hbm_gbps=8000, clock_mhz=2400),
         ArchSpec("sm_90", fp8=("fn",), usual_cu_num=132, warp_size=32, lds_bytes=227 * 1024),
         ArchSpec("cpu", fp8=("fn", "fnuz"), usual_cu_num=0),
     )

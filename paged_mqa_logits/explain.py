@@ -1,4 +1,5 @@
-"""``explain``: what dispatch would pick for a problem, with no GPU and no tensors.
+"""``explain``: what dispatch would pick for a problem, with no GPU and no tensors; for the
+logits op (:func:`explain`) and for the top-k op (:func:`explain_topk`).
 
 A problem is described by the quantities the op's arguments carry, stated as numbers (``batch``,
 ``next_n``, ``heads``, ``head_dim`` for ``q_fp8``'s shape, ``arch`` and ``cu_num`` for its
@@ -12,9 +13,12 @@ import inspect
 
 from . import arch as arch_mod
 from . import dispatch, table
-from .problem import SHAPE_KEY_COLUMNS, Problem, ShapeKey, Target
+from .errors import PagedMQAArgumentError
+from .problem import SHAPE_KEY_COLUMNS, Problem, ShapeKey, Target, TopkKey
 from .signature import OP
-from .validate import check_problem
+from .top_k.backends import TopkChoice, decide
+from .top_k.validate import MAX_K
+from .validate import arch_rule, check_problem, logits_dtype_rule, next_n_rule
 
 #: the keywords of a described problem, with the described call's defaults
 DESCRIPTION = OP.description()
@@ -60,3 +64,31 @@ def explain(**description) -> dispatch.Choice:
 # the keywords are signature.OP's quantities: their signature, and their docs
 describe_problem.__signature__ = explain.__signature__ = DESCRIPTION
 describe_problem.__doc__ += "\n" + OP.quantities_doc()
+
+
+def check_topk(*, arch: str, cu_num: int, batch: int, next_n: int, context: int, k: int, logits_dtype: str = "fp32",
+               names: dict[str, str] | None = None, prefix: str = "paged_mqa_logits.explain: ") -> None:
+    """The top-k op's rules (``top_k/validate.py``) on a described call: each violation raises
+    :class:`~paged_mqa_logits.PagedMQAArgumentError` naming the argument (as ``names`` calls it),
+    the expected and the actual value."""
+    names = names or {}
+    rules = [("arch", arch_rule(arch, known_archs()), arch),
+             ("cu_num", None if cu_num >= (0 if arch == "cpu" else 1) else "an int >= 1", cu_num),
+             ("batch", None if batch >= 1 else "an int >= 1", batch), ("next_n", next_n_rule(next_n), next_n),
+             ("context", None if context >= 1 else "an int >= 1 (the row width)", context),
+             ("k", None if 1 <= k <= MAX_K else f"an int in 1..{MAX_K}", k),
+             ("logits_dtype", logits_dtype_rule(logits_dtype), repr(logits_dtype))]
+    for field, expected, got in rules:
+        if expected is not None:
+            raise PagedMQAArgumentError(f"{prefix}argument {names.get(field, f'`{field}`')}: expected {expected}, "
+                                        f"got {got}")
+
+
+def explain_topk(*, arch: str, cu_num: int, batch: int, next_n: int = 1, context: int, k: int = 2048,
+                 logits_dtype: str = "fp32") -> TopkChoice:
+    """The :class:`~paged_mqa_logits.top_k.backends.TopkChoice` (backend, knobs, rule, source) a
+    ``paged_mqa_logits.topk`` call over ``batch * next_n`` rows of width ``context`` gets on a
+    described ``arch`` with ``cu_num`` CUs, after the op's rules (:func:`check_topk`)."""
+    arch = arch_mod.normalise_arch(arch)
+    check_topk(arch=arch, cu_num=cu_num, batch=batch, next_n=next_n, context=context, k=k, logits_dtype=logits_dtype)
+    return decide(arch, cu_num, TopkKey(rows=batch * next_n, k=k, logits_dtype=logits_dtype), context)

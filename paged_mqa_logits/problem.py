@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import MISSING, asdict, astuple, dataclass, fields, replace
+from typing import ClassVar
 
 import torch
 
@@ -141,6 +142,8 @@ class ShapeKey:
     #: optional columns of a table, the defaults being what tables without them were tuned for
     kv_format: str = "fp8"
     logits_dtype: str = "fp32"
+    #: the op whose rows this key selects (a table's ``op`` column; :class:`TopkKey` for ``topk``)
+    op: ClassVar[str] = "mqa_logits"
 
     @property
     def family(self) -> tuple:
@@ -187,6 +190,41 @@ SHAPE_KEY_COLUMNS = tuple(f.name for f in fields(ShapeKey))
 OPTIONAL_KEY_COLUMNS = {f.name: f.default for f in fields(ShapeKey) if f.default is not MISSING}
 #: the key columns every table has
 REQUIRED_KEY_COLUMNS = tuple(c for c in SHAPE_KEY_COLUMNS if c not in OPTIONAL_KEY_COLUMNS)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TopkKey:
+    """What a top-k call (``paged_mqa_logits.topk``) *is* to its tuned rows: the rows selected
+    from (``batch * next_n``), the ``k`` selected and the logits dtype. The row width (the
+    context) is a table row's ``context``, as for the logits op. Columns ``rows``, ``k`` and the
+    shared ``logits_dtype`` (absent or empty: ``fp32``) of rows whose ``op`` is ``topk``."""
+
+    rows: int
+    k: int
+    logits_dtype: str = "fp32"
+    op: ClassVar[str] = "topk"
+
+    @property
+    def family(self) -> tuple:
+        """Rows of one family are chosen among by nearest ``k``, then rows, then context."""
+        return ("topk", self.logits_dtype)
+
+    def cells(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def parse(cls, cells: Mapping[str, str | None]) -> "TopkKey":
+        """The key in CSV cells; ``ValueError`` names the column of a missing or malformed cell."""
+        return cls(rows=int_cell(cells, "rows"), k=int_cell(cells, "k"),
+                   logits_dtype=choice_cell(cells, "logits_dtype", tuple(LOGITS_DTYPES), "fp32"))
+
+    def describe(self) -> str:
+        return f"topk rows={self.rows} k={self.k}" + (f" logits_dtype={self.logits_dtype}"
+                                                      if self.logits_dtype != "fp32" else "")
+
+
+#: the :class:`TopkKey` columns of a table that no logits row has (``logits_dtype`` is shared)
+TOPK_KEY_COLUMNS = ("rows", "k")
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,8 @@ column             meaning
 =================  ==========================================================================
 arch               ``sm_90``, ``gfx942``, ``gfx950``, ... (``cpu`` is allowed)
 cu_num             CU (ROCm) / SM (CUDA) count the row was tuned on
+op                 the op the row tunes: ``mqa_logits`` (the logits op) or ``topk``
+                   (``paged_mqa_logits.topk``); optional, absent or empty = ``mqa_logits``
 heads              H
 head_dim           D (128)
 kv_block_size      KVBlockSize
@@ -20,6 +22,10 @@ context            the context the row was tuned at, or ``any`` for a row tuned 
 backend            ``gluon``, ``flydsl``, ``triton``, ``torch``
 ChunkK, WavePerEU, SplitKV   the common knobs (empty = backend default); ``WavePerEU`` may be
                    left out (AMD's knob: sm_90 tables have no such column)
+rows, k           ``topk`` rows only: the rows selected from (batch x next_n) and ``k``
+                   (:class:`~paged_mqa_logits.problem.TopkKey`); they share ``logits_dtype``
+                   and ``context`` (the row width) with the logits rows, and leave the
+                   logits-only key columns and knobs empty (and vice versa)
 <other columns>    backend-specific knobs (``variant``, ``num_warps``, ...); empty = default.
                    A knob one arch's backend never varies (:data:`FIXED_KNOBS`: ``num_warps`` 4
                    of sm_90's ``gluon``) is no column of that arch's table: its rows read it as
@@ -35,6 +41,8 @@ Files: the shipped ``configs/*_tuned.csv``, unless ``PAGED_MQA_LOGITS_CONFIGS`` 
 ``AITER_CONFIG_PAGED_MQA_LOGITS``) holds a path list (``os.pathsep``-separated). The list
 replaces the shipped files; the entry ``default`` stands for them, so ``default:/my/t.csv``
 merges a file over the shipped tables. A directory entry means its ``*_tuned.csv`` files.
+A file may hold rows of both ops; tuned top-k rows are kept beside the logits tables in files of
+their own (``configs/<arch>_topk_tuned.csv``, docs/TUNING.md), read by the same loader.
 Merging: rows with the same key (:attr:`Row.key`: every column up to ``context``) are
 de-duplicated; within a file the fastest ``us`` wins (a row without ``us`` loses to one with),
 and a later file replaces an earlier file's row.
@@ -49,6 +57,11 @@ Lookup (:func:`lookup`), deterministic:
    the nearest tuned context for that batch;
 3. otherwise the ``any`` rows: the exact batch, else the nearest tuned batch;
 4. no row: the per-arch default (:data:`DEFAULT_BACKEND`).
+
+Top-k rows (:func:`lookup_topk`): rows of the same arch and logits dtype (bf16 calls without
+rows of their own take the fp32 rows), of the exact or nearest ``cu_num``; then the nearest
+tuned ``k``, the nearest tuned ``rows``, and the nearest tuned context (the call's width) among
+them, else their ``any`` row; no row: ``top_k/backends.py``'s default.
 
 "Nearest" is in log2 distance, ties going to the larger value (larger batch / context).
 
@@ -74,21 +87,30 @@ from . import backends
 from .arch import normalise_arch
 from .errors import PagedMQAArgumentError, PagedMQAEnvironmentError
 from .files import atomic_write, read_text
-from .problem import OPTIONAL_KEY_COLUMNS, SHAPE_KEY_COLUMNS, Problem, ShapeKey, Target, int_cell
+from .problem import (OPTIONAL_KEY_COLUMNS, SHAPE_KEY_COLUMNS, TOPK_KEY_COLUMNS, Problem, ShapeKey, Target, TopkKey,
+                      int_cell)
 
 ENV_CONFIGS = "PAGED_MQA_LOGITS_CONFIGS"
 ENV_CONFIGS_ALIAS = "AITER_CONFIG_PAGED_MQA_LOGITS"
 ANY_CONTEXT = "any"
 
 KEY_COLUMNS = ("arch", "cu_num") + SHAPE_KEY_COLUMNS + ("context",)
+#: the ops a row may tune (its ``op`` cell) and the one a file without the column tunes
+OPS = ("mqa_logits", "topk")
+DEFAULT_OP = "mqa_logits"
+#: columns that are no knob of any row: the op and every key column of either op
+NOT_KNOBS = KEY_COLUMNS + ("op",) + TOPK_KEY_COLUMNS
 COMMON_KNOBS = ("ChunkK", "WavePerEU", "SplitKV")
 #: common knobs a table may leave out: written only when some row sets them
 OPTIONAL_KNOBS = ("WavePerEU",)
 META_COLUMNS = ("backend", "us", "provenance")
-#: every column but the optional key columns (tables written before those existed lack them)
-#: and the optional knobs
+#: every column of a logits table but the optional key columns (tables written before those
+#: existed lack them) and the optional knobs
 REQUIRED_COLUMNS = (tuple(c for c in KEY_COLUMNS if c not in OPTIONAL_KEY_COLUMNS) + ("backend",)
                     + tuple(c for c in COMMON_KNOBS if c not in OPTIONAL_KNOBS) + ("us", "provenance"))
+#: the columns a file with an ``op`` column needs whatever its rows, and per op the further ones
+BASE_COLUMNS = ("arch", "cu_num", "op", "context", "backend", "us", "provenance")
+OP_COLUMNS = {"mqa_logits": REQUIRED_COLUMNS, "topk": TOPK_KEY_COLUMNS}
 #: (arch, backend) -> knobs that backend never varies on that arch: no column of the arch's
 #: table (the writer leaves them out), set in every row read from a file without the column
 FIXED_KNOBS = {("sm_90", "gluon"): {"num_warps": 4}}
@@ -145,11 +167,13 @@ class CycleEstimate:
 @dataclass(frozen=True)
 class Row:
     """One table row: the chip it was tuned on, the shape key, the context, and what to run.
-    The key fields live in :attr:`shape_key` only (``row.shape_key.heads``)."""
+    The key fields live in :attr:`shape_key` only (``row.shape_key.heads``): a
+    :class:`~paged_mqa_logits.problem.ShapeKey` for a row of the logits op, a
+    :class:`~paged_mqa_logits.problem.TopkKey` for a top-k row (its :attr:`op`)."""
 
     arch: str
     cu_num: int
-    shape_key: ShapeKey
+    shape_key: ShapeKey | TopkKey
     context: int | None  # None = tuned across contexts ("any")
     backend: str
     config: tuple  # sorted (knob, value) pairs, only the set ones
@@ -158,8 +182,14 @@ class Row:
     source: str  # "path:line"
 
     @property
+    def op(self) -> str:
+        """``mqa_logits`` or ``topk``: the op of the row's key (its ``op`` column)."""
+        return self.shape_key.op
+
+    @property
     def key(self) -> tuple:
-        """``(arch, cu_num, shape_key, context)``: rows with the same key are duplicates."""
+        """``(arch, cu_num, shape_key, context)``: rows with the same key are duplicates; keys of
+        the two ops never are (their ``shape_key`` types differ)."""
         return (self.arch, self.cu_num, self.shape_key, self.context)
 
     @property
@@ -228,7 +258,10 @@ def _parse_value(text: str):
 def known_columns() -> tuple[str, ...] | None:
     """Every column a table may have: keys, meta, the common knobs and every backend's knobs;
     ``None`` when a backend cannot be imported here (its knob names are then unknown)."""
-    columns = list(REQUIRED_COLUMNS) + list(OPTIONAL_KEY_COLUMNS)
+    from .top_k.knobs import KNOB_NAMES
+
+    columns = list(REQUIRED_COLUMNS) + list(OPTIONAL_KEY_COLUMNS) + ["op", *TOPK_KEY_COLUMNS]
+    columns += [k for k in KNOB_NAMES if k not in columns]
     for name in KNOWN_BACKENDS:
         backend = backends.get(name)
         if backend is None:
@@ -264,7 +297,7 @@ def parse_file(path: str) -> list[Row]:
 
 def _parse_header(cells: list[str], where: str) -> list[str]:
     header = [c.strip() for c in cells]
-    missing = [c for c in REQUIRED_COLUMNS if c not in header]
+    missing = [c for c in (BASE_COLUMNS if "op" in header else REQUIRED_COLUMNS) if c not in header]
     if missing:
         raise TableError(f"{where}: header lacks column(s) {', '.join(missing)}")
     if len(set(header)) != len(header):
@@ -280,14 +313,23 @@ def _parse_header(cells: list[str], where: str) -> list[str]:
 def _parse_row(cells: dict, where: str) -> Row:
     if not cells["arch"]:
         raise TableError(f"{where}: column arch is empty")
+    op = cells.get("op") or DEFAULT_OP
+    if op not in OPS:
+        raise TableError(f"{where}: column op must be one of {', '.join(OPS)}, got {op!r}")
+    missing = [c for c in OP_COLUMNS[op] if c not in cells]
+    if missing:
+        raise TableError(f"{where}: a row of op {op} needs column(s) {', '.join(missing)}, which the header lacks")
+    backend_names = _backend_names(op)
     try:
         cu_num = int_cell(cells, "cu_num", minimum=0)
-        shape_key = ShapeKey.parse(cells)
+        shape_key = ShapeKey.parse(cells) if op == "mqa_logits" else TopkKey.parse(cells)
         context = None if cells["context"].lower() in (ANY_CONTEXT, "") else int_cell(cells, "context", minimum=0)
     except ValueError as exc:
         raise TableError(f"{where}: {exc}") from None
-    if cells["backend"] not in KNOWN_BACKENDS:
-        raise TableError(f"{where}: column backend must be one of {', '.join(KNOWN_BACKENDS)}, got {cells['backend']!r}")
+    if cells["backend"] not in backend_names:
+        which = "" if op == DEFAULT_OP else f" (a {op} row)"
+        raise TableError(f"{where}: column backend must be one of {', '.join(backend_names)}{which}, "
+                         f"got {cells['backend']!r}")
     us = None
     if cells["us"]:
         try:
@@ -302,7 +344,7 @@ def _parse_row(cells: dict, where: str) -> Row:
         raise TableError(f"{where}: {exc}") from None
     knobs = {}
     for col, text in cells.items():
-        if col in KEY_COLUMNS or col in META_COLUMNS:
+        if col in NOT_KNOBS or col in META_COLUMNS:
             continue
         value = _parse_value(text)
         if value is not None:
@@ -320,9 +362,21 @@ def _parse_row(cells: dict, where: str) -> Row:
     return row
 
 
+def _backend_names(op: str) -> tuple[str, ...]:
+    if op == "topk":
+        from .top_k.knobs import SPACES
+
+        return tuple(SPACES)
+    return KNOWN_BACKENDS
+
+
 def _knob_error(row: Row) -> str | None:
     """The row's backend's verdict on its knobs, for the row's own problem (``None``: fine, or
     the backend cannot be imported here, so no call can reach it)."""
+    if row.op == "topk":
+        from .top_k.knobs import check_config
+
+        return check_config(row.backend, row.knobs)
     if backends.get(row.backend) is None:
         return None
     problem = Problem.of(row.shape_key, Target.described(row.arch, row.cu_num), context=row.context,
@@ -446,6 +500,36 @@ def lookup(problem: Problem) -> Match:
     return Match(None, "only context-specific rows and no context_hint given" + note)
 
 
+def lookup_topk(arch: str, cu_num: int, key: TopkKey, context: int) -> Match:
+    """The top-k row for ``key`` on ``arch`` with ``cu_num`` CUs at row width ``context``, and the
+    rule that chose it (``row=None``: no row); the rules are the module docstring's."""
+    by_family = _load().by_family
+    rows = by_family.get((arch,) + key.family, [])
+    note = ""
+    if not rows and key.logits_dtype != "fp32":
+        rows = by_family.get((arch,) + replace(key, logits_dtype="fp32").family, [])
+        note = ", rows of fp32 logits"
+    if not rows:
+        return Match(None, "no tuned top-k row for this arch/logits_dtype")
+    tuned_cu = cu_num if any(r.cu_num == cu_num for r in rows) else _nearest((r.cu_num for r in rows), cu_num)
+    if tuned_cu != cu_num:
+        note += f", rows of cu_num {tuned_cu} (device has {cu_num})"
+    rows = [r for r in rows if r.cu_num == tuned_cu]
+    k = _nearest((r.shape_key.k for r in rows), key.k)
+    rows = [r for r in rows if r.shape_key.k == k]
+    n = _nearest((r.shape_key.rows for r in rows), key.rows)
+    rows = [r for r in rows if r.shape_key.rows == n]
+    by_context = [r for r in rows if r.context is not None]
+    if by_context:
+        tuned = _nearest((r.context for r in by_context), context)
+        row = next(r for r in by_context if r.context == tuned)
+    else:
+        tuned, row = None, rows[0]
+    exact = (k, n, tuned) == (key.k, key.rows, context)
+    where = "across contexts" if tuned is None else f"context {tuned}"
+    return Match(row, ("exact row" if exact else f"nearest tuned row (k {k}, rows {n}, {where})") + note)
+
+
 class ConfiguredTables:
     """The table files in effect, as a table source (``lookup``, ``reset``): what a dispatcher
     reads by default. Tests give a dispatcher any object with the same two methods."""
@@ -462,7 +546,7 @@ def table_configs(arch: str) -> list[tuple[dict, str, dict]]:
     arch = normalise_arch(arch)
     out = []
     for row in table().values():
-        if row.arch != arch:
+        if row.arch != arch or row.op != "mqa_logits":
             continue
         fields = {"arch": row.arch, "cu_num": row.cu_num, **asdict(row.shape_key), "context": row.context}
         out.append((fields, row.backend, row.knobs))
@@ -481,27 +565,38 @@ def _varying_knobs(row: Row) -> dict:
 
 @dataclass
 class TableWriter:
-    """Column order used when writing tables (the tuner writes through this)."""
+    """Column order used when writing tables (the tuner writes through this): ``arch, cu_num,
+    op``, the key columns of the ``ops`` written (the logits op's, then top-k's ``rows, k``;
+    ``logits_dtype`` is shared), ``context, backend``, the logits op's common knobs (when it is
+    written), the other knobs, ``us, provenance``."""
 
     knob_columns: list[str] = field(default_factory=list)
+    ops: tuple[str, ...] = (DEFAULT_OP,)
 
     def header(self) -> list[str]:
-        common = [c for c in COMMON_KNOBS if c not in OPTIONAL_KNOBS or c in self.knob_columns]
-        extra = [c for c in self.knob_columns if c not in COMMON_KNOBS]
-        return list(KEY_COLUMNS) + ["backend"] + common + extra + ["us", "provenance"]
+        logits = DEFAULT_OP in self.ops
+        common = [c for c in COMMON_KNOBS if logits and (c not in OPTIONAL_KNOBS or c in self.knob_columns)]
+        extra = [c for c in self.knob_columns if c not in common]
+        keys = list(SHAPE_KEY_COLUMNS) if logits else []
+        if "topk" in self.ops:
+            keys += [c for c in TOPK_KEY_COLUMNS + ("logits_dtype",) if c not in keys]
+        return ["arch", "cu_num", "op"] + keys + ["context", "backend"] + common + extra + ["us", "provenance"]
 
     @classmethod
     def for_rows(cls, rows) -> "TableWriter":
         """A writer whose knob columns are the union of the rows' knobs, sorted, less those each
-        row holds at its arch's fixed value (:data:`FIXED_KNOBS`)."""
-        return cls(sorted({k for row in rows for k in _varying_knobs(row)}))
+        row holds at its arch's fixed value (:data:`FIXED_KNOBS`), for the ops of the rows (the
+        logits op's columns when there are no rows)."""
+        rows = list(rows)
+        ops = tuple(op for op in OPS if any(r.op == op for r in rows)) or (DEFAULT_OP,)
+        return cls(sorted({k for row in rows for k in _varying_knobs(row)}), ops)
 
     def cells(self, row: Row) -> list[str]:
         unknown = set(_varying_knobs(row)) - set(self.header())
         if unknown:
             raise ValueError(f"row {row.key} has knob(s) {', '.join(sorted(unknown))} the header lacks")
         values = {
-            "arch": row.arch, "cu_num": row.cu_num, **row.shape_key.cells(),
+            "arch": row.arch, "cu_num": row.cu_num, "op": row.op, **row.shape_key.cells(),
             "context": ANY_CONTEXT if row.context is None else row.context,
             "backend": row.backend, "us": "" if row.us is None else f"{row.us:.3f}", "provenance": row.provenance,
             **row.knobs,
@@ -519,9 +614,11 @@ class TableWriter:
 
     @staticmethod
     def sort_key(row: Row) -> tuple:
-        """Rows grouped by family, then batch, then context (``any`` last)."""
+        """Rows grouped by op, arch and family, then batch (top-k: k, rows), then context (``any``
+        last)."""
         key = row.shape_key
-        return (row.arch, row.cu_num) + key.family + (key.batch, row.context is None, row.context or 0)
+        size = (key.batch,) if row.op == DEFAULT_OP else (key.k, key.rows)
+        return (row.op, row.arch, row.cu_num) + key.family + size + (row.context is None, row.context or 0)
 
     def write(self, path: str, rows, comments=()) -> None:
         """Write ``rows`` (sorted by :meth:`sort_key`) atomically (:func:`files.atomic_write`: a

@@ -37,6 +37,7 @@ LATE_IMPORTS = {
     "paged_mqa_logits.backends.flydsl.backend": "the kernel module needs the optional flydsl package",
     "paged_mqa_logits.backends.flydsl.build": "the kernel module needs the optional flydsl package",
     "paged_mqa_logits.op": "the clean_logits tail kernel loads Triton with the first GPU call, not with the package",
+    "paged_mqa_logits.table": "the top-k knob spaces: the top_k package imports the op, which imports the table",
     "tuner.__main__": "each subcommand loads only what it runs",
     "tuner.search": "the coordinator loads torch (through arch) only once it runs",
     "tuner.recheck": "the coordinator loads torch (through arch) only once it runs",

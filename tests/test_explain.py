@@ -28,3 +28,49 @@ def test_an_arch_named_by_a_loaded_table_is_known(tmp_path, monkeypatch):
     reload_tuned_table()
     choice = explain(**dict(BASE, arch="sm80", cu_num=108, batch=64))
     assert choice.backend == "triton" and choice.config.get("ChunkK") == 128
+
+
+def test_explain_topk_default_and_tuned_row(tmp_path, monkeypatch, capsys):
+    """``explain --topk`` prints the top-k pick, its knobs and the rule; a tuned row wins."""
+    from paged_mqa_logits.__main__ import main
+
+    assert main(["explain", "--topk", "--arch", "gfx950", "--batch", "128", "--next-n", "2", "--context", "65536"]) == 0
+    out = capsys.readouterr().out
+    assert "rows=256 (batch 128 x next_n 2) context=65536 k=2048" in out
+    assert "backend : triton\n" in out and "knobs   : BLOCK=512, num_warps=4" in out and "default for gfx950" in out
+    tuned = tmp_path / "gfx950_topk_tuned.csv"
+    tuned.write_text("arch,cu_num,op,rows,k,context,backend,BLOCK,num_warps,split,us,provenance\n"
+                     "gfx950,256,topk,256,2048,65536,triton_radix,2048,16,2,5.0,tuned:test\n")
+    monkeypatch.setenv("PAGED_MQA_LOGITS_CONFIGS", f"default{__import__('os').pathsep}{tuned}")
+    reload_tuned_table()
+    try:
+        assert main(["explain", "--topk", "--arch", "gfx950", "--batch", "256", "--context", "65536"]) == 0
+        out = capsys.readouterr().out
+        assert "backend : triton_radix" in out and "BLOCK=2048, num_warps=16, split=2" in out
+        assert "rule    : exact row" in out and f"source  : {tuned}:2" in out
+    finally:
+        monkeypatch.delenv("PAGED_MQA_LOGITS_CONFIGS")
+        reload_tuned_table()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--k", "0"], "argument --k: expected an int in 1..4096, got 0"),
+    (["--context", "0"], "argument --context: expected an int >= 1 (the row width), got 0"),
+    (["--batch", "0"], "argument --batch: expected an int >= 1, got 0"),
+    (["--arch", "gfx9"], "argument --arch: expected one of"),
+])
+def test_explain_topk_errors_name_the_option(args, message, capsys):
+    from paged_mqa_logits.__main__ import main
+
+    base = {"--arch": "sm_90"}
+    argv = ["explain", "--topk"] + [w for kv in {**base, **dict(zip(args[::2], args[1::2]))}.items() for w in kv]
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_explain_topk_function_names_the_keyword():
+    from paged_mqa_logits.explain import explain_topk
+
+    with pytest.raises(PagedMQAArgumentError, match="argument `k`: expected an int in 1..4096, got 9999"):
+        explain_topk(arch="sm_90", cu_num=132, batch=1, context=8192, k=9999)
+    assert explain_topk(arch="cpu", cu_num=0, batch=2, context=64, k=8).backend == "torch"

@@ -41,9 +41,14 @@ def _tune_parser() -> cli.ArgumentParser:
                f"'{PROG} recheck --table TABLE.csv' re-times a tuned table's picks ({PROG} recheck --help). "
                f"{EXIT_STATUS}")
     p.add_argument("untuned", nargs="+",
-                   help="untuned CSV(s): heads,head_dim,kv_block_size,preshuffle,batch,next_n[,contexts]; a name "
-                        "of the shipped lists (glm5_untuned.csv, dsv32_untuned.csv) that is no file here is the "
+                   help="untuned CSV(s): heads,head_dim,kv_block_size,preshuffle,batch,next_n[,contexts] (with "
+                        "--op topk: rows,k[,logits_dtype][,contexts]); a name of the shipped lists "
+                        "(glm5_untuned.csv, dsv32_untuned.csv, topk_untuned.csv) that is no file here is the "
                         "shipped one")
+    p.add_argument("--op", choices=("mqa_logits", "topk"), default="mqa_logits",
+                   help="the op whose rows to tune: the logits op, or the top-k op (untuned lists of rows,k[,"
+                        "logits_dtype][,contexts], e.g. the shipped topk_untuned.csv; candidates run in this "
+                        "process, so --mp, --jobs and --timeout do not apply; see tuner/topk.py)")
     p.add_argument("-o", "--out", default=None,
                    help="tuned table to write (merged into if it exists); required unless --dry-run")
     p.add_argument("--contexts", type=_contexts, default=None,
@@ -160,7 +165,7 @@ def _tune(argv: list[str]) -> int:
         dry_run=a.dry_run, device=a.device, arch=a.arch, cu_num=a.cu_num, mp=a.mp, jobs=a.jobs, timeout=a.timeout,
         build_timeout=a.build_timeout, time_budget=a.time_budget, top=a.top, max_candidates=a.max_candidates,
         max_copies=a.max_copies, screen_replays=a.screen_replays, confirm_replays=a.confirm_replays, report=a.report,
-        quiet=a.quiet, lengths="" if a.lengths == "uniform" else a.lengths)
+        quiet=a.quiet, lengths="" if a.lengths == "uniform" else a.lengths, op=a.op)
     outcome = tune(opts)
     if not a.dry_run and not outcome.tuned and (outcome.failed or outcome.left):
         budget = (f"; the time budget of {a.time_budget:g} s ran out before the first key finished (give more "

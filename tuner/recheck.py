@@ -88,8 +88,9 @@ class Point:
 
 
 def points_for(rows: list[Row], arch: str, cu_num: int) -> tuple[list[Point], str]:
-    """The rows to re-time on this device: its arch, its CU count (or the nearest tuned one)."""
-    mine = [r for r in rows if r.arch == arch]
+    """The rows to re-time on this device: its arch, its CU count (or the nearest tuned one);
+    rows of the logits op only (a top-k row is re-tuned with ``--op topk --all``)."""
+    mine = [r for r in rows if r.arch == arch and r.op == "mqa_logits"]
     if not mine:
         return [], f"the table has no rows for {arch}"
     cus = {r.cu_num for r in mine}

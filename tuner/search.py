@@ -71,6 +71,8 @@ class Options:
     confirm_replays: int | None = None
     report: str | None = None
     quiet: bool = False
+    #: the op whose rows are tuned: "mqa_logits" (the logits op) or "topk" (``tuner/topk.py``)
+    op: str = "mqa_logits"
     #: per-sequence lengths of the timed batches: "" (every sequence at the context) or a
     #: ``bench.shapes.LENGTH_MODES`` ragged mode ("wide": uniform in [1, context], as in serving)
     lengths: str = ""
@@ -310,7 +312,14 @@ def fixed_config_summary(runs: list[KeyRun]) -> list[str]:
 
 
 def tune(opts: Options) -> Outcome:
-    """Run the tuner (see the module docstring); returns what it did."""
+    """Run the tuner (see the module docstring); returns what it did. ``op="topk"`` tunes
+    the top-k op's rows instead (``tuner/topk.py``)."""
+    if opts.op == "topk":
+        from .topk import tune as tune_topk
+
+        return tune_topk(opts)
+    if opts.op != "mqa_logits":
+        raise ValueError(f"argument --op: expected mqa_logits or topk, got {opts.op!r}")
     t0 = time.monotonic()
     deadline = t0 + opts.time_budget if opts.time_budget else None
     load_extra_backends()
@@ -469,8 +478,8 @@ def print_summary(opts: Options, outcome: Outcome, runs: list[KeyRun]) -> None:
           f"the free memory; {outcome.restarts} worker restart(s)")
     if outcome.left:
         print("[tuner] not tuned (time budget; run again to resume): "
-              + ", ".join(f"b{s.batch}/n{s.next_n}/H{s.heads}/p{int(s.preshuffle)}"
-                          for s in (k.shape_key for k in outcome.left)))
+              + ", ".join(f"b{s.batch}/n{s.next_n}/H{s.heads}/p{int(s.preshuffle)}" if s.op == "mqa_logits"
+                          else f"rows{s.rows}/k{s.k}" for s in (k.shape_key for k in outcome.left)))
     if outcome.rejected:
         print(f"[tuner] {len(outcome.rejected)} rejected (candidate, shape) pairs:")
         for where, label, status in outcome.rejected[:20]:

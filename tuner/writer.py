@@ -87,8 +87,10 @@ def pick(key: TuneKey, candidates: list[Candidate], results: dict,
 
 
 def rows_for(key: TuneKey, arch: str, cu_num: int, candidates: list[Candidate], results: dict,
-             prov: str) -> list[Row]:
-    per_context, agnostic = pick(key, candidates, results)
+             prov: str, allowed=table.KNOWN_BACKENDS) -> list[Row]:
+    """The rows of ``key``'s picks (:func:`pick` among the ``allowed`` backends): one per
+    context, one ``any``; a top-k key (its ``shape_key`` a ``TopkKey``) gives top-k rows."""
+    per_context, agnostic = pick(key, candidates, results, allowed)
     picks = [(c, i, us) for c, (i, us) in per_context.items()]
     if agnostic:
         picks.append((None, *agnostic))

@@ -111,8 +111,9 @@ def implementations(shape: RowShape, names: list[str], vllm) -> dict[str, Callab
 
 
 def selection_matches(out: torch.Tensor, logits: torch.Tensor, row_lens: torch.Tensor, k: int) -> bool:
-    """The values at ``out``'s positions are torch.topk's over each visible prefix (multisets),
-    with as many ``-1`` as the row lacks positions; checked on the device, one result read back."""
+    """Exact as a set: each row's positions are distinct and visible, the values at them are
+    torch.topk's over the visible prefix (multisets), with as many ``-1`` as the row lacks
+    positions; checked on the device, one result read back."""
     columns = torch.arange(logits.shape[1], device=logits.device)
     masked = torch.where(columns[None, :] < row_lens[:, None].long(), logits, float("-inf"))
     take = min(k, logits.shape[1])
@@ -123,7 +124,10 @@ def selection_matches(out: torch.Tensor, logits: torch.Tensor, row_lens: torch.T
     live = out[:, :take] >= 0
     got = torch.where(live, logits.gather(1, out[:, :take].long().clamp_min(0)), float("-inf")).sort(dim=1).values
     counts_ok = torch.equal(live.sum(1), want) and bool((out[:, take:] == -1).all())
-    return counts_ok and torch.equal(got.nan_to_num(), expected.nan_to_num())
+    visible = bool(((out[:, :take] < row_lens[:, None]) | ~live).all())
+    ordered = torch.where(live, out[:, :take].long(), -1 - slot).sort(dim=1).values  # -1s made distinct
+    distinct = take < 2 or bool((ordered[:, 1:] != ordered[:, :-1]).all())
+    return counts_ok and visible and distinct and torch.equal(got.nan_to_num(), expected.nan_to_num())
 
 
 def measure_shape(shape: RowShape, names: list[str], vllm, device: torch.device, schedule: Schedule,

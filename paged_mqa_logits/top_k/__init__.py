@@ -3,7 +3,8 @@
 * :func:`topk` — the op (``torch.ops.paged_mqa_logits.topk``); docs/TOPK.md is its contract.
 * :data:`BACKENDS` — ``torch`` (``torch.topk`` over the visible prefix), ``triton`` (a portable
   radix select) and ``triton_radix`` (histogram first, two reads of a row); both Triton kernels
-  run on every Triton GPU and on CPU through the interpreter.
+  run on every Triton GPU and on CPU through the interpreter. Which one serves a call, with
+  which knobs (``knobs.py``), is the tuned tables' choice (``backends.py``).
 """
 
 from .backends import BACKENDS, default_backend

@@ -27,7 +27,8 @@ def run(logits, lengths, next_n, k, out, block_table=None, block_size=1, backend
     if backend is not None and backend not in BACKENDS:
         _fail("backend", "None or one of " + ", ".join(map(repr, BACKENDS)), repr(backend))
     call = check_call(logits, lengths, next_n, k, out, block_table, block_size)
-    launcher(choose(call.logits.device, backend))(call)
+    choice = choose(call, backend)
+    launcher(choice.backend)(call, choice.config)
     return out
 
 
@@ -58,7 +59,8 @@ def topk(logits: torch.Tensor, lengths: torch.Tensor, k: int = 2048, *, next_n: 
     ``next_n`` defaults to 1) or ``[batch, next_n]`` (row ``j`` sees ``p < lens[b, j]``).
     ``out``: where to write (allocated when ``None``). ``block_table``/``block_size``: write
     ``block_table[b, p // block_size] * block_size + p % block_size`` instead of ``p``.
-    ``backend``: ``"torch"`` or ``"triton"`` (default: torch on CPU, triton on GPUs).
+    ``backend``: one of :data:`BACKENDS` (default: the tuned tables' pick, else torch on CPU and
+    triton on GPUs; ``top_k/backends.py``).
     Each row holds its positions unsorted; a row with fewer than ``k`` visible positions holds all
     of them, then ``-1``.
     """

@@ -43,7 +43,7 @@ def page_transform(positions: torch.Tensor, block_table: torch.Tensor, block_siz
     return torch.where(live, blocks * block_size + p % block_size, -1).to(torch.int32)
 
 
-def launch(call: TopkCall) -> None:
+def launch(call: TopkCall, knobs: dict | None = None) -> None:
     rows, width = call.logits.shape
     k = call.k
     n = visible_lengths(call.lengths, call.next_n, width)

@@ -13,12 +13,14 @@ import triton
 import triton.language as tl
 
 from ..triton_internals.interpreter import interpreted
+from .knobs import SPACES
 from .triton_select import fill_tail, lens_strides, row_addresses, row_setup, search, write_selection
 from .validate import TopkCall
 
-#: elements one step of a pass reads (the [BLOCK, 16] comparison of a search round)
-BLOCK = 512
-CPU_BLOCK = 64
+#: elements one step of a pass reads (the [BLOCK, 16] comparison of a search round): the
+#: defaults of ``knobs.py``, on a GPU and for CPU tensors
+BLOCK = SPACES["triton"].gpu["BLOCK"]
+CPU_BLOCK = SPACES["triton"].cpu["BLOCK"]
 
 
 @triton.jit
@@ -35,16 +37,21 @@ def _topk_row_kernel(logits_ptr, lens_ptr, out_ptr, table_ptr, stride_row, strid
     fill_tail(out_row, kk, k, BLOCK)
 
 
-def launch(call: TopkCall) -> None:
+def launch(call: TopkCall, knobs: dict | None = None) -> None:
+    """Select ``call``'s rows with ``knobs`` (``BLOCK``, ``num_warps``: ``knobs.py``; absent ones
+    take the device's defaults)."""
+    knobs = knobs or {}
     rows, width = call.logits.shape
     if rows == 0:
         return
     on_cpu = call.logits.device.type == "cpu"
+    block = knobs.get("BLOCK") or (CPU_BLOCK if on_cpu else BLOCK)
+    options = {} if on_cpu or "num_warps" not in knobs else {"num_warps": knobs["num_warps"]}
     kernel = interpreted(_topk_row_kernel) if on_cpu else _topk_row_kernel
     table = call.block_table if call.block_table is not None else call.lengths  # never read without one
     kernel[(rows,)](
         call.logits, call.lengths, call.out, table, call.logits.stride(0), call.logits.stride(1),
         *lens_strides(call.lengths), call.out.stride(0), table.stride(0), width, call.k, call.block_size,
         NEXT_N=call.next_n, LENS_2D=call.lens_2d, HAS_TABLE=call.block_table is not None,
-        BLOCK=CPU_BLOCK if on_cpu else BLOCK,
+        BLOCK=block, **options,
     )

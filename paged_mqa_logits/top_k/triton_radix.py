@@ -31,21 +31,22 @@ import triton
 import triton.language as tl
 
 from ..triton_internals.interpreter import interpreted
+from .knobs import MAX_SPLIT, SPACES
 from .triton_select import (SIGN, element_keys, emit, fill_tail, flag_mask, lens_strides, row_addresses, row_setup,
                             search, write_selection)
 from .validate import TopkCall
 
-BLOCK = 1024
-CPU_BLOCK = 64
+#: the defaults of ``knobs.py``, on a GPU and for CPU tensors
+BLOCK = SPACES["triton_radix"].gpu["BLOCK"]
+CPU_BLOCK = SPACES["triton_radix"].cpu["BLOCK"]
 #: threshold-bin candidates a row may list (int32 positions in the scratch buffer)
 CAPACITY = 8192
 HIST_BITS = tl.constexpr(12)
 NUM_BINS = tl.constexpr(4096)
-NUM_WARPS = 8
+NUM_WARPS = SPACES["triton_radix"].gpu["num_warps"]
 #: split rows into chunks when the rows are fewer than this many per SM ...
 SPLIT_ROWS_PER_SM = 1
-#: ... into at most this many chunks (a power of two), each at least MIN_CHUNK columns
-MAX_SPLIT = 16
+#: ... into at most MAX_SPLIT chunks (knobs.py), each at least MIN_CHUNK columns
 MIN_CHUNK = 4096
 
 
@@ -217,7 +218,12 @@ def split_for(rows: int, width: int, sms: int) -> int:
     return split
 
 
-def launch(call: TopkCall, split: int | None = None) -> None:
+def launch(call: TopkCall, knobs: dict | None = None, split: int | None = None) -> None:
+    """Select ``call``'s rows with ``knobs`` (``BLOCK``, ``num_warps``, ``split``: ``knobs.py``;
+    absent ones take the device's defaults, ``split`` :func:`split_for`); ``split`` given
+    here overrides the knob."""
+    knobs = knobs or {}
+    split = split or knobs.get("split")
     rows, width = call.logits.shape
     if rows == 0:
         return
@@ -228,8 +234,8 @@ def launch(call: TopkCall, split: int | None = None) -> None:
     capacity = max(1, min(CAPACITY, width))
     scratch = torch.empty((rows, capacity), dtype=torch.int32, device=device)
     table = call.block_table if call.block_table is not None else call.lengths  # never read without one
-    options = {} if on_cpu else {"num_warps": NUM_WARPS}
-    block = CPU_BLOCK if on_cpu else BLOCK
+    options = {} if on_cpu else {"num_warps": knobs.get("num_warps", NUM_WARPS)}
+    block = knobs.get("BLOCK") or (CPU_BLOCK if on_cpu else BLOCK)
     run = (lambda kernel: interpreted(kernel)) if on_cpu else (lambda kernel: kernel)
     lens = (call.lengths, *lens_strides(call.lengths))
     common = dict(NEXT_N=call.next_n, LENS_2D=call.lens_2d, BLOCK=block, **options)

@@ -37,6 +37,15 @@ def test_selection_check_catches_a_wrong_answer():
     short = out.clone()
     short[2, 8] = -1  # row 2 sees 9 positions: one dropped
     assert not bench.selection_matches(short, logits, row_lens, 16)
+    tied = torch.zeros(1, 8)
+    picked = topk(tied, torch.tensor([8], dtype=torch.int32), 4)
+    assert bench.selection_matches(picked, tied, torch.tensor([8], dtype=torch.int32), 4)
+    twice = picked.clone()
+    twice[0, 1] = twice[0, 0]  # the same position twice: equal values, still wrong
+    assert not bench.selection_matches(twice, tied, torch.tensor([8], dtype=torch.int32), 4)
+    hidden = picked.clone()
+    hidden[0, 0] = 7  # row sees 6: position 7 is not visible (same value)
+    assert not bench.selection_matches(hidden, tied, torch.tensor([6], dtype=torch.int32), 4)
 
 
 def test_cpu_run_writes_the_csv(tmp_path, capsys):

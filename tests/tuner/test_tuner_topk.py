@@ -1,0 +1,98 @@
+"""``--op topk`` end to end on CPU: tiny rows through the Triton interpreter, checked against
+torch.topk before timing, rows written with provenance and read back by the op's dispatch; a
+wrong candidate is rejected, a key with no survivor writes nothing, bad input names its column."""
+
+import pytest
+import torch
+
+from paged_mqa_logits import reload_tuned_table, table, topk
+from paged_mqa_logits.problem import TopkKey
+from paged_mqa_logits.top_k import backends
+from tuner import Options, tune
+from tuner.__main__ import main as tuner_main
+from tuner.topk import read_untuned
+
+FAST = dict(device="cpu", top=1, screen_replays=1, confirm_replays=1, quiet=True, op="topk")
+
+
+def untuned(tmp_path, text="rows,k,contexts\n2,8,64;128\n"):
+    path = tmp_path / "keys_untuned.csv"
+    path.write_text(text)
+    return str(path)
+
+
+def test_tune_topk_writes_rows_the_op_dispatches_to(tmp_path, monkeypatch):
+    out = str(tmp_path / "cpu_topk_tuned.csv")
+    report = str(tmp_path / "report.csv")
+    outcome = tune(Options(untuned=[untuned(tmp_path)], out=out, backends=["triton", "triton_radix"],
+                           report=report, **FAST))
+    assert len(outcome.tuned) == 1 and not outcome.failed and not outcome.rejected
+    rows = table.parse_file(out)
+    assert sorted((r.op, r.shape_key, r.context or 0) for r in rows) == \
+        [("topk", TopkKey(rows=2, k=8), c) for c in (0, 64, 128)]
+    assert all(r.backend in ("triton", "triton_radix") and r.us > 0 and "BLOCK" in r.knobs for r in rows)
+    assert all(r.provenance.startswith("tuned:cpu|cu0|triton") for r in rows)
+    assert open(out).read().count("\narch,cu_num,op,rows,k,logits_dtype,context,backend,") == 1
+    text = open(report).read()
+    assert ",screen,triton," in text and ",screen,triton_radix," in text and ",confirm," in text
+
+    monkeypatch.setenv(table.ENV_CONFIGS, out)
+    reload_tuned_table()
+    try:
+        logits, lens = torch.randn(2, 100), torch.tensor([100, 70], dtype=torch.int32)
+        got = topk(logits, lens, 8)
+        choice = backends.decisions()[("cpu", 0, TopkKey(rows=2, k=8), 100)]
+        assert choice.source.startswith(out) and choice.backend in ("triton", "triton_radix")
+        assert torch.equal(got.sort(1).values, topk(logits, lens, 8, backend="torch").sort(1).values)
+        # resume: the key is in the table, nothing is run
+        again = tune(Options(untuned=[untuned(tmp_path)], out=out, backends=["triton"], **FAST))
+        assert again.skipped and not again.tuned
+    finally:
+        monkeypatch.delenv(table.ENV_CONFIGS)
+        reload_tuned_table()
+
+
+def test_a_wrong_candidate_is_rejected_and_nothing_written_without_survivors(tmp_path, monkeypatch):
+    from paged_mqa_logits.top_k import torch_ref
+
+    def wrong(call, knobs=None):
+        call.out.copy_(torch.arange(call.k, dtype=torch.int32).expand(call.rows, call.k))  # the first k, not the top
+
+    monkeypatch.setattr(torch_ref, "launch", wrong)
+    out = tmp_path / "cpu_topk_tuned.csv"
+    out.write_text("arch,cu_num,op,rows,k,context,backend,us,provenance\ncpu,0,topk,9,8,64,torch,1.0,tuned:old\n")
+    before = out.read_text()
+    outcome = tune(Options(untuned=[untuned(tmp_path, "rows,k,contexts\n2,8,64\n")], out=str(out),
+                           backends=["torch"], **FAST))
+    assert outcome.failed and not outcome.tuned
+    assert outcome.rejected[0][2] == "FAIL: not the exact top-k (as a set)"
+    assert out.read_text() == before  # nothing written
+
+    outcome = tune(Options(untuned=[untuned(tmp_path, "rows,k,contexts\n2,8,64\n")], out=str(out),
+                           backends=["torch", "triton"], **FAST))
+    assert outcome.tuned and {r.backend for r in outcome.rows} == {"triton"}
+    assert {r.shape_key.rows for r in table.parse_file(str(out))} == {2, 9}  # the other key is kept
+
+
+@pytest.mark.parametrize("text,message", [
+    ("rows,contexts\n2,64\n", "header lacks column(s) k"),
+    ("rows,k\n0,8\n", ":2: column rows must be >= 1, got 0"),
+    ("rows,k\n2,5000\n", ":2: column k must be <= 4096, got 5000"),
+    ("rows,k,logits_dtype\n2,8,fp16\n", ":2: column logits_dtype must be one of fp32, bf16, got 'fp16'"),
+])
+def test_bad_untuned_lists_name_line_and_column(tmp_path, text, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        read_untuned([untuned(tmp_path, text)])
+
+
+def test_cli_errors_and_dry_run(tmp_path, capsys):
+    keys = untuned(tmp_path)
+    assert tuner_main(["--op", "topk", keys, "-o", str(tmp_path / "t.csv"), "--backends", "gluon"]) == 1
+    assert "argument --backends: expected top-k backends among torch, triton, triton_radix, got unknown gluon" \
+        in capsys.readouterr().err
+    assert not (tmp_path / "t.csv").exists()
+    assert tuner_main(["--op", "sort", keys]) == 2
+    assert tuner_main(["--op", "topk", "topk_untuned.csv", "--dry-run", "--arch", "gfx950"]) == 0
+    out = capsys.readouterr().out
+    assert "topk rows=1024 k=2048 contexts=8192,32768,131072" in out and "triton_radix[BLOCK=1024;num_warps=8]" in out
+    assert "6 top-k key(s) to tune on gfx950/cu256" in out
