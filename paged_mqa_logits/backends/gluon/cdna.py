@@ -55,7 +55,7 @@ THREADS_PER_WARP = 64
 #: heads per MFMA when Q is read from LDS: two 32-row tiles (32 measured no better)
 HEAD_CHUNK = 64
 #: ``HeadSum``: the weighted head sum in fp32 VALU ops (default), or as a bf16 MFMA (docs/AMD_HEADSUM.md)
-HEAD_SUMS = ("fp32", "tensor")
+HEAD_SUMS = common.HEAD_SUMS
 #: archs where ``HeadSum=tensor`` pays in the cycle model: gfx942 has no packed bf16 convert and its
 #: bf16 MFMA alone takes longer than today's whole loop iteration (docs/AMD_HEADSUM.md)
 TENSOR_HEAD_SUM_ARCHS = ("gfx950",)

@@ -18,6 +18,10 @@ from ...problem import LOGITS_DTYPES, Problem, ShapeKey, kv_fits_32bit  # noqa: 
 from ...schedule import BALANCED, BALANCED_MIN_BATCH, SCHEDULES, SPLIT  # noqa: F401  (the variants' spelling)
 from ...triton_internals.specialise import StandIn
 
+#: ``HeadSum``: the weighted ReLU head sum in fp32 instructions (default), or on the tensor cores
+#: (sm_90 wgmma, gfx950 MFMA) from scores rounded to bf16: docs/CONTRACT.md states its error bound
+HEAD_SUMS = ("fp32", "tensor")
+
 
 def default_schedule(problem) -> str:
     """The schedule of a config that does not name one. sm_90: ``balanced`` from

@@ -111,24 +111,13 @@ def consumer_need(problem: Problem, rows: int, split: int, schedule: str, overla
     return need
 
 
-HEAD_SUMS = ("fp32", "tensor")
-
-
-def headsum_bytes(problem: Problem, rows: int, consumers: int, split: int) -> int:
-    """``HeadSum=tensor``: per consumer and row group of its part, the ``[n, rows * H]`` bf16
-    split weights (n = ``headsum_columns(rows)``: a hi and a lo column per row, at least 8)."""
-    groups = consumer_groups(problem, rows, split)
-    group_rows = groups[0][1]
-    return consumers * len(groups) * headsum_columns(group_rows) * group_rows * problem.shape_key.heads * 2
-
-
 def shared_bytes(problem: Problem, stages: int, consumers: int, split: int, rows: int = 1,
                  head_sum: str = "fp32") -> int:
     """Per team a ring of key and scale slots with its two barriers per slot; a two-stage ring
     of Q rows and weights; the tensor head sum's weights."""
     q_rows = wg.triton_next_pow2(problem.shape_key.next_n) * problem.shape_key.heads
     ring = teams(consumers, split) * stages * (TILE * (HEAD_DIM + 4) + 16)
-    extra = headsum_bytes(problem, rows, consumers, split) if head_sum == "tensor" else 0
+    extra = wg.headsum_bytes(problem, rows, consumers, split) if head_sum == "tensor" else 0
     return ring + 2 * (q_rows * (HEAD_DIM + 4) + 16) + extra
 
 
@@ -138,9 +127,7 @@ def headsum_reason(problem: Problem, rows: int, overlap: int) -> str | None:
     one weights buffer shape serves a consumer, so its row groups must be equal."""
     if overlap:
         return "Overlap=0 (the head-sum wgmmas would wait for the next tile's)"
-    if problem.shape_key.next_n % wg.rows_per_mma(problem, rows):
-        return f"next_n a multiple of RowsPerMMA (equal row groups), got next_n {problem.shape_key.next_n}"
-    return None
+    return wg.unequal_groups_reason(problem, rows)
 
 
 #: registers ptxas wants beside a wgmma's accumulators under the kernel-wide ``maxnreg`` (it
@@ -208,7 +195,7 @@ class WgmmaPipesVariant(GluonVariant):
     archs = ("sm_90",)
     knob_space = {"ChunkK": (TILE,), "RowsPerMMA": (1, 2, 4, 8), "num_stages": range(2, 9),
                   "Consumers": (1, 2, 3, 4), "RowSplit": (1, 2), "CtasPerSM": (1, 2), "KeyCopy": ("gather", "tma"),
-                  "Overlap": (0, 1), "HeadSum": HEAD_SUMS,
+                  "Overlap": (0, 1), "HeadSum": common.HEAD_SUMS,
                   "Schedule": common.SCHEDULES, "SplitKV": range(0, MAX_SPLIT_KV + 1), "num_warps": (CONSUMER_WARPS,)}
     kernel = wgmma_pipes_logits_kernel
     cleans_logits = True

@@ -23,7 +23,7 @@ from ...schedule import persistent_programs
 from ...triton_internals.specialise import StandIn
 from ..base import MAX_SPLIT_KV
 from . import common
-from .kernels.hopper_wgmma import HEAD_DIM, NUM_WARPS, row_groups, wgmma_logits_kernel
+from .kernels.hopper_wgmma import HEAD_DIM, NUM_WARPS, headsum_columns, row_groups, wgmma_logits_kernel
 from .variant import GluonVariant
 
 CHUNK_SIZES = (64, 128, 256)
@@ -87,6 +87,23 @@ def resources(problem: Problem, chunk: int, rows: int, stages: int) -> dict:
     by_smem = SM_SHARED_BYTES // (smem + 1024)  # the driver reserves 1 KB per program
     return {"acc_regs": acc_regs, "acc_budget": ACC_REG_BUDGET if len(groups) <= 2 else ACC_REG_BUDGET // 2,
             "regs_estimate": regs, "smem": smem, "ctas_per_sm": max(1, min(by_regs, by_smem, 8))}
+
+
+def unequal_groups_reason(problem: Problem, rows: int) -> str | None:
+    """Why ``HeadSum=tensor`` cannot run at ``RowsPerMMA`` ``rows`` (None if it can): one shape of
+    head-sum weights buffer serves a consumer, so its row groups must be equal."""
+    if problem.shape_key.next_n % rows_per_mma(problem, rows):
+        return f"next_n a multiple of RowsPerMMA (equal row groups), got next_n {problem.shape_key.next_n}"
+    return None
+
+
+def headsum_bytes(problem: Problem, rows: int, consumers: int, split: int) -> int:
+    """``HeadSum=tensor``: per consumer and row group of its part (every ``split``-th group), the
+    ``[n, rows * H]`` bf16 split weights (n = ``headsum_columns(rows)``: a hi and a lo column per
+    row, at least wgmma's smallest N)."""
+    groups = problem_row_groups(problem, rows)
+    group_rows = groups[0][1]
+    return consumers * len(groups[::split]) * headsum_columns(group_rows) * group_rows * problem.shape_key.heads * 2
 
 
 def triton_next_pow2(x: int) -> int:

@@ -313,24 +313,6 @@ def _producer(pointers, strides, sizes, key_desc, scale_desc, buffers, share, ta
 
 
 # ----------------------------------------------------------------------------- consumer
-@gluon.constexpr_function
-def _part_groups(next_n, rows_per_mma, part, row_split):
-    """Indices of the row groups consumer part ``part`` of a team scores."""
-    return tuple(range(part, len(wg.row_groups(next_n, rows_per_mma)), row_split))
-
-
-@gluon.constexpr_function
-def _part_group_count(next_n, rows_per_mma, row_split):
-    """Row groups of a team's first consumer part (the most any part scores)."""
-    return len(_part_groups(next_n, rows_per_mma, 0, row_split))
-
-
-@gluon.constexpr_function
-def _headsum_rows(next_n, rows_per_mma):
-    """Rows of every row group (``HeadSum=tensor`` runs only where the groups are equal)."""
-    return wg.row_groups(next_n, rows_per_mma)[0][1]
-
-
 @gluon.jit
 def _group_layouts(NEXT_N: gl.constexpr, HEADS: gl.constexpr, ROWS_PER_MMA: gl.constexpr, g: gl.constexpr,
                    HEAD_SUM: gl.constexpr = 0):
@@ -564,7 +546,7 @@ def _consumer(pointers, strides, sizes, buffers, share,
               headsum_smem=None, HEAD_SUM: gl.constexpr = 0):
     """Score team ``TEAM``'s tiles of the share, row groups ``PART, PART + ROW_SPLIT, ...``; with
     ``HEAD_SUM``, the head sum on the tensor cores through this consumer's ``headsum_smem``."""
-    GROUPS: gl.constexpr = _part_groups(NEXT_N, ROWS_PER_MMA, PART, ROW_SPLIT)
+    GROUPS: gl.constexpr = wg.part_groups(NEXT_N, ROWS_PER_MMA, PART, ROW_SPLIT)
     q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, table_ptr = pointers
     stride_q_b, stride_q_j, stride_q_h, stride_block, stride_w, stride_out, stride_lens_b, stride_lens_j, \
         stride_table = strides
@@ -664,9 +646,9 @@ def wgmma_pipes_logits_kernel(
     q_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     if HEAD_SUM:  # per consumer and row group, the head sum's split weights
-        HEADSUM_ROWS: gl.constexpr = _headsum_rows(NEXT_N, ROWS_PER_MMA)
+        HEADSUM_ROWS: gl.constexpr = wg.headsum_rows(NEXT_N, ROWS_PER_MMA)
         headsum_smem = gl.allocate_shared_memory(
-            gl.bfloat16, [CONSUMERS * _part_group_count(NEXT_N, ROWS_PER_MMA, ROW_SPLIT),
+            gl.bfloat16, [CONSUMERS * wg.part_group_count(NEXT_N, ROWS_PER_MMA, ROW_SPLIT),
                           wg.headsum_columns(HEADSUM_ROWS), HEADSUM_ROWS * HEADS],
             wg.headsum_smem_layout(HEADSUM_ROWS * HEADS))
     else:

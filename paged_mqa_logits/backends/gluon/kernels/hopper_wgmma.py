@@ -161,6 +161,25 @@ def row_groups(next_n, rows_per_mma):
 
 
 @gluon.constexpr_function
+def part_groups(next_n, rows_per_mma, part, row_split):
+    """Indices of the row groups consumer part ``part`` of ``row_split`` scores (every
+    ``row_split``-th group from ``part``)."""
+    return tuple(range(part, len(row_groups(next_n, rows_per_mma)), row_split))
+
+
+@gluon.constexpr_function
+def part_group_count(next_n, rows_per_mma, row_split):
+    """Row groups of a consumer's first part (the most any part scores)."""
+    return len(part_groups(next_n, rows_per_mma, 0, row_split))
+
+
+@gluon.constexpr_function
+def headsum_rows(next_n, rows_per_mma):
+    """Rows of every row group (``HeadSum=tensor`` runs only where the groups are equal)."""
+    return row_groups(next_n, rows_per_mma)[0][1]
+
+
+@gluon.constexpr_function
 def _num_groups(next_n, rows_per_mma):
     return len(row_groups(next_n, rows_per_mma))
 
@@ -323,6 +342,19 @@ def finish_tensor_head_sum(pending, operand, scale, NEWER: gl.constexpr):
     pairs, _ = warpgroup_mma_wait(NEWER, deps=(pending, operand))
     summed = gl.sum(gl.reshape(pairs, [pairs.shape[0], pairs.shape[1] // 2, 2]), axis=2)
     return summed * gl.convert_layout(scale, gl.SliceLayout(1, summed.type.layout))[:, None]
+
+
+@gluon.jit
+def headsum_row_limits(lens_ptr, b, seq_len, end, stride_lens_b, stride_lens_j, NEXT_N: gl.constexpr,
+                       FIRST_ROW: gl.constexpr, ROWS: gl.constexpr, LENS_2D: gl.constexpr, TOKENS: gl.constexpr):
+    """The visible limits of a row group's rows in the layout of :func:`finish_tensor_head_sum`'s
+    ``[TOKENS, n/2]`` result (which depends on TOKENS: the sum is over a reshape); the columns the head sum pads the group with (rows of other groups,
+    or past next_n) get 0, so nothing of theirs is stored."""
+    pairs = gl.zeros([TOKENS, headsum_columns(ROWS)], gl.float32, _headsum_layout(ROWS))
+    summed = gl.sum(gl.reshape(pairs, [TOKENS, headsum_columns(ROWS) // 2, 2]), axis=2)
+    j = FIRST_ROW + gl.arange(0, summed.shape[1], gl.SliceLayout(0, summed.type.layout))
+    limit = _row_limits(lens_ptr, b, seq_len, end, stride_lens_b, stride_lens_j, j, NEXT_N, LENS_2D)
+    return gl.where(j < FIRST_ROW + ROWS, limit, 0)
 
 
 @gluon.jit
