@@ -7,7 +7,9 @@ Knobs: ``hopper_wgmma``'s ``ChunkK`` (64/128), ``RowsPerMMA``, ``num_stages`` an
 ``SplitKV`` (the balanced schedule only); plus ``Consumers`` (1-4 consumer warpgroups per
 program), ``RowSplit`` (1: a consumer scores whole tiles; 2: consumers pair up on each tile, each
 holding half its row groups, see :func:`fits`) and ``KeyCopy`` (``gather``: cp.async; ``tma``:
-one TMA box per cache block where the call's cache allows it, see :func:`key_box`).
+one TMA box per cache block where the call's cache allows it, see :func:`key_box`) and ``HeadSum``
+(``fp32``; ``tensor``: the head sum on the tensor cores, as ``wgmma_pipes`` runs it, see
+:func:`tensor_fits`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from ...schedule import persistent_programs
 from ...triton_internals.gluon_api import TensorDescriptor
 from . import common
 from . import hopper_wgmma as wg
-from .kernels.hopper_wgmma import HEAD_DIM
+from .kernels.hopper_wgmma import HEAD_DIM, headsum_columns
 from .kernels.hopper_wgmma_ws import KEY_BOX_LAYOUT, NUM_WARPS, PRODUCER_WARPS, wgmma_ws_logits_kernel
 from .variant import LaunchPlan
 
@@ -46,12 +48,40 @@ def consumer_registers(chunk: int, ctas: int, consumers: int = 1) -> int:
     return min(256, pool // consumers // 8 * 8)
 
 
-def shared_bytes(problem: Problem, chunk: int, stages: int, consumers: int) -> int:
-    """The ring, one Q/weights/limits set per consumer, a full and an empty mbarrier per slot."""
+def shared_bytes(problem: Problem, chunk: int, stages: int, consumers: int, rows: int = 1, split: int = 1,
+                 head_sum: str = "fp32") -> int:
+    """The ring, one Q/weights/limits set per consumer, a full and an empty mbarrier per slot; the
+    tensor head sum's weights."""
     pow2 = wg.triton_next_pow2(problem.shape_key.next_n)
     per_consumer = pow2 * problem.shape_key.heads * (HEAD_DIM + 4) + 4 * pow2  # Q and weights rows, limits
     ring = stages * chunk * (HEAD_DIM + 4)
-    return ring + consumers * per_consumer + 2 * 8 * stages
+    extra = wg.headsum_bytes(problem, rows, consumers, split) if head_sum == "tensor" else 0
+    return ring + consumers * per_consumer + 2 * 8 * stages + extra
+
+
+#: registers a ``HeadSum=tensor`` consumer needs beside its accumulators, its packed bf16 scores
+#: and its head-sum accumulators (addresses, row limits, loop state)
+TENSOR_CONSUMER_OVERHEAD = 24
+
+
+def tensor_fits(problem: Problem, chunk: int, rows: int, stages: int, ctas: int, consumers: int = 1,
+                split: int = 1) -> bool:
+    """``HeadSum=tensor``: equal row groups (one weights buffer shape), at most two per consumer
+    (ptxas spills four); every score wgmma of a consumer's groups in flight at once, so all their accumulators live together (at most
+    ``hopper_wgmma``'s budget), with one group's packed bf16 scores (half its accumulator) and each
+    group's head-sum accumulator beside them, within the consumer's registers; shared memory for
+    the head-sum weights too."""
+    mine = wg.problem_row_groups(problem, rows)[::split]
+    if wg.unequal_groups_reason(problem, rows) is not None or len(mine) > 2:
+        return False
+    heads = problem.shape_key.heads
+    accumulators = sum(chunk * r * heads for _, r in mine) // 128
+    packed = chunk * mine[0][1] * heads // 256
+    head_sums = sum(chunk * headsum_columns(r) for _, r in mine) // 128
+    need = accumulators + packed + head_sums + TENSOR_CONSUMER_OVERHEAD
+    smem = shared_bytes(problem, chunk, stages, consumers, rows, split, "tensor")
+    return (accumulators <= wg.ACC_REG_BUDGET and need <= consumer_registers(chunk, ctas, consumers)
+            and smem <= lds_limit("sm_90") and ctas * (smem + 1024) <= wg.SM_SHARED_BYTES)
 
 
 def consumer_accumulators(problem: Problem, chunk: int, rows: int, split: int) -> int:
@@ -121,7 +151,7 @@ class WgmmaWsVariant(wg.WgmmaVariant):
     name = "wgmma_ws"
     knob_space = {"ChunkK": (64, 128), "RowsPerMMA": (1, 2, 4, 8), "num_stages": range(2, 9),
                   "CtasPerSM": (1, 2, 3), "Consumers": (1, 2, 3, 4), "RowSplit": (1, 2), "KeyCopy": ("gather", "tma"),
-                  "num_warps": (NUM_WARPS,), "Schedule": (common.BALANCED,)}
+                  "HeadSum": common.HEAD_SUMS, "num_warps": (NUM_WARPS,), "Schedule": (common.BALANCED,)}
     kernel = wgmma_ws_logits_kernel
 
     def knobs(self, problem: Problem, config: dict) -> dict:
@@ -143,12 +173,18 @@ class WgmmaWsVariant(wg.WgmmaVariant):
         schedule = config.get("Schedule") or common.BALANCED
         self.require(schedule == common.BALANCED, "Schedule", schedule,
                      f"{common.BALANCED} (the warp-specialised kernel runs the balanced schedule only)")
+        head_sum = config.get("HeadSum") or common.HEAD_SUMS[0]
+        self.require_in("HeadSum", head_sum, self.knob_space["HeadSum"])
+        if head_sum == "tensor":
+            reason = wg.unequal_groups_reason(problem, tile["RowsPerMMA"])
+            self.require(reason is None, "HeadSum", head_sum, reason)
         return {**tile, "CtasPerSM": ctas, "Consumers": consumers, "RowSplit": split, "KeyCopy": key_copy,
-                "num_warps": NUM_WARPS, "Schedule": schedule}
+                "HeadSum": head_sum, "num_warps": NUM_WARPS, "Schedule": schedule}
 
     def admits(self, problem: Problem, config: dict) -> bool:
         k = self.knobs(problem, config)
-        return fits(problem, k["ChunkK"], k["RowsPerMMA"], k["num_stages"], k["CtasPerSM"], k["Consumers"],
+        rule = tensor_fits if k["HeadSum"] == "tensor" else fits
+        return rule(problem, k["ChunkK"], k["RowsPerMMA"], k["num_stages"], k["CtasPerSM"], k["Consumers"],
                     k["RowSplit"])
 
     def shape_reason(self, problem: Problem) -> str | None:
@@ -160,9 +196,10 @@ class WgmmaWsVariant(wg.WgmmaVariant):
 
     @staticmethod
     def _setting(chunk: int, rows: int, stages: int, ctas: int, consumers: int = 1, key_copy: str = "gather",
-                 split: int = 1) -> dict:
+                 split: int = 1, head_sum: str = "fp32") -> dict:
         return {"ChunkK": chunk, "RowsPerMMA": rows, "num_stages": stages, "CtasPerSM": ctas, "Consumers": consumers,
-                "RowSplit": split, "KeyCopy": key_copy, "num_warps": NUM_WARPS, "Schedule": common.BALANCED}
+                "RowSplit": split, "KeyCopy": key_copy, "HeadSum": head_sum, "num_warps": NUM_WARPS,
+                "Schedule": common.BALANCED}
 
     def candidate_groups(self, problem: Problem):
         """Per row grouping (the two widest that fit): ChunkK 64/128 x a shallow and a deep ring at
@@ -175,7 +212,9 @@ class WgmmaWsVariant(wg.WgmmaVariant):
         of four (four consumers per SM where whole-tile consumers fit two). Where the cache allows
         TMA (see :func:`key_box`), each setting again with ``KeyCopy=tma`` (but for the consumer
         counts in :data:`TMA_REFUSED_CONSUMERS`): one producer thread then moves a tile that the
-        gather spreads over a warpgroup, which is what lets one producer feed several consumers."""
+        gather spreads over a warpgroup, which is what lets one producer feed several consumers.
+        At next_n >= 2, after every fp32 setting (so the default stays fp32 until a table row names
+        tensor), each setting again with ``HeadSum=tensor`` where :func:`tensor_fits` admits it."""
         settings, groupings = [], 0
         for rows in wg._rows_options(problem):
             fitting = [(chunk, stages) for chunk in (64, 128) for stages in wg._stages_for(chunk)
@@ -190,12 +229,18 @@ class WgmmaWsVariant(wg.WgmmaVariant):
             groupings += bool(fitting)
             if groupings == 2:
                 break
+        if key_box(problem, "tma", 64, 16 if problem.kv_aligned16 else 4):
+            settings += [dict(setting, KeyCopy="tma") for setting in settings
+                         if setting["Consumers"] not in TMA_REFUSED_CONSUMERS]
         for setting in settings:
             yield [setting]
-        if key_box(problem, "tma", 64, 16 if problem.kv_aligned16 else 4):
+        if problem.shape_key.next_n >= 2:
             for setting in settings:
-                if setting["Consumers"] not in TMA_REFUSED_CONSUMERS:
-                    yield [dict(setting, KeyCopy="tma")]
+                if wg.unequal_groups_reason(problem, setting["RowsPerMMA"]) is not None:
+                    continue
+                tensor = dict(setting, HeadSum="tensor")
+                if self.admits(problem, tensor):
+                    yield [tensor]
 
     def default_config(self, problem: Problem) -> dict:
         """The widest row grouping that fits two programs per SM, 64-token tiles, the deep ring;
@@ -221,7 +266,7 @@ class WgmmaWsVariant(wg.WgmmaVariant):
                     PRESHUFFLE=key.preshuffle, LENS_2D=problem.lens_2d, PRODUCER_REGS=PRODUCER_REGS[k["ChunkK"]],
                     CONSUMERS=k["Consumers"], CONSUMER_REGS=consumer_registers(k["ChunkK"], k["CtasPerSM"],
                                                                                k["Consumers"]),
-                    ROW_SPLIT=k["RowSplit"])
+                    ROW_SPLIT=k["RowSplit"], HEAD_SUM=int(k["HeadSum"] == "tensor"))
 
     def options(self, problem: Problem, config: dict) -> dict:
         k = self.knobs(problem, config)

@@ -23,6 +23,7 @@ pytest.importorskip("triton.experimental.gluon")
 
 from compile_matrix import SIZES, of_size  # noqa: E402
 from sm90_calibration import ptxas_logs  # noqa: E402
+from paged_mqa_logits.aot import sass  # noqa: E402
 from paged_mqa_logits.backends.gluon import common  # noqa: E402
 from paged_mqa_logits.backends.gluon import hopper_wgmma as wg  # noqa: E402
 from paged_mqa_logits.backends.gluon import hopper_wgmma_ws as ws  # noqa: E402
@@ -69,7 +70,8 @@ def ci_matrix() -> list[dict]:
 def compiled(request, tmp_path_factory):
     out_dir = str(tmp_path_factory.mktemp("wgmma_ws_sm90"))
     # the sample keeps a TMA copy of each chunk and cache block size
-    configs = of_size(ci_matrix(), request.param, together=(("KeyCopy", "ChunkK", "kv_block_size"),))
+    configs = of_size(ci_matrix(), request.param, together=(("KeyCopy", "ChunkK", "kv_block_size"),
+                                                            ("HeadSum", "ChunkK", "RowSplit", "heads")))
     records = compile_specs(WS.compile_specs(ARCH, configs), out_dir, jobs=min(2, os.cpu_count() or 1),
                             progress=False)
     logs = ptxas_logs(records)
@@ -78,6 +80,7 @@ def compiled(request, tmp_path_factory):
 
 def test_matrix_covers_every_knob_value():
     configs = ci_matrix()
+    assert {c["HeadSum"] for c in configs} == {"fp32", "tensor"}
     assert {c["CtasPerSM"] for c in configs} == {1, 2, 3}
     assert {c["Consumers"] for c in configs} == {1, 2, 3, 4}
     assert {c["RowSplit"] for c in configs} == {1, 2}
@@ -155,3 +158,34 @@ def test_programs_per_sm_fit(compiled):
         threads = (consumers * ws.NUM_WARPS + ws.PRODUCER_WARPS) * 32
         assert ctas * threads * ws.max_registers(ctas, consumers) <= wg.SM_REGISTERS, record.name
         assert ctas * (record.lds_bytes + 1024) <= wg.SM_SHARED_BYTES, (record.name, record.lds_bytes)
+
+
+def test_tensor_head_sum_replaces_the_fp32_epilogue(compiled):
+    """``HeadSum=tensor``: in every consumer's tile loop, one ``F2FP.RELU.BF16.F32.PACK_AB`` per two
+    of its scores and its head-sum wgmmas (bf16, N = a hi and a lo column per row, A from four
+    registers), and none of the fp32 head sum's max, fused multiply-adds or shuffles; no local
+    memory."""
+    checked = 0
+    for cfg, record, _ in compiled:
+        if cfg.get("HeadSum") != "tensor":
+            continue
+        p = common.problem_for(ARCH, "fn", cfg)
+        k = WS.knobs(p, cfg)
+        groups = row_groups(cfg["next_n"], min(k["RowsPerMMA"], wg._pow2_floor(cfg["next_n"])))
+        columns = max(8, 2 * groups[0][1])
+        ptx = open(record.isa).read()
+        assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{columns}k16\.f32\.bf16\.bf16 "
+                         r"\{[^}]*\}, \{%r\d+,\s*%r\d+,\s*%r\d+,\s*%r\d+\}", ptx), record.name
+        code = sass.parse(open(record.isa[: -len(".ptx")] + ".sass").read())
+        # a consumer's scores per thread and tile: its groups' columns x ChunkK over 128 threads
+        scores = sum(n for _, n in groups[0::k["RowSplit"]]) * cfg["heads"] * k["ChunkK"] // 128
+        loops = [loop for loop in sass.innermost_loops_with(code, "QGMMA")
+                 if any(i.opcode.startswith("HGMMA") for i in loop)]
+        assert len(loops) == k["Consumers"], (record.name, len(loops))
+        for loop in loops:
+            ops = [i.opcode for i in loop]
+            assert sum(o.startswith("F2FP.RELU.BF16.F32.PACK_AB") for o in ops) == scores // 2, record.name
+            assert not any(o.startswith(("FMNMX", "SHFL", "FFMA")) for o in ops), (record.name, sorted(set(ops)))
+            assert not sass.local_memory(loop), record.name
+        checked += 1
+    assert checked >= 4

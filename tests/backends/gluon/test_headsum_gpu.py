@@ -164,3 +164,66 @@ def test_dispatch_and_graph_replay_after_lengths_change():
     module.launch(dataclasses.replace(launch_args(inp), out=fp32), dict(config, HeadSum="fp32"))
     torch.cuda.synchronize()
     _check_bound(inp, inp["out_logits"], before, fp32, clean_logits=False)
+
+
+# ----------------------------------------------------------------------------- wgmma_ws
+#: (ChunkK, RowsPerMMA, num_stages, CtasPerSM, Consumers, RowSplit, KeyCopy) of ``wgmma_ws``
+WS_SETTINGS = (
+    (64, 2, 4, 2, 1, 1, "gather"),
+    (128, 2, 4, 1, 2, 1, "tma"),
+    (64, 2, 8, 1, 4, 2, "tma"),
+    (64, 4, 8, 1, 2, 1, "tma"),
+    (64, 1, 6, 3, 1, 1, "gather"),
+    (128, 1, 4, 2, 1, 1, "gather"),
+)
+
+#: (setting, heads, next_n, kv_block_size): every setting, next_n 1-8, both head counts, 128-token
+#: tiles of two 64-token blocks and of four 32-token ones, gathered one-token blocks
+WS_CASES = ((0, 64, 2, 64), (0, 32, 4, 32), (1, 64, 2, 64), (1, 32, 2, 32), (2, 64, 2, 64), (2, 32, 4, 64),
+            (3, 64, 4, 64), (3, 32, 8, 64), (4, 32, 2, 1), (4, 32, 1, 64), (5, 32, 2, 64), (0, 64, 1, 32),
+            (3, 64, 4, 1))
+
+
+def _ws_config(setting: tuple, rows: int) -> dict:
+    chunk, _, stages, ctas, consumers, split, key_copy = setting
+    return {"variant": "wgmma_ws", "ChunkK": chunk, "RowsPerMMA": rows, "num_stages": stages, "CtasPerSM": ctas,
+            "Consumers": consumers, "RowSplit": split, "KeyCopy": key_copy, "HeadSum": "tensor"}
+
+
+@pytest.mark.parametrize("setting,heads,next_n,kv_block_size", WS_CASES)
+def test_wgmma_ws_tensor_head_sum_within_bound(setting, heads, next_n, kv_block_size):
+    """``wgmma_ws`` with ``HeadSum=tensor`` (its consumers' ``_score_tile_tensor``): the same bound
+    against the same kernel's fp32 head sum; the setting's ``RowsPerMMA``, else the first of 4, 2,
+    1 that it admits."""
+    module = variant_module("wgmma_ws")
+    rng = random.Random(setting * 31 + heads + next_n * 5 + kv_block_size)
+    lens = [rng.choice((0, 1, 63, 64, 65, 127, 129, rng.randint(1, 2500))) for _ in range(11)]
+    lens[0] = 2500
+    inp = make_inputs(11, next_n, heads, lens, kv_block_size=kv_block_size, device="cuda", seed=setting + next_n,
+                      max_model_len=2600, out_row_pad=1, table_row_pad=1, lens_2d=bool(setting % 2 == 0))
+    _adversarial(inp, torch.Generator().manual_seed(setting + 100))
+    args = launch_args(inp)
+    config = None
+    if module.unsupported(args.problem) is None:
+        for rows in (WS_SETTINGS[setting][1], 4, 2, 1):
+            candidate = _ws_config(WS_SETTINGS[setting], rows)
+            try:
+                admitted = module.admits(args.problem, candidate)
+            except ValueError:  # unequal row groups at this RowsPerMMA
+                admitted = False
+            if admitted:
+                config = candidate
+                break
+    if config is None:
+        pytest.skip(f"no HeadSum=tensor config of {WS_SETTINGS[setting]} fits {args.problem.describe()}")
+    before, fp32 = _launch_both(module, args, inp, config, False)
+    _check_bound(inp, inp["out_logits"], before, fp32, clean_logits=False)
+
+
+def test_wgmma_ws_bf16_logits():
+    module = variant_module("wgmma_ws")
+    inp = make_inputs(9, 2, 64, [3000, 5, 0, 129, 1000, 64, 2999, 17, 700], kv_block_size=64, device="cuda",
+                      seed=6, logits_dtype=torch.bfloat16, max_model_len=3100)
+    args = launch_args(inp)
+    before, fp32 = _launch_both(module, args, inp, _ws_config(WS_SETTINGS[1], 2), False)
+    _check_bound(inp, inp["out_logits"], before, fp32, clean_logits=False)

@@ -10,6 +10,7 @@ import pytest
 
 pytest.importorskip("triton.experimental.gluon")
 
+from paged_mqa_logits.backends.gluon import hopper_wgmma as wg  # noqa: E402
 from paged_mqa_logits.backends.gluon import hopper_wgmma_ws as ws  # noqa: E402
 from paged_mqa_logits.problem import Problem  # noqa: E402
 from test_hopper_wgmma_host import KnobCounter, meta_launch_args, recorded_launches  # noqa: E402
@@ -84,8 +85,31 @@ def test_candidates_fit_and_grid_is_one_wave(heads, next_n):
         knobs = WS.knobs(p, cfg)
         chunk, rows, stages, ctas, consumers, split = (knobs[k] for k in ("ChunkK", "RowsPerMMA", "num_stages",
                                                                           "CtasPerSM", "Consumers", "RowSplit"))
-        assert ws.fits(p, chunk, rows, stages, ctas, consumers, split)
+        rule = ws.tensor_fits if knobs["HeadSum"] == "tensor" else ws.fits
+        assert rule(p, chunk, rows, stages, ctas, consumers, split)
         assert WS.grid(p, cfg) == (132 * ctas, 1)
+
+
+def test_tensor_head_sum_knob():
+    """``HeadSum=tensor`` comes after every fp32 candidate (the default stays fp32), from next_n 2
+    on, only with equal row groups and at most two of them per consumer; the error names the knob."""
+    for heads, next_n in ((64, 2), (64, 4), (32, 4), (32, 2)):
+        p = problem(heads, next_n)
+        sums = [c["HeadSum"] for c in WS.candidates(p)]
+        assert "tensor" in sums and sums == sorted(sums, key=lambda s: s == "tensor"), (heads, next_n)
+        assert WS.default_config(p)["HeadSum"] == "fp32"
+        assert WS.constexprs(p, dict(WS.default_config(p), HeadSum="tensor"))["HEAD_SUM"] == 1
+    assert not any(c["HeadSum"] == "tensor" for c in WS.candidates(problem(64, 1)))
+    for c in WS.candidates(problem(64, 4)):
+        if c["HeadSum"] == "tensor":
+            assert len(wg.problem_row_groups(problem(64, 4), c["RowsPerMMA"])[::c["RowSplit"]]) <= 2
+    with pytest.raises(ValueError, match=r"HeadSum='tensor'.*equal row groups.*next_n 3"):
+        WS.knobs(problem(32, 3), dict(WS.default_config(problem(32, 3)), RowsPerMMA=2, HeadSum="tensor"))
+    with pytest.raises(ValueError, match=r"HeadSum='bf16'"):
+        WS.knobs(problem(32, 2), dict(WS.default_config(problem(32, 2)), HeadSum="bf16"))
+    # the head-sum weights take shared memory: per consumer and group, [8, rows * H] bf16
+    p = problem(64, 2)
+    assert ws.shared_bytes(p, 64, 8, 2, 2, 1, "tensor") - ws.shared_bytes(p, 64, 8, 2) == 2 * 8 * 128 * 2
 
 
 def test_not_the_default_variant_but_a_tuner_candidate():
