@@ -15,6 +15,7 @@ weights and key scales. Skipped without an sm_90 GPU.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -56,10 +57,17 @@ def test_tensor_head_sum_on_the_register_mma_twin(heads, next_n, kv_block_size, 
     config = configs[pick]
     prefetch = 2 if pick == 1 and register_q else None
     grid, splits = module.program_grid(p, config)
-    kwargs = dict(module.constexprs(p, config), **module.options(p, config), HEAD_SUM=mma_bf16_head_sum)
+    fp32_kwargs = dict(module.constexprs(p, config), **module.options(p, config))
     if prefetch:
-        kwargs["PREFETCH"] = prefetch
+        fp32_kwargs["PREFETCH"] = prefetch
+    tensor_kwargs = dict(fp32_kwargs, HEAD_SUM=mma_bf16_head_sum)
+    assert fp32_kwargs["HEAD_SUM"] is not mma_bf16_head_sum  # the comparison is the fp32 head sum
     before = inp["out_logits"].clone()
-    module.kernel_for(kwargs)[grid](*common.kernel_arguments(args, splits), **kwargs)
+    # the same kernel and config with its fp32 head sum first, into a copy: the bound is the head
+    # sum's own error, over the scores both share
+    fp32 = before.clone()
+    module.kernel_for(fp32_kwargs)[grid](*common.kernel_arguments(dataclasses.replace(args, out=fp32), splits),
+                                          **fp32_kwargs)
+    module.kernel_for(tensor_kwargs)[grid](*common.kernel_arguments(args, splits), **tensor_kwargs)
     torch.cuda.synchronize()
-    _check_bound(inp, inp["out_logits"], before, clean_logits=False)
+    _check_bound(inp, inp["out_logits"], before, fp32, clean_logits=False)
