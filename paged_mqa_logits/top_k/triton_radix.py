@@ -1,27 +1,39 @@
 """``triton_radix`` backend: a histogram-first exact top-k for GPUs (CPU tensors run it through
 the interpreter, for the tests).
 
-Over each row twice instead of nine times:
+Per row, two reads of it where the threshold bin is short, three where it is not:
 
-1. **Histogram.** The top 12 bits of every visible key (sign, exponent, three mantissa bits of
-   the fp32 value) go into a 4096-bin histogram; suffix sums give the bin ``B`` holding the
-   k-th largest key and the count above it.
-2. **Split.** A second read writes every position of a bin above ``B`` straight to the output and
-   lists the positions in ``B`` in a per-row scratch buffer (``CAPACITY`` entries).
-3. **Resolve.** The listed candidates alone are searched for the exact threshold on the 20 lower
-   bits (``triton_select.search``, five rounds over the list, which is in L2) and written
-   after the positions above ``B``: those above the threshold, then the first tied ones.
+1. **Coarse histogram.** The top ``HIST_BITS`` (8) bits of every visible key (sign and seven
+   exponent bits of the fp32 value) go into a 256-bin histogram; suffix sums give the bin holding
+   the k-th largest key, its count and the count above it.
+2. **Fine histogram**, only when the coarse bin holds more than ``CAPACITY`` elements: a second
+   read histograms the next 8 bits of the keys in that bin alone; the fine bin holding the k-th
+   largest key (16 bits known) replaces the coarse one.
+3. **Split.** A read writes every position above the threshold bin straight to the output and,
+   when the bin holds at most ``CAPACITY`` elements, lists its positions in a per-row scratch
+   buffer.
+4. **Resolve.** The listed candidates alone are searched for the exact threshold
+   (``triton_select.search``, four bits a round from the coarse bits: six rounds over the list,
+   which is in L2) and written after the positions above the bin: those above the threshold, then
+   the first tied ones.
 
-A threshold bin with more than ``CAPACITY`` elements skips the list: the search and the write
-then run over the row (five more reads), still exact. Rows with at most ``k`` visible positions
-are written without reading the row.
+A fine bin with more than ``CAPACITY`` elements skips the list: the search (on the 16 lower bits,
+four rounds) and the write then run over the row, still exact. Rows with at most ``k`` visible
+positions are written without reading the row.
+
+Why 256 bins: ``tl.histogram``'s cost per element grows with its bins (counts at ``HIST_BITS``);
+the one 4096-bin pass this replaced spent about 530 sm_90 instructions an element, a 256-bin pass
+about 85, the split pass about 86 (its block-wide scan), from the SASS of this kernel.
 
 Few rows, wide rows: one program per row would leave most SMs idle, so such calls split each row
-into ``S`` chunks over three launches. Each chunk's program adds its histogram into its row's and
-stores its suffix sums; each then finds ``B`` from the row's histogram and reads, from every
-earlier chunk's suffix sums, how many of its elements lie above ``B`` and in ``B``, so it knows
-where its own positions go (deterministic: the only atomics are the integer histogram adds); one
-program per row resolves the list. The result is the same as the one-program path's, slot for slot.
+into ``S`` chunks over four launches. Each chunk's program adds its coarse histogram into its
+row's and stores its suffix sums; in the second launch each finds the coarse bin from the row's
+histogram and, only if that bin overflows the list, does the same with the fine histogram of its
+chunk. Each then finds the row's threshold bin and reads, from every earlier chunk's suffix sums
+(the coarse level's, and the fine level's when used), how many of its elements lie above the bin
+and in it, so it knows where its own positions go (deterministic: the only atomics are the integer
+histogram adds); one program per row resolves the list. The result is the same as the
+one-program path's, slot for slot.
 """
 
 from __future__ import annotations
@@ -48,7 +60,8 @@ CAPACITY = 8192
 #: 4096 bins 517, 1024 bins 178, 256 bins 79, 64 bins 51; the load and key alone 14; a global
 #: ``tl.atomic_add`` per element instead 20, whatever the bins, but its speed then rests on the
 #: L2's rate for atomics to the same address, and logits crowd into few bins. 8 bits: two 256-bin
-#: passes cost a third of one 4096-bin pass, and the bins stay few enough for the suffix sums.
+#: passes cost a third of one 4096-bin pass. A multiple of 4: the list search goes on four bits a
+#: round below it.
 _HIST_BITS = 8
 HIST_BITS = tl.constexpr(_HIST_BITS)
 NUM_BINS = tl.constexpr(1 << _HIST_BITS)
