@@ -15,7 +15,9 @@ The model, per pass over a row (every pass reads the visible fp32 row, 4 bytes a
 * **issue**: the loop's busiest pipe (VALU, SALU, LDS, VMEM; ``cdna_cycles.profile``'s rules,
   all four SIMDs of a CU running the loop) per element, times the elements, over the active CUs;
 * a pass costs the larger of the two; the output write (4 bytes a slot) is added. What follows
-  the two full reads (both kernels resolve the threshold bucket from a short list) is left out.
+  the full reads (both kernels resolve the threshold bucket from a short list) is left out.
+  Ours is charged three reads of every row (coarse histogram, fine histogram, split:
+  :func:`radix_loops`), AITER's two.
 
 Active CUs: AITER's decode path runs one 1024-thread block per row (``min(rows, CUs)``); ours runs
 ``rows x split`` programs (``triton_radix.split_for``), one per CU at its occupancy.
@@ -25,7 +27,7 @@ bits), one block per row; pass 0 reads the row and adds every element's digit in
 histogram (one ``ds_add_u32`` per element); pass 1 reads the row again, keeps the elements whose
 12-bit prefix is the threshold bucket's (histogramming their next digit and compacting them)
 and writes those above it; the last pass reads only the compacted bucket. So it reads a row
-twice, as ours does. Its per-element instruction counts (:data:`AITER_PASSES`) are counted
+twice; ours reads it twice where its 256-bin coarse bucket fits its list, else three times. Its per-element instruction counts (:data:`AITER_PASSES`) are counted
 from the source's operations, with 16-byte loads (``dwordx4``, four elements a lane).
 """
 
@@ -111,22 +113,27 @@ def estimate(passes, arch: str, rows: int, n: int, k: int, active_cus: int) -> E
 
 
 # ----------------------------------------------------------------------------- our kernel's ISA
-def radix_loops(arch: str) -> tuple[PassCost, PassCost, dict]:
-    """Our two full passes from the cross-compiled ``triton_radix`` kernel's ISA: the histogram
-    loop (the first loop that loads and adds into LDS) and the split loop (the first later loop
-    that loads and stores); with the compile record's facts."""
+def radix_loops(arch: str) -> tuple[tuple[PassCost, ...], dict]:
+    """Our three full passes from the cross-compiled ``triton_radix`` kernel's ISA: the coarse
+    histogram loop (the first loop that loads and adds into LDS), the fine one (the next such
+    loop) and the split loop (the first later loop that loads and stores); with the compile
+    record's facts. The fine pass runs only where the coarse bin overflows the list: the model
+    charges it to every row (the long rows' usual case, and the slower one)."""
     from paged_mqa_logits.aot.compile import _amd_blocks
     from paged_mqa_logits.top_k import triton_radix
 
     isa, record = _compile_radix(arch)
     loops = _loops(_amd_blocks(isa))
     elements = triton_radix.BLOCK // triton_radix.NUM_WARPS
-    hist = next(i for i, body in enumerate(loops) if _has(body, "global_load") and _has(body, "ds_add"))
-    split = next(i for i, body in enumerate(loops) if i > hist and _has(body, "global_load") and _has(body, "global_store"))
-    facts = {"vgprs": record.vgprs, "occupancy": record.occupancy, "histogram_instructions": len(loops[hist]),
-             "split_instructions": len(loops[split]), "elements_per_wave_iteration": elements}
-    return (PassCost.of_loop("histogram", loops[hist], elements), PassCost.of_loop("split", loops[split], elements),
-            facts)
+    hists = [i for i, body in enumerate(loops) if _has(body, "global_load") and _has(body, "ds_add")][:2]
+    split = next(i for i, body in enumerate(loops) if i > hists[1] and _has(body, "global_load")
+                 and _has(body, "global_store"))
+    facts = {"vgprs": record.vgprs, "occupancy": record.occupancy, "histogram_instructions": len(loops[hists[0]]),
+             "fine_histogram_instructions": len(loops[hists[1]]), "split_instructions": len(loops[split]),
+             "elements_per_wave_iteration": elements}
+    return (PassCost.of_loop("histogram", loops[hists[0]], elements),
+            PassCost.of_loop("fine_histogram", loops[hists[1]], elements),
+            PassCost.of_loop("split", loops[split], elements)), facts
 
 
 def _has(body: list[str], prefix: str) -> bool:
@@ -204,8 +211,10 @@ def header(facts: dict[str, dict]) -> list[str]:
              "# inputs: peak HBM bandwidth and clock of paged_mqa_logits/arch.py (" + "; ".join(
                  f"{a} {ARCH_SPECS[a].hbm_gbps} GB/s {ARCH_SPECS[a].clock_mhz} MHz {ARCH_SPECS[a].usual_cu_num} CUs"
                  for a in facts) + "); pipe prices of tools/cdna_cycles.py",
-             "# ours: triton_radix cross-compiled, its histogram and split loops counted from the ISA (" + "; ".join(
-                 f"{a}: {f['histogram_instructions']} and {f['split_instructions']} instructions per "
+             "# ours: triton_radix cross-compiled, its coarse and fine histogram and split loops counted from the "
+             "ISA, three reads of every row (" + "; ".join(
+                 f"{a}: {f['histogram_instructions']}, {f['fine_histogram_instructions']} and "
+                 f"{f['split_instructions']} instructions per "
                  f"{f['elements_per_wave_iteration']} elements a wave, {f['vgprs']} VGPRs" for a, f in facts.items())
              + ")",
              "# aiter: top_k_per_row_decode counted from its source (one 1024-thread block a row, 12-bit digits, "
@@ -219,8 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     a = parser.parse_args(argv)
     ours, facts = {}, {}
     for arch in ARCHS:
-        hist, split, facts[arch] = radix_loops(arch)
-        ours[arch] = (hist, split)
+        ours[arch], facts[arch] = radix_loops(arch)
     rows = table(ours)
     from paged_mqa_logits.files import atomic_write
 

@@ -7,7 +7,7 @@ without it.
 * ``BLOCK``: elements one step of a pass reads (a power of two). The portable kernel compares
   ``[BLOCK, 16]`` per search round; the radix kernel histograms ``BLOCK`` keys a step.
 * ``num_warps``: warps (waves) per program, GPUs only (the interpreter ignores it).
-* ``split`` (``triton_radix``): chunks each row is cut into over three launches; absent: the
+* ``split`` (``triton_radix``): chunks each row is cut into over four launches; absent: the
   kernel's own rule (``triton_radix.split_for``: split only when the rows leave SMs idle).
 
 Defaults differ between GPUs and CPU tensors: the interpreter runs small blocks faster.

@@ -68,9 +68,10 @@ def test_torch_backend_k2048_long_rows():
     assert_exact(out, logits, lengths, next_n, k)
 
 
-@pytest.mark.parametrize("capacity", [8192, 5])
+@pytest.mark.parametrize("capacity", [8192, 64, 5])
 def test_radix_kernel_list_and_overflow(monkeypatch, capacity):
-    """The threshold bin's candidates listed, and (capacity 5) the exact fallback over the row."""
+    """The coarse threshold bin's candidates listed, (capacity 64) the fine bin's after the second
+    histogram, and (capacity 5) the exact fallback over the row."""
     from paged_mqa_logits.top_k import triton_radix
 
     monkeypatch.setattr(triton_radix, "CAPACITY", capacity)
@@ -86,10 +87,10 @@ def test_radix_kernel_list_and_overflow(monkeypatch, capacity):
     assert_exact(mapped, logits, lengths, 1, 32, table, 16)
 
 
-@pytest.mark.parametrize("capacity", [8192, 5])
+@pytest.mark.parametrize("capacity", [8192, 64, 5])
 @pytest.mark.parametrize("split", [2, 4])
 def test_radix_split_rows_match_one_program(monkeypatch, capacity, split):
-    """Rows split over programs (three launches) select what one program per row selects, slot for slot."""
+    """Rows split over programs (four launches) select what one program per row selects, slot for slot."""
     from paged_mqa_logits.top_k import triton_radix
     from paged_mqa_logits.top_k.validate import check_call
 

@@ -31,7 +31,8 @@ def _spec(kernel, arch, has_table, extra_pointers=(), extra_ints=(), block=1024,
     options = {"num_warps": warps}
     if arch.startswith("gfx"):
         options["waves_per_eu"] = 1
-    return CompileSpec(name=f"topk_{kernel.__name__}_{arch}_{int(has_table)}", backend="topk", arch=arch, knobs={},
+    level = f"_{extra['LEVEL']}" if extra and "LEVEL" in extra else ""
+    return CompileSpec(name=f"topk_{kernel.__name__}_{arch}_{int(has_table)}{level}", backend="topk", arch=arch, knobs={},
                        fn=kernel, signature=signature, constexprs=constexprs, options=options, gluon=False)
 
 
@@ -57,12 +58,13 @@ def test_portable_kernel_cross_compiles(arch):
 def test_split_row_kernels_cross_compile(arch):
     split = {"SPLIT": 8}
     tables = ["total_ptr", "suffix_ptr", "scratch_ptr"]
-    histogram = _spec(triton_radix._chunk_histogram_kernel, arch, False, tables, ["chunk"], triton_radix.BLOCK,
-                      triton_radix.NUM_WARPS, extra=split)
+    histograms = [_spec(triton_radix._chunk_histogram_kernel, arch, False, tables, ["capacity", "chunk"],
+                        triton_radix.BLOCK, triton_radix.NUM_WARPS, extra=dict(split, LEVEL=level))
+                  for level in (0, 1)]
     split_kernel = _spec(triton_radix._chunk_split_kernel, arch, True, tables, ["capacity", "chunk"],
                          triton_radix.BLOCK, triton_radix.NUM_WARPS, extra=split)
     resolve = _spec(triton_radix._chunk_resolve_kernel, arch, True, tables, ["capacity"], triton_radix.BLOCK,
                     triton_radix.NUM_WARPS, extra=split)
-    for spec in (histogram, split_kernel, resolve):
+    for spec in (*histograms, split_kernel, resolve):
         record = compile_spec(spec, None)
         assert record.ok, f"{spec.name}: {record.error}"
