@@ -33,12 +33,12 @@ Schedules (``schedule.py``): ``BALANCED`` walks the program's equal share of the
 otherwise program ``(split, b)`` walks tiles ``[first, stop)`` of sequence ``b``. Every
 partition walks the same share: they agree on every sequence's tile count without talking.
 
-Semantics follow ``problem.py`` and ``hopper_wgmma.py``: row ``j`` of sequence ``b`` sees
+Semantics follow ``problem.py`` and ``wgmma.py``: row ``j`` of sequence ``b`` sees
 ``p < min(row_len(b, j), max_model_len, table width)``; the key scale is factored out of the
 ReLU; block ids are clamped into the cache; cache and output offsets are 64-bit.
 
 The knobs, the register split, the resource rules, the descriptors and the launch plan are the
-host side, ``backends/gluon/hopper_pipes.py``.
+host side, ``backends/gluon/wgmma_pipes.py``.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 from ....triton_internals.gluon_api import (async_copy, fence_async_shared, thread_barrier, tma, warpgroup_mma,
                                              warpgroup_mma_wait)
 from . import device
-from . import hopper_wgmma as wg
+from . import wgmma as wg
 
 #: the facts the host side reads
 CONSUMER_WARPS = 4  # a warpgroup: wgmma's unit
@@ -80,7 +80,7 @@ _PRODUCER_WARPS = gl.constexpr(PRODUCER_WARPS)
 # PRODUCER_VEC: one warp over a vector (scales, weights), one element per lane per repeat.
 # TAIL: the producer's warps storing a [rows, TAIL_UNIT] block of -inf, 4 logits (16 bytes of fp32)
 #   per lane.
-# The consumer's layouts are hopper_wgmma's: the wgmma accumulator (MMA), the NVMMA tile layout
+# The consumer's layouts are wgmma's: the wgmma accumulator (MMA), the NVMMA tile layout
 # of keys and Q, and whatever the head-sum reduction of the accumulator gives.
 KEY_BOX_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=3)
 SCALE_BOX_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)

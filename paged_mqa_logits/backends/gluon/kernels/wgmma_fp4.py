@@ -1,5 +1,5 @@
 """sm_90 MXFP4 variant of the ``gluon`` backend: e2m1 queries and keys widened to e4m3 in
-registers and scored by the fp8 ``wgmma`` of ``hopper_wgmma.py``.
+registers and scored by the fp8 ``wgmma`` of ``wgmma.py``.
 
 Why widening is exact: an e2m1 value times ``2^s`` is an e4m3 value for every ``s`` in -8..6
 (the values span 0.5 * 2^-8 = 2^-9, e4m3's smallest subnormal, to 6 * 2^6 = 384 <= 448). A token
@@ -8,24 +8,24 @@ group ``g`` and one factor ``2^(M - 127 - 6)``, which plays the part of the fp8 
 key scale (applied after the head sum: it is positive, so it commutes with the ReLU). A query
 head is widened the same way and its factor is folded into its weight (``w * relu(s * x) = (w *
 s) * relu(x)``, s > 0). The tile is then an ordinary fp8 wgmma tile and
-``hopper_wgmma._score_tile`` (row groups, 128-token halves, epilogue, store) runs unchanged.
+``wgmma._score_tile`` (row groups, 128-token halves, epilogue, store) runs unchanged.
 
 The widening is two ``prmt`` byte permutes per four codes (the hot path; :func:`_widen_words`):
 the eight e4m3 bytes of a group's magnitudes at its shift are two 32-bit *table words*
 (:func:`_table_words`, computed once per token and group), a code's 3-bit magnitude indexes
 them, and a second ``prmt`` gathers the codes' sign bits into the bytes' top bits.
-The host module (``backends/gluon/hopper_fp4.py``: ``widen_word``, ``e4m3_table_words``) holds
+The host module (``backends/gluon/wgmma_fp4.py``: ``widen_word``, ``e4m3_table_words``) holds
 the plain-torch model of exactly these formulas, checked exhaustively on CPU
-(``tests/backends/gluon/test_hopper_fp4_host.py``).
+(``tests/backends/gluon/test_wgmma_fp4_host.py``).
 
-Structure: the schedules (``split`` / ``balanced``) and segment walk of ``hopper_wgmma.py``;
+Structure: the schedules (``split`` / ``balanced``) and segment walk of ``wgmma.py``;
 per tile, the keys' packed words and exponent words are loaded with plain loads into registers
 one tile ahead (so their latency overlaps the widening and scoring of the current tile), widened,
 stored into one NVMMA-swizzled key tile (viewed as int32 words: the 128-byte swizzle moves the
 same bytes whatever the element width) with the token factors beside it, fenced for the async
 proxy, then scored. Preshuffled caches are declined by the host side.
 
-The host side (knobs, resources, launch plan, compile matrix) is ``backends/gluon/hopper_fp4.py``.
+The host side (knobs, resources, launch plan, compile matrix) is ``backends/gluon/wgmma_fp4.py``.
 """
 
 from __future__ import annotations
@@ -36,10 +36,10 @@ from triton.experimental.gluon import language as gl
 from ....triton_internals.gluon_api import fence_async_shared, reinterpret_shared, thread_barrier
 from . import device
 from .device import DYNAMIC_PARAMS
-from .hopper_wgmma import (NUM_WARPS, _gather, _issue_end, _load_weights, _row_limits, _score_tile,
+from .wgmma import (NUM_WARPS, _gather, _issue_end, _load_weights, _row_limits, _score_tile,
                            _single_group_weights, _tile_smem_layout, _vec_smem_layout)
 
-# The widening's constants (the host module's torch model, ``hopper_fp4.widen_word``, reads them
+# The widening's constants (the host module's torch model, ``wgmma_fp4.widen_word``, reads them
 # from here). A group of a row is written as e4m3 bytes of ``value * 2^s`` with ``s = 6 - spread``,
 # ``spread = M - e_g`` the binades it sits below the row's largest exponent ``M``.
 #: the largest ``M - e_g`` (binades a group sits below its token's largest) widened exactly
@@ -75,7 +75,7 @@ _LOW_14 = gl.constexpr(SUBNORMAL_LOW_WORDS[14])
 _HIGH_14 = gl.constexpr(SUBNORMAL_HIGH_WORDS[14])
 
 # The widening of one packed word (eight codes, in element order) into two words of e4m3 bytes,
-# given its group's table words (``hopper_fp4.widen_word``): magnitude bytes by a prmt on the
+# given its group's table words (``wgmma_fp4.widen_word``): magnitude bytes by a prmt on the
 # 3-bit codes (a prmt selector reads the low 16 bits: four codes), sign bytes by a byte prmt of
 # ``word << 4`` and ``word`` that puts every code's sign bit at its byte's top bit; nine
 # instructions per word once ptxas merges each ``and``/``or`` pair into one LOP3.
@@ -100,7 +100,7 @@ or.b32 $1, mag, sgn;
 #   4 threads a row, a warp 8 rows, the warpgroup 32 (taller tiles repeat over registers); a
 #   group's table words are then computed once per thread and row.
 # WIDE_SMEM: the widened tile as [rows, 32] int32 words in the 128-byte swizzle of the fp8
-#   [rows, 128] wgmma operand (hopper_wgmma._tile_smem_layout) over the same bytes.
+#   [rows, 128] wgmma operand (wgmma._tile_smem_layout) over the same bytes.
 @gluon.constexpr_function
 def _words_layout():
     return gl.BlockedLayout([1, 1, 4], [8, 4, 1], [_WARPS, 1, 1], [2, 1, 0])
@@ -114,7 +114,7 @@ def _wide_smem_layout():
 # ----------------------------------------------------------------------------- widening
 @gluon.jit
 def _table_words(spread):
-    """``hopper_fp4.e4m3_table_words``: the e4m3 bytes of the eight magnitudes of a group ``spread``
+    """``wgmma_fp4.e4m3_table_words``: the e4m3 bytes of the eight magnitudes of a group ``spread``
     binades below its row's largest exponent, as (codes 0-3, codes 4-7) words."""
     low = _LOW_BASE + (12 - spread) * _LOW_STEP
     high = _HIGH_BASE + (12 - spread) * _HIGH_STEP
@@ -136,7 +136,7 @@ def _largest_exponent(exponent_words):
 
 @gluon.jit
 def _row_factor(top):
-    """``hopper_fp4.scale_of_exponent``: fp32 ``2^(M - 127 - 6)`` from the bits (subnormal below M = 7)."""
+    """``wgmma_fp4.scale_of_exponent``: fp32 ``2^(M - 127 - 6)`` from the bits (subnormal below M = 7)."""
     return gl.where(top > 6, (top - 6) << 23, 1 << gl.minimum(top + 16, 22)).to(gl.float32, bitcast=True)
 
 
@@ -186,7 +186,7 @@ def _widen_query(q_ptr, q_scale_ptr, q_wide, b, stride_q_b, stride_q_j, stride_q
                  NEXT_N: gl.constexpr, NEXT_N_POW2: gl.constexpr, HEADS: gl.constexpr):
     """Sequence ``b``'s query heads widened into ``q_wide`` (row ``j * H + h``; rows past
     ``NEXT_N * H`` zero); returns each head's fp32 factor ``2^(Mq - 133)`` in the vector layout
-    of ``hopper_wgmma._load_weights``. q rows may sit at any byte address: their bytes are
+    of ``wgmma._load_weights``. q rows may sit at any byte address: their bytes are
     loaded one by one and assembled into words (once per segment, off the hot path)."""
     ROWS: gl.constexpr = NEXT_N_POW2 * HEADS
     layout: gl.constexpr = _words_layout()
@@ -222,7 +222,7 @@ def _score_segment(q_ptr, q_scale_ptr, words_ptr, weights_ptr, out_ptr, lens_ptr
                    NEXT_N: gl.constexpr, NEXT_N_POW2: gl.constexpr, HEADS: gl.constexpr, KV_BLOCK_SIZE: gl.constexpr,
                    CHUNK: gl.constexpr, ROWS_PER_MMA: gl.constexpr, LENS_2D: gl.constexpr, BALANCED: gl.constexpr):
     """Tiles ``first, first + step, ...`` of sequence ``b`` (``n_given`` of them when
-    balanced, else all it has from ``first`` on), as ``hopper_wgmma._score_segment`` walks
+    balanced, else all it has from ``first`` on), as ``wgmma._score_segment`` walks
     them; the shared memory is the caller's, reused from segment to segment."""
     vec_layout: gl.constexpr = gl.BlockedLayout([1], [32], [_WARPS], [0])
     key_tile = reinterpret_shared(key_wide, gl.float8e4nv, [CHUNK, _D], _tile_smem_layout())

@@ -25,10 +25,10 @@ Design (and why):
   ``split, split + num_splits, ...`` of sequence ``b`` (round-robin); its first tiles do not
   depend on the lengths, so their block-table entries, Q and the weights load *in parallel*
   with the lengths (the chain before the first key copy is one memory latency, not two);
-  ``SplitKV = 0`` sizes the grid for one wave (``hopper_wgmma.derive_splits``) from the
+  ``SplitKV = 0`` sizes the grid for one wave (``wgmma.derive_splits``) from the
   host's context hint, so on a batch of widely spread lengths the short sequences' programs idle.
   ``Schedule=balanced``: one persistent wave of ``SMs x programs per SM`` programs (the
-  compiled kernel's own occupancy, ``hopper_wgmma.resident_programs``), each taking an
+  compiled kernel's own occupancy, ``wgmma.resident_programs``), each taking an
   equal share of the batch's tiles from an in-kernel prefix sum over the lengths
   (``device.balanced_share``) and walking it as segments, one sequence each
   (:func:`_score_segment`: the ring restarts, Q and the weights are reloaded, at every sequence
@@ -53,8 +53,8 @@ are clamped into ``[0, num_blocks)``. The key scale is factored out of the ReLU 
 non-negative scales of fp8 quantisation).
 
 This module is the device side: the kernel, its layouts and device helpers (the warp-specialised
-variant, ``hopper_wgmma_ws.py``, reuses them). The knobs, the resource rules and the launch
-plan are the host side, ``backends/gluon/hopper_wgmma.py``.
+variant, ``wgmma_ws.py``, reuses them). The knobs, the resource rules and the launch
+plan are the host side, ``backends/gluon/wgmma.py``.
 """
 
 from __future__ import annotations
