@@ -30,6 +30,12 @@ def test_every_listed_module_loads():
     assert len(variants()) == len(VARIANT_MODULES)
 
 
+def test_every_variant_is_named_after_its_modules():
+    """One name per variant: its host module ``<name>.py`` and kernel module ``kernels/<name>.py``
+    carry the name the tables, configs and docs use (``config["variant"]``)."""
+    assert [v.name for v in variants()] == list(VARIANT_MODULES)
+
+
 def test_a_module_that_fails_to_import_raises_naming_it(planted):
     with pytest.raises(ImportError, match=r"'broken' failed to import: RuntimeError: half written"):
         load_variants(planted, ("wgmma", "broken"))
