@@ -145,8 +145,8 @@ def _load_sequence_operands(q_ptr, weights_ptr, lens_ptr, q_smem, weight_smem, l
     base._copy_query(q_ptr, q_smem, b, stride_q_b, stride_q_j, stride_q_h, NEXT_N, NEXT_N_POW2, HEADS, Q_ASYNC)
     if Q_ASYNC:
         async_copy.commit_group()
-    weight_smem.store(base._load_weights(weights_ptr, b, stride_w, NEXT_N, NEXT_N_POW2, HEADS, vec_layout))
-    limit_smem.store(base._row_limits(lens_ptr, b, seq_len, end, stride_lens_b, stride_lens_j,
+    weight_smem.store(base.load_weights(weights_ptr, b, stride_w, NEXT_N, NEXT_N_POW2, HEADS, vec_layout))
+    limit_smem.store(base.row_limits(lens_ptr, b, seq_len, end, stride_lens_b, stride_lens_j,
                                       gl.arange(0, NEXT_N_POW2, vec_layout), NEXT_N, LENS_2D))
     if Q_ASYNC:
         async_copy.wait_group(0)
@@ -241,7 +241,7 @@ def _consumer(q_ptr, weights_ptr, out_ptr, lens_ptr, key_ring, scale_ring, q_sme
                                           stride_lens_j, NEXT_N, HEADS, ROWS_PER_MMA, LENS_2D, CHUNK, GROUPS,
                                           ROLE)
             else:
-                weight_regs = base._single_group_weights(weight_mine, NEXT_N, HEADS, ROWS_PER_MMA)
+                weight_regs = base.single_group_weights(weight_mine, NEXT_N, HEADS, ROWS_PER_MMA)
             for i in range(first, count, TEAMS):
                 slot = (k + i) % STAGES
                 mbarrier.wait(full_bars.index(slot), ((k + i) // STAGES) & 1)
@@ -251,7 +251,7 @@ def _consumer(q_ptr, weights_ptr, out_ptr, lens_ptr, key_ring, scale_ring, q_sme
                                        out_ptr, b, tile + i, stride_out, NEXT_N, HEADS, CHUNK, ROWS_PER_MMA, GROUPS,
                                        ROLE)
                 elif ROW_SPLIT == 1:
-                    base._score_tile(key_ring.index(slot), q_mine, scale_ring.index(slot), weight_regs, weight_mine,
+                    base.score_tile(key_ring.index(slot), q_mine, scale_ring.index(slot), weight_regs, weight_mine,
                                      limit_mine, out_ptr, b, tile + i, stride_out, NEXT_N, HEADS, CHUNK, ROWS_PER_MMA)
                 else:
                     base._score_tile_groups(key_ring.index(slot), q_mine, scale_ring.index(slot), weight_mine,
@@ -283,8 +283,8 @@ def wgmma_ws_logits_kernel(
     """Program ``p`` of the persistent grid scores its equal share of the batch's tiles
     (``schedule.py``): a producer warpgroup streams the tiles through the ring, the consumer
     warpgroup scores them (see the module docstring). ``num_splits`` is unused (1)."""
-    tile_smem: gl.constexpr = base._tile_smem_layout()
-    vec_smem: gl.constexpr = base._vec_smem_layout()
+    tile_smem: gl.constexpr = base.tile_smem_layout()
+    vec_smem: gl.constexpr = base.vec_smem_layout()
     key_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, CHUNK, _D], tile_smem)
     scale_ring = gl.allocate_shared_memory(gl.float32, [STAGES, CHUNK], vec_smem)
     q_smem = gl.allocate_shared_memory(gl.float8e4nv, [CONSUMERS, NEXT_N_POW2 * HEADS, _D], tile_smem)
