@@ -28,30 +28,35 @@ ENV_CHECK = "PAGED_MQA_LOGITS_CHECK"
 CHECK_DEVICE_IDS = env_flag(ENV_CHECK, os.environ.get(ENV_CHECK))
 
 
-def _fail(name: str, expected: str, got) -> None:
+def fail(name: str, expected: str, got) -> None:
+    """Raise the :class:`PagedMQAArgumentError` naming argument ``name``, what it expects and what
+    it got; every argument check of the package (the top-k op's too) reports through it."""
     raise PagedMQAArgumentError(f"paged_mqa_logits: argument `{name}`: expected {expected}, got {got}")
 
 
-def _tensor(name: str, value, dtypes: tuple, ndims: tuple) -> torch.Tensor:
+def tensor(name: str, value, dtypes: tuple, ndims: tuple) -> torch.Tensor:
+    """``value``, checked to be a torch.Tensor of one of ``dtypes`` with one of ``ndims`` dimensions."""
     if not isinstance(value, torch.Tensor):
-        _fail(name, "a torch.Tensor", type(value).__name__)
+        fail(name, "a torch.Tensor", type(value).__name__)
     if value.dtype not in dtypes:
-        _fail(name, "dtype " + " or ".join(str(d).replace("torch.", "") for d in dtypes), str(value.dtype).replace("torch.", ""))
+        fail(name, "dtype " + " or ".join(str(d).replace("torch.", "") for d in dtypes), str(value.dtype).replace("torch.", ""))
     if value.dim() not in ndims:
-        _fail(name, " or ".join(f"{n}-D" for n in ndims) + " tensor", f"shape {tuple(value.shape)}")
+        fail(name, " or ".join(f"{n}-D" for n in ndims) + " tensor", f"shape {tuple(value.shape)}")
     return value
 
 
-def _last_dim_contiguous(name: str, t: torch.Tensor) -> None:
+def last_dim_contiguous(name: str, t: torch.Tensor) -> None:
+    """Check that ``t``'s last dimension has stride 1 (where it has more than one element)."""
     if t.shape[-1] > 1 and t.stride(-1) != 1:
-        _fail(name, "a contiguous last dimension (stride 1)", f"stride {t.stride(-1)}")
+        fail(name, "a contiguous last dimension (stride 1)", f"stride {t.stride(-1)}")
 
 
-def _host_int(name: str, value, minimum: int, maximum: int | None = None) -> int:
+def host_int(name: str, value, minimum: int, maximum: int | None = None) -> int:
+    """``value``, checked to be a Python int (not a bool) in ``minimum..maximum``."""
     if isinstance(value, bool) or not isinstance(value, int):
-        _fail(name, "a Python int", type(value).__name__)
+        fail(name, "a Python int", type(value).__name__)
     if value < minimum or (maximum is not None and value > maximum):
-        _fail(name, f"an int >= {minimum}" if maximum is None else f"an int in {minimum}..{maximum}", value)
+        fail(name, f"an int >= {minimum}" if maximum is None else f"an int in {minimum}..{maximum}", value)
     return value
 
 
@@ -165,56 +170,56 @@ def build_launch_args(
     device = q.device
 
     if not isinstance(Preshuffle, bool):
-        _fail("Preshuffle", "a bool", type(Preshuffle).__name__)
-    kv_block_size = _host_int("KVBlockSize", KVBlockSize, 1)
+        fail("Preshuffle", "a bool", type(Preshuffle).__name__)
+    kv_block_size = host_int("KVBlockSize", KVBlockSize, 1)
     expected = kv_block_size_rule(kv_block_size, Preshuffle)
     if expected is not None:
-        _fail("KVBlockSize", expected, kv_block_size)
-    max_model_len = _host_int("max_model_len", max_model_len, 0, MAX_MODEL_LEN)
+        fail("KVBlockSize", expected, kv_block_size)
+    max_model_len = host_int("max_model_len", max_model_len, 0, MAX_MODEL_LEN)
     if context_hint is not None:
-        context_hint = _host_int("context_hint", context_hint, 0)
+        context_hint = host_int("context_hint", context_hint, 0)
     if not isinstance(clean_logits, bool):
-        _fail("clean_logits", "a bool", repr(clean_logits))
+        fail("clean_logits", "a bool", repr(clean_logits))
 
     row = token_bytes(head_dim, kv_format)
     kv = _cache(kv_cache, kv_block_size, row, kv_format)
 
     rows = batch * next_n
-    w = _tensor("weights", weights, (torch.float32,), (2,))
+    w = tensor("weights", weights, (torch.float32,), (2,))
     if tuple(w.shape) != (rows, heads):
-        _fail("weights", f"shape [B*next_n={rows}, H={heads}]", f"shape {tuple(w.shape)}")
-    _last_dim_contiguous("weights", w)
+        fail("weights", f"shape [B*next_n={rows}, H={heads}]", f"shape {tuple(w.shape)}")
+    last_dim_contiguous("weights", w)
 
-    out = _tensor("out_logits", out_logits, tuple(LOGITS_DTYPES.values()), (2,))
+    out = tensor("out_logits", out_logits, tuple(LOGITS_DTYPES.values()), (2,))
     if out.shape[0] < rows:
-        _fail("out_logits", f"at least B*next_n={rows} rows", f"{out.shape[0]} rows")
+        fail("out_logits", f"at least B*next_n={rows} rows", f"{out.shape[0]} rows")
     if out.shape[1] < max_model_len:
-        _fail("out_logits", f"at least max_model_len={max_model_len} columns", f"{out.shape[1]} columns")
-    _last_dim_contiguous("out_logits", out)
+        fail("out_logits", f"at least max_model_len={max_model_len} columns", f"{out.shape[1]} columns")
+    last_dim_contiguous("out_logits", out)
 
-    lens = _tensor("context_lens", context_lens, (torch.int32,), (1, 2))
+    lens = tensor("context_lens", context_lens, (torch.int32,), (1, 2))
     lens_shape = (batch,) if lens.dim() == 1 else (batch, next_n)
     if tuple(lens.shape) != lens_shape:
-        _fail("context_lens", f"shape [B={batch}] or [B={batch}, next_n={next_n}]", f"shape {tuple(lens.shape)}")
+        fail("context_lens", f"shape [B={batch}] or [B={batch}, next_n={next_n}]", f"shape {tuple(lens.shape)}")
 
-    table = _tensor("kv_indices", kv_indices, (torch.int32,), (2,))
+    table = tensor("kv_indices", kv_indices, (torch.int32,), (2,))
     if table.shape[0] != batch:
-        _fail("kv_indices", f"{batch} rows (one per sequence)", f"shape {tuple(table.shape)}")
-    _last_dim_contiguous("kv_indices", table)
+        fail("kv_indices", f"{batch} rows (one per sequence)", f"shape {tuple(table.shape)}")
+    last_dim_contiguous("kv_indices", table)
 
     inputs = [("q_fp8", q), ("kv_cache", kv), ("weights", w), ("context_lens", lens), ("kv_indices", table)]
     if q_scale is not None:
         inputs.append(("q_scale", q_scale))
     for name, t in inputs[1:3] + [("out_logits", out)] + inputs[3:]:
         if t.device != device:
-            _fail(name, f"a tensor on {device} (the device of q_fp8)", f"a tensor on {t.device}")
+            fail(name, f"a tensor on {device} (the device of q_fp8)", f"a tensor on {t.device}")
 
     if device.type == "meta":
-        _fail("q_fp8", "tensors with data on a CPU or GPU device", "meta tensors")
+        fail("q_fp8", "tensors with data on a CPU or GPU device", "meta tensors")
     if kv.shape[0] == 0 and device.type != "cpu" and rows and max_model_len and table.shape[1]:
         # Without reading the lengths (a sync) any row may walk a block, and there is none to
         # clamp to; on CPU the id check below decides from the actual lengths.
-        _fail("kv_cache", "at least one block (num_blocks >= 1)", "num_blocks 0")
+        fail("kv_cache", "at least one block (num_blocks >= 1)", "num_blocks 0")
     _check_no_overlap(out, rows, max_model_len, inputs)
     if device.type == "cpu" or CHECK_DEVICE_IDS:
         check_block_ids(lens, table, next_n, kv_block_size, max_model_len, kv.shape[0])
@@ -223,7 +228,7 @@ def build_launch_args(
     if kv_format == "fp8":
         flavour = fp8_flavour(q.dtype)
         if not info.supports_fp8(flavour):
-            _fail("q_fp8", f"the fp8 flavour native to {info.arch} "
+            fail("q_fp8", f"the fp8 flavour native to {info.arch} "
                   f"({'e4m3' + arch_mod.native_fp8(info.arch)})",
                   str(q.dtype).replace("torch.", ""))
     else:  # fp4 has no flavour; kernels that widen e2m1 to e4m3 use the chip's native one
@@ -246,11 +251,11 @@ def _query(q_fp8, q_scale) -> tuple[torch.Tensor, torch.Tensor | None, str]:
     uint8) with its ``[B, next_n, H]`` int32 exponents."""
     if q_scale is None:
         if isinstance(q_fp8, torch.Tensor) and q_fp8.dtype in FP4_TYPES:
-            _fail("q_scale", "a [B, next_n, H] int32 tensor of ue8m0 exponents for a packed fp4 q_fp8", "None")
-        q = _tensor("q_fp8", q_fp8, FP8_TYPES, (4,))
+            fail("q_scale", "a [B, next_n, H] int32 tensor of ue8m0 exponents for a packed fp4 q_fp8", "None")
+        q = tensor("q_fp8", q_fp8, FP8_TYPES, (4,))
         kv_format = "fp8"
     else:
-        q = _tensor("q_fp8", q_fp8, FP4_TYPES, (4,))
+        q = tensor("q_fp8", q_fp8, FP4_TYPES, (4,))
         kv_format = "fp4"
     batch, next_n, heads, dim = q.shape
     width = key_bytes(HEAD_DIM, kv_format)
@@ -259,15 +264,15 @@ def _query(q_fp8, q_scale) -> tuple[torch.Tensor, torch.Tensor | None, str]:
                               ("next_n (dim 1)", next_n_rule, next_n), ("heads (dim 2)", heads_rule, heads)):
         expected = rule(value)
         if expected is not None:
-            _fail("q_fp8", f"{what} {expected}", value)
-    _last_dim_contiguous("q_fp8", q)
+            fail("q_fp8", f"{what} {expected}", value)
+    last_dim_contiguous("q_fp8", q)
     if q_scale is None:
         return q, None, kv_format
-    scale = _tensor("q_scale", q_scale, (torch.int32,), (3,))
+    scale = tensor("q_scale", q_scale, (torch.int32,), (3,))
     if tuple(scale.shape) != (batch, next_n, heads):
-        _fail("q_scale", f"shape [B={batch}, next_n={next_n}, H={heads}] (q_fp8's first three)",
+        fail("q_scale", f"shape [B={batch}, next_n={next_n}, H={heads}] (q_fp8's first three)",
               f"shape {tuple(scale.shape)}")
-    _last_dim_contiguous("q_scale", scale)
+    last_dim_contiguous("q_scale", scale)
     return q.view(torch.uint8), scale, kv_format
 
 
@@ -284,23 +289,23 @@ def _cache(kv_cache, kv_block_size: int, row: int, kv_format: str) -> torch.Tens
     KVBlockSize 1 with each token row padded to :func:`padded_token_row` bytes (the padding is
     never read)."""
     fp8 = kv_format == "fp8"
-    kv = _tensor("kv_cache", kv_cache, (torch.uint8,) + (FP8_TYPES if fp8 else ()), (4,))
+    kv = tensor("kv_cache", kv_cache, (torch.uint8,) + (FP8_TYPES if fp8 else ()), (4,))
     if kv.dtype != torch.uint8:
         kv = kv.view(torch.uint8)  # one byte per element either way: the same bytes
     widths = (row, padded_token_row(HEAD_DIM)) if fp8 and kv_block_size == 1 else (row,)
     if kv.shape[1] != kv_block_size or kv.shape[2] != 1 or kv.shape[3] not in widths:
         layout = "" if fp8 else " (fp4: D / 2 + 4)"
         shape = f"[num_blocks, KVBlockSize={kv_block_size}, 1, {' or '.join(map(str, widths))}]"
-        _fail("kv_cache", f"shape {shape}{layout}",
+        fail("kv_cache", f"shape {shape}{layout}",
               f"shape {tuple(kv.shape)}")
     kv = kv[..., :row] if kv.shape[3] != row else kv
     packed = kv_block_size * row
     if kv.stride(3) != 1 or (kv_block_size > 1 and kv.stride(1) != row):
-        _fail("kv_cache", f"every block packed contiguously (strides [*, {row}, *, 1])", f"strides {kv.stride()}")
+        fail("kv_cache", f"every block packed contiguously (strides [*, {row}, *, 1])", f"strides {kv.stride()}")
     if kv.shape[0] > 1 and (kv.stride(0) < packed or kv.stride(0) % 4):
-        _fail("kv_cache", f"a block stride (stride(0)) that is a multiple of 4 and >= {packed} bytes", kv.stride(0))
+        fail("kv_cache", f"a block stride (stride(0)) that is a multiple of 4 and >= {packed} bytes", kv.stride(0))
     if kv.storage_offset() % 4:
-        _fail("kv_cache", "a storage offset that is a multiple of 4 bytes (4-byte scale words)", kv.storage_offset())
+        fail("kv_cache", "a storage offset that is a multiple of 4 bytes (4-byte scale words)", kv.storage_offset())
     return _canonical_size_one_strides(kv, kv_block_size, row)
 
 
@@ -321,7 +326,7 @@ def _canonical_size_one_strides(kv: torch.Tensor, kv_block_size: int, row: int) 
 
 
 # ----------------------------------------------------------------------------- aliasing
-def _byte_span(t: torch.Tensor) -> tuple[int, int] | None:
+def byte_span(t: torch.Tensor) -> tuple[int, int] | None:
     """``[first, last + 1)`` byte addresses ``t`` can touch (``None`` for an empty tensor)."""
     if t.numel() == 0:
         return None
@@ -337,7 +342,7 @@ def _check_no_overlap(out: torch.Tensor, rows: int, width: int, inputs) -> None:
         return
     row_stride = out.stride(0)
     if rows > 1 and row_stride < width:
-        _fail("out_logits", f"rows that do not overlap (stride(0) >= max_model_len={width} over {rows} rows)",
+        fail("out_logits", f"rows that do not overlap (stride(0) >= max_model_len={width} over {rows} rows)",
               f"stride(0) {row_stride}")
     size = out.element_size()
     base, row_bytes, step = out.data_ptr(), width * size, row_stride * size
@@ -345,14 +350,14 @@ def _check_no_overlap(out: torch.Tensor, rows: int, width: int, inputs) -> None:
     for name, t in inputs:
         if t.untyped_storage().data_ptr() != storage:  # separate allocations share no byte
             continue
-        span = _byte_span(t)
+        span = byte_span(t)
         if span is None or not _spans_hit_rows(torch.tensor([span[0] - base]), span[1] - span[0], rows, row_bytes, step):
             continue
         # the input's extent meets a written row: look at the bytes it really holds (an input
         # may live in the padding between out's rows without sharing a byte with them)
         starts, length = _contiguous_runs(t)
         if _spans_hit_rows(starts - base, length, rows, row_bytes, step):
-            _fail("out_logits", f"memory that no input shares (it overlaps `{name}`)", "an aliasing tensor")
+            fail("out_logits", f"memory that no input shares (it overlaps `{name}`)", "an aliasing tensor")
 
 
 def _spans_hit_rows(offsets: torch.Tensor, length: int, rows: int, row_bytes: int, step: int) -> bool:
@@ -409,8 +414,8 @@ def check_block_ids(context_lens: torch.Tensor, kv_indices: torch.Tensor, next_n
     value = int(ids[b, column])
     where = f"{value} at (b={b}, column={column}), walked for {int(valid_len[b])} positions"
     if num_blocks == 0:
-        _fail("kv_indices", "ids in [0, num_blocks) but kv_cache has no blocks (num_blocks 0) for a non-zero length", where)
-    _fail("kv_indices", f"block ids in [0, num_blocks={num_blocks}) for every block a sequence walks", where)
+        fail("kv_indices", "ids in [0, num_blocks) but kv_cache has no blocks (num_blocks 0) for a non-zero length", where)
+    fail("kv_indices", f"block ids in [0, num_blocks={num_blocks}) for every block a sequence walks", where)
 
 
 # ----------------------------------------------------------------------------- host options
@@ -421,13 +426,13 @@ def check_options(context_hint, clean_logits, backend, config, backend_names) ->
     ``backend_names`` (the registry's, passed in: validation sits below the backends). A
     ``SymInt`` hint is left to the real implementation, which sees a plain int."""
     if context_hint is not None and not isinstance(context_hint, torch.SymInt):
-        _host_int("context_hint", context_hint, 0)
+        host_int("context_hint", context_hint, 0)
     if not isinstance(clean_logits, bool):
-        _fail("clean_logits", "a bool", repr(clean_logits))
+        fail("clean_logits", "a bool", repr(clean_logits))
     if backend is not None and (not isinstance(backend, str) or backend not in backend_names):
-        _fail("backend", "None or one of " + ", ".join(map(repr, backend_names)), repr(backend))
+        fail("backend", "None or one of " + ", ".join(map(repr, backend_names)), repr(backend))
     if config is not None:
         if not isinstance(config, dict):
-            _fail("config", "a dict of knobs", type(config).__name__)
+            fail("config", "a dict of knobs", type(config).__name__)
         if backend is None:
-            _fail("config", "it only together with `backend`", "a config without a backend")
+            fail("config", "it only together with `backend`", "a config without a backend")

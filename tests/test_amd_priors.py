@@ -17,10 +17,10 @@ import pytest
 
 from paged_mqa_logits import table
 from paged_mqa_logits.backends.flydsl.backend import BACKEND as FLYDSL
-from paged_mqa_logits.backends.gluon import cdna
+from paged_mqa_logits.backends.gluon import mfma
 from paged_mqa_logits.problem import Problem
 
-MFMA = cdna.VARIANT
+MFMA = mfma.VARIANT
 
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 UPSTREAM_WAVES = 4  # upstream's gluon pick for batch * next_n < 128
@@ -47,9 +47,9 @@ def test_every_row_says_where_its_pick_comes_from(arch):
 @pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
 def test_gluon_priors_keep_q_in_vgprs_with_prefetch(arch, monkeypatch):
     # The provenance quotes the VGPR estimate against the budget of Triton 3.6's allocator;
-    # later compilers need a margin more (cdna.AMD_VGPR_MARGIN), and their selection then
+    # later compilers need a margin more (mfma.AMD_VGPR_MARGIN), and their selection then
     # stages Q in LDS or drops the prefetch for some of these rows instead of spilling.
-    monkeypatch.setattr(cdna, "AMD_VGPR_MARGIN", 0)
+    monkeypatch.setattr(mfma, "AMD_VGPR_MARGIN", 0)
     moved = 0
     for row in _rows(arch):
         if row.backend != "gluon":

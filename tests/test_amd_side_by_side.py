@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.join(ROOT, "tools"))
 import amd_side_by_side as sbs  # noqa: E402
 import cdna_cycles  # noqa: E402
 from paged_mqa_logits import table  # noqa: E402
-from paged_mqa_logits.backends.gluon import cdna  # noqa: E402
+from paged_mqa_logits.backends.gluon import mfma  # noqa: E402
 from paged_mqa_logits.aot.compile import max_waves_per_simd  # noqa: E402
 from paged_mqa_logits.backends.flydsl.toolchain import NOT_INSTALLED, flydsl_installed  # noqa: E402
 
@@ -79,7 +79,7 @@ def test_the_report_holds_the_picks_of_today(report, monkeypatch):
     """Our rows name the kernels the dispatch picks now (the report is refreshed with the picks).
     The report is compiled with Triton 3.6, whose register allocation needs no VGPR margin; later
     Tritons' margin resolves some rows to another Q placement or prefetch."""
-    monkeypatch.setattr(cdna, "AMD_VGPR_MARGIN", 0)
+    monkeypatch.setattr(mfma, "AMD_VGPR_MARGIN", 0)
     for shape in sbs.grid():
         picks = sbs.our_picks(shape)
         mine = [r for r in report if r["who"] == "ours" and tuple(r[k] for k in sbs.SHAPE_COLUMNS) == (
@@ -121,8 +121,8 @@ def test_the_report_holds_a_head_sum_tensor_twin_of_every_gluon_pick_where_it_ex
     compiled without scratch at the pick's occupancy, each paired with its pick by the summary."""
     twins = [r for r in report if r["who"] == sbs.TENSOR_WHO]
     picks = [r for r in report if r["who"] == "ours" and r["backend"] == "gluon"
-             and r["arch"] in cdna.TENSOR_HEAD_SUM_ARCHS]
-    assert twins and {r["arch"] for r in twins} == set(cdna.TENSOR_HEAD_SUM_ARCHS)
+             and r["arch"] in mfma.TENSOR_HEAD_SUM_ARCHS]
+    assert twins and {r["arch"] for r in twins} == set(mfma.TENSOR_HEAD_SUM_ARCHS)
     assert len(twins) == len(picks)
     for r in twins:
         assert r["ok"] == "1" and r["scratch"] == "0" and "HeadSum=tensor" in r["knobs"].split(), r["kernel"]

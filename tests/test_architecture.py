@@ -195,24 +195,24 @@ def _host_imports_of_kernels(edges: dict[str, set], late: list[tuple[str, str]])
 def test_kernel_modules_import_no_host_module():
     edges, late, modules = _imports()
     kernels = [m for m in modules if _is_device(m)]
-    assert "paged_mqa_logits.backends.gluon.kernels.hopper_pipes" in kernels
+    assert "paged_mqa_logits.backends.gluon.kernels.wgmma_pipes" in kernels
     assert "paged_mqa_logits.backends.flydsl.algorithm" in kernels
     assert not _host_imports_of_kernels(edges, late), "\n".join(_host_imports_of_kernels(edges, late))
 
 
 def test_a_kernel_importing_host_code_would_be_found():
-    edges = {"paged_mqa_logits.backends.gluon.kernels.cdna": {"paged_mqa_logits.backends.gluon.common",
+    edges = {"paged_mqa_logits.backends.gluon.kernels.mfma": {"paged_mqa_logits.backends.gluon.common",
                                                               "paged_mqa_logits.backends.gluon.kernels.device",
                                                               "paged_mqa_logits.triton_internals.gluon_api"}}
     late = [("paged_mqa_logits.backends.flydsl.kernel", "paged_mqa_logits.backends.flydsl.build")]
     assert _host_imports_of_kernels(edges, late) == [
         "paged_mqa_logits.backends.flydsl.kernel imports paged_mqa_logits.backends.flydsl.build",
-        "paged_mqa_logits.backends.gluon.kernels.cdna imports paged_mqa_logits.backends.gluon.common"]
+        "paged_mqa_logits.backends.gluon.kernels.mfma imports paged_mqa_logits.backends.gluon.common"]
 
 
 def test_every_gluon_variant_is_a_host_and_kernel_pair():
-    """``backends/gluon/<family>.py`` (the host side, with ``VARIANT``) and
-    ``backends/gluon/kernels/<family>.py`` (its device code), for every variant module."""
+    """``backends/gluon/<variant>.py`` (the host side, with ``VARIANT``) and
+    ``backends/gluon/kernels/<variant>.py`` (its device code), for every variant module."""
     gluon = os.path.join(ROOT, "paged_mqa_logits", "backends", "gluon")
     tree = ast.parse(open(os.path.join(gluon, "__init__.py")).read())
     families = next(ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)

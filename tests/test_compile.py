@@ -16,7 +16,7 @@ pytest.importorskip("triton.experimental.gluon")
 from paged_mqa_logits import __main__ as pml_cli  # noqa: E402
 from paged_mqa_logits.aot import compile as compile_mod  # noqa: E402
 from paged_mqa_logits import table  # noqa: E402
-from paged_mqa_logits.backends.gluon import cdna  # noqa: E402
+from paged_mqa_logits.backends.gluon import mfma  # noqa: E402
 from paged_mqa_logits.aot.compile import (  # noqa: E402
     CompileRecord, amd_hot_loop, amd_loop_instructions, amd_resources, backend_specs, check_records, compile_spec, max_waves_per_simd,
     ptx_mma_instructions, sass_mma_instructions, summary_line, summary_table, table_kernel_configs, target)
@@ -27,7 +27,7 @@ from paged_mqa_logits.aot.compile import (  # noqa: E402
 def one_kernel(tmp_path_factory):
     cfg = dict(heads=64, next_n=2, kv_block_size=64, preshuffle=True, ChunkK=128, WavePerEU=2, ReuseKV=1, QInLDS=1,
                Schedule="split")
-    spec = cdna.VARIANT.compile_specs("gfx942", [cfg])[0]
+    spec = mfma.VARIANT.compile_specs("gfx942", [cfg])[0]
     record = compile_spec(spec, str(tmp_path_factory.mktemp("one")))
     return record, open(record.isa).read()
 

@@ -22,7 +22,7 @@ Usage (docs/VERIFICATION.md): ``PYTHONPATH=. python tools/amd_side_by_side.py --
 ``--sample`` compiles only :data:`SAMPLE` (ours), what CI runs; ``--update-tables CSV`` writes a
 report's estimates into the provenance of every gfx942 / gfx950 table row (``table.CycleEstimate``).
 ``--head-sum-tensor CSV`` compiles the ``HeadSum=tensor`` twin of every Gluon pick on the archs
-that offer it (``cdna.TENSOR_HEAD_SUM_ARCHS``) and puts those rows (``who`` :data:`TENSOR_WHO`)
+that offer it (``mfma.TENSOR_HEAD_SUM_ARCHS``) and puts those rows (``who`` :data:`TENSOR_WHO`)
 into the report ``CSV`` in place of its previous ones; the comparison with AITER stays on the picks.
 """
 
@@ -43,11 +43,11 @@ from paged_mqa_logits import dispatch, table
 from paged_mqa_logits.arch import ARCH_SPECS
 from paged_mqa_logits.backends.flydsl import build as flydsl_build
 from paged_mqa_logits.backends.flydsl.backend import BACKEND as FLYDSL
-from paged_mqa_logits.backends.gluon import cdna, common
+from paged_mqa_logits.backends.gluon import common, mfma
 from paged_mqa_logits.aot.compile import amd_resources, compile_specs
 from paged_mqa_logits.problem import Target
 
-MFMA = cdna.VARIANT
+MFMA = mfma.VARIANT
 ARCHS = ("gfx942", "gfx950")
 HEADS = (32, 64)
 NEXT_NS = (1, 2, 3, 4, 8)
@@ -383,7 +383,7 @@ def main(argv: list[str]) -> int:
         return 0
     out = args.out or tempfile.mkdtemp(prefix="amd_side_by_side_")
     if args.head_sum_tensor:
-        archs = [a for a in args.arch if a in cdna.TENSOR_HEAD_SUM_ARCHS]
+        archs = [a for a in args.arch if a in mfma.TENSOR_HEAD_SUM_ARCHS]
         twins = our_rows(grid(archs), out, args.jobs, head_sum_tensor=True)
         with open(args.head_sum_tensor) as f:
             rows = [r for r in csv.DictReader(f) if not (r["who"] == TENSOR_WHO and r["arch"] in archs)] + twins

@@ -30,10 +30,10 @@ import tempfile
 
 from triton.experimental.gluon import language as gl
 
-from paged_mqa_logits.backends.gluon import cdna, cdna_keys, common
+from paged_mqa_logits.backends.gluon import cdna_keys, common, mfma
 from paged_mqa_logits.aot.compile import amd_loop_instructions, amd_resources, compile_specs
 
-MFMA = cdna.VARIANT
+MFMA = mfma.VARIANT
 
 
 def problems(quick: bool) -> list[dict]:
@@ -51,7 +51,7 @@ def configs(arch: str, shape: dict) -> list[dict]:
     reuse = 1 if shape["next_n"] > 1 else 0
     chosen = {}
     for cand in MFMA.candidates(problem):
-        if cand["Schedule"] != "split" or cand["ReuseKV"] != reuse or cand["Mfma"] != cdna.MFMA_KINDS[arch][0]:
+        if cand["Schedule"] != "split" or cand["ReuseKV"] != reuse or cand["Mfma"] != mfma.MFMA_KINDS[arch][0]:
             continue
         key = (cand["ChunkK"], cand["WavePerEU"], cand.get(cdna_keys.KNOB, cdna_keys.DIRECT))
         chosen.setdefault(key, dict(shape, **cand))  # the first: Q in VGPRs when offered
@@ -72,9 +72,9 @@ def row(arch: str, cfg: dict, record) -> str:
              "gl": sum(n for k, n in loop.items() if k.startswith("global_load"))}
     ds_write = sum(n for k, n in loop.items() if k.startswith("ds_write"))
     ds_read = sum(n for k, n in loop.items() if k.startswith("ds_read"))
-    mfma = sum(n for k, n in loop.items() if k.startswith("v_mfma"))
+    mfma_ops = sum(n for k, n in loop.items() if k.startswith("v_mfma"))
     problem = common.problem_for(arch, MFMA.fp8[arch], cfg)
-    operand = gl.DotOperandLayout(1, cdna.mfma_layout(arch, cfg["heads"], cfg["ChunkK"], cfg["Mfma"]), 16)
+    operand = gl.DotOperandLayout(1, mfma.mfma_layout(arch, cfg["heads"], cfg["ChunkK"], cfg["Mfma"]), 16)
     if problem.kv_aligned16:
         lines = "/".join(str(cdna_keys.cache_lines_per_load(operand, key_load, cfg["ChunkK"], size))
                          for size in (64, 128))
@@ -83,7 +83,7 @@ def row(arch: str, cfg: dict, record) -> str:
     return (f"{arch:7} {cfg['heads']:>3} {cfg['next_n']:>2} {cfg['kv_block_size']:>3} {cfg['ChunkK']:>4} "
             f"{cfg['WavePerEU']:>2} {key_load:6} {record.knobs['QInLDS']:>2} {record.knobs['Prefetch']:>2} | "
             f"{loads['x4']:>3} {loads['dw']:>3} {loads['ub']:>4} {loads['gl']:>3} {ds_write:>3} {ds_read:>3} "
-            f"{mfma:>4} {loop.get('s_waitcnt vmcnt(0)', 0):>3} {loop.get('s_barrier', 0):>3} | {lines:>6} | "
+            f"{mfma_ops:>4} {loop.get('s_waitcnt vmcnt(0)', 0):>3} {loop.get('s_barrier', 0):>3} | {lines:>6} | "
             f"{res['vgprs']:>4} {res['scratch_bytes']:>3} {record.lds_bytes:>6} {res['occupancy']:>3}")
 
 

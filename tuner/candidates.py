@@ -63,7 +63,7 @@ class Candidate:
         return f"{self.backend}[" + (";".join(f"{k}={v}" for k, v in self.config) or "default") + "]"
 
 
-def _spread(items: list, limit: int, keep: list) -> list:
+def spread(items: list, limit: int, keep: list) -> list:
     """At most ``limit`` items, evenly spaced over the list, always including ``keep``."""
     if limit <= 0 or len(items) <= limit:
         return items
@@ -93,5 +93,5 @@ def candidates_for(key: TuneKey, target: Target, names: list[str] | None = None,
         default = Candidate.of(name, backend.default_config(problems[-1]))
         found = [Candidate.of(name, c) for p in problems for c in backend.candidates(p)]
         found = list(dict.fromkeys(found + [default]))
-        chosen += _spread(found, max_candidates, [default])
+        chosen += spread(found, max_candidates, [default])
     return chosen, skipped

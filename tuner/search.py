@@ -120,7 +120,8 @@ def resolve_target(opts: Options) -> Target:
     return Target(info.arch, info.cu_num, torch.device(device).type)
 
 
-def _say(opts: Options, text: str) -> None:
+def say(opts: Options, text: str) -> None:
+    """Print a progress line without breaking the progress bar (the top-k tuner's too)."""
     from tqdm import tqdm
 
     tqdm.write(text, file=sys.stdout)
@@ -254,7 +255,7 @@ class TimeStage:
             self.pending.clear()
             self.queue.clear()
             if self.left:
-                _say(self.opts, f"[tuner] time budget spent: no further candidates started; {len(self.left)} key(s) "
+                say(self.opts, f"[tuner] time budget spent: no further candidates started; {len(self.left)} key(s) "
                                 "left untuned (run again to resume)")
         return None
 
@@ -274,7 +275,8 @@ class TimeStage:
 
 
 # ----------------------------------------------------------------------------- the run
-def _report_row(target: Target, key: TuneKey, context, stage: str, cand: Candidate, m) -> dict:
+def report_row(target: Target, key: TuneKey, context, stage: str, cand: Candidate, m) -> dict:
+    """One row of the tuner's report CSV: the key, the candidate and its measurement."""
     return {
         "arch": target.arch, "cu_num": target.cu_num, **key.shape_key.cells(), "context": context, "stage": stage, "backend": cand.backend,
         "knobs": bench.format_knobs(cand.knobs), "us": "" if m.us is None else f"{m.us:.3f}",
@@ -358,7 +360,7 @@ def plan_runs(opts: Options, target, outcome: Outcome) -> list[KeyRun]:
     outcome.skipped = [k for k in keys if k.shape_key in done]
     todo = [k for k in keys if k.shape_key not in done]
     if outcome.skipped:
-        _say(opts, f"[tuner] {len(outcome.skipped)} key(s) already in {opts.out} for {target.arch}/cu{target.cu_num}: "
+        say(opts, f"[tuner] {len(outcome.skipped)} key(s) already in {opts.out} for {target.arch}/cu{target.cu_num}: "
                    "skipped (--all re-tunes them)")
 
     runs = []
@@ -401,20 +403,20 @@ def time_runs(opts: Options, target, outcome: Outcome, runs: list[KeyRun], t0: f
                       lengths=opts.lengths)
     check_devices = [f"cuda:{i % ngpu}" if gpu else "cpu" for i in range(jobs)]
     pool = Pool(check_devices or timing_devices, timeout=opts.timeout, build_timeout=opts.build_timeout,
-                log=lambda text: _say(opts, text))
+                log=lambda text: say(opts, text))
     written: list = []
 
     def key_done(run: KeyRun) -> None:
         run.finished = True
         too_large = {}  # context -> why its inputs were not built
         for (context, idx, stage), m in sorted(run.results.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
-            outcome.measurements.append(_report_row(target, run.key, context, stage, run.candidates[idx], m))
+            outcome.measurements.append(report_row(target, run.key, context, stage, run.candidates[idx], m))
             if m.status.startswith(bench.SKIPPED_FOR_MEMORY):
                 too_large[context] = m.status
             elif not m.ok:
                 outcome.rejected.append((f"{run.key.describe()} context={context}", run.candidates[idx].label, m.status))
         for context, status in too_large.items():
-            _say(opts, f"[tuner] {run.key.describe()} context={context}: {status}")
+            say(opts, f"[tuner] {run.key.describe()} context={context}: {status}")
         ran = tuple(c for c in run.key.contexts if c not in too_large)
         if not ran:  # the device's size, not the candidates' fault: not a failure
             outcome.too_large.append(run.key)
@@ -422,7 +424,7 @@ def time_runs(opts: Options, target, outcome: Outcome, runs: list[KeyRun], t0: f
         # the key's rows (its ``any`` row too) cover the contexts that fit
         rows = rows_for(TuneKey(run.key.shape_key, ran), target.arch, target.cu_num, run.candidates, run.results, prov)
         if not rows:
-            _say(opts, f"[tuner] {run.key.describe()}: no candidate passed; nothing written")
+            say(opts, f"[tuner] {run.key.describe()}: no candidate passed; nothing written")
             outcome.failed.append(run.key)
             return
         outcome.tuned.append(run.key)
@@ -441,7 +443,7 @@ def time_runs(opts: Options, target, outcome: Outcome, runs: list[KeyRun], t0: f
             stage = CheckStage(runs, jobs, bar)
             finished = pool.run(stage, deadline=t0 + opts.time_budget / 2 if opts.time_budget else None)
             if not finished:
-                _say(opts, "[tuner] check stage stopped at half the time budget; the rest is checked while timing")
+                say(opts, "[tuner] check stage stopped at half the time budget; the rest is checked while timing")
             for family, failed in stage.failed.items():
                 where = f"{stage.family_keys[family].describe_family()} (check stage)"
                 outcome.rejected += [(where, cand.label, status) for cand, status in failed.items()]

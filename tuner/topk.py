@@ -37,9 +37,9 @@ from paged_mqa_logits.top_k.torch_ref import visible_lengths
 from paged_mqa_logits.top_k.validate import MAX_K, check_call
 from paged_mqa_logits.triton_internals.version import installed_version
 
-from .candidates import Candidate, _spread
+from .candidates import Candidate, spread
 from .keys import DEFAULT_CONTEXTS, TuneKey, coarse_to_fine, parse_contexts
-from .search import Outcome, _report_row, _say, print_summary, resolve_target, write_report
+from .search import Outcome, report_row, say, print_summary, resolve_target, write_report
 from .writer import provenance, read_existing, rows_for, tuned_shape_keys, update_table
 
 COLUMNS = ("rows", "k", "logits_dtype", "contexts")
@@ -84,7 +84,7 @@ def candidates_for(key: TuneKey, target, names: list[str] | None = None, max_can
         found = [Candidate.of(name, c) for ctx in key.contexts
                  for c in topk_knobs.candidates(name, on_cpu, key.shape_key.rows, ctx, target.cu_num)]
         default = Candidate.of(name, topk_knobs.default_config(name, on_cpu))
-        chosen += _spread(list(dict.fromkeys([default] + found)), max_candidates, [default])
+        chosen += spread(list(dict.fromkeys([default] + found)), max_candidates, [default])
     return chosen
 
 
@@ -179,7 +179,7 @@ def tune(opts):
     outcome = Outcome(target)
     todo = plan(opts, target, outcome)
     if outcome.skipped:
-        _say(opts, f"[tuner] {len(outcome.skipped)} top-k key(s) already in {opts.out} for "
+        say(opts, f"[tuner] {len(outcome.skipped)} top-k key(s) already in {opts.out} for "
                    f"{target.arch}/cu{target.cu_num}: skipped (--all re-tunes them)")
     if opts.dry_run or not todo:
         if opts.dry_run:
@@ -204,12 +204,12 @@ def tune(opts):
             results.update(time_context(key, context, cands, device, opts.lengths, screen, confirm, opts.top,
                                         opts.max_copies))
         for (context, idx, stage), m in sorted(results.items(), key=lambda kv: kv[0]):
-            outcome.measurements.append(_report_row(target, key, context, stage, cands[idx], m))
+            outcome.measurements.append(report_row(target, key, context, stage, cands[idx], m))
             if not m.ok:
                 outcome.rejected.append((f"{key.describe()} context={context}", cands[idx].label, m.status))
         rows = rows_for(key, target.arch, target.cu_num, cands, results, prov, allowed=BACKENDS)
         if not rows:
-            _say(opts, f"[tuner] {key.describe()}: no candidate passed; nothing written")
+            say(opts, f"[tuner] {key.describe()}: no candidate passed; nothing written")
             outcome.failed.append(key)
             continue
         update_table(opts.out, rows, {(target.arch, target.cu_num, key.shape_key)},

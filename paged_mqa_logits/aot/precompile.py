@@ -35,7 +35,7 @@ from ..triton_internals.version import installed_version
 from .warmup import WARMUP_DEFAULT_MAX_MODEL_LEN, enumerate_calls, table_families, warm_inputs
 from ..backends.registry import TRITON_BACKENDS
 from .launches import KernelLaunch, arch_of_target, gpu_target, launches_of
-from ..triton_internals.cache_overlay import (_read_manifest_or_empty, cache_files, restrict_to_owner,
+from ..triton_internals.cache_overlay import (read_manifest_or_empty, cache_files, restrict_to_owner,
                                               write_manifest_atomically)
 
 #: CU/SM count assumed for families the table does not describe (only dispatch reads it)
@@ -138,7 +138,7 @@ def precompile(
     dispatch.reset()
     targets = [gpu_target(a) for a in archs]
     summary = PrecompileSummary(out_dir=os.path.abspath(out_dir), targets=[arch_of_target(t) for t in targets])
-    manifest = _read_manifest_or_empty(out_dir)
+    manifest = read_manifest_or_empty(out_dir)
     todo: list[tuple[KernelLaunch, object, int]] = []  # (launch, first call launching it, workspace rows)
     seen_keys: set[tuple] = set()
     for target in targets:

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from ..triton_internals.interpreter import interpreted
-from .triton_portable import _row_lengths
+from .triton_portable import row_lengths
 
 #: columns one program writes per step
 BLOCK = 1024
@@ -34,7 +34,7 @@ def clean_tail_kernel(out_ptr, lens_ptr, stride_out, stride_lens_b, stride_lens_
     b = row // NEXT_N
     j = row % NEXT_N
     seq_len = tl.load(lens_ptr + b.to(tl.int64) * stride_lens_b)  # 1-D: the sequence's length (2-D: unused)
-    valid = _row_lengths(lens_ptr, b.to(tl.int64), seq_len, j, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
+    valid = row_lengths(lens_ptr, b.to(tl.int64), seq_len, j, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
     valid = tl.minimum(valid, visible_width)
     row_ptr = out_ptr + row.to(tl.int64) * stride_out
     minus_inf = tl.full([BLOCK], float("-inf"), tl.float32)  # the store converts it to the logits dtype

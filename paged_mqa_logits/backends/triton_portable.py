@@ -54,7 +54,7 @@ def _sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N: tl.const
 
 
 @triton.jit
-def _row_lengths(lens_ptr, b, seq_len, j, stride_lens_b, stride_lens_j, NEXT_N: tl.constexpr, LENS_2D: tl.constexpr):
+def row_lengths(lens_ptr, b, seq_len, j, stride_lens_b, stride_lens_j, NEXT_N: tl.constexpr, LENS_2D: tl.constexpr):
     """Visible length of query rows ``j`` of sequence ``b`` (0 for padding rows ``j >= NEXT_N``)."""
     if LENS_2D:
         lens = tl.load(lens_ptr + b * stride_lens_b + j * stride_lens_j, mask=j < NEXT_N, other=0)
@@ -164,7 +164,7 @@ def _score_segment(q_ptr, q_scale_ptr, kv_fp8_ptr, kv_f32_ptr, weights_ptr, out_
     KEY_BYTES: tl.constexpr = HEAD_DIM // 2 if KV_FP4 else HEAD_DIM
     seq_len = _sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
     j = row_group * ROWS + tl.arange(0, ROWS)
-    row_len = _row_lengths(lens_ptr, b, seq_len, j, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
+    row_len = row_lengths(lens_ptr, b, seq_len, j, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
     end = tl.minimum(tl.minimum(seq_len, max_model_len), max_blocks * KV_BLOCK_SIZE)
 
     # The group's query rows stacked: m = r * HEADS + h for row j = row_group * ROWS + r.

@@ -16,7 +16,7 @@ from .deepgemm import deepgemm_available
 from .environment import environment
 from .measure import DeviceLost, Impl, Measurement, Schedule, measure, parse_knobs
 from .report import load_anchor, print_table, summary, write_csv
-from .shapes import CPU_GRID as CPU_GRID_VALUES, DEFAULT_GRID, Shape, _int_list, grid_shapes, shapes_from_csv
+from .shapes import CPU_GRID as CPU_GRID_VALUES, DEFAULT_GRID, Shape, int_list, grid_shapes, shapes_from_csv
 from .topk import main as topk_main
 from .workload import SKIPPED_FOR_MEMORY, ShapeDoesNotFit, build_workload
 
@@ -184,7 +184,7 @@ def resolve_shapes(p: ArgumentParser, a, device) -> tuple[list[Shape], list[str]
     for option, text in (("--heads", a.heads), ("--next-n", a.next_n), ("--batch", a.batch),
                          ("--context", a.context), ("--kv-block-size", a.kv_block_size)):
         try:
-            values = _int_list(text) if text is not None else [1]
+            values = int_list(text) if text is not None else [1]
         except ValueError:
             p.error(f"argument {option}: expected comma-separated positive integers, got {text!r}")
         if not values or min(values) < 1:
@@ -196,12 +196,12 @@ def resolve_shapes(p: ArgumentParser, a, device) -> tuple[list[Shape], list[str]
     pre = _bool_list(a.preshuffle_values) if a.preshuffle_values else [a.preshuffle]
     ragged = "wide" if a.wide_ragged else ("half" if a.ragged else "")
     if a.shapes:
-        shapes = shapes_from_csv(a.shapes, contexts=_int_list(a.context) if a.context else None,
+        shapes = shapes_from_csv(a.shapes, contexts=int_list(a.context) if a.context else None,
                                  lens_2d=not a.lens_1d, ragged=ragged, kv_format=a.kv_format,
                                  logits_dtype=a.logits_dtype)
     else:
-        shapes = grid_shapes(_int_list(a.heads), _int_list(a.next_n), _int_list(a.batch),
-                             _int_list(a.context), _int_list(a.kv_block_size), pre,
+        shapes = grid_shapes(int_list(a.heads), int_list(a.next_n), int_list(a.batch),
+                             int_list(a.context), int_list(a.kv_block_size), pre,
                              lens_2d=not a.lens_1d, ragged=ragged, head_dim=a.head_dim,
                              kv_format=a.kv_format or "fp8", logits_dtype=a.logits_dtype or "fp32")
     for shape in shapes:  # the op's own rules, before anything is built: an error names the option

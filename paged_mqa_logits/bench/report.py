@@ -44,7 +44,7 @@ COLUMNS = ["impl", "backend", "knobs", "H", "D", "kv_block_size", "preshuffle", 
            "status"]
 
 
-def _fmt(value, decimals=3) -> str:
+def fmt(value, decimals=3) -> str:
     """Fixed decimals, trailing zeros dropped; three significant digits for small values."""
     if value is None:
         return ""
@@ -68,13 +68,13 @@ def csv_row(m: Measurement, anchor: dict, deepgemm: dict[Shape, float]) -> dict:
         "D": key.head_dim, "kv_block_size": key.kv_block_size, "preshuffle": int(key.preshuffle),
         "kv_format": key.kv_format, "logits_dtype": key.logits_dtype, "lens_2d": int(s.lens_2d),
         "ragged": s.ragged or "0", "next_n": key.next_n, "batch": key.batch, "context": s.context,
-        "us": _fmt(m.us, 2), "GBps": _fmt(m.gbps, 0), "frac_of_copy_bw": _fmt(m.frac_of_copy_bw, 3),
-        "TFLOPs": _fmt(m.tflops, 1), "calc_diff": f"{m.calc_diff:.2e}" if m.calc_diff is not None else "",
-        "mask_ok": "n/a" if m.mask_ok is None and m.calc_diff is not None else _fmt(m.mask_ok),
-        "rotate": m.rotate, "calls": m.calls, "spread": _fmt(m.spread, 3), "timing": m.timing,
-        "deepgemm_us": _fmt(d_us, 2), "speedup_vs_deepgemm": _fmt(d_us / m.us, 3) if d_us and m.us else "",
-        "anchor_us_cross_run": _fmt(a_us, 2),
-        "speedup_vs_anchor_cross_run": _fmt(a_us / m.us, 3) if a_us and m.us else "",
+        "us": fmt(m.us, 2), "GBps": fmt(m.gbps, 0), "frac_of_copy_bw": fmt(m.frac_of_copy_bw, 3),
+        "TFLOPs": fmt(m.tflops, 1), "calc_diff": f"{m.calc_diff:.2e}" if m.calc_diff is not None else "",
+        "mask_ok": "n/a" if m.mask_ok is None and m.calc_diff is not None else fmt(m.mask_ok),
+        "rotate": m.rotate, "calls": m.calls, "spread": fmt(m.spread, 3), "timing": m.timing,
+        "deepgemm_us": fmt(d_us, 2), "speedup_vs_deepgemm": fmt(d_us / m.us, 3) if d_us and m.us else "",
+        "anchor_us_cross_run": fmt(a_us, 2),
+        "speedup_vs_anchor_cross_run": fmt(a_us / m.us, 3) if a_us and m.us else "",
         "status": m.status,
     }
 

@@ -79,7 +79,8 @@ def grid_shapes(heads, next_n, batch, context, kv_block_size=(DEFAULT_KV_BLOCK_S
             for h, n, kv_block_size, p, c, b in itertools.product(heads, next_n, kv_block_size, preshuffle, context, batch)]
 
 
-def _int_list(text) -> list[int]:
+def int_list(text) -> list[int]:
+    """The ints of a list written with commas, spaces, ``;`` or ``|`` (CSV cells, CLI arguments)."""
     return [int(x) for x in str(text).replace(";", " ").replace("|", " ").replace(",", " ").split()]
 
 
@@ -94,7 +95,7 @@ def shapes_from_csv(path: str, *, contexts=None, lens_2d=True, ragged="", kv_for
         rows = csv.DictReader(line for line in f if line.strip() and not line.lstrip().startswith("#"))
         for row in rows:
             row = {k.strip(): (v or "").strip() for k, v in row.items()}
-            ctx = contexts or _int_list(row.get("contexts") or row.get("context") or "")
+            ctx = contexts or int_list(row.get("contexts") or row.get("context") or "")
             if not ctx:
                 raise ValueError(f"{path}: row {row} has no context (give --context)")
             cells = {"heads": row.get("heads") or row.get("H"), "head_dim": row.get("head_dim") or str(HEAD_DIM),

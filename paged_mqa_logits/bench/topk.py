@@ -26,8 +26,8 @@ from ..top_k import BACKENDS, topk
 from ..top_k.torch_ref import visible_lengths
 from .environment import environment, l2_bytes
 from .measure import Schedule, time_calls
-from .report import _fmt
-from .shapes import _int_list
+from .report import fmt
+from .shapes import int_list
 from .workload import MIN_WORKING_SET
 from ..files import atomic_write
 
@@ -173,7 +173,7 @@ def write_csv(path: str, header: list[str], rows: list[dict]) -> None:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()
         for r in rows:
-            writer.writerow({c: _fmt(r.get(c)) for c in COLUMNS})
+            writer.writerow({c: fmt(r.get(c)) for c in COLUMNS})
 
 
 def parser() -> ArgumentParser:
@@ -206,7 +206,7 @@ def main(argv: list[str]) -> int:
     for name in ("batch", "next_n", "context", "k"):
         text = getattr(a, name) or defaults[name]
         try:
-            values[name] = _int_list(text)
+            values[name] = int_list(text)
         except ValueError:
             values[name] = []
         if not values[name] or min(values[name]) < 1:
@@ -243,5 +243,5 @@ def main(argv: list[str]) -> int:
             torch.cuda.empty_cache()
     print(",".join(COLUMNS))
     for r in results:
-        print(",".join(_fmt(r.get(c)) for c in COLUMNS))
+        print(",".join(fmt(r.get(c)) for c in COLUMNS))
     return 1 if any(r["status"] != "ok" for r in results) else 0

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..torch_op import NAMESPACE
-from ..validate import _fail
+from ..validate import fail
 from .backends import BACKENDS, choose, launcher
 from .validate import check_call
 
@@ -25,7 +25,7 @@ NO_NEXT_N = -1
 def run(logits, lengths, next_n, k, out, block_table=None, block_size=1, backend=None) -> torch.Tensor:
     """Validate and launch one call (the op's implementation, every device); returns ``out``."""
     if backend is not None and backend not in BACKENDS:
-        _fail("backend", "None or one of " + ", ".join(map(repr, BACKENDS)), repr(backend))
+        fail("backend", "None or one of " + ", ".join(map(repr, BACKENDS)), repr(backend))
     call = check_call(logits, lengths, next_n, k, out, block_table, block_size)
     choice = choose(call, backend)
     launcher(choice.backend)(call, choice.config)
@@ -66,9 +66,9 @@ def topk(logits: torch.Tensor, lengths: torch.Tensor, k: int = 2048, *, next_n: 
     """
     if out is None:
         if not isinstance(logits, torch.Tensor):
-            _fail("logits", "a torch.Tensor", type(logits).__name__)
+            fail("logits", "a torch.Tensor", type(logits).__name__)
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            _fail("k", "an int >= 1", repr(k))
+            fail("k", "an int >= 1", repr(k))
         out = torch.empty((logits.shape[0], k), dtype=torch.int32, device=logits.device)
     if torch.compiler.is_compiling() or type(out) is not torch.Tensor or torch._C._len_torch_dispatch_stack() > 0:
         op(logits, lengths, NO_NEXT_N if next_n is None else next_n, k, out, block_table, block_size, backend)

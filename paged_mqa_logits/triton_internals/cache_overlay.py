@@ -319,7 +319,7 @@ def read_manifest(directory: str) -> dict | None:
     return manifest
 
 
-def _read_manifest_or_empty(directory: str) -> dict:
+def read_manifest_or_empty(directory: str) -> dict:
     """For :func:`precompile` adding to a directory: a damaged manifest is rebuilt, not fatal."""
     try:
         return read_manifest(directory) or {}

@@ -24,9 +24,9 @@ import os
 from .version import version
 
 def amd_vgpr_margin(triton_version: tuple[int, int]) -> int:
-    """VGPRs per lane the gfx942/gfx950 kernels need beyond ``cdna.vgpr_estimate`` (calibrated
+    """VGPRs per lane the gfx942/gfx950 kernels need beyond ``mfma.vgpr_estimate`` (calibrated
     on the Triton 3.6 compiler): the smallest margin with which every knob set the estimate
-    admits compiles without scratch (checked by tests/backends/gluon/test_compile_cdna.py)."""
+    admits compiles without scratch (checked by tests/backends/gluon/test_compile_mfma.py)."""
     if triton_version <= (3, 6):
         return 0
     if triton_version <= (3, 8):

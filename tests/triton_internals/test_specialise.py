@@ -76,10 +76,10 @@ def test_a_kernels_cache_key_does_not_depend_on_what_was_keyed_before():
     probe = ("import sys\n"
              "from paged_mqa_logits.backends import registry\n"
              "registry.get('gluon')\n"
-             "from paged_mqa_logits.backends.gluon.kernels import hopper_wgmma_ws, register_mma\n"
+             "from paged_mqa_logits.backends.gluon.kernels import wgmma_ws, register_mma\n"
              "if sys.argv[1] == 'other first':\n"
              "    register_mma.register_mma_logits_kernel.cache_key\n"
-             "print(hopper_wgmma_ws.wgmma_ws_logits_kernel.cache_key)\n")
+             "print(wgmma_ws.wgmma_ws_logits_kernel.cache_key)\n")
     keys = {order: subprocess.run([sys.executable, "-c", probe, order], capture_output=True, text=True,
                                   check=True, timeout=300).stdout.strip() for order in ("alone", "other first")}
     assert keys["alone"] == keys["other first"], keys

@@ -1,29 +1,30 @@
 """``gluon`` backend: hand-laid-out Gluon kernels, one *variant* per kernel family.
 
-Every variant is a pair of modules with one name: the host module ``<family>.py`` here (knobs,
+Every variant is a pair of modules named after it: the host module ``<variant>.py`` here (knobs,
 resource rules, candidates, launch plan, and ``VARIANT``, an instance of a
-:class:`~.variant.GluonVariant` subclass) and the device module ``kernels/<family>.py``
+:class:`~.variant.GluonVariant` subclass) and the device module ``kernels/<variant>.py``
 (``@gluon.jit`` functions and the constexpr layouts they need). A kernel module imports no host
 module; the host module imports its kernel module.
 
-======================  ===============  ==================================================
-family                  variant          archs / kernel
-======================  ===============  ==================================================
-``cdna``                ``mfma``         gfx942, gfx950: register MFMA, buffer loads (the
-                                         ``KeyLoad`` knob's costs: ``cdna_keys.py``)
-``hopper_mma``          ``mma_v2``       sm_90: the same kernel body with ``mma_v2`` atoms;
-                                         never tuned, the default where the wgmma variants
-                                         decline (128 heads at next_n 5-8, 256 at 3-8)
-``hopper_wgmma``        ``wgmma``        sm_90: wgmma on cp.async-staged key tiles
-``hopper_wgmma_ws``     ``wgmma_ws``     sm_90: the same, copies in a producer warpgroup
-                                         (mbarriers)
-``hopper_pipes``        ``wgmma_pipes``  sm_90: consumer teams, one producer warp and ring
-                                         each, TMA keys and scales, ``clean_logits`` fused
-``hopper_fp4``          ``wgmma_fp4``    sm_90, MXFP4 only: e2m1 widened to e4m3 in registers
-                                         (exact), then the ``wgmma`` tile scoring
-======================  ===============  ==================================================
+===============  ==============  ============================================================
+variant          archs           kernel
+===============  ==============  ============================================================
+``wgmma``        sm_90           wgmma on cp.async-staged key tiles
+``wgmma_ws``     sm_90           the same, copies in a producer warpgroup (mbarriers)
+``wgmma_pipes``  sm_90           consumer teams, one producer warp and ring each, TMA keys
+                                 and scales, ``clean_logits`` fused
+``mma_v2``       sm_90           the register-MMA kernel body with ``mma_v2`` atoms; never
+                                 tuned, the default where the wgmma variants decline (128
+                                 heads at next_n 5-8, 256 at 3-8)
+``mfma``         gfx942, gfx950  the register-MMA kernel body with MFMA atoms, buffer loads
+                                 (the ``KeyLoad`` knob's costs: ``cdna_keys.py``)
+``wgmma_fp4``    sm_90 (MXFP4)   e2m1 widened to e4m3 in registers (exact), then the
+                                 ``wgmma`` tile scoring
+===============  ==============  ============================================================
 
-Shared by several families: ``register_mma`` (the register-MMA kernel body ``mfma`` and
+The rows are in the order of :data:`VARIANT_MODULES` (an arch's default variant is its first).
+
+Shared by several variants: ``register_mma`` (the register-MMA kernel body ``mfma`` and
 ``mma_v2`` run, ``kernels/register_mma.py``, and their shared host side, ``register_mma.py``),
 ``kernels/device.py`` (device helpers every kernel shares), ``common.py`` (host helpers every
 variant shares), ``variant.py`` (the interface and the plumbing every variant inherits).
@@ -46,7 +47,7 @@ from ..base import CompileSpec, formats_unsupported
 from .variant import GluonVariant
 
 #: variant modules, in preference order for an arch's default variant
-VARIANT_MODULES = ("hopper_wgmma", "hopper_wgmma_ws", "hopper_pipes", "hopper_mma", "cdna", "hopper_fp4")
+VARIANT_MODULES = ("wgmma", "wgmma_ws", "wgmma_pipes", "mma_v2", "mfma", "wgmma_fp4")
 
 
 

@@ -1,7 +1,7 @@
 """How the CDNA ``mfma`` kernel brings key tiles of a plain (non-preshuffled) cache into its MFMA
-operand: the ``KeyLoad`` knob (``cdna.MfmaVariant`` resolves it; ``lds`` configs run
+operand: the ``KeyLoad`` knob (``mfma.MfmaVariant`` resolves it; ``lds`` configs run
 ``kernels.register_mma.register_mma_logits_kernel_key_layout`` with the layouts and conversions of
-``kernels/cdna.py``; this module holds the knob and its costs).
+``kernels/mfma.py``; this module holds the knob and its costs).
 
 A plain cache stores each token's 128 key bytes as one contiguous row (the layout vLLM's writer
 produces). The MFMA B operand (``DotOperandLayout(1, acc, k_width=16)``) gives a lane 16
@@ -26,7 +26,7 @@ tokens (32x32 MFMA) or 16 (16x16). So:
   exchange is wave-local). With 16x16 tiles (ChunkK 64) the conversion is lowered as a lane
   shuffle instead (``ds_bpermute`` and byte permutes: 224 instead of 99 instructions in the tile
   loop, 92 instead of 64 VGPRs, gfx942 H 32), so there the tile goes through
-  :func:`kernels.cdna.staging_layout` explicitly (147 instructions, 66 VGPRs, two barriers). That layout
+  :func:`kernels.mfma.staging_layout` explicitly (147 instructions, 66 VGPRs, two barriers). That layout
   is XOR-swizzled rather than padded: the same conflict-free banks without 1/8 more LDS.
 
 Costs of ``lds`` on top of ``direct`` per tile and wave (``T = ChunkK / 4`` tokens): ``T/8``
@@ -43,7 +43,7 @@ The preshuffled layout is already stored in the operand's 16-token x 16-byte ord
 from __future__ import annotations
 
 from ...triton_internals.layouts import linear_bases
-from .kernels.cdna import VECTOR_BYTES, gather_layout
+from .kernels.mfma import VECTOR_BYTES, gather_layout
 
 KNOB = "KeyLoad"
 DIRECT = "direct"

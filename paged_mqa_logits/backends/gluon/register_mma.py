@@ -1,5 +1,5 @@
 """Host side of the variants that launch the register-MMA kernel (``kernels/register_mma.py``):
-``mfma`` (``cdna.py``) and ``mma_v2`` (``hopper_mma.py``).
+``mfma`` (``mfma.py``) and ``mma_v2`` (``mma_v2.py``).
 
 What the two share: the knobs ``ChunkK``, ``SplitKV``, ``ReuseKV``, ``QInLDS``, ``Prefetch``
 and ``Schedule``; the rows a program scores; the split count and the grid; the constexprs of

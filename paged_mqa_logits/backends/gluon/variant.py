@@ -1,7 +1,16 @@
 """The base of every ``gluon`` variant: what a kernel family has in common with the others.
 
-A variant is one kernel family of the backend: ``mfma`` (gfx942, gfx950), ``mma_v2``, ``wgmma``,
-``wgmma_ws``, ``wgmma_pipes`` and ``wgmma_fp4`` (sm_90); the table in ``__init__.py`` says what each is.
+A variant is one kernel family of the backend, named by its ``name`` (``config["variant"]``), and
+its host module ``<name>.py`` and kernel module ``kernels/<name>.py`` carry the same name:
+
+* ``wgmma`` (sm_90): wgmma on cp.async-staged key tiles;
+* ``wgmma_ws`` (sm_90): the same, key copies in a producer warpgroup;
+* ``wgmma_pipes`` (sm_90): consumer teams, TMA keys and scales, ``clean_logits`` fused;
+* ``mma_v2`` (sm_90): the register-MMA kernel body with ``mma_v2`` atoms (never tuned, a fallback);
+* ``mfma`` (gfx942, gfx950): the register-MMA kernel body with MFMA atoms;
+* ``wgmma_fp4`` (sm_90, MXFP4 caches): e2m1 widened to e4m3, then ``wgmma``'s tile scoring.
+
+The table in ``__init__.py`` says more of each.
 :class:`GluonVariant` owns the plumbing every family needs and the backend relies on:
 
 * knob validation (:meth:`~GluonVariant.check_config`: every knob in the variant's

@@ -1,4 +1,4 @@
-"""The sm_90 MXFP4 GPU checks of test_hopper_fp4_gpu.py (``wgmma_fp4``): the variant lookup that skips without an
+"""The sm_90 MXFP4 GPU checks of test_wgmma_fp4_gpu.py (``wgmma_fp4``): the variant lookup that skips without an
 sm_90 GPU, fp4 inputs, the exact reference, and the checks: ``calc_diff < 5e-6`` on every visible
 position against ``reference.reference_logits`` with ``q_scale``, every other position untouched
 bit for bit (``-inf`` where ``clean_logits`` asks for it)."""

@@ -308,12 +308,12 @@ def test_graph_replay_is_bit_identical_to_eager_and_never_syncs(name, heads, nex
 
 @pytest.mark.parametrize("seed", range(8))
 def test_gathered_key_tiles_on_the_register_mma_twin(seed):
-    """The shared kernel body's ``KeyLoad=lds`` path (``kernels/cdna.py``: keys gathered in whole rows,
+    """The shared kernel body's ``KeyLoad=lds`` path (``kernels/mfma.py``: keys gathered in whole rows,
     pages in that layout, ``gl.convert_layout`` to the operand) run with the ``mma_v2`` atoms on
     sm_90, so the H200 executes the index and conversion code the AMD ``lds`` kernels compile."""
     module = variant_module("mma_v2")
     from paged_mqa_logits.backends.gluon import common
-    from paged_mqa_logits.backends.gluon.kernels import cdna as cdna_kernels
+    from paged_mqa_logits.backends.gluon.kernels import mfma as mfma_kernels
     from paged_mqa_logits.backends.gluon.kernels.register_mma import register_mma_logits_kernel_key_layout
 
     arch = device_arch()
@@ -326,7 +326,7 @@ def test_gathered_key_tiles_on_the_register_mma_twin(seed):
     grid, splits = module.program_grid(p, config)
     warps = module.options(p, config)["num_warps"]
     kwargs = dict(module.constexprs(p, config), **module.options(p, config),
-                  KEY_LAYOUT=cdna_kernels.gather_layout(8, warps, 32), KEY_OPERAND=cdna_kernels.keys_to_operand)
+                  KEY_LAYOUT=mfma_kernels.gather_layout(8, warps, 32), KEY_OPERAND=mfma_kernels.keys_to_operand)
     before = inp["out_logits"].clone()
     register_mma_logits_kernel_key_layout[grid](*common.kernel_arguments(args, splits), **kwargs)
     torch.cuda.synchronize()
@@ -338,7 +338,7 @@ def test_gathered_key_tiles_on_the_register_mma_twin(seed):
 
 @pytest.mark.parametrize("seed", range(8))
 def test_two_tile_prefetch_on_the_register_mma_twin(seed):
-    """The shared kernel body's two-tile loop (``PREFETCH=2``: ``cdna`` ``Prefetch=2``; the odd
+    """The shared kernel body's two-tile loop (``PREFETCH=2``: ``mfma`` ``Prefetch=2``; the odd
     range's second tile is scored and not stored) run with the ``mma_v2`` atoms on sm_90, Q in
     registers, both schedules and several splits per sequence (so an odd split is followed by the
     next split's tiles, which must stay unwritten by it)."""

@@ -1,5 +1,5 @@
-"""``HeadSum=tensor`` on an sm_90 GPU (kernel ``backends/gluon/kernels/hopper_pipes.py``, helpers in
-``kernels/hopper_wgmma.py``): the weighted ReLU head sum as a bf16 wgmma. Every case checks the
+"""``HeadSum=tensor`` on an sm_90 GPU (kernel ``backends/gluon/kernels/wgmma_pipes.py``, helpers in
+``kernels/wgmma.py``): the weighted ReLU head sum as a bf16 wgmma. Every case checks the
 contract's error bound for it (docs/CONTRACT.md), per logit,
 
     |ours - exact| <= 2^-8 * scale * sum_h |w_h| relu(s_h)
@@ -21,7 +21,7 @@ import random
 import pytest
 import torch
 
-from paged_mqa_logits.backends.gluon.hopper_pipes import headsum_reason
+from paged_mqa_logits.backends.gluon.wgmma_pipes import headsum_reason
 from paged_mqa_logits.reference import _block_views, calc_diff, check_logits, make_inputs, reference_logits
 from test_gluon_gpu import launch_args, variant_module
 

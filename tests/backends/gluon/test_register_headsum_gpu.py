@@ -1,6 +1,6 @@
 """The register-MMA body's ``HEAD_SUM`` path (``kernels/register_mma.py``; the gfx950 ``mfma``
 variant's ``HeadSum=tensor``) on an sm_90 GPU: the ``mma_v2`` atoms with the twin head-sum atom
-``kernels/hopper_mma.py: mma_bf16_head_sum`` (the same packed-int16 ReLU of bf16-rounded scores
+``kernels/mma_v2.py: mma_bf16_head_sum`` (the same packed-int16 ReLU of bf16-rounded scores
 and hi/lo weight rows as the AMD atom, ``relu_bf16`` / ``weight_rows``, in a bf16 ``mma_v2``
 product). Every case holds the contract's bound per logit,
 
@@ -38,7 +38,7 @@ CASES = ((64, 1, 64, True, torch.float32), (64, 2, 16, False, torch.float32), (6
 def test_tensor_head_sum_on_the_register_mma_twin(heads, next_n, kv_block_size, lens_2d, dtype, pick):
     module = variant_module("mma_v2")
     from paged_mqa_logits.backends.gluon import common
-    from paged_mqa_logits.backends.gluon.kernels.hopper_mma import mma_bf16_head_sum
+    from paged_mqa_logits.backends.gluon.kernels.mma_v2 import mma_bf16_head_sum
 
     rng = random.Random(heads * 31 + next_n * 7 + kv_block_size + pick)
     lens = [rng.choice((0, 1, 63, 65, rng.randint(1, 1500))) for _ in range(6)]

@@ -18,7 +18,7 @@ def planted(tmp_path, monkeypatch):
     (package / "__init__.py").write_text("")
     (package / "broken.py").write_text("raise RuntimeError('half written')\n")
     (package / "not_a_variant.py").write_text("VARIANT = 3\n")
-    (package / "hopper_wgmma.py").write_text("from paged_mqa_logits.backends.gluon.hopper_wgmma import VARIANT\n")
+    (package / "wgmma.py").write_text("from paged_mqa_logits.backends.gluon.wgmma import VARIANT\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     yield "planted_variants"
     for name in [m for m in sys.modules if m.startswith("planted_variants")]:
@@ -30,15 +30,21 @@ def test_every_listed_module_loads():
     assert len(variants()) == len(VARIANT_MODULES)
 
 
+def test_every_variant_is_named_after_its_modules():
+    """One name per variant: its host module ``<name>.py`` and kernel module ``kernels/<name>.py``
+    carry the name the tables, configs and docs use (``config["variant"]``)."""
+    assert [v.name for v in variants()] == list(VARIANT_MODULES)
+
+
 def test_a_module_that_fails_to_import_raises_naming_it(planted):
     with pytest.raises(ImportError, match=r"'broken' failed to import: RuntimeError: half written"):
-        load_variants(planted, ("hopper_wgmma", "broken"))
+        load_variants(planted, ("wgmma", "broken"))
 
 
 def test_a_module_without_a_gluon_variant_raises_naming_it(planted):
     with pytest.raises(TypeError, match=r"'not_a_variant': expected VARIANT to be a GluonVariant, got int"):
         load_variants(planted, ("not_a_variant",))
-    assert [v.name for v in load_variants(planted, ("hopper_wgmma",))] == ["wgmma"]
+    assert [v.name for v in load_variants(planted, ("wgmma",))] == ["wgmma"]
 
 
 def test_mma_v2_is_the_sm_90_default_where_the_wgmma_variants_decline():

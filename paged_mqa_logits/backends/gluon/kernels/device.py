@@ -7,8 +7,8 @@
 * paged addressing: a token's cache block (clamped into the cache), the byte offsets of its
   key bytes (plain and Preshuffle) and of its scale.
 
-The register-MMA kernel (``register_mma.py``) and the wgmma kernels (``hopper_wgmma.py``,
-``hopper_wgmma_ws.py``, ``hopper_pipes.py``) of this directory are built from these.
+The register-MMA kernel (``register_mma.py``) and the wgmma kernels (``wgmma.py``,
+``wgmma_ws.py``, ``wgmma_pipes.py``) of this directory are built from these.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ sm_90. Everything an arch changes comes in as constexpr *arch atoms*:
 * ``HEAD_SUM(scores, scales, weights)``: the epilogue's weighted ReLU head sum, ``[H, T]`` ->
   ``[T]``: :func:`weighted_relu_head_sum` in fp32 (every arch's default), or a bf16 matrix
   product of the ReLU'd scores with hi/lo weight rows (gfx950 ``HeadSum=tensor``,
-  ``kernels/cdna.py``; its sm_90 twin ``kernels/hopper_mma.py``) built from :func:`relu_bf16`
+  ``kernels/mfma.py``; its sm_90 twin ``kernels/mma_v2.py``) built from :func:`relu_bf16`
   and :func:`weight_rows`.
 
 Keys are gathered straight into the MMA's B operand layout. An arch that gathers them in

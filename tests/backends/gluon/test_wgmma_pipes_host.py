@@ -1,8 +1,8 @@
-"""The host side of the sm_90 ``wgmma_pipes`` variant (backends/gluon/hopper_pipes.py), without a
+"""The host side of the sm_90 ``wgmma_pipes`` variant (backends/gluon/wgmma_pipes.py), without a
 GPU: knob errors, the register split between consumer warpgroups and producer warps, the fit
 rules, the TMA rule, the candidates and grids, and the launch path, whose kernel arguments
 Triton's own binder specialises on meta tensors. The kernels are cross-compiled in
-test_compile_hopper_pipes.py."""
+test_compile_wgmma_pipes.py."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import pytest
 pytest.importorskip("triton.experimental.gluon")
 
 from paged_mqa_logits.backends.gluon import BACKEND  # noqa: E402
-from paged_mqa_logits.backends.gluon import hopper_pipes as hp  # noqa: E402
-from paged_mqa_logits.backends.gluon import hopper_wgmma as wg  # noqa: E402
-from test_hopper_wgmma_host import KnobCounter, meta_launch_args, problem, recorded_launches  # noqa: E402
+from paged_mqa_logits.backends.gluon import wgmma_pipes as hp  # noqa: E402
+from paged_mqa_logits.backends.gluon import wgmma as wg  # noqa: E402
+from test_wgmma_host import KnobCounter, meta_launch_args, problem, recorded_launches  # noqa: E402
 
 PIPES = hp.VARIANT
 
@@ -39,7 +39,7 @@ def test_knob_errors_say_why():
 def test_register_split_fills_the_register_file():
     """Consumers get equal shares of what the producer warpgroups leave; four consumers in one
     program get 112 registers (their 128-column row group, its weights and the epilogue fit
-    without spilling, test_compile_hopper_pipes.py) beside TMA producers of 24 (Triton gives the
+    without spilling, test_compile_wgmma_pipes.py) beside TMA producers of 24 (Triton gives the
     default-partition consumer the 8 the rounding leaves)."""
     for consumers, split, ctas in ((4, 1, 1), (4, 2, 1), (3, 1, 1), (2, 1, 1), (2, 2, 1), (1, 1, 2)):
         for key_copy in ("tma", "gather"):

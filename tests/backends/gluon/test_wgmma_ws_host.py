@@ -1,8 +1,8 @@
 """The host side of the sm_90 warp-specialised ``wgmma_ws`` variant
-(backends/gluon/hopper_wgmma_ws.py), without a GPU: knob errors, the register split, the
+(backends/gluon/wgmma_ws.py), without a GPU: knob errors, the register split, the
 candidates' fit and grid, and the launch path, whose kernel arguments Triton's own binder
 specialises on meta tensors. The kernels themselves are cross-compiled in
-test_compile_hopper_wgmma_ws.py."""
+test_compile_wgmma_ws.py."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import pytest
 
 pytest.importorskip("triton.experimental.gluon")
 
-from paged_mqa_logits.backends.gluon import hopper_wgmma as wg  # noqa: E402
-from paged_mqa_logits.backends.gluon import hopper_wgmma_ws as ws  # noqa: E402
+from paged_mqa_logits.backends.gluon import wgmma as wg  # noqa: E402
+from paged_mqa_logits.backends.gluon import wgmma_ws as ws  # noqa: E402
 from paged_mqa_logits.problem import Problem  # noqa: E402
-from test_hopper_wgmma_host import KnobCounter, meta_launch_args, recorded_launches  # noqa: E402
+from test_wgmma_host import KnobCounter, meta_launch_args, recorded_launches  # noqa: E402
 
 WS = ws.VARIANT
 ARCH = "sm_90"

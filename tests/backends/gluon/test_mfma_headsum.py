@@ -1,4 +1,4 @@
-"""``HeadSum=tensor`` of the gfx950 ``mfma`` variant (backends/gluon/cdna.py, kernels/cdna.py;
+"""``HeadSum=tensor`` of the gfx950 ``mfma`` variant (backends/gluon/mfma.py, kernels/mfma.py;
 decision and numbers in docs/AMD_HEADSUM.md): the weighted head sum as a bf16 MFMA.
 
 CPU only. The arithmetic: the kernel's ReLU on packed bf16 bits equals rounding the ReLU'd fp32
@@ -23,10 +23,10 @@ pytest.importorskip("triton.experimental.gluon")
 
 from paged_mqa_logits.aot.compile import amd_loop_instructions, check_records, compile_specs  # noqa: E402
 from paged_mqa_logits.backends.gluon.variant import KnobError  # noqa: E402
-from paged_mqa_logits.backends.gluon import cdna, common  # noqa: E402
+from paged_mqa_logits.backends.gluon import common, mfma  # noqa: E402
 from paged_mqa_logits.reference import tensor_head_sum  # noqa: E402
 
-MFMA = cdna.VARIANT
+MFMA = mfma.VARIANT
 ARCH = "gfx950"
 BOUND = 2.0 ** -8
 
@@ -204,17 +204,17 @@ def test_fp32_stays_the_default_and_keeps_its_names():
 
 
 def test_the_sm90_twin_atom_compiles_into_the_register_mma_body(tmp_path, monkeypatch):
-    """``kernels/hopper_mma.py: mma_bf16_head_sum``, what the H100 / H200 run of the body's
+    """``kernels/mma_v2.py: mma_bf16_head_sum``, what the H100 / H200 run of the body's
     ``HEAD_SUM`` path uses (tests/backends/gluon/test_register_headsum_gpu.py): Q staged and in
     registers, a bf16 ``mma.sync`` besides the fp8 one, the packed bf16 convert, no local memory."""
-    from paged_mqa_logits.backends.gluon import hopper_mma
-    from paged_mqa_logits.backends.gluon.kernels.hopper_mma import mma_bf16_head_sum
+    from paged_mqa_logits.backends.gluon import mma_v2
+    from paged_mqa_logits.backends.gluon.kernels.mma_v2 import mma_bf16_head_sum
 
-    monkeypatch.setattr(hopper_mma.MmaV2Variant, "head_sum", lambda self, problem, knobs: mma_bf16_head_sum)
+    monkeypatch.setattr(mma_v2.MmaV2Variant, "head_sum", lambda self, problem, knobs: mma_bf16_head_sum)
     shape = dict(heads=64, next_n=4, kv_block_size=64, preshuffle=False, lens_2d=True)
     configs = [dict(shape, ChunkK=64, num_warps=4, SplitKV=0, ReuseKV=1, QInLDS=1, Prefetch=0, Schedule="split"),
                dict(shape, ChunkK=64, num_warps=4, SplitKV=1, ReuseKV=0, QInLDS=0, Prefetch=1, Schedule="split")]
-    records = compile_specs(hopper_mma.VARIANT.compile_specs("sm_90", configs), str(tmp_path), jobs=1, progress=False)
+    records = compile_specs(mma_v2.VARIANT.compile_specs("sm_90", configs), str(tmp_path), jobs=1, progress=False)
     assert not check_records(records), check_records(records)
     for r in records:
         text = open(r.isa[:-4] + ".sass").read()

@@ -1,6 +1,6 @@
 """Device code of the sm_90 ``mma_v2`` variant: the atoms it hands the register-MMA kernel body
 (``kernels/register_mma.py``): ``gl.load`` gathers, the e4m3 ``mma_v2`` and its accumulator
-layout. The knobs and resource rules are the host side, ``hopper_mma.py``.
+layout. The knobs and resource rules are the host side, ``mma_v2.py``.
 """
 
 from __future__ import annotations

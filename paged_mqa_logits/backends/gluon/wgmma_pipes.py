@@ -1,4 +1,4 @@
-"""Host side of the sm_90 ``wgmma_pipes`` variant (its kernel: ``kernels/hopper_pipes.py``): the
+"""Host side of the sm_90 ``wgmma_pipes`` variant (its kernel: ``kernels/wgmma_pipes.py``): the
 knobs, the register split between consumer warpgroups and producer warps, the resource rules,
 the TMA descriptors, the candidates and the launch plan.
 
@@ -26,10 +26,10 @@ from ...schedule import persistent_programs
 from ...triton_internals.gluon_api import TensorDescriptor
 from ..base import MAX_SPLIT_KV
 from . import common
-from . import hopper_wgmma as wg
-from .kernels.hopper_pipes import (CONSUMER_WARPS, HEAD_DIM, KEY_BOX_LAYOUT, PRODUCER_WARPS, SCALE_BOX_LAYOUT, TILE,
+from . import wgmma as wg
+from .kernels.wgmma_pipes import (CONSUMER_WARPS, HEAD_DIM, KEY_BOX_LAYOUT, PRODUCER_WARPS, SCALE_BOX_LAYOUT, TILE,
                                    wgmma_pipes_logits_kernel)
-from .kernels.hopper_wgmma import headsum_columns
+from .kernels.wgmma import headsum_columns
 from .variant import GluonVariant, LaunchPlan
 
 #: registers per thread of a producer warp (its warpgroup's ``setmaxnreg``): a TMA warp holds a
@@ -40,7 +40,7 @@ PRODUCER_REGS = {"tma": 24, "gather": 56}
 #: the epilogue's partial sums), and what ptxas wants on top for each further row group in flight,
 #: for rows masked past a next_n that is not a power of two, and for a split-schedule consumer
 #: pair; calibrated so that no candidate's tile loop touches local memory
-#: (tests/backends/gluon/test_compile_hopper_pipes.py compiles every candidate)
+#: (tests/backends/gluon/test_compile_wgmma_pipes.py compiles every candidate)
 CONSUMER_OVERHEAD = 16
 EXTRA_GROUP_REGS = 32
 UNEVEN_ROWS_REGS = 8
@@ -314,7 +314,7 @@ class WgmmaPipesVariant(GluonVariant):
 
     def num_splits(self, problem: Problem, config: dict) -> int:
         """``Schedule=split``: programs per sequence (``SplitKV``, or one wave of ``CtasPerSM``
-        programs per SM shared out by :func:`hopper_wgmma.derive_splits`)."""
+        programs per SM shared out by :func:`wgmma.derive_splits`)."""
         k = self.knobs(problem, config)
         return k["SplitKV"] or wg.derive_splits(problem.cu_num, problem.shape_key.batch, problem.work_context, TILE,
                                                 k["CtasPerSM"])

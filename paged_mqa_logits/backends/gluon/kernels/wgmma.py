@@ -25,10 +25,10 @@ Design (and why):
   ``split, split + num_splits, ...`` of sequence ``b`` (round-robin); its first tiles do not
   depend on the lengths, so their block-table entries, Q and the weights load *in parallel*
   with the lengths (the chain before the first key copy is one memory latency, not two);
-  ``SplitKV = 0`` sizes the grid for one wave (``hopper_wgmma.derive_splits``) from the
+  ``SplitKV = 0`` sizes the grid for one wave (``wgmma.derive_splits``) from the
   host's context hint, so on a batch of widely spread lengths the short sequences' programs idle.
   ``Schedule=balanced``: one persistent wave of ``SMs x programs per SM`` programs (the
-  compiled kernel's own occupancy, ``hopper_wgmma.resident_programs``), each taking an
+  compiled kernel's own occupancy, ``wgmma.resident_programs``), each taking an
   equal share of the batch's tiles from an in-kernel prefix sum over the lengths
   (``device.balanced_share``) and walking it as segments, one sequence each
   (:func:`_score_segment`: the ring restarts, Q and the weights are reloaded, at every sequence
@@ -53,8 +53,8 @@ are clamped into ``[0, num_blocks)``. The key scale is factored out of the ReLU 
 non-negative scales of fp8 quantisation).
 
 This module is the device side: the kernel, its layouts and device helpers (the warp-specialised
-variant, ``hopper_wgmma_ws.py``, reuses them). The knobs, the resource rules and the launch
-plan are the host side, ``backends/gluon/hopper_wgmma.py``.
+variant, ``wgmma_ws.py``, reuses them). The knobs, the resource rules and the launch
+plan are the host side, ``backends/gluon/wgmma.py``.
 """
 
 from __future__ import annotations
@@ -105,12 +105,16 @@ def _mma_layout(n):
 
 
 @gluon.constexpr_function
-def _tile_smem_layout():
+def tile_smem_layout():
+    """The NVMMA 128-byte-swizzled layout of a key or Q tile in shared memory (the wgmma operand);
+    shared with the wgmma_ws, wgmma_pipes and wgmma_fp4 kernels."""
     return gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
 
 
 @gluon.constexpr_function
-def _vec_smem_layout():
+def vec_smem_layout():
+    """The plain layout of a 1-D vector (weights, row limits, scales) in shared memory; shared
+    with the wgmma_ws, wgmma_pipes and wgmma_fp4 kernels."""
     return gl.SwizzledSharedLayout(1, 1, 1, [0])
 
 
@@ -196,12 +200,13 @@ def _group_rows(next_n, rows_per_mma, g):
 
 # ----------------------------------------------------------------------------- device helpers
 @gluon.jit
-def _gather(base, offsets, mask, other):
+def gather(base, offsets, mask, other):
+    """A masked register load of ``base + offsets``; the wgmma kernels' one gather helper."""
     return gl.load(base + offsets, mask=mask, other=other)
 
 
 @gluon.jit
-def _row_limits(lens_ptr, b, seq_len, end, stride_lens_b, stride_lens_j, j, NEXT_N: gl.constexpr,
+def row_limits(lens_ptr, b, seq_len, end, stride_lens_b, stride_lens_j, j, NEXT_N: gl.constexpr,
                 LENS_2D: gl.constexpr):
     """First invisible position ``min(row_len(b, j), end)`` of query rows ``j`` (a tensor;
     rows ``j >= NEXT_N`` get 0). Vector form of ``device.row_length``."""
@@ -231,7 +236,7 @@ def _copy_query(q_ptr, q_smem, b, stride_q_b, stride_q_j, stride_q_h, NEXT_N: gl
 
 
 @gluon.jit
-def _load_weights(weights_ptr, b, stride_w, NEXT_N: gl.constexpr, NEXT_N_POW2: gl.constexpr, HEADS: gl.constexpr,
+def load_weights(weights_ptr, b, stride_w, NEXT_N: gl.constexpr, NEXT_N_POW2: gl.constexpr, HEADS: gl.constexpr,
                   LAYOUT: gl.constexpr):
     """Sequence ``b``'s weights in Q's row order (``j * H + h``; 0 past ``NEXT_N * H``)."""
     mw = gl.arange(0, NEXT_N_POW2 * HEADS, LAYOUT)
@@ -255,8 +260,8 @@ def _tile_pages(table_row, tile, table_tokens, num_blocks, CHUNK: gl.constexpr, 
     (-1): those tokens are never copied."""
     key_tokens = tile * CHUNK + gl.arange(0, CHUNK, gl.SliceLayout(1, _copy_layout()))
     scale_tokens = tile * CHUNK + gl.arange(0, CHUNK, _scale_copy_layout())
-    return (device.tile_pages(table_row, key_tokens, table_tokens, num_blocks, KV_BLOCK_SIZE, _gather),
-            device.tile_pages(table_row, scale_tokens, table_tokens, num_blocks, KV_BLOCK_SIZE, _gather))
+    return (device.tile_pages(table_row, key_tokens, table_tokens, num_blocks, KV_BLOCK_SIZE, gather),
+            device.tile_pages(table_row, scale_tokens, table_tokens, num_blocks, KV_BLOCK_SIZE, gather))
 
 
 @gluon.jit
@@ -353,7 +358,7 @@ def headsum_row_limits(lens_ptr, b, seq_len, end, stride_lens_b, stride_lens_j, 
     pairs = gl.zeros([TOKENS, headsum_columns(ROWS)], gl.float32, _headsum_layout(ROWS))
     summed = gl.sum(gl.reshape(pairs, [TOKENS, headsum_columns(ROWS) // 2, 2]), axis=2)
     j = FIRST_ROW + gl.arange(0, summed.shape[1], gl.SliceLayout(0, summed.type.layout))
-    limit = _row_limits(lens_ptr, b, seq_len, end, stride_lens_b, stride_lens_j, j, NEXT_N, LENS_2D)
+    limit = row_limits(lens_ptr, b, seq_len, end, stride_lens_b, stride_lens_j, j, NEXT_N, LENS_2D)
     return gl.where(j < FIRST_ROW + ROWS, limit, 0)
 
 
@@ -449,7 +454,7 @@ def _score_tile_groups(keys, q_smem, scale_slot, weight_smem, limit_smem, out_pt
 
 
 @gluon.jit
-def _single_group_weights(weight_smem, NEXT_N: gl.constexpr, HEADS: gl.constexpr, ROWS_PER_MMA: gl.constexpr):
+def single_group_weights(weight_smem, NEXT_N: gl.constexpr, HEADS: gl.constexpr, ROWS_PER_MMA: gl.constexpr):
     """When one wgmma covers every row, its weights in the accumulator's column layout, kept in
     registers for a whole segment; 0 with several row groups, whose epilogues read their
     slices of ``weight_smem`` per tile. ``weight_smem`` must be visible to every thread."""
@@ -461,12 +466,12 @@ def _single_group_weights(weight_smem, NEXT_N: gl.constexpr, HEADS: gl.constexpr
 
 
 @gluon.jit
-def _score_tile(keys, q_smem, scale_slot, weight_regs, weight_smem, limit_smem, out_ptr, b, tile, stride_out,
+def score_tile(keys, q_smem, scale_slot, weight_regs, weight_smem, limit_smem, out_ptr, b, tile, stride_out,
                 NEXT_N: gl.constexpr, HEADS: gl.constexpr, CHUNK: gl.constexpr, ROWS_PER_MMA: gl.constexpr):
     """Scores, epilogue and store of one tile (its keys and scales landed in a ring slot)
     against all next_n rows of sequence ``b``: a single row group as two 64-token halves
     (128-token tiles) or whole, else every row group (:func:`_score_tile_groups`).
-    ``weight_regs`` from :func:`_single_group_weights`."""
+    ``weight_regs`` from :func:`single_group_weights`."""
     NUM_GROUPS: gl.constexpr = _num_groups(NEXT_N, ROWS_PER_MMA)
     if NUM_GROUPS == 1 and CHUNK == 128:
         _score_tile_halves(keys, q_smem, scale_slot, weight_regs, limit_smem, out_ptr, b, tile, stride_out,
@@ -508,7 +513,7 @@ def _score_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, tab
     #    first cp.async group), the weights, the block-table entries of the first tiles.
     _copy_query(q_ptr, q_smem, b, stride_q_b, stride_q_j, stride_q_h, NEXT_N, NEXT_N_POW2, HEADS, Q_ASYNC)
     async_copy.commit_group()  # (an empty group without cp.async: the counting stays the same)
-    weights = _load_weights(weights_ptr, b, stride_w, NEXT_N, NEXT_N_POW2, HEADS, vec_layout)
+    weights = load_weights(weights_ptr, b, stride_w, NEXT_N, NEXT_N_POW2, HEADS, vec_layout)
     table_row = table_ptr + b.to(gl.int64) * stride_table
     table_tokens = max_blocks * KV_BLOCK_SIZE
     first_pages = ()
@@ -527,20 +532,20 @@ def _score_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, tab
         # Weights and row limits go through shared memory once; each row group's epilogue
         # reads its slice in the accumulator's column layout.
         weight_smem.store(weights)
-        limit_smem.store(_row_limits(lens_ptr, b, seq_len, end, stride_lens_b, stride_lens_j,
+        limit_smem.store(row_limits(lens_ptr, b, seq_len, end, stride_lens_b, stride_lens_j,
                                      gl.arange(0, NEXT_N_POW2, vec_layout), NEXT_N, LENS_2D))
 
         # 3. Prologue: tiles 0..STAGES-2 in flight, one cp.async group each (masked past the end).
         for s in gl.static_range(STAGES - 1):
             _issue_tile(key_ring.index(s), scale_ring.index(s), kv_ptr, scale_ptr, first_pages[s],
-                        first + s * step, _issue_end(s, n, end), stride_block, CHUNK, KV_BLOCK_SIZE,
+                        first + s * step, issue_end(s, n, end), stride_block, CHUNK, KV_BLOCK_SIZE,
                         PRESHUFFLE, KV_ALIGN)
             async_copy.commit_group()
         pages = _tile_pages(table_row, first + (STAGES - 1) * step, table_tokens, num_blocks, CHUNK, KV_BLOCK_SIZE)
 
         if NUM_GROUPS == 1:
             thread_barrier()  # the weights stored above, seen by every thread
-        weight_regs = _single_group_weights(weight_smem, NEXT_N, HEADS, ROWS_PER_MMA)
+        weight_regs = single_group_weights(weight_smem, NEXT_N, HEADS, ROWS_PER_MMA)
 
         # 4. Steady state: tile i lives in slot i % STAGES.
         for i in range(n):
@@ -552,19 +557,19 @@ def _score_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, tab
 
             ahead = i + STAGES - 1
             _issue_tile(key_ring.index(ahead % STAGES), scale_ring.index(ahead % STAGES), kv_ptr, scale_ptr, pages,
-                        first + ahead * step, _issue_end(ahead, n, end), stride_block, CHUNK,
+                        first + ahead * step, issue_end(ahead, n, end), stride_block, CHUNK,
                         KV_BLOCK_SIZE, PRESHUFFLE, KV_ALIGN)
             async_copy.commit_group()
             pages = _tile_pages(table_row, first + (ahead + 1) * step, table_tokens, num_blocks, CHUNK, KV_BLOCK_SIZE)
 
-            _score_tile(key_ring.index(slot), q_smem, scale_ring.index(slot), weight_regs, weight_smem, limit_smem,
+            score_tile(key_ring.index(slot), q_smem, scale_ring.index(slot), weight_regs, weight_smem, limit_smem,
                         out_ptr, b, tile, stride_out, NEXT_N, HEADS, CHUNK, ROWS_PER_MMA)
     async_copy.wait_group(0)  # no copy may outlive the segment (the tail groups are masked)
     thread_barrier()  # every thread is done with Q, the ring and the vectors before the next segment
 
 
 @gluon.jit
-def _issue_end(i, n, end):
+def issue_end(i, n, end):
     """The ``end`` a copy of the segment's ``i``-th tile is masked with: the sequence's end for
     the segment's own tiles, 0 past them (so a balanced share never copies the next program's
     tiles, and a copy past the segment is one that moves nothing)."""
@@ -587,8 +592,8 @@ def wgmma_logits_kernel(
     tiles (``schedule.py``), segment by segment. Split: program ``(split, b)`` scores tiles
     ``split, split + num_splits, ...`` of sequence ``b``. Either way against all next_n rows
     of the sequence (see the module docstring)."""
-    tile_smem: gl.constexpr = _tile_smem_layout()
-    vec_smem: gl.constexpr = _vec_smem_layout()
+    tile_smem: gl.constexpr = tile_smem_layout()
+    vec_smem: gl.constexpr = vec_smem_layout()
     Q_ROWS: gl.constexpr = NEXT_N_POW2 * HEADS
     key_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, CHUNK, _D], tile_smem)
     scale_ring = gl.allocate_shared_memory(gl.float32, [STAGES, CHUNK], vec_smem)

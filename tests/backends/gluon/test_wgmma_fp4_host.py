@@ -1,9 +1,9 @@
-"""The host side of the sm_90 ``wgmma_fp4`` variant (backends/gluon/hopper_fp4.py), without a
+"""The host side of the sm_90 ``wgmma_fp4`` variant (backends/gluon/wgmma_fp4.py), without a
 GPU: the widening's torch model (the kernel runs its formulas bit for bit) checked exhaustively
 against the MXFP4 format (paged_mqa_logits/fp4.py), the exponent-spread bound both ways, the
 scale folding against the exact reference in float64, and the variant's support rules,
 candidates, dispatch and launch arguments. The kernel is cross-compiled in
-test_compile_hopper_fp4.py."""
+test_compile_wgmma_fp4.py."""
 
 from __future__ import annotations
 
@@ -16,13 +16,13 @@ pytest.importorskip("triton.experimental.gluon")
 import torch  # noqa: E402
 
 from paged_mqa_logits import dispatch  # noqa: E402
-from paged_mqa_logits.backends.gluon import BACKEND, hopper_fp4 as h4, variants  # noqa: E402
-from paged_mqa_logits.backends.gluon.kernels import hopper_fp4 as k4  # noqa: E402
+from paged_mqa_logits.backends.gluon import BACKEND, wgmma_fp4 as h4, variants  # noqa: E402
+from paged_mqa_logits.backends.gluon.kernels import wgmma_fp4 as k4  # noqa: E402
 from paged_mqa_logits.fp4 import E2M1_VALUES, dequantize_fp4, e2m1_values, ue8m0_words  # noqa: E402
 from paged_mqa_logits.problem import Problem, Target  # noqa: E402
 from paged_mqa_logits.reference import (FP4_DTYPE, calc_diff, make_inputs, reference_logits,  # noqa: E402
                                         unpack_kv_cache)
-from test_hopper_wgmma_host import meta_launch_args, problem as fp8_problem, recorded_launches  # noqa: E402
+from test_wgmma_host import meta_launch_args, problem as fp8_problem, recorded_launches  # noqa: E402
 
 V = h4.VARIANT
 SPREADS = range(0, k4.E4M3_SPREAD_LIMIT + 1)  # shifts s = 6 - spread in -8..6

@@ -1,5 +1,5 @@
 """sm_90 MXFP4 variant of the ``gluon`` backend: e2m1 queries and keys widened to e4m3 in
-registers and scored by the fp8 ``wgmma`` of ``hopper_wgmma.py``.
+registers and scored by the fp8 ``wgmma`` of ``wgmma.py``.
 
 Why widening is exact: an e2m1 value times ``2^s`` is an e4m3 value for every ``s`` in -8..6
 (the values span 0.5 * 2^-8 = 2^-9, e4m3's smallest subnormal, to 6 * 2^6 = 384 <= 448). A token
@@ -8,24 +8,24 @@ group ``g`` and one factor ``2^(M - 127 - 6)``, which plays the part of the fp8 
 key scale (applied after the head sum: it is positive, so it commutes with the ReLU). A query
 head is widened the same way and its factor is folded into its weight (``w * relu(s * x) = (w *
 s) * relu(x)``, s > 0). The tile is then an ordinary fp8 wgmma tile and
-``hopper_wgmma._score_tile`` (row groups, 128-token halves, epilogue, store) runs unchanged.
+``wgmma.score_tile`` (row groups, 128-token halves, epilogue, store) runs unchanged.
 
 The widening is two ``prmt`` byte permutes per four codes (the hot path; :func:`_widen_words`):
 the eight e4m3 bytes of a group's magnitudes at its shift are two 32-bit *table words*
 (:func:`_table_words`, computed once per token and group), a code's 3-bit magnitude indexes
 them, and a second ``prmt`` gathers the codes' sign bits into the bytes' top bits.
-The host module (``backends/gluon/hopper_fp4.py``: ``widen_word``, ``e4m3_table_words``) holds
+The host module (``backends/gluon/wgmma_fp4.py``: ``widen_word``, ``e4m3_table_words``) holds
 the plain-torch model of exactly these formulas, checked exhaustively on CPU
-(``tests/backends/gluon/test_hopper_fp4_host.py``).
+(``tests/backends/gluon/test_wgmma_fp4_host.py``).
 
-Structure: the schedules (``split`` / ``balanced``) and segment walk of ``hopper_wgmma.py``;
+Structure: the schedules (``split`` / ``balanced``) and segment walk of ``wgmma.py``;
 per tile, the keys' packed words and exponent words are loaded with plain loads into registers
 one tile ahead (so their latency overlaps the widening and scoring of the current tile), widened,
 stored into one NVMMA-swizzled key tile (viewed as int32 words: the 128-byte swizzle moves the
 same bytes whatever the element width) with the token factors beside it, fenced for the async
 proxy, then scored. Preshuffled caches are declined by the host side.
 
-The host side (knobs, resources, launch plan, compile matrix) is ``backends/gluon/hopper_fp4.py``.
+The host side (knobs, resources, launch plan, compile matrix) is ``backends/gluon/wgmma_fp4.py``.
 """
 
 from __future__ import annotations
@@ -36,10 +36,10 @@ from triton.experimental.gluon import language as gl
 from ....triton_internals.gluon_api import fence_async_shared, reinterpret_shared, thread_barrier
 from . import device
 from .device import DYNAMIC_PARAMS
-from .hopper_wgmma import (NUM_WARPS, _gather, _issue_end, _load_weights, _row_limits, _score_tile,
-                           _single_group_weights, _tile_smem_layout, _vec_smem_layout)
+from .wgmma import (NUM_WARPS, gather, issue_end, load_weights, row_limits, score_tile,
+                           single_group_weights, tile_smem_layout, vec_smem_layout)
 
-# The widening's constants (the host module's torch model, ``hopper_fp4.widen_word``, reads them
+# The widening's constants (the host module's torch model, ``wgmma_fp4.widen_word``, reads them
 # from here). A group of a row is written as e4m3 bytes of ``value * 2^s`` with ``s = 6 - spread``,
 # ``spread = M - e_g`` the binades it sits below the row's largest exponent ``M``.
 #: the largest ``M - e_g`` (binades a group sits below its token's largest) widened exactly
@@ -75,7 +75,7 @@ _LOW_14 = gl.constexpr(SUBNORMAL_LOW_WORDS[14])
 _HIGH_14 = gl.constexpr(SUBNORMAL_HIGH_WORDS[14])
 
 # The widening of one packed word (eight codes, in element order) into two words of e4m3 bytes,
-# given its group's table words (``hopper_fp4.widen_word``): magnitude bytes by a prmt on the
+# given its group's table words (``wgmma_fp4.widen_word``): magnitude bytes by a prmt on the
 # 3-bit codes (a prmt selector reads the low 16 bits: four codes), sign bytes by a byte prmt of
 # ``word << 4`` and ``word`` that puts every code's sign bit at its byte's top bit; nine
 # instructions per word once ptxas merges each ``and``/``or`` pair into one LOP3.
@@ -100,7 +100,7 @@ or.b32 $1, mag, sgn;
 #   4 threads a row, a warp 8 rows, the warpgroup 32 (taller tiles repeat over registers); a
 #   group's table words are then computed once per thread and row.
 # WIDE_SMEM: the widened tile as [rows, 32] int32 words in the 128-byte swizzle of the fp8
-#   [rows, 128] wgmma operand (hopper_wgmma._tile_smem_layout) over the same bytes.
+#   [rows, 128] wgmma operand (wgmma.tile_smem_layout) over the same bytes.
 @gluon.constexpr_function
 def _words_layout():
     return gl.BlockedLayout([1, 1, 4], [8, 4, 1], [_WARPS, 1, 1], [2, 1, 0])
@@ -114,7 +114,7 @@ def _wide_smem_layout():
 # ----------------------------------------------------------------------------- widening
 @gluon.jit
 def _table_words(spread):
-    """``hopper_fp4.e4m3_table_words``: the e4m3 bytes of the eight magnitudes of a group ``spread``
+    """``wgmma_fp4.e4m3_table_words``: the e4m3 bytes of the eight magnitudes of a group ``spread``
     binades below its row's largest exponent, as (codes 0-3, codes 4-7) words."""
     low = _LOW_BASE + (12 - spread) * _LOW_STEP
     high = _HIGH_BASE + (12 - spread) * _HIGH_STEP
@@ -136,7 +136,7 @@ def _largest_exponent(exponent_words):
 
 @gluon.jit
 def _row_factor(top):
-    """``hopper_fp4.scale_of_exponent``: fp32 ``2^(M - 127 - 6)`` from the bits (subnormal below M = 7)."""
+    """``wgmma_fp4.scale_of_exponent``: fp32 ``2^(M - 127 - 6)`` from the bits (subnormal below M = 7)."""
     return gl.where(top > 6, (top - 6) << 23, 1 << gl.minimum(top + 16, 22)).to(gl.float32, bitcast=True)
 
 
@@ -168,7 +168,7 @@ def _load_tile(words_ptr, table_row, tile, end, stride_block, num_blocks, CHUNK:
     row_layout: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, layout))
     tokens = tile * CHUNK + gl.arange(0, CHUNK, row_layout)
     valid = tokens < end
-    pages = device.tile_pages(table_row, tokens, end, num_blocks, KV_BLOCK_SIZE, _gather)
+    pages = device.tile_pages(table_row, tokens, end, num_blocks, KV_BLOCK_SIZE, gather)
     block_words = pages * (stride_block // 4)
     slot = tokens % KV_BLOCK_SIZE
     exponent_words = gl.load(words_ptr + block_words + KV_BLOCK_SIZE * _WORDS + slot, mask=valid, other=0.0)
@@ -186,7 +186,7 @@ def _widen_query(q_ptr, q_scale_ptr, q_wide, b, stride_q_b, stride_q_j, stride_q
                  NEXT_N: gl.constexpr, NEXT_N_POW2: gl.constexpr, HEADS: gl.constexpr):
     """Sequence ``b``'s query heads widened into ``q_wide`` (row ``j * H + h``; rows past
     ``NEXT_N * H`` zero); returns each head's fp32 factor ``2^(Mq - 133)`` in the vector layout
-    of ``hopper_wgmma._load_weights``. q rows may sit at any byte address: their bytes are
+    of ``wgmma.load_weights``. q rows may sit at any byte address: their bytes are
     loaded one by one and assembled into words (once per segment, off the hot path)."""
     ROWS: gl.constexpr = NEXT_N_POW2 * HEADS
     layout: gl.constexpr = _words_layout()
@@ -222,11 +222,11 @@ def _score_segment(q_ptr, q_scale_ptr, words_ptr, weights_ptr, out_ptr, lens_ptr
                    NEXT_N: gl.constexpr, NEXT_N_POW2: gl.constexpr, HEADS: gl.constexpr, KV_BLOCK_SIZE: gl.constexpr,
                    CHUNK: gl.constexpr, ROWS_PER_MMA: gl.constexpr, LENS_2D: gl.constexpr, BALANCED: gl.constexpr):
     """Tiles ``first, first + step, ...`` of sequence ``b`` (``n_given`` of them when
-    balanced, else all it has from ``first`` on), as ``hopper_wgmma._score_segment`` walks
+    balanced, else all it has from ``first`` on), as ``wgmma._score_segment`` walks
     them; the shared memory is the caller's, reused from segment to segment."""
     vec_layout: gl.constexpr = gl.BlockedLayout([1], [32], [_WARPS], [0])
-    key_tile = reinterpret_shared(key_wide, gl.float8e4nv, [CHUNK, _D], _tile_smem_layout())
-    q_tile = reinterpret_shared(q_wide, gl.float8e4nv, [NEXT_N_POW2 * HEADS, _D], _tile_smem_layout())
+    key_tile = reinterpret_shared(key_wide, gl.float8e4nv, [CHUNK, _D], tile_smem_layout())
+    q_tile = reinterpret_shared(q_wide, gl.float8e4nv, [NEXT_N_POW2 * HEADS, _D], tile_smem_layout())
     table_row = table_ptr + b.to(gl.int64) * stride_table
 
     seq_len = device.sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
@@ -240,16 +240,16 @@ def _score_segment(q_ptr, q_scale_ptr, words_ptr, weights_ptr, out_ptr, lens_ptr
                                            KV_BLOCK_SIZE)
         head_factor = _widen_query(q_ptr, q_scale_ptr, q_wide, b, stride_q_b, stride_q_j, stride_q_h,
                                    stride_qs_b, stride_qs_j, NEXT_N, NEXT_N_POW2, HEADS)
-        weights = _load_weights(weights_ptr, b, stride_w, NEXT_N, NEXT_N_POW2, HEADS, vec_layout)
+        weights = load_weights(weights_ptr, b, stride_w, NEXT_N, NEXT_N_POW2, HEADS, vec_layout)
         weight_smem.store(weights * head_factor)  # the query heads' factors ride on the weights
-        limit_smem.store(_row_limits(lens_ptr, b, seq_len, end, stride_lens_b, stride_lens_j,
+        limit_smem.store(row_limits(lens_ptr, b, seq_len, end, stride_lens_b, stride_lens_j,
                                      gl.arange(0, NEXT_N_POW2, vec_layout), NEXT_N, LENS_2D))
         thread_barrier()  # the weights, seen by every thread
-        weight_regs = _single_group_weights(weight_smem, NEXT_N, HEADS, ROWS_PER_MMA)
+        weight_regs = single_group_weights(weight_smem, NEXT_N, HEADS, ROWS_PER_MMA)
         for i in range(n):
             tile = first + i * step
             # the next tile's loads go out before this one is widened and scored
-            next_words, next_exponents = _load_tile(words_ptr, table_row, tile + step, _issue_end(i + 1, n, end),
+            next_words, next_exponents = _load_tile(words_ptr, table_row, tile + step, issue_end(i + 1, n, end),
                                                     stride_block, num_blocks, CHUNK, KV_BLOCK_SIZE)
             wide, factor = _widen_words(words, exponent_words, CHUNK)
             thread_barrier()  # every thread's wgmma and factor reads of the previous tile are done
@@ -257,7 +257,7 @@ def _score_segment(q_ptr, q_scale_ptr, words_ptr, weights_ptr, out_ptr, lens_ptr
             factor_smem.store(factor)
             fence_async_shared()  # the tile (and, the first time, Q) visible to wgmma's async proxy
             thread_barrier()  # ... from every thread
-            _score_tile(key_tile, q_tile, factor_smem, weight_regs, weight_smem, limit_smem, out_ptr, b, tile,
+            score_tile(key_tile, q_tile, factor_smem, weight_regs, weight_smem, limit_smem, out_ptr, b, tile,
                         stride_out, NEXT_N, HEADS, CHUNK, ROWS_PER_MMA)
             words = next_words
             exponent_words = next_exponents
@@ -279,7 +279,7 @@ def fp4_wgmma_logits_kernel(
     unused: the cache is read as 32-bit words through ``kv_words_ptr``), then the query
     exponents. Balanced: program ``p`` scores its equal share of the batch's tiles; split:
     program ``(split, b)`` tiles ``split, split + num_splits, ...`` of sequence ``b``."""
-    vec_smem: gl.constexpr = _vec_smem_layout()
+    vec_smem: gl.constexpr = vec_smem_layout()
     Q_ROWS: gl.constexpr = NEXT_N_POW2 * HEADS
     key_wide = gl.allocate_shared_memory(gl.int32, [CHUNK, 2 * _WORDS], _wide_smem_layout())
     factor_smem = gl.allocate_shared_memory(gl.float32, [CHUNK], vec_smem)

@@ -1,7 +1,7 @@
-"""The host side of the sm_90 ``wgmma`` variant (backends/gluon/hopper_wgmma.py), without a
+"""The host side of the sm_90 ``wgmma`` variant (backends/gluon/wgmma.py), without a
 GPU: support, candidates and their resource fit, the split rule, and the launch path, whose
 kernel arguments Triton's own binder specialises on meta tensors (``record_launches``).
-The kernels themselves are cross-compiled in test_compile_hopper_wgmma.py."""
+The kernels themselves are cross-compiled in test_compile_wgmma.py."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ pytest.importorskip("triton.experimental.gluon")
 import torch  # noqa: E402
 
 from paged_mqa_logits.aot.launches import record_launches  # noqa: E402
-from paged_mqa_logits.backends.gluon import hopper_wgmma as wg  # noqa: E402
+from paged_mqa_logits.backends.gluon import wgmma as wg  # noqa: E402
 from paged_mqa_logits.problem import LaunchArgs, Problem  # noqa: E402
 from paged_mqa_logits.triton_internals.compiler import GPUTarget  # noqa: E402
 

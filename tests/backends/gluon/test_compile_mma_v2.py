@@ -1,5 +1,5 @@
-"""CPU CI for the sm_90 ``mma_v2`` variant (backends/gluon/hopper_mma.py): every candidate of
-the same five shapes as the CDNA CI (see test_compile_cdna.py for why they cover every
+"""CPU CI for the sm_90 ``mma_v2`` variant (backends/gluon/mma_v2.py): every candidate of
+the same five shapes as the CDNA CI (see test_compile_mfma.py for why they cover every
 code-generating constexpr) plus the register-resident Q path is cross-compiled for sm_90 and
 must pass ``compile.check_records``; resource parsing is cross-checked against ``ptxas -v``;
 the real launch path runs on a simulated device.
@@ -20,18 +20,18 @@ import torch
 pytest.importorskip("triton.experimental.gluon")
 
 from compile_matrix import SIZES, of_size  # noqa: E402
-from test_compile_cdna import SHAPES  # noqa: E402
+from test_compile_mfma import SHAPES  # noqa: E402
 from paged_mqa_logits.triton_internals.compiler import GPUTarget  # noqa: E402
 from paged_mqa_logits.triton_internals.device import simulated_device  # noqa: E402
 from paged_mqa_logits.triton_internals.specialise import compiled_kernels  # noqa: E402
 from paged_mqa_logits.triton_internals.toolchain import nvidia_tool, ptxas_for  # noqa: E402
-from paged_mqa_logits.backends.gluon import BACKEND, common, hopper_mma  # noqa: E402
+from paged_mqa_logits.backends.gluon import BACKEND, common, mma_v2  # noqa: E402
 from paged_mqa_logits.backends.gluon.kernels.register_mma import register_mma_logits_kernel  # noqa: E402
 from paged_mqa_logits.aot.compile import check_records, compile_specs, nvidia_resources  # noqa: E402
 from paged_mqa_logits.op import build_launch_args  # noqa: E402
 from paged_mqa_logits.reference import make_inputs  # noqa: E402
 
-MMA_V2 = hopper_mma.VARIANT
+MMA_V2 = mma_v2.VARIANT
 
 ARCH = "sm_90"
 

@@ -1,6 +1,6 @@
-"""CPU CI for the sm_90 ``wgmma_pipes`` kernel (backends/gluon/kernels/hopper_pipes.py),
+"""CPU CI for the sm_90 ``wgmma_pipes`` kernel (backends/gluon/kernels/wgmma_pipes.py),
 cross-compiled for sm_90 and inspected against what its host side (backends/gluon/
-hopper_pipes.py) assumes: the wgmma widths of each consumer's row groups, the register split
+wgmma_pipes.py) assumes: the wgmma widths of each consumer's row groups, the register split
 (``setmaxnreg``), the mbarrier counts of the protocol (one arrive per consumer thread on
 *empty*, the TMA byte count or one per producer lane on *full*), one TMA box of keys and one of
 scales per cache block, no CTA-wide barrier and no local memory in any consumer's tile loop.
@@ -29,8 +29,8 @@ pytest.importorskip("triton.experimental.gluon")
 
 from paged_mqa_logits.aot import sass  # noqa: E402
 from paged_mqa_logits.backends.gluon import common  # noqa: E402
-from paged_mqa_logits.backends.gluon import hopper_pipes as hp  # noqa: E402
-from paged_mqa_logits.backends.gluon.kernels.hopper_wgmma import row_groups  # noqa: E402
+from paged_mqa_logits.backends.gluon import wgmma_pipes as hp  # noqa: E402
+from paged_mqa_logits.backends.gluon.kernels.wgmma import row_groups  # noqa: E402
 from paged_mqa_logits.aot.compile import compile_specs  # noqa: E402
 from paged_mqa_logits.triton_internals.toolchain import nvidia_tool  # noqa: E402
 

@@ -33,12 +33,12 @@ Schedules (``schedule.py``): ``BALANCED`` walks the program's equal share of the
 otherwise program ``(split, b)`` walks tiles ``[first, stop)`` of sequence ``b``. Every
 partition walks the same share: they agree on every sequence's tile count without talking.
 
-Semantics follow ``problem.py`` and ``hopper_wgmma.py``: row ``j`` of sequence ``b`` sees
+Semantics follow ``problem.py`` and ``wgmma.py``: row ``j`` of sequence ``b`` sees
 ``p < min(row_len(b, j), max_model_len, table width)``; the key scale is factored out of the
 ReLU; block ids are clamped into the cache; cache and output offsets are 64-bit.
 
 The knobs, the register split, the resource rules, the descriptors and the launch plan are the
-host side, ``backends/gluon/hopper_pipes.py``.
+host side, ``backends/gluon/wgmma_pipes.py``.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 from ....triton_internals.gluon_api import (async_copy, fence_async_shared, thread_barrier, tma, warpgroup_mma,
                                              warpgroup_mma_wait)
 from . import device
-from . import hopper_wgmma as wg
+from . import wgmma as wg
 
 #: the facts the host side reads
 CONSUMER_WARPS = 4  # a warpgroup: wgmma's unit
@@ -80,7 +80,7 @@ _PRODUCER_WARPS = gl.constexpr(PRODUCER_WARPS)
 # PRODUCER_VEC: one warp over a vector (scales, weights), one element per lane per repeat.
 # TAIL: the producer's warps storing a [rows, TAIL_UNIT] block of -inf, 4 logits (16 bytes of fp32)
 #   per lane.
-# The consumer's layouts are hopper_wgmma's: the wgmma accumulator (MMA), the NVMMA tile layout
+# The consumer's layouts are wgmma's: the wgmma accumulator (MMA), the NVMMA tile layout
 # of keys and Q, and whatever the head-sum reduction of the accumulator gives.
 KEY_BOX_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=3)
 SCALE_BOX_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
@@ -173,7 +173,7 @@ def _issue_tile_gather(kv_ptr, scale_ptr, key_slot, scale_slot, full_bar, table_
     copy_layout: gl.constexpr = _producer_copy_layout()
     vec_layout: gl.constexpr = _producer_vec_layout()
     tokens = tile * _TILE + gl.arange(0, _TILE, gl.SliceLayout(1, copy_layout))
-    pages = device.tile_pages(table_row, tokens, gl.minimum(end, table_tokens), num_blocks, KV_BLOCK_SIZE, wg._gather)
+    pages = device.tile_pages(table_row, tokens, gl.minimum(end, table_tokens), num_blocks, KV_BLOCK_SIZE, wg.gather)
     d = gl.arange(0, _D, gl.SliceLayout(0, copy_layout))
     token_part, dim_part = device.key_offset_parts(pages, tokens, d, stride_block, KV_BLOCK_SIZE, _D, PRESHUFFLE)
     key_ptrs = kv_ptr + (token_part[:, None] + dim_part[None, :])
@@ -182,7 +182,7 @@ def _issue_tile_gather(kv_ptr, scale_ptr, key_slot, scale_slot, full_bar, table_
     async_copy.async_copy_global_to_shared(key_slot, key_ptrs, mask=(tokens < end)[:, None])
     scale_tokens = tile * _TILE + gl.arange(0, _TILE, vec_layout)
     scale_pages = device.tile_pages(table_row, scale_tokens, gl.minimum(end, table_tokens), num_blocks, KV_BLOCK_SIZE,
-                                    wg._gather)
+                                    wg.gather)
     scale_ptrs = scale_ptr + device.scale_offsets(scale_pages, scale_tokens, stride_block, KV_BLOCK_SIZE, _D)
     async_copy.async_copy_global_to_shared(scale_slot.reshape([_TILE]), scale_ptrs, mask=scale_tokens < end)
     async_copy.mbarrier_arrive(full_bar, increment_count=False)
@@ -341,7 +341,7 @@ def _group_operands(weight_stage, lens_ptr, b, seq_len, end, stride_lens_b, stri
     rows: gl.constexpr = wg._group_rows(NEXT_N, ROWS_PER_MMA, g)
     acc, summed = _group_layouts(NEXT_N, HEADS, ROWS_PER_MMA, g, HEAD_SUM)
     j = first + gl.arange(0, summed.shape[1], gl.SliceLayout(0, summed.type.layout))
-    limit = wg._row_limits(lens_ptr, b, seq_len, end, stride_lens_b, stride_lens_j, j, NEXT_N, LENS_2D)
+    limit = wg.row_limits(lens_ptr, b, seq_len, end, stride_lens_b, stride_lens_j, j, NEXT_N, LENS_2D)
     if HEAD_SUM:
         wg.write_headsum_weights(headsum_smem, weight_stage, first, rows, HEADS)
         weight = headsum_smem
@@ -636,11 +636,11 @@ def wgmma_pipes_logits_kernel(
     """Score the program's share (see the module docstring) with ``CONSUMERS`` consumer
     warpgroups in teams of ``ROW_SPLIT``, one producer warp and one ring per team."""
     TEAMS: gl.constexpr = CONSUMERS // ROW_SPLIT
-    tile_smem: gl.constexpr = wg._tile_smem_layout()
+    tile_smem: gl.constexpr = wg.tile_smem_layout()
     key_ring = gl.allocate_shared_memory(gl.float8e4nv, [TEAMS * STAGES, _TILE, _D], tile_smem)
     scale_ring = gl.allocate_shared_memory(gl.float32, [TEAMS * STAGES, 1, _TILE], _SCALE_BOX_LAYOUT)
     q_ring = gl.allocate_shared_memory(gl.float8e4nv, [2, NEXT_N_POW2 * HEADS, _D], tile_smem)
-    weight_ring = gl.allocate_shared_memory(gl.float32, [2, NEXT_N_POW2 * HEADS], wg._vec_smem_layout())
+    weight_ring = gl.allocate_shared_memory(gl.float32, [2, NEXT_N_POW2 * HEADS], wg.vec_smem_layout())
     full_bars = gl.allocate_shared_memory(gl.int64, [TEAMS * STAGES, 1], mbarrier.MBarrierLayout())
     empty_bars = gl.allocate_shared_memory(gl.int64, [TEAMS * STAGES, 1], mbarrier.MBarrierLayout())
     q_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())

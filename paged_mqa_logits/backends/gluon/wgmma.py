@@ -1,4 +1,4 @@
-"""Host side of the sm_90 ``wgmma`` variant (its kernel: ``kernels/hopper_wgmma.py``): the resource
+"""Host side of the sm_90 ``wgmma`` variant (its kernel: ``kernels/wgmma.py``): the resource
 rules, the split rule, the knobs and candidates, the launch plan and the compile matrix.
 
 Knobs: ``ChunkK`` (64/128 tokens per tile in the candidates; 256 accepted), ``RowsPerMMA``
@@ -10,7 +10,7 @@ split, read from the compiled kernel for balanced), ``num_warps`` (always 4).
 The resource rules (:func:`resources`, :func:`fits`) estimate what ptxas allocates for a
 kernel of the given tiles, so the candidates never spill and the split rule
 (:func:`derive_splits`) never promises more programs per SM than the compiled kernel holds;
-the warp-specialised variant (``hopper_wgmma_ws.py``) builds on them.
+the warp-specialised variant (``wgmma_ws.py``) builds on them.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from ...schedule import persistent_programs
 from ...triton_internals.specialise import StandIn
 from ..base import MAX_SPLIT_KV
 from . import common
-from .kernels.hopper_wgmma import HEAD_DIM, NUM_WARPS, headsum_columns, row_groups, wgmma_logits_kernel
+from .kernels.wgmma import HEAD_DIM, NUM_WARPS, headsum_columns, row_groups, wgmma_logits_kernel
 from .variant import GluonVariant
 
 CHUNK_SIZES = (64, 128, 256)
@@ -65,7 +65,7 @@ def live_accumulators(problem: Problem, groups, chunk: int) -> int:
 def resources(problem: Problem, chunk: int, rows: int, stages: int) -> dict:
     """Host-side estimate of a program's footprint, calibrated on ptxas's reports for every
     (heads, next_n, RowsPerMMA, ChunkK) of the contract (tests/backends/gluon/
-    test_compile_hopper_wgmma.py checks the candidates never spill):
+    test_compile_wgmma.py checks the candidates never spill):
 
     * ``acc_regs``: fp32 accumulator registers per thread that are live at once (one group, or
       two consecutive groups while one is reduced and the next computed);
@@ -156,7 +156,7 @@ KV_ALIGNS = (16, 4)
 
 
 def alignment_of(q_address: int, q_strides, kv_address: int, kv_block_stride: int) -> dict:
-    """``KV_ALIGN`` 16 or 4 (see ``hopper_wgmma._issue_tile``), ``Q_ASYNC`` when every q row starts
+    """``KV_ALIGN`` 16 or 4 (see ``wgmma._issue_tile``), ``Q_ASYNC`` when every q row starts
     16-byte aligned."""
     kv_aligned = kv_address % 16 == 0 and kv_block_stride % 16 == 0
     q_async = q_address % 16 == 0 and all(s % 16 == 0 for s in q_strides)

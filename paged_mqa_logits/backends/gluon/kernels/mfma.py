@@ -1,7 +1,7 @@
 """Device code of the CDNA ``mfma`` variant (gfx942 / gfx950): the atoms it hands the
 register-MMA kernel body (``kernels/register_mma.py``): buffer-load gathers, the fp8 MFMA
 (plain and ``f8f6f4``), the accumulator layout, and the ``KeyLoad=lds`` key layouts and operand
-conversions. The knobs and resource rules that pick among them are the host side, ``cdna.py``
+conversions. The knobs and resource rules that pick among them are the host side, ``mfma.py``
 and ``cdna_keys.py``.
 """
 

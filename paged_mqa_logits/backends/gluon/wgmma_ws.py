@@ -1,8 +1,8 @@
 """Host side of the sm_90 warp-specialised ``wgmma_ws`` variant (its kernel:
-``kernels/hopper_wgmma_ws.py``): the register split between the consumer and producer warpgroups, the
+``kernels/wgmma_ws.py``): the register split between the consumer and producer warpgroups, the
 resource rules, the TMA key box and descriptor, the knobs and candidates and the launch plan.
 
-Knobs: ``hopper_wgmma``'s ``ChunkK`` (64/128), ``RowsPerMMA``, ``num_stages`` and
+Knobs: ``wgmma``'s ``ChunkK`` (64/128), ``RowsPerMMA``, ``num_stages`` and
 ``CtasPerSM`` (1-3: the register split and shared memory are sized for exactly that many), less
 ``SplitKV`` (the balanced schedule only); plus ``Consumers`` (1-4 consumer warpgroups per
 program), ``RowSplit`` (1: a consumer scores whole tiles; 2: consumers pair up on each tile, each
@@ -21,9 +21,9 @@ from ...problem import LaunchArgs, Problem
 from ...schedule import persistent_programs
 from ...triton_internals.gluon_api import TensorDescriptor
 from . import common
-from . import hopper_wgmma as wg
-from .kernels.hopper_wgmma import HEAD_DIM, headsum_columns
-from .kernels.hopper_wgmma_ws import KEY_BOX_LAYOUT, NUM_WARPS, PRODUCER_WARPS, wgmma_ws_logits_kernel
+from . import wgmma as wg
+from .kernels.wgmma import HEAD_DIM, headsum_columns
+from .kernels.wgmma_ws import KEY_BOX_LAYOUT, NUM_WARPS, PRODUCER_WARPS, wgmma_ws_logits_kernel
 from .variant import LaunchPlan
 
 #: producer registers per thread: tile addresses, the prefetched block ids, loop state
@@ -68,7 +68,7 @@ def tensor_fits(problem: Problem, chunk: int, rows: int, stages: int, ctas: int,
                 split: int = 1) -> bool:
     """``HeadSum=tensor``: equal row groups (one weights buffer shape), at most two per consumer
     (ptxas spills four); every score wgmma of a consumer's groups in flight at once, so all their accumulators live together (at most
-    ``hopper_wgmma``'s budget), with one group's packed bf16 scores (half its accumulator) and each
+    ``wgmma``'s budget), with one group's packed bf16 scores (half its accumulator) and each
     group's head-sum accumulator beside them, within the consumer's registers; shared memory for
     the head-sum weights too."""
     mine = wg.problem_row_groups(problem, rows)[::split]
@@ -87,14 +87,14 @@ def tensor_fits(problem: Problem, chunk: int, rows: int, stages: int, ctas: int,
 def consumer_accumulators(problem: Problem, chunk: int, rows: int, split: int) -> int:
     """fp32 accumulator registers per thread live at once in one consumer scoring every
     ``split``-th row group (two consecutive of its groups while one is reduced and the next
-    computed, as :func:`hopper_wgmma.resources` counts them for all groups)."""
+    computed, as :func:`wgmma.resources` counts them for all groups)."""
     groups = wg.problem_row_groups(problem, rows)
     return max(wg.live_accumulators(problem, groups[part::split], chunk) for part in range(split))
 
 
 def fits(problem: Problem, chunk: int, rows: int, stages: int, ctas: int, consumers: int = 1,
          split: int = 1) -> bool:
-    """The consumers' accumulators and epilogues fit their registers (``hopper_wgmma``'s
+    """The consumers' accumulators and epilogues fit their registers (``wgmma``'s
     estimate; at most two row groups per consumer: with more, ptxas spills within a consumer's
     share) and ``ctas`` programs' shared memory fits an SM.
 

@@ -1,4 +1,4 @@
-"""CPU CI for the gfx942 / gfx950 ``mfma`` variant (backends/gluon/cdna.py): every candidate of
+"""CPU CI for the gfx942 / gfx950 ``mfma`` variant (backends/gluon/mfma.py): every candidate of
 a representative problem set is cross-compiled and must pass ``compile.check_records``; the ISA
 parsing is checked on real compiler output; the real launch path (JIT binding, specialisation,
 grid) runs on a simulated device.
@@ -23,7 +23,7 @@ heads  next_n block      Preshuffle lengths  why
 =====  =====  =========  =========  =======  ===================================================
 
 plus, for the DeepSeek decode shape (the first), every candidate of every other cache layout
-(``cdna.KV_LAYOUTS``: block strides padded by 4 and by 16 bytes, a base pointer 4 bytes off
+(``mfma.KV_LAYOUTS``: block strides padded by 4 and by 16 bytes, a base pointer 4 bytes off
 16-byte alignment, the 64-bit ``global_load`` path packed and padded), each offered by
 ``MFMA.candidates`` for that layout: the selection sees the real stride, alignment and 32/64-bit
 flag, so a knob set that would spill on a layout is not offered for it. Batch, context and CU
@@ -46,14 +46,14 @@ from paged_mqa_logits.triton_internals.compiler import GPUTarget  # noqa: E402
 from paged_mqa_logits.triton_internals.device import simulated_device  # noqa: E402
 from paged_mqa_logits.triton_internals.specialise import compiled_kernels  # noqa: E402
 from paged_mqa_logits.triton_internals.toolchain import AMD_VGPR_MARGIN  # noqa: E402
-from paged_mqa_logits.backends.gluon import BACKEND, cdna, cdna_keys, common  # noqa: E402
+from paged_mqa_logits.backends.gluon import BACKEND, cdna_keys, common, mfma  # noqa: E402
 from paged_mqa_logits.backends.gluon.kernels.register_mma import (  # noqa: E402
     register_mma_logits_kernel, register_mma_logits_kernel_key_layout)
 from paged_mqa_logits.aot.compile import amd_loop_instructions, amd_resources, check_records, compile_specs  # noqa: E402
 from paged_mqa_logits.op import build_launch_args  # noqa: E402
 from paged_mqa_logits.reference import make_inputs  # noqa: E402
 
-MFMA = cdna.VARIANT
+MFMA = mfma.VARIANT
 
 ARCHS = ("gfx942", "gfx950")
 SHAPES = (
@@ -87,10 +87,10 @@ def ci_matrix(arch: str) -> list[dict]:
 def layout_matrix(arch: str) -> list[dict]:
     """Every candidate of the first shape on every non-packed cache layout."""
     configs = []
-    for layout in cdna.KV_LAYOUTS:
+    for layout in mfma.KV_LAYOUTS:
         if layout == "packed":
             continue
-        problem = cdna.layout_problem(common.problem_for(arch, MFMA.fp8[arch], SHAPES[0]), {"layout": layout})
+        problem = mfma.layout_problem(common.problem_for(arch, MFMA.fp8[arch], SHAPES[0]), {"layout": layout})
         configs += [dict(SHAPES[0], **cand, layout=layout) for cand in MFMA.candidates(problem)]
     return configs
 
@@ -119,10 +119,10 @@ def test_matrix_covers_every_knob_value(compiled):
     arch, _, records = compiled
     seen = {k: {r.knobs[k] for r in records} for k in ("ChunkK", "WavePerEU", "ReuseKV", "QInLDS", "Prefetch", "Mfma",
                                                          "kv_32bit", "heads", "preshuffle", "lens_2d", "layout")}
-    assert seen["layout"] == set(cdna.KV_LAYOUTS)
+    assert seen["layout"] == set(mfma.KV_LAYOUTS)
     assert seen["ChunkK"] == {64, 128, 256} and seen["WavePerEU"] == {1, 2, 4} and seen["Prefetch"] == {0, 1, 2}
     assert seen["ReuseKV"] == {0, 1} and seen["QInLDS"] == {0, 1} and seen["kv_32bit"] == {True, False}
-    assert seen["Mfma"] == set(cdna.MFMA_KINDS[arch])
+    assert seen["Mfma"] == set(mfma.MFMA_KINDS[arch])
     assert seen["heads"] == {32, 64} and seen["preshuffle"] == {True, False} and seen["lens_2d"] == {True, False}
     lds = [r.knobs for r in records if r.knobs.get("KeyLoad") == "lds"]
     assert lds and not any(k["preshuffle"] for k in lds)
@@ -290,7 +290,7 @@ def test_launch_args_record_the_cache_layout():
 
 
 def _layout(arch, layout, **shape):
-    return cdna.layout_problem(common.problem_for(arch, MFMA.fp8[arch], dict(SHAPES[0], **shape)), {"layout": layout})
+    return mfma.layout_problem(common.problem_for(arch, MFMA.fp8[arch], dict(SHAPES[0], **shape)), {"layout": layout})
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -300,7 +300,7 @@ def test_selection_uses_the_real_cache_layout(arch, monkeypatch):
     unaligned base; WavePerEU 4 with Q in VGPRs: 64-bit addresses past 2 GiB), and a row naming
     only ChunkK / WavePerEU resolves to a setting that fits the layout. The figures are Triton
     3.6's register allocation (later compilers' margin removes more knob sets on every layout)."""
-    monkeypatch.setattr(cdna, "AMD_VGPR_MARGIN", 0)
+    monkeypatch.setattr(mfma, "AMD_VGPR_MARGIN", 0)
     wide = {"ChunkK": 256, "WavePerEU": 2, "QInLDS": 0, "Prefetch": 1}
     assert MFMA.admits(_layout(arch, "packed"), wide) and MFMA.admits(_layout(arch, "pad16"), wide)
     for layout in ("pad4", "unaligned", "kv64_pad4"):
@@ -320,14 +320,14 @@ def test_layout_matrix_covers_every_chunk_and_occupancy_it_can(arch):
     Q/prefetch setting of it fits that layout (then it is not a candidate there)."""
     packed = {(c["ChunkK"], c["WavePerEU"]) for c in MFMA.candidates(_layout(arch, "packed"))}
     matrix = layout_matrix(arch)
-    for layout in cdna.KV_LAYOUTS:
+    for layout in mfma.KV_LAYOUTS:
         if layout == "packed":
             continue
         problem = _layout(arch, layout)
         compiled = {(c["ChunkK"], c["WavePerEU"]) for c in matrix if c["layout"] == layout}
         for chunk, waves in packed - compiled:
             assert not any(MFMA.admits(problem, {"ChunkK": chunk, "WavePerEU": waves, "QInLDS": q, "Prefetch": pf})
-                           for q in (0, 1) for pf in cdna.PREFETCHES if pf != 2 or not q), (layout, chunk, waves)
+                           for q in (0, 1) for pf in mfma.PREFETCHES if pf != 2 or not q), (layout, chunk, waves)
         assert {chunk for chunk, _ in compiled} == {64, 128, 256}, layout
 
 
@@ -348,7 +348,7 @@ def test_key_load_candidates_and_fit(arch):
     # Q staged in LDS (8448 B) plus 16 KiB of conversion scratch, x 4 programs: over gfx942's 64 KiB
     staged = {"ChunkK": 128, "WavePerEU": 4, "QInLDS": 1, "Prefetch": 0, "ReuseKV": 0}
     assert cdna_keys.lds_bytes(128, "lds") == cdna_keys.lds_bytes(256, "lds") == 16 * 1024
-    assert (cdna.lds_bytes(1, 64, 1) + 16 * 1024) * 4 > 64 * 1024
+    assert (mfma.lds_bytes(1, 64, 1) + 16 * 1024) * 4 > 64 * 1024
     p64 = _plain(arch, heads=64, next_n=1)
     assert MFMA.admits(p64, staged) and MFMA.admits(p64, dict(staged, KeyLoad="lds")) == (arch == "gfx950")
     small = {"ChunkK": 128, "WavePerEU": 4, "QInLDS": 0, "Prefetch": 1, "ReuseKV": 0}
@@ -375,7 +375,7 @@ def test_cache_lines_per_key_load():
     from triton.experimental.gluon import language as gl
 
     for chunk, direct in ((64, (16, 16)), (128, (32, 32)), (256, (32, 32))):
-        operand = gl.DotOperandLayout(1, cdna.mfma_layout("gfx942", 64, chunk, "fp8"), 16)
+        operand = gl.DotOperandLayout(1, mfma.mfma_layout("gfx942", 64, chunk, "fp8"), 16)
         assert tuple(cdna_keys.cache_lines_per_load(operand, "direct", chunk, size) for size in (64, 128)) == direct
         assert tuple(cdna_keys.cache_lines_per_load(operand, "lds", chunk, size) for size in (64, 128)) == (16, 8)
 
@@ -412,7 +412,7 @@ def test_two_tile_prefetch_drops_the_per_tile_register_copies(arch, tmp_path):
     them: gfx950 19 -> 2 here), and fewer instructions per tile."""
     shape = dict(heads=32, next_n=1, kv_block_size=64, preshuffle=True, lens_2d=True)
     knobs = {"ChunkK": 128, "WavePerEU": 4, "QInLDS": 0, "ReuseKV": 0, "Schedule": "split", "SplitKV": 0,
-             "Mfma": cdna.MFMA_KINDS[arch][0]}
+             "Mfma": mfma.MFMA_KINDS[arch][0]}
     problem = common.problem_for(arch, MFMA.fp8[arch], shape)
     assert MFMA.knobs(problem, knobs)["Prefetch"] == 2  # the preferred setting where it fits
     one, two = compile_specs(MFMA.compile_specs(arch, [dict(shape, **knobs, Prefetch=p) for p in (1, 2)]),

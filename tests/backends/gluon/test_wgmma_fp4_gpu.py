@@ -1,4 +1,4 @@
-"""The sm_90 ``wgmma_fp4`` variant (backends/gluon/hopper_fp4.py) on an H200, against the exact
+"""The sm_90 ``wgmma_fp4`` variant (backends/gluon/wgmma_fp4.py) on an H200, against the exact
 MXFP4 reference (``reference.reference_logits`` with ``q_scale``): ``calc_diff < 5e-6`` on every
 visible position, every other position untouched bit for bit (``-inf`` where ``clean_logits``
 asks for it).
@@ -12,7 +12,7 @@ bf16 logits with the default once per next_n; ``clean_logits`` off and on. KVBlo
 through the public op (forced to the variant, and left to the dispatcher, which must pick it),
 and a CUDA graph replayed after the lengths changed in place. Every distinct kernel compiles on
 first use: the matrix is sized for about a minute on the H200. Skipped without an sm_90 GPU.
-Run: ``python -m pytest -q -m gpu tests/backends/gluon/test_hopper_fp4_gpu.py``.
+Run: ``python -m pytest -q -m gpu tests/backends/gluon/test_wgmma_fp4_gpu.py``.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
-"""Host side of the sm_90 ``wgmma_fp4`` variant (its kernel: ``kernels/hopper_fp4.py``): MXFP4
+"""Host side of the sm_90 ``wgmma_fp4`` variant (its kernel: ``kernels/wgmma_fp4.py``): MXFP4
 queries and keys widened to e4m3 in registers and scored by fp8 wgmma.
 
 It serves only ``kv_format == "fp4"`` (every other variant serves only fp8), fp32 and bf16
 logits, plain (not preshuffled) caches; the rest of the rules are the ``wgmma`` variant's
-(``hopper_wgmma.py``: heads a power of two in 16..256, row groups, schedules, split rule), which
+(``wgmma.py``: heads a power of two in 16..256, row groups, schedules, split rule), which
 this class extends.
 
 Knobs: ``ChunkK`` (64/128 tokens per tile), ``RowsPerMMA``, ``Schedule``, ``SplitKV``,
@@ -23,12 +23,12 @@ from ...problem import LaunchArgs, Problem
 from ...triton_internals.specialise import StandIn
 from ..base import MAX_SPLIT_KV
 from . import common
-from . import hopper_wgmma as wg
+from . import wgmma as wg
 from ...fp4 import ue8m0_bytes
-from .kernels.hopper_fp4 import (E4M3_SPREAD_LIMIT, HIGH_BASE, HIGH_STEP, LOW_BASE, LOW_STEP, SIGN_HIGH_SELECTOR,
+from .kernels.wgmma_fp4 import (E4M3_SPREAD_LIMIT, HIGH_BASE, HIGH_STEP, LOW_BASE, LOW_STEP, SIGN_HIGH_SELECTOR,
                                  SIGN_LOW_SELECTOR,
                                  SUBNORMAL_HIGH_WORDS, SUBNORMAL_LOW_WORDS, fp4_wgmma_logits_kernel)
-from .kernels.hopper_wgmma import HEAD_DIM, NUM_WARPS
+from .kernels.wgmma import HEAD_DIM, NUM_WARPS
 
 CHUNK_SIZES = (64, 128)
 #: registers per thread beyond the accumulators and weights (``wg.resources``' 36 for addresses
@@ -57,7 +57,7 @@ def fits(problem: Problem, chunk: int, rows: int) -> bool:
 
 
 # ----------------------------------------------------------------------------- the widening's torch model
-# The kernel's formulas (kernels/hopper_fp4.py: ``_table_words``, ``_WIDEN_ASM``, ``_row_factor``)
+# The kernel's formulas (kernels/wgmma_fp4.py: ``_table_words``, ``_WIDEN_ASM``, ``_row_factor``)
 # in plain torch on 32-bit words held in int64 tensors, bit for bit: what the CPU tests check.
 
 def e4m3_table_words(spread: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,10 +1,10 @@
-"""CPU CI for the sm_90 warp-specialised ``wgmma_ws`` kernel (backends/gluon/hopper_wgmma_ws.py):
+"""CPU CI for the sm_90 warp-specialised ``wgmma_ws`` kernel (backends/gluon/wgmma_ws.py):
 every candidate of the benchmark grid's shapes (H 32/64 x next_n 1-4, KVBlockSize 64) and the
 default of other code paths (KVBlockSize 1/16 Preshuffle, 1-D lengths, next_n 5 and 8 at H 32)
 and a cache block stride / q rows that are not 16-byte aligned (4-byte copies, plain-load Q)
 is cross-compiled for sm_90 and inspected against what the host side
-(backends/gluon/hopper_wgmma_ws.py) assumes; the rest of the host side is tested without
-compiling in test_hopper_wgmma_ws_host.py.
+(backends/gluon/wgmma_ws.py) assumes; the rest of the host side is tested without
+compiling in test_wgmma_ws_host.py.
 
 Each kernel must compile; hold fp8 wgmmas of exactly its row groups' widths; fork into a
 consumer and a producer partition with the register split the host assumes (``setmaxnreg``);
@@ -25,12 +25,12 @@ from compile_matrix import SIZES, of_size  # noqa: E402
 from sm90_calibration import ptxas_logs  # noqa: E402
 from paged_mqa_logits.aot import sass  # noqa: E402
 from paged_mqa_logits.backends.gluon import common  # noqa: E402
-from paged_mqa_logits.backends.gluon import hopper_wgmma as wg  # noqa: E402
-from paged_mqa_logits.backends.gluon import hopper_wgmma_ws as ws  # noqa: E402
-from paged_mqa_logits.backends.gluon.kernels.hopper_wgmma import row_groups  # noqa: E402
+from paged_mqa_logits.backends.gluon import wgmma as wg  # noqa: E402
+from paged_mqa_logits.backends.gluon import wgmma_ws as ws  # noqa: E402
+from paged_mqa_logits.backends.gluon.kernels.wgmma import row_groups  # noqa: E402
 from paged_mqa_logits.aot.compile import check_records, compile_specs  # noqa: E402
 from paged_mqa_logits.problem import Problem  # noqa: E402
-from test_hopper_wgmma_ws_host import ARCH, WS, problem  # noqa: E402
+from test_wgmma_ws_host import ARCH, WS, problem  # noqa: E402
 
 
 def fields_of(p: Problem) -> dict:

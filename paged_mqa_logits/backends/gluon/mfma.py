@@ -1,7 +1,7 @@
 """gfx942 / gfx950 (CDNA3 / CDNA4) variant of the ``gluon`` backend: fp8 MFMA, buffer loads.
 
 The kernel body is :func:`kernels.register_mma.register_mma_logits_kernel`, its AMD atoms are
-``kernels/cdna.py``; this module holds the rules of the host side (knobs, resource fits, candidates, compile layouts).
+``kernels/mfma.py``; this module holds the rules of the host side (knobs, resource fits, candidates, compile layouts).
 
 Atoms:
 
@@ -44,7 +44,7 @@ from ...triton_internals.toolchain import AMD_VGPR_MARGIN
 from ..base import MAX_SPLIT_KV, CompileSpec
 from . import cdna_keys, common
 from .register_mma import CHUNK_SIZES, RegisterMmaVariant, rows_per_program
-from .kernels.cdna import (NUM_WARPS, buffer_gather, cache_gather, gather_layout, keys_through_lds, keys_to_operand,
+from .kernels.mfma import (NUM_WARPS, buffer_gather, cache_gather, gather_layout, keys_through_lds, keys_to_operand,
                            mfma_bf16_head_sum, mfma_f8f6f4, mfma_fp8, mfma_layout)
 from .kernels.register_mma import register_mma_logits_kernel
 
@@ -297,7 +297,7 @@ class MfmaVariant(RegisterMmaVariant):
                     THREADS_PER_WARP=THREADS_PER_WARP, **self.key_atoms(problem, knobs))
 
     def head_sum(self, problem: Problem, knobs: dict):
-        """``HeadSum=tensor``: the bf16 MFMA head sum (``kernels/cdna.py``), else the fp32 one."""
+        """``HeadSum=tensor``: the bf16 MFMA head sum (``kernels/mfma.py``), else the fp32 one."""
         if knobs.get("HeadSum", HEAD_SUMS[0]) == "tensor":
             return mfma_bf16_head_sum
         return super().head_sum(problem, knobs)

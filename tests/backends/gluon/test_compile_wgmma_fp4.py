@@ -1,5 +1,5 @@
-"""CPU CI for the sm_90 ``wgmma_fp4`` kernel (backends/gluon/kernels/hopper_fp4.py): cross-compiled
-for sm_90 and inspected, as test_compile_hopper_wgmma.py does for the fp8 kernel.
+"""CPU CI for the sm_90 ``wgmma_fp4`` kernel (backends/gluon/kernels/wgmma_fp4.py): cross-compiled
+for sm_90 and inspected, as test_compile_wgmma.py does for the fp8 kernel.
 
 Matrix (``V.compile_matrix``): every candidate and the default of H 32/64 x next_n 1/2/3/4 x
 KVBlockSize 32/64, the default with bf16 logits, the default at KVBlockSize 1/16/128/256; the
@@ -25,9 +25,9 @@ pytest.importorskip("triton.experimental.gluon")
 from compile_matrix import SIZES, of_size  # noqa: E402
 from sm90_calibration import CALIBRATED, problems_off_calibration, ptxas_logs  # noqa: E402
 from paged_mqa_logits.aot.compile import LDS_LIMIT_BYTES, compile_specs  # noqa: E402
-from paged_mqa_logits.backends.gluon import common, hopper_fp4 as h4  # noqa: E402
-from paged_mqa_logits.backends.gluon import hopper_wgmma as wg  # noqa: E402
-from paged_mqa_logits.backends.gluon.kernels.hopper_wgmma import row_groups  # noqa: E402
+from paged_mqa_logits.backends.gluon import common, wgmma_fp4 as h4  # noqa: E402
+from paged_mqa_logits.backends.gluon import wgmma as wg  # noqa: E402
+from paged_mqa_logits.backends.gluon.kernels.wgmma import row_groups  # noqa: E402
 
 V = h4.VARIANT
 ARCH = "sm_90"

@@ -1,7 +1,7 @@
-"""CPU CI for the sm_90 ``wgmma`` kernel (backends/gluon/hopper_wgmma.py): every kernel the
+"""CPU CI for the sm_90 ``wgmma`` kernel (backends/gluon/wgmma.py): every kernel the
 candidate set can launch is cross-compiled for sm_90 and inspected, and the host side's
-resource estimates (backends/gluon/hopper_wgmma.py) are checked against what ptxas did;
-the rest of the host side is tested without compiling in test_hopper_wgmma_host.py.
+resource estimates (backends/gluon/wgmma.py) are checked against what ptxas did;
+the rest of the host side is tested without compiling in test_wgmma_host.py.
 
 Compile matrix (~65 kernels, ~1 minute on 2 cores):
 
@@ -30,11 +30,11 @@ pytest.importorskip("triton.experimental.gluon")
 from compile_matrix import SIZES, of_size  # noqa: E402
 from sm90_calibration import ptxas_logs  # noqa: E402
 from paged_mqa_logits.backends.gluon import common  # noqa: E402
-from paged_mqa_logits.backends.gluon import hopper_wgmma as wg  # noqa: E402
-from paged_mqa_logits.backends.gluon.kernels.hopper_wgmma import row_groups  # noqa: E402
+from paged_mqa_logits.backends.gluon import wgmma as wg  # noqa: E402
+from paged_mqa_logits.backends.gluon.kernels.wgmma import row_groups  # noqa: E402
 from paged_mqa_logits.aot.compile import LDS_LIMIT_BYTES, check_records, compile_specs  # noqa: E402
 from paged_mqa_logits.problem import Problem  # noqa: E402
-from test_hopper_wgmma_host import ARCH, WG, problem  # noqa: E402
+from test_wgmma_host import ARCH, WG, problem  # noqa: E402
 
 
 def shape_fields(p: Problem) -> dict:

@@ -1,7 +1,7 @@
 """sm_90 warp-specialised variant of the ``gluon`` backend: the wgmma kernel with its copies
 moved to a producer warpgroup.
 
-Why: in ``hopper_wgmma`` one warpgroup does everything for a tile in order: wait for its keys,
+Why: in ``wgmma`` one warpgroup does everything for a tile in order: wait for its keys,
 a CTA-wide barrier, issue the next tile's table lookups and cp.async gathers (address math for
 ``ChunkK x 128`` bytes), the wgmma, then the fp32 epilogue. At next_n >= 2 with 64 heads the
 epilogue and the copy issue sit on the critical path of the only warpgroup that feeds the
@@ -13,7 +13,7 @@ tensor cores, and the overlap comes only from other programs on the SM. Here:
   when its copies land (``cp.async.mbarrier.arrive.noinc``: no thread waits for its own
   copies). It runs up to ``num_stages`` tiles ahead, across sequence boundaries;
 * the **consumer partition** (the default warpgroup, with the registers the producer does
-  not need) waits on *full*, runs the wgmmas and the epilogue exactly as ``hopper_wgmma``
+  not need) waits on *full*, runs the wgmmas and the epilogue exactly as ``wgmma``
   does (the same device helpers), then arrives on the slot's *empty* mbarrier. It reloads
   Q, the weights and the row limits at each sequence boundary of its share;
 * no CTA-wide barrier per tile: the partitions meet only at the mbarriers, and
@@ -42,11 +42,11 @@ share, computed once before the partitions fork. Register split: ``maxnreg`` is 
 gets ``PRODUCER_REGS``, the consumers the rest in equal parts (``setmaxnreg``, emitted by
 Triton).
 
-Semantics and the row-group and tile-halving epilogues are ``hopper_wgmma``'s; see its
-docstring. This module is the device side; the knobs (``hopper_wgmma``'s ``ChunkK``,
+Semantics and the row-group and tile-halving epilogues are ``wgmma``'s; see its
+docstring. This module is the device side; the knobs (``wgmma``'s ``ChunkK``,
 ``RowsPerMMA``, ``num_stages``, ``CtasPerSM``; plus ``Consumers``, ``RowSplit`` and ``KeyCopy``), the register
 split, the resource rules, the TMA key descriptor and the launch plan are the host side,
-``backends/gluon/hopper_wgmma_ws.py``.
+``backends/gluon/wgmma_ws.py``.
 """
 
 from __future__ import annotations
@@ -58,12 +58,12 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 from ....triton_internals.gluon_api import (async_copy, fence_async_shared, thread_barrier, tma, warpgroup_mma,
                                              warpgroup_mma_wait)
 from . import device
-from . import hopper_wgmma as base
+from . import wgmma as base
 from .device import DYNAMIC_PARAMS
 
 # The facts both sides read (the host module imports them from here).
 NUM_WARPS = base.NUM_WARPS  # the consumer warpgroup (the kernel's default partition)
-PRODUCER_WARPS = 4  # the copy layouts of hopper_wgmma cover one warpgroup
+PRODUCER_WARPS = 4  # the copy layouts of wgmma cover one warpgroup
 #: the shared layout of one key box, ``[1, KEY_BOX, 128]`` fp8: the ring slot's 128-byte swizzle
 #: (the host builds the TMA descriptor of the keys with it)
 KEY_BOX_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=3)
@@ -145,8 +145,8 @@ def _load_sequence_operands(q_ptr, weights_ptr, lens_ptr, q_smem, weight_smem, l
     base._copy_query(q_ptr, q_smem, b, stride_q_b, stride_q_j, stride_q_h, NEXT_N, NEXT_N_POW2, HEADS, Q_ASYNC)
     if Q_ASYNC:
         async_copy.commit_group()
-    weight_smem.store(base._load_weights(weights_ptr, b, stride_w, NEXT_N, NEXT_N_POW2, HEADS, vec_layout))
-    limit_smem.store(base._row_limits(lens_ptr, b, seq_len, end, stride_lens_b, stride_lens_j,
+    weight_smem.store(base.load_weights(weights_ptr, b, stride_w, NEXT_N, NEXT_N_POW2, HEADS, vec_layout))
+    limit_smem.store(base.row_limits(lens_ptr, b, seq_len, end, stride_lens_b, stride_lens_j,
                                       gl.arange(0, NEXT_N_POW2, vec_layout), NEXT_N, LENS_2D))
     if Q_ASYNC:
         async_copy.wait_group(0)
@@ -241,7 +241,7 @@ def _consumer(q_ptr, weights_ptr, out_ptr, lens_ptr, key_ring, scale_ring, q_sme
                                           stride_lens_j, NEXT_N, HEADS, ROWS_PER_MMA, LENS_2D, CHUNK, GROUPS,
                                           ROLE)
             else:
-                weight_regs = base._single_group_weights(weight_mine, NEXT_N, HEADS, ROWS_PER_MMA)
+                weight_regs = base.single_group_weights(weight_mine, NEXT_N, HEADS, ROWS_PER_MMA)
             for i in range(first, count, TEAMS):
                 slot = (k + i) % STAGES
                 mbarrier.wait(full_bars.index(slot), ((k + i) // STAGES) & 1)
@@ -251,7 +251,7 @@ def _consumer(q_ptr, weights_ptr, out_ptr, lens_ptr, key_ring, scale_ring, q_sme
                                        out_ptr, b, tile + i, stride_out, NEXT_N, HEADS, CHUNK, ROWS_PER_MMA, GROUPS,
                                        ROLE)
                 elif ROW_SPLIT == 1:
-                    base._score_tile(key_ring.index(slot), q_mine, scale_ring.index(slot), weight_regs, weight_mine,
+                    base.score_tile(key_ring.index(slot), q_mine, scale_ring.index(slot), weight_regs, weight_mine,
                                      limit_mine, out_ptr, b, tile + i, stride_out, NEXT_N, HEADS, CHUNK, ROWS_PER_MMA)
                 else:
                     base._score_tile_groups(key_ring.index(slot), q_mine, scale_ring.index(slot), weight_mine,
@@ -283,8 +283,8 @@ def wgmma_ws_logits_kernel(
     """Program ``p`` of the persistent grid scores its equal share of the batch's tiles
     (``schedule.py``): a producer warpgroup streams the tiles through the ring, the consumer
     warpgroup scores them (see the module docstring). ``num_splits`` is unused (1)."""
-    tile_smem: gl.constexpr = base._tile_smem_layout()
-    vec_smem: gl.constexpr = base._vec_smem_layout()
+    tile_smem: gl.constexpr = base.tile_smem_layout()
+    vec_smem: gl.constexpr = base.vec_smem_layout()
     key_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, CHUNK, _D], tile_smem)
     scale_ring = gl.allocate_shared_memory(gl.float32, [STAGES, CHUNK], vec_smem)
     q_smem = gl.allocate_shared_memory(gl.float8e4nv, [CONSUMERS, NEXT_N_POW2 * HEADS, _D], tile_smem)

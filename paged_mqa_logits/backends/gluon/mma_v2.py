@@ -1,7 +1,7 @@
 """sm_90 register-MMA variant of the ``gluon`` backend: ``mma_v2`` (``mma.sync m16n8k32`` e4m3).
 
 The kernel body is :func:`kernels.register_mma.register_mma_logits_kernel`, the one the AMD MFMA variant
-runs; its NVIDIA atoms are ``kernels/hopper_mma.py``; this module is the host side. Its purpose is to execute the
+runs; its NVIDIA atoms are ``kernels/mma_v2.py``; this module is the host side. Its purpose is to execute the
 AMD path's shared index, mask, gather and epilogue code on our H200 (see docs/VERIFICATION.md);
 the fast Hopper kernel is the ``wgmma`` variant.
 
@@ -35,7 +35,7 @@ from __future__ import annotations
 from ...problem import Problem
 from ..base import MAX_SPLIT_KV
 from . import common
-from .kernels.hopper_mma import cache_gather, global_gather, mma_e4m3, mma_layout
+from .kernels.mma_v2 import cache_gather, global_gather, mma_e4m3, mma_layout
 from .register_mma import CHUNK_SIZES, RegisterMmaVariant, rows_per_program
 
 NUM_WARPS = (4, 8)
