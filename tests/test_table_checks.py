@@ -106,14 +106,22 @@ def test_the_tuned_sm_90_table_covers_the_keys_it_was_tuned_for():
     import csv
 
     config_dir = table.shipped_config_dir()
+    rows = table.parse_file(str(config_dir / "sm_90_tuned.csv"))
     tuned = {(r.shape_key.heads, r.shape_key.head_dim, r.shape_key.kv_block_size, r.shape_key.preshuffle,
-              r.shape_key.batch, r.shape_key.next_n)
-             for r in table.parse_file(str(config_dir / "sm_90_tuned.csv"))}
+              r.shape_key.batch, r.shape_key.next_n) for r in rows if r.op == table.DEFAULT_OP}
     with open(config_dir / "sm_90_compact_untuned.csv") as f:
         keys = [row for row in csv.DictReader(line for line in f if not line.startswith("#"))]
     assert keys
     missing = [k for k in keys if (int(k["heads"]), int(k["head_dim"]), int(k["kv_block_size"]),
                                    bool(int(k["preshuffle"])), int(k["batch"]), int(k["next_n"])) not in tuned]
+    assert not missing, missing
+    # the top-k rows: every key of the shipped top-k list, at each of its contexts
+    topk = {(r.shape_key.rows, r.shape_key.k, r.context) for r in rows if r.op == "topk"}
+    with open(config_dir / "topk_untuned.csv") as f:
+        topk_keys = [row for row in csv.DictReader(line for line in f if not line.startswith("#"))]
+    assert topk_keys
+    missing = [(k["rows"], k["k"], c) for k in topk_keys for c in k["contexts"].split(";")
+               if (int(k["rows"]), int(k["k"]), int(c)) not in topk]
     assert not missing, missing
 
 
