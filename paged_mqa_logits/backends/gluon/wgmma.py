@@ -164,13 +164,13 @@ def alignment_of(q_address: int, q_strides, kv_address: int, kv_block_stride: in
     return {"KV_ALIGN": aligned if kv_aligned else least, "Q_ASYNC": q_async}
 
 
-def _rows_options(problem: Problem) -> list[int]:
+def rows_options(problem: Problem) -> list[int]:
     """RowsPerMMA values that change the kernel, widest first."""
     widest = min(max_rows_per_mma(problem.shape_key.heads), _pow2_floor(problem.shape_key.next_n))
     return [widest >> k for k in range(widest.bit_length())]
 
 
-def _stages_for(chunk: int) -> tuple[int, int]:
+def stages_for(chunk: int) -> tuple[int, int]:
     """A shallow and a deep ring per tile size: >= 2 tiles in flight while one is scored."""
     return {64: (4, 6), 128: (3, 4), 256: (2, 3)}[chunk]
 
@@ -231,8 +231,8 @@ class WgmmaVariant(GluonVariant):
         """The two widest row groupings that fit, x ChunkK 64/128 x a shallow and a deep ring; and,
         where the derived split count is large (latency-bound shapes), half of it."""
         groupings = 0
-        for rows in _rows_options(problem):
-            fitting = [(chunk, stages) for chunk in (64, 128) for stages in _stages_for(chunk)
+        for rows in rows_options(problem):
+            fitting = [(chunk, stages) for chunk in (64, 128) for stages in stages_for(chunk)
                        if fits(problem, chunk, rows, stages)]
             for chunk, stages in fitting:
                 for schedule in (common.BALANCED, common.SPLIT):
@@ -250,9 +250,9 @@ class WgmmaVariant(GluonVariant):
         """The widest row grouping that fits (one wgmma for all rows when N <= 256 allows it:
         fewest A-tile reads, no second accumulator); 128-token tiles when a group is at most 64
         columns wide (per-tile overheads dominate narrow tiles), else 64; the shallow ring."""
-        for rows in _rows_options(problem):
+        for rows in rows_options(problem):
             for chunk in ((128, 64) if rows * problem.shape_key.heads <= 64 else (64, 128)):
-                for stages in _stages_for(chunk) + (2,):
+                for stages in stages_for(chunk) + (2,):
                     if fits(problem, chunk, rows, stages):
                         return {"variant": self.name, "ChunkK": chunk, "RowsPerMMA": rows, "num_stages": stages,
                                 "SplitKV": 0, "CtasPerSM": 0, "num_warps": NUM_WARPS,

@@ -169,7 +169,7 @@ class Fp4WgmmaVariant(wg.WgmmaVariant):
     # ------------------------------------------------------------------------- candidates
     def candidate_groups(self, problem: Problem):
         groupings = 0
-        for rows in wg._rows_options(problem):
+        for rows in wg.rows_options(problem):
             chunks = [chunk for chunk in CHUNK_SIZES if fits(problem, chunk, rows)]
             for chunk in chunks:
                 for schedule in (common.BALANCED, common.SPLIT):
@@ -182,7 +182,7 @@ class Fp4WgmmaVariant(wg.WgmmaVariant):
     def default_config(self, problem: Problem) -> dict:
         """The widest row grouping that fits, 64-token tiles (128 where a group is at most 64
         columns wide), the default schedule: usable without a table row."""
-        for rows in wg._rows_options(problem):
+        for rows in wg.rows_options(problem):
             for chunk in ((128, 64) if rows * problem.shape_key.heads <= 64 else (64, 128)):
                 if fits(problem, chunk, rows):
                     return {"variant": self.name, "ChunkK": chunk, "RowsPerMMA": rows, "SplitKV": 0, "CtasPerSM": 0,

@@ -279,14 +279,14 @@ class WgmmaPipesVariant(GluonVariant):
             for stages in depths:
                 for schedule in schedules:
                     yield [self._setting(rows, stages, consumers, split, ctas, key_copy, schedule, overlap)
-                           for rows in wg._rows_options(problem)]
+                           for rows in wg.rows_options(problem)]
         # the same team shapes with the head sum on the tensor cores, after every fp32 one (so
         # the default stays fp32 until a table row names tensor)
         for consumers, split, ctas, depths, overlap in self.TEAM_SHAPES:
             for stages in depths if not overlap else ():
                 for schedule in schedules:
                     yield [self._setting(rows, stages, consumers, split, ctas, key_copy, schedule, 0, "tensor")
-                           for rows in wg._rows_options(problem) if headsum_reason(problem, rows, 0) is None]
+                           for rows in wg.rows_options(problem) if headsum_reason(problem, rows, 0) is None]
 
     def default_config(self, problem: Problem) -> dict:
         """The first candidate: four consumers with the widest row grouping that fits whole, else

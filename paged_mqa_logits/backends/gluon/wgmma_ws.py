@@ -216,11 +216,11 @@ class WgmmaWsVariant(wg.WgmmaVariant):
         At next_n >= 2, after every fp32 setting (so the default stays fp32 until a table row names
         tensor), each setting again with ``HeadSum=tensor`` where :func:`tensor_fits` admits it."""
         settings, groupings = [], 0
-        for rows in wg._rows_options(problem):
-            fitting = [(chunk, stages) for chunk in (64, 128) for stages in wg._stages_for(chunk)
+        for rows in wg.rows_options(problem):
+            fitting = [(chunk, stages) for chunk in (64, 128) for stages in wg.stages_for(chunk)
                        if fits(problem, chunk, rows, stages, 2)]
             settings += [self._setting(chunk, rows, stages, 2) for chunk, stages in fitting]
-            settings += [self._setting(64, rows, stages, 3) for stages in wg._stages_for(64)]
+            settings += [self._setting(64, rows, stages, 3) for stages in wg.stages_for(64)]
             settings += [self._setting(chunk, rows, stages, 1, consumers) for consumers in (2, 3)
                          for chunk, stages in MULTI_CONSUMER_STAGES.items()]
             if len(wg.problem_row_groups(problem, rows)) > 1:
@@ -245,13 +245,13 @@ class WgmmaWsVariant(wg.WgmmaVariant):
     def default_config(self, problem: Problem) -> dict:
         """The widest row grouping that fits two programs per SM, 64-token tiles, the deep ring;
         else (more row groups than whole-tile consumers hold) four consumers, two per tile."""
-        for rows in wg._rows_options(problem):
+        for rows in wg.rows_options(problem):
             for chunk in (64, 128):
-                for stages in reversed(wg._stages_for(chunk)):
+                for stages in reversed(wg.stages_for(chunk)):
                     for ctas in (2, 1):
                         if fits(problem, chunk, rows, stages, ctas):
                             return {"variant": self.name, **self._setting(chunk, rows, stages, ctas)}
-        for rows in wg._rows_options(problem):
+        for rows in wg.rows_options(problem):
             split = self._setting(64, rows, MULTI_CONSUMER_STAGES[64], 1, 4, split=2)
             if len(wg.problem_row_groups(problem, rows)) > 1 and self.admits(problem, split):
                 return {"variant": self.name, **split}
