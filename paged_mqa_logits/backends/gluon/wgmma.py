@@ -156,7 +156,7 @@ KV_ALIGNS = (16, 4)
 
 
 def alignment_of(q_address: int, q_strides, kv_address: int, kv_block_stride: int) -> dict:
-    """``KV_ALIGN`` 16 or 4 (see ``wgmma._issue_tile``), ``Q_ASYNC`` when every q row starts
+    """``KV_ALIGN`` 16 or 4 (see ``wgmma.issue_tile``), ``Q_ASYNC`` when every q row starts
     16-byte aligned."""
     kv_aligned = kv_address % 16 == 0 and kv_block_stride % 16 == 0
     q_async = q_address % 16 == 0 and all(s % 16 == 0 for s in q_strides)

@@ -73,7 +73,8 @@ NUM_WARPS = 4  # one warpgroup, wgmma's unit
 HEAD_DIM = 128
 # Device-side copies of constants (jitted code may only read constexpr globals).
 _D = gl.constexpr(HEAD_DIM)
-_WARPS = gl.constexpr(NUM_WARPS)
+#: NUM_WARPS as a constexpr, for layouts built in jitted code; shared with the wgmma_ws kernel
+WARPS = gl.constexpr(NUM_WARPS)
 
 
 # ----------------------------------------------------------------------------- layouts
@@ -91,17 +92,19 @@ _WARPS = gl.constexpr(NUM_WARPS)
 # VEC_SMEM: plain 1-D/2-D shared vectors (scales ring, weights, row limits).
 @gluon.constexpr_function
 def _copy_layout():
-    return gl.BlockedLayout([1, 16], [4, 8], [_WARPS, 1], [1, 0])
+    return gl.BlockedLayout([1, 16], [4, 8], [WARPS, 1], [1, 0])
 
 
 @gluon.constexpr_function
 def _scale_copy_layout():
-    return gl.BlockedLayout([1], [32], [_WARPS], [0])
+    return gl.BlockedLayout([1], [32], [WARPS], [0])
 
 
 @gluon.constexpr_function
-def _mma_layout(n):
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[_WARPS, 1], instr_shape=[16, n, 32])
+def wgmma_acc_layout(n):
+    """MMA(N): the layout of the wgmma accumulator ``[ChunkK, n]`` (see above); shared with the
+    wgmma_ws and wgmma_pipes kernels."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, n, 32])
 
 
 @gluon.constexpr_function
@@ -134,8 +137,10 @@ def headsum_columns(rows):
 
 
 @gluon.constexpr_function
-def _headsum_layout(rows):
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[_WARPS, 1],
+def headsum_layout(rows):
+    """HEADSUM(rows): the layout of the head-sum wgmma's accumulator (see above); shared with the
+    wgmma_pipes kernel."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                      instr_shape=[16, headsum_columns(rows), 16])
 
 
@@ -146,7 +151,7 @@ def headsum_smem_layout(k):
 
 @gluon.constexpr_function
 def _headsum_fill_layout():
-    return gl.BlockedLayout([1, 8], [1, 32], [_WARPS, 1], [1, 0])
+    return gl.BlockedLayout([1, 8], [1, 32], [WARPS, 1], [1, 0])
 
 
 # ----------------------------------------------------------------------------- row groups
@@ -189,12 +194,14 @@ def _num_groups(next_n, rows_per_mma):
 
 
 @gluon.constexpr_function
-def _group_first_row(next_n, rows_per_mma, g):
+def group_first_row(next_n, rows_per_mma, g):
+    """The first row of row group ``g`` (of :func:`row_groups`)."""
     return row_groups(next_n, rows_per_mma)[g][0]
 
 
 @gluon.constexpr_function
-def _group_rows(next_n, rows_per_mma, g):
+def group_rows(next_n, rows_per_mma, g):
+    """The number of rows of row group ``g`` (of :func:`row_groups`)."""
     return row_groups(next_n, rows_per_mma)[g][1]
 
 
@@ -218,8 +225,8 @@ def row_limits(lens_ptr, b, seq_len, end, stride_lens_b, stride_lens_j, j, NEXT_
 
 
 @gluon.jit
-def _copy_query(q_ptr, q_smem, b, stride_q_b, stride_q_j, stride_q_h, NEXT_N: gl.constexpr,
-                NEXT_N_POW2: gl.constexpr, HEADS: gl.constexpr, Q_ASYNC: gl.constexpr):
+def copy_query(q_ptr, q_smem, b, stride_q_b, stride_q_j, stride_q_h, NEXT_N: gl.constexpr,
+               NEXT_N_POW2: gl.constexpr, HEADS: gl.constexpr, Q_ASYNC: gl.constexpr):
     """Sequence ``b``'s query rows into ``q_smem`` (row ``j * H + h``; rows past ``NEXT_N * H``
     zero): a cp.async the caller commits and waits for, or, when q rows are not 16-byte aligned
     (cp.async needs >= 4), a plain load stored to shared memory."""
@@ -253,7 +260,7 @@ def _key_offsets(pages, tokens, d, stride_block, KV_BLOCK_SIZE: gl.constexpr, PR
 
 
 @gluon.jit
-def _tile_pages(table_row, tile, table_tokens, num_blocks, CHUNK: gl.constexpr, KV_BLOCK_SIZE: gl.constexpr):
+def key_scale_pages(table_row, tile, table_tokens, num_blocks, CHUNK: gl.constexpr, KV_BLOCK_SIZE: gl.constexpr):
     """Cache blocks of ``tile``'s tokens in the two copy layouts (read twice from the table,
     L1-resident, rather than moved between layouts). Masked by the table width only, a host
     value, so they can load before the lengths arrive; entries past a sequence may be garbage
@@ -265,10 +272,10 @@ def _tile_pages(table_row, tile, table_tokens, num_blocks, CHUNK: gl.constexpr, 
 
 
 @gluon.jit
-def _issue_tile(key_dst, scale_dst, kv_ptr, scale_ptr, pages, tile, end, stride_block,
-                CHUNK: gl.constexpr, KV_BLOCK_SIZE: gl.constexpr, PRESHUFFLE: gl.constexpr, KV_ALIGN: gl.constexpr):
+def issue_tile(key_dst, scale_dst, kv_ptr, scale_ptr, pages, tile, end, stride_block,
+               CHUNK: gl.constexpr, KV_BLOCK_SIZE: gl.constexpr, PRESHUFFLE: gl.constexpr, KV_ALIGN: gl.constexpr):
     """cp.async the keys and scales of ``tile``'s tokens ``< end`` into one ring slot (masked
-    tokens are zero-filled and never stored); ``pages`` from :func:`_tile_pages`.
+    tokens are zero-filled and never stored); ``pages`` from :func:`key_scale_pages`.
 
     ``KV_ALIGN``: 16 when the cache base and block stride are 16-byte aligned (the JIT then
     knows it and copies 16 bytes per cp.async); else 4, which the contract guarantees (fp32
@@ -282,12 +289,12 @@ def _issue_tile(key_dst, scale_dst, kv_ptr, scale_ptr, pages, tile, end, stride_
     if KV_ALIGN < 16:
         key_ptrs = gl.multiple_of(key_ptrs, [KV_ALIGN, KV_ALIGN])
     async_copy.async_copy_global_to_shared(key_dst, key_ptrs, mask=(tokens < end)[:, None])
-    _issue_scales(scale_dst, scale_ptr, scale_pages, tile, end, stride_block, CHUNK, KV_BLOCK_SIZE)
+    issue_scales(scale_dst, scale_ptr, scale_pages, tile, end, stride_block, CHUNK, KV_BLOCK_SIZE)
 
 
 @gluon.jit
-def _issue_scales(scale_dst, scale_ptr, scale_pages, tile, end, stride_block, CHUNK: gl.constexpr,
-                  KV_BLOCK_SIZE: gl.constexpr):
+def issue_scales(scale_dst, scale_ptr, scale_pages, tile, end, stride_block, CHUNK: gl.constexpr,
+                 KV_BLOCK_SIZE: gl.constexpr):
     """cp.async the fp32 scales of ``tile``'s tokens ``< end`` (the rest are zero-filled)."""
     scale_tokens = tile * CHUNK + gl.arange(0, CHUNK, _scale_copy_layout())
     async_copy.async_copy_global_to_shared(
@@ -296,7 +303,7 @@ def _issue_scales(scale_dst, scale_ptr, scale_pages, tile, end, stride_block, CH
 
 
 @gluon.jit
-def _group_logits(scores, scale, weight, CHUNK: gl.constexpr, ROWS: gl.constexpr, HEADS: gl.constexpr):
+def group_logits(scores, scale, weight, CHUNK: gl.constexpr, ROWS: gl.constexpr, HEADS: gl.constexpr):
     """``[CHUNK, ROWS*H]`` scores -> ``[CHUNK, ROWS]``: ``scale * sum_h w * relu(score)``.
     ``scale`` is per accumulator row (token), ``weight`` per column (j, h). Factoring the key
     scale out of the ReLU (exact for the non-negative scales of fp8 quantisation, as DeepGEMM
@@ -332,7 +339,7 @@ def issue_tensor_head_sum(scores, headsum_smem, ROWS: gl.constexpr):
     ReLU and round to bf16 in one ``cvt.rn.relu.bf16x2.f32`` per two scores, then a bf16 wgmma
     against the split weights (:func:`write_headsum_weights`). Returns ``(token, operand)``, both
     to be kept alive until :func:`finish_tensor_head_sum`."""
-    layout: gl.constexpr = _headsum_layout(ROWS)
+    layout: gl.constexpr = headsum_layout(ROWS)
     relu = gl.inline_asm_elementwise("cvt.rn.relu.bf16x2.f32 $0, $2, $1;", "=r,r,r", [scores],
                                      dtype=gl.bfloat16, is_pure=True, pack=2)
     operand = gl.convert_layout(relu, gl.DotOperandLayout(0, layout, 2))
@@ -355,7 +362,7 @@ def headsum_row_limits(lens_ptr, b, seq_len, end, stride_lens_b, stride_lens_j, 
     """The visible limits of a row group's rows in the layout of :func:`finish_tensor_head_sum`'s
     ``[TOKENS, n/2]`` result (which depends on TOKENS: the sum is over a reshape); the columns the head sum pads the group with (rows of other groups,
     or past next_n) get 0, so nothing of theirs is stored."""
-    pairs = gl.zeros([TOKENS, headsum_columns(ROWS)], gl.float32, _headsum_layout(ROWS))
+    pairs = gl.zeros([TOKENS, headsum_columns(ROWS)], gl.float32, headsum_layout(ROWS))
     summed = gl.sum(gl.reshape(pairs, [TOKENS, headsum_columns(ROWS) // 2, 2]), axis=2)
     j = FIRST_ROW + gl.arange(0, summed.shape[1], gl.SliceLayout(0, summed.type.layout))
     limit = row_limits(lens_ptr, b, seq_len, end, stride_lens_b, stride_lens_j, j, NEXT_N, LENS_2D)
@@ -363,8 +370,8 @@ def headsum_row_limits(lens_ptr, b, seq_len, end, stride_lens_b, stride_lens_j, 
 
 
 @gluon.jit
-def _store_logits(out_ptr, logits, b, tile, limits, stride_out, NEXT_N: gl.constexpr,
-                  FIRST_ROW: gl.constexpr, ROWS: gl.constexpr, CHUNK: gl.constexpr):
+def store_logits(out_ptr, logits, b, tile, limits, stride_out, NEXT_N: gl.constexpr,
+                 FIRST_ROW: gl.constexpr, ROWS: gl.constexpr, CHUNK: gl.constexpr):
     """``out[b*NEXT_N + j, p] = logits`` for rows ``FIRST_ROW..+ROWS`` where ``p < limits[j]``."""
     _store_logits_from(out_ptr, logits, b, tile * CHUNK, limits, stride_out, NEXT_N, FIRST_ROW, ROWS, CHUNK)
 
@@ -372,7 +379,7 @@ def _store_logits(out_ptr, logits, b, tile, limits, stride_out, NEXT_N: gl.const
 @gluon.jit
 def _store_logits_from(out_ptr, logits, b, first_token, limits, stride_out, NEXT_N: gl.constexpr,
                        FIRST_ROW: gl.constexpr, ROWS: gl.constexpr, TOKENS: gl.constexpr):
-    """The logits of tokens ``first_token..+TOKENS`` (see :func:`_store_logits`), rounded once
+    """The logits of tokens ``first_token..+TOKENS`` (see :func:`store_logits`), rounded once
     to the output's dtype (a no-op for fp32 logits)."""
     layout: gl.constexpr = logits.type.layout
     p = first_token + gl.arange(0, TOKENS, gl.SliceLayout(1, layout))
@@ -389,30 +396,30 @@ def _score_tile_halves(keys, q_smem, scale_slot, weight_regs, limit_smem, out_pt
     tensor cores while the first half's epilogue runs on the ALUs (same registers as one
     128-row accumulator)."""
     HALF: gl.constexpr = CHUNK // 2
-    layout: gl.constexpr = _mma_layout(NEXT_N * HEADS)
+    layout: gl.constexpr = wgmma_acc_layout(NEXT_N * HEADS)
     q_t = q_smem.slice(0, NEXT_N * HEADS).permute((1, 0))
     first = warpgroup_mma(keys.slice(0, HALF), q_t, gl.zeros([HALF, NEXT_N * HEADS], gl.float32, layout),
                           use_acc=False, is_async=True)
     second = warpgroup_mma(keys.slice(HALF, HALF), q_t, gl.zeros([HALF, NEXT_N * HEADS], gl.float32, layout),
                            use_acc=False, is_async=True)
     first = warpgroup_mma_wait(1, deps=(first,))
-    logits = _group_logits(first, scale_slot.slice(0, HALF).load(gl.SliceLayout(1, layout)), weight_regs,
-                           HALF, NEXT_N, HEADS)
+    logits = group_logits(first, scale_slot.slice(0, HALF).load(gl.SliceLayout(1, layout)), weight_regs,
+                          HALF, NEXT_N, HEADS)
     limits = limit_smem.load(gl.SliceLayout(0, logits.type.layout))
     _store_logits_from(out_ptr, logits, b, tile * CHUNK, limits, stride_out, NEXT_N, 0, NEXT_N, HALF)
     second = warpgroup_mma_wait(0, deps=(second,))
-    logits = _group_logits(second, scale_slot.slice(HALF, HALF).load(gl.SliceLayout(1, layout)), weight_regs,
-                           HALF, NEXT_N, HEADS)
+    logits = group_logits(second, scale_slot.slice(HALF, HALF).load(gl.SliceLayout(1, layout)), weight_regs,
+                          HALF, NEXT_N, HEADS)
     _store_logits_from(out_ptr, logits, b, tile * CHUNK + HALF, limits, stride_out, NEXT_N, 0, NEXT_N, HALF)
 
 
 @gluon.jit
-def _issue_group(keys, q_smem, g: gl.constexpr, NEXT_N: gl.constexpr, HEADS: gl.constexpr, CHUNK: gl.constexpr,
-                 ROWS_PER_MMA: gl.constexpr):
+def issue_group(keys, q_smem, g: gl.constexpr, NEXT_N: gl.constexpr, HEADS: gl.constexpr, CHUNK: gl.constexpr,
+                ROWS_PER_MMA: gl.constexpr):
     """Start the asynchronous wgmma of row group ``g``: scores ``[CHUNK, rows*H]``."""
-    first: gl.constexpr = _group_first_row(NEXT_N, ROWS_PER_MMA, g)
-    rows: gl.constexpr = _group_rows(NEXT_N, ROWS_PER_MMA, g)
-    acc = gl.zeros([CHUNK, rows * HEADS], gl.float32, _mma_layout(rows * HEADS))
+    first: gl.constexpr = group_first_row(NEXT_N, ROWS_PER_MMA, g)
+    rows: gl.constexpr = group_rows(NEXT_N, ROWS_PER_MMA, g)
+    acc = gl.zeros([CHUNK, rows * HEADS], gl.float32, wgmma_acc_layout(rows * HEADS))
     return warpgroup_mma(keys, q_smem.slice(first * HEADS, rows * HEADS).permute((1, 0)), acc, use_acc=False,
                          is_async=True)
 
@@ -421,28 +428,28 @@ def _issue_group(keys, q_smem, g: gl.constexpr, NEXT_N: gl.constexpr, HEADS: gl.
 def _finish_group(scores, scale_slot, weight_smem, limit_smem, out_ptr, b, tile, stride_out, g: gl.constexpr,
                   NEXT_N: gl.constexpr, HEADS: gl.constexpr, CHUNK: gl.constexpr, ROWS_PER_MMA: gl.constexpr):
     """Epilogue and store of row group ``g`` of a tile (its wgmma already waited for)."""
-    first: gl.constexpr = _group_first_row(NEXT_N, ROWS_PER_MMA, g)
-    rows: gl.constexpr = _group_rows(NEXT_N, ROWS_PER_MMA, g)
-    layout: gl.constexpr = _mma_layout(rows * HEADS)
+    first: gl.constexpr = group_first_row(NEXT_N, ROWS_PER_MMA, g)
+    rows: gl.constexpr = group_rows(NEXT_N, ROWS_PER_MMA, g)
+    layout: gl.constexpr = wgmma_acc_layout(rows * HEADS)
     scale = scale_slot.load(gl.SliceLayout(1, layout))
     weight = weight_smem.slice(first * HEADS, rows * HEADS).load(gl.SliceLayout(0, layout))
-    logits = _group_logits(scores, scale, weight, CHUNK, rows, HEADS)
+    logits = group_logits(scores, scale, weight, CHUNK, rows, HEADS)
     limits = limit_smem.slice(first, rows).load(gl.SliceLayout(0, logits.type.layout))
-    _store_logits(out_ptr, logits, b, tile, limits, stride_out, NEXT_N, first, rows, CHUNK)
+    store_logits(out_ptr, logits, b, tile, limits, stride_out, NEXT_N, first, rows, CHUNK)
 
 
 @gluon.jit
-def _score_tile_groups(keys, q_smem, scale_slot, weight_smem, limit_smem, out_ptr, b, tile, stride_out,
-                       NEXT_N: gl.constexpr, HEADS: gl.constexpr, CHUNK: gl.constexpr, ROWS_PER_MMA: gl.constexpr,
-                       FIRST_GROUP: gl.constexpr, GROUP_STEP: gl.constexpr):
+def score_tile_groups(keys, q_smem, scale_slot, weight_smem, limit_smem, out_ptr, b, tile, stride_out,
+                      NEXT_N: gl.constexpr, HEADS: gl.constexpr, CHUNK: gl.constexpr, ROWS_PER_MMA: gl.constexpr,
+                      FIRST_GROUP: gl.constexpr, GROUP_STEP: gl.constexpr):
     """Row groups ``FIRST_GROUP, FIRST_GROUP + GROUP_STEP, ...`` of one tile (every group: 0, 1;
     none when ``FIRST_GROUP`` is past the last); each next group's wgmma runs during the
     previous group's epilogue."""
     NUM_GROUPS: gl.constexpr = _num_groups(NEXT_N, ROWS_PER_MMA)
     if FIRST_GROUP < NUM_GROUPS:
-        pending = _issue_group(keys, q_smem, FIRST_GROUP, NEXT_N, HEADS, CHUNK, ROWS_PER_MMA)
+        pending = issue_group(keys, q_smem, FIRST_GROUP, NEXT_N, HEADS, CHUNK, ROWS_PER_MMA)
         for g in gl.static_range(FIRST_GROUP + GROUP_STEP, NUM_GROUPS, GROUP_STEP):
-            issued = _issue_group(keys, q_smem, g, NEXT_N, HEADS, CHUNK, ROWS_PER_MMA)
+            issued = issue_group(keys, q_smem, g, NEXT_N, HEADS, CHUNK, ROWS_PER_MMA)
             done = warpgroup_mma_wait(1, deps=(pending,))
             _finish_group(done, scale_slot, weight_smem, limit_smem, out_ptr, b, tile, stride_out, g - GROUP_STEP,
                           NEXT_N, HEADS, CHUNK, ROWS_PER_MMA)
@@ -459,7 +466,7 @@ def single_group_weights(weight_smem, NEXT_N: gl.constexpr, HEADS: gl.constexpr,
     registers for a whole segment; 0 with several row groups, whose epilogues read their
     slices of ``weight_smem`` per tile. ``weight_smem`` must be visible to every thread."""
     if _num_groups(NEXT_N, ROWS_PER_MMA) == 1:
-        weight_regs = weight_smem.slice(0, NEXT_N * HEADS).load(gl.SliceLayout(0, _mma_layout(NEXT_N * HEADS)))
+        weight_regs = weight_smem.slice(0, NEXT_N * HEADS).load(gl.SliceLayout(0, wgmma_acc_layout(NEXT_N * HEADS)))
     else:
         weight_regs = 0
     return weight_regs
@@ -470,25 +477,25 @@ def score_tile(keys, q_smem, scale_slot, weight_regs, weight_smem, limit_smem, o
                 NEXT_N: gl.constexpr, HEADS: gl.constexpr, CHUNK: gl.constexpr, ROWS_PER_MMA: gl.constexpr):
     """Scores, epilogue and store of one tile (its keys and scales landed in a ring slot)
     against all next_n rows of sequence ``b``: a single row group as two 64-token halves
-    (128-token tiles) or whole, else every row group (:func:`_score_tile_groups`).
+    (128-token tiles) or whole, else every row group (:func:`score_tile_groups`).
     ``weight_regs`` from :func:`single_group_weights`."""
     NUM_GROUPS: gl.constexpr = _num_groups(NEXT_N, ROWS_PER_MMA)
     if NUM_GROUPS == 1 and CHUNK == 128:
         _score_tile_halves(keys, q_smem, scale_slot, weight_regs, limit_smem, out_ptr, b, tile, stride_out,
                            NEXT_N, HEADS, CHUNK)
     elif NUM_GROUPS == 1:
-        mma_layout: gl.constexpr = _mma_layout(NEXT_N * HEADS)
+        mma_layout: gl.constexpr = wgmma_acc_layout(NEXT_N * HEADS)
         scores = warpgroup_mma(keys, q_smem.slice(0, NEXT_N * HEADS).permute((1, 0)),
                                gl.zeros([CHUNK, NEXT_N * HEADS], gl.float32, mma_layout), use_acc=False,
                                is_async=True)
         scale = scale_slot.load(gl.SliceLayout(1, mma_layout))
         scores = warpgroup_mma_wait(0, deps=(scores,))
-        logits = _group_logits(scores, scale, weight_regs, CHUNK, NEXT_N, HEADS)
+        logits = group_logits(scores, scale, weight_regs, CHUNK, NEXT_N, HEADS)
         limits = limit_smem.load(gl.SliceLayout(0, logits.type.layout))
-        _store_logits(out_ptr, logits, b, tile, limits, stride_out, NEXT_N, 0, NEXT_N, CHUNK)
+        store_logits(out_ptr, logits, b, tile, limits, stride_out, NEXT_N, 0, NEXT_N, CHUNK)
     else:
-        _score_tile_groups(keys, q_smem, scale_slot, weight_smem, limit_smem, out_ptr, b, tile, stride_out,
-                           NEXT_N, HEADS, CHUNK, ROWS_PER_MMA, 0, 1)
+        score_tile_groups(keys, q_smem, scale_slot, weight_smem, limit_smem, out_ptr, b, tile, stride_out,
+                          NEXT_N, HEADS, CHUNK, ROWS_PER_MMA, 0, 1)
 
 
 # ----------------------------------------------------------------------------- the kernel
@@ -506,19 +513,19 @@ def _score_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, tab
     ``n_given`` tiles (balanced schedule), or as many as the sequence has from ``first`` on
     (``Schedule=split``, where the lengths are read here). The shared memory is the caller's,
     reused from segment to segment; everything in flight has landed when this returns."""
-    vec_layout: gl.constexpr = gl.BlockedLayout([1], [32], [_WARPS], [0])
+    vec_layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
     NUM_GROUPS: gl.constexpr = _num_groups(NEXT_N, ROWS_PER_MMA)
 
     # 1. What does not depend on the lengths, so that it loads in parallel with them: Q (the
     #    first cp.async group), the weights, the block-table entries of the first tiles.
-    _copy_query(q_ptr, q_smem, b, stride_q_b, stride_q_j, stride_q_h, NEXT_N, NEXT_N_POW2, HEADS, Q_ASYNC)
+    copy_query(q_ptr, q_smem, b, stride_q_b, stride_q_j, stride_q_h, NEXT_N, NEXT_N_POW2, HEADS, Q_ASYNC)
     async_copy.commit_group()  # (an empty group without cp.async: the counting stays the same)
     weights = load_weights(weights_ptr, b, stride_w, NEXT_N, NEXT_N_POW2, HEADS, vec_layout)
     table_row = table_ptr + b.to(gl.int64) * stride_table
     table_tokens = max_blocks * KV_BLOCK_SIZE
     first_pages = ()
     for s in gl.static_range(STAGES - 1):
-        first_pages = first_pages + (_tile_pages(table_row, first + s * step, table_tokens, num_blocks, CHUNK,
+        first_pages = first_pages + (key_scale_pages(table_row, first + s * step, table_tokens, num_blocks, CHUNK,
                                                  KV_BLOCK_SIZE),)
 
     # 2. The lengths: this sequence's visible end (and, splitting, this program's tile count).
@@ -537,11 +544,11 @@ def _score_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, tab
 
         # 3. Prologue: tiles 0..STAGES-2 in flight, one cp.async group each (masked past the end).
         for s in gl.static_range(STAGES - 1):
-            _issue_tile(key_ring.index(s), scale_ring.index(s), kv_ptr, scale_ptr, first_pages[s],
-                        first + s * step, issue_end(s, n, end), stride_block, CHUNK, KV_BLOCK_SIZE,
-                        PRESHUFFLE, KV_ALIGN)
+            issue_tile(key_ring.index(s), scale_ring.index(s), kv_ptr, scale_ptr, first_pages[s],
+                       first + s * step, issue_end(s, n, end), stride_block, CHUNK, KV_BLOCK_SIZE,
+                       PRESHUFFLE, KV_ALIGN)
             async_copy.commit_group()
-        pages = _tile_pages(table_row, first + (STAGES - 1) * step, table_tokens, num_blocks, CHUNK, KV_BLOCK_SIZE)
+        pages = key_scale_pages(table_row, first + (STAGES - 1) * step, table_tokens, num_blocks, CHUNK, KV_BLOCK_SIZE)
 
         if NUM_GROUPS == 1:
             thread_barrier()  # the weights stored above, seen by every thread
@@ -556,11 +563,12 @@ def _score_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, tab
             thread_barrier()  # ... for every thread; and tile i-1's slot is free
 
             ahead = i + STAGES - 1
-            _issue_tile(key_ring.index(ahead % STAGES), scale_ring.index(ahead % STAGES), kv_ptr, scale_ptr, pages,
-                        first + ahead * step, issue_end(ahead, n, end), stride_block, CHUNK,
-                        KV_BLOCK_SIZE, PRESHUFFLE, KV_ALIGN)
+            issue_tile(key_ring.index(ahead % STAGES), scale_ring.index(ahead % STAGES), kv_ptr, scale_ptr, pages,
+                       first + ahead * step, issue_end(ahead, n, end), stride_block, CHUNK,
+                       KV_BLOCK_SIZE, PRESHUFFLE, KV_ALIGN)
             async_copy.commit_group()
-            pages = _tile_pages(table_row, first + (ahead + 1) * step, table_tokens, num_blocks, CHUNK, KV_BLOCK_SIZE)
+            pages = key_scale_pages(table_row, first + (ahead + 1) * step, table_tokens, num_blocks, CHUNK,
+                                    KV_BLOCK_SIZE)
 
             score_tile(key_ring.index(slot), q_smem, scale_ring.index(slot), weight_regs, weight_smem, limit_smem,
                         out_ptr, b, tile, stride_out, NEXT_N, HEADS, CHUNK, ROWS_PER_MMA)
@@ -604,7 +612,7 @@ def wgmma_logits_kernel(
     if BALANCED:
         item, stop, b, tile = device.balanced_share(
             lens_ptr, batch, stride_lens_b, stride_lens_j, max_model_len, max_blocks, gl.program_id(0),
-            gl.num_programs(0), NEXT_N, LENS_2D, KV_BLOCK_SIZE, CHUNK, device.scan_layout(32, _WARPS))
+            gl.num_programs(0), NEXT_N, LENS_2D, KV_BLOCK_SIZE, CHUNK, device.scan_layout(32, WARPS))
         while item < stop:
             count = device.share_run(lens_ptr, b, tile, item, stop, stride_lens_b, stride_lens_j, max_model_len,
                                      max_blocks, NEXT_N, LENS_2D, KV_BLOCK_SIZE, CHUNK)

@@ -319,10 +319,10 @@ def _group_layouts(NEXT_N: gl.constexpr, HEADS: gl.constexpr, ROWS_PER_MMA: gl.c
     """A zero accumulator of row group ``g`` and its head-summed ``[TILE, rows]`` form (with
     ``HEAD_SUM``, the tensor head sum's ``[TILE, n/2]``, its rows padded to the wgmma's N): their
     layouts are what the sequence's weights and limits are held in (the compiler drops the values)."""
-    rows: gl.constexpr = wg._group_rows(NEXT_N, ROWS_PER_MMA, g)
-    acc = gl.zeros([_TILE, rows * HEADS], gl.float32, wg._mma_layout(rows * HEADS))
+    rows: gl.constexpr = wg.group_rows(NEXT_N, ROWS_PER_MMA, g)
+    acc = gl.zeros([_TILE, rows * HEADS], gl.float32, wg.wgmma_acc_layout(rows * HEADS))
     if HEAD_SUM:
-        pairs = gl.zeros([_TILE, wg.headsum_columns(rows)], gl.float32, wg._headsum_layout(rows))
+        pairs = gl.zeros([_TILE, wg.headsum_columns(rows)], gl.float32, wg.headsum_layout(rows))
         summed = gl.sum(gl.reshape(pairs, [_TILE, wg.headsum_columns(rows) // 2, 2]), axis=2)
     else:
         summed = gl.sum(gl.reshape(acc, [_TILE, rows, HEADS]), axis=2)
@@ -337,8 +337,8 @@ def _group_operands(weight_stage, lens_ptr, b, seq_len, end, stride_lens_b, stri
     are fp32 registers in the accumulator's column layout, or with ``HEAD_SUM`` the group's
     ``headsum_smem``, written here (the caller fences and syncs); rows the tensor head sum pads
     the group with get limit 0."""
-    first: gl.constexpr = wg._group_first_row(NEXT_N, ROWS_PER_MMA, g)
-    rows: gl.constexpr = wg._group_rows(NEXT_N, ROWS_PER_MMA, g)
+    first: gl.constexpr = wg.group_first_row(NEXT_N, ROWS_PER_MMA, g)
+    rows: gl.constexpr = wg.group_rows(NEXT_N, ROWS_PER_MMA, g)
     acc, summed = _group_layouts(NEXT_N, HEADS, ROWS_PER_MMA, g, HEAD_SUM)
     j = first + gl.arange(0, summed.shape[1], gl.SliceLayout(0, summed.type.layout))
     limit = wg.row_limits(lens_ptr, b, seq_len, end, stride_lens_b, stride_lens_j, j, NEXT_N, LENS_2D)
@@ -432,7 +432,7 @@ def _issue_tile(keys, q_stage, scale_slot, NEXT_N: gl.constexpr, HEADS: gl.const
     scale = scale_slot.reshape([_TILE]).load(gl.SliceLayout(1, acc0.type.layout))
     pending = ()
     for i in gl.static_range(len(GROUPS)):
-        pending = pending + (wg._issue_group(keys, q_stage, GROUPS[i], NEXT_N, HEADS, _TILE, ROWS_PER_MMA),)
+        pending = pending + (wg.issue_group(keys, q_stage, GROUPS[i], NEXT_N, HEADS, _TILE, ROWS_PER_MMA),)
     return scale, pending
 
 
@@ -464,7 +464,7 @@ def _retire_tile(pending, scale, empty_bar, weights, limits, out_ptr, b, tile, s
         operands = ()
         for i in gl.static_range(len(GROUPS)):
             head_sum, operand = wg.issue_tensor_head_sum(scores[i], weights[i],
-                                                         wg._group_rows(NEXT_N, ROWS_PER_MMA, GROUPS[i]))
+                                                         wg.group_rows(NEXT_N, ROWS_PER_MMA, GROUPS[i]))
             sums = sums + (head_sum,)
             operands = operands + (operand,)
         for i in gl.static_range(len(GROUPS)):
@@ -521,9 +521,9 @@ def _score_tiles_overlapped(key_ring, scale_ring, full_bars, empty_bars, q_stage
 def _finish_group(out_ptr, scores, scale, weight, limit, b, tile, stride_out, max_model_len, cleaning,
                   NEXT_N: gl.constexpr, HEADS: gl.constexpr, ROWS_PER_MMA: gl.constexpr, g: gl.constexpr):
     """Epilogue and store of row group ``g`` of a tile."""
-    first: gl.constexpr = wg._group_first_row(NEXT_N, ROWS_PER_MMA, g)
-    rows: gl.constexpr = wg._group_rows(NEXT_N, ROWS_PER_MMA, g)
-    logits = wg._group_logits(scores, scale, weight, _TILE, rows, HEADS)
+    first: gl.constexpr = wg.group_first_row(NEXT_N, ROWS_PER_MMA, g)
+    rows: gl.constexpr = wg.group_rows(NEXT_N, ROWS_PER_MMA, g)
+    logits = wg.group_logits(scores, scale, weight, _TILE, rows, HEADS)
     _store_group(out_ptr, logits, limit, b, tile * _TILE, stride_out, max_model_len, cleaning, NEXT_N, first, rows)
 
 
@@ -534,8 +534,8 @@ def _finish_tensor_group(out_ptr, pending, operand, scale, limit, b, tile, strid
     head sum pads the group with are not the group's and are never stored)."""
     logits = wg.finish_tensor_head_sum(pending, operand, scale, NEWER)
     _store_group(out_ptr, logits, limit, b, tile * _TILE, stride_out, max_model_len, cleaning, NEXT_N,
-                 wg._group_first_row(NEXT_N, ROWS_PER_MMA, g), logits.shape[1],
-                 wg._group_rows(NEXT_N, ROWS_PER_MMA, g))
+                 wg.group_first_row(NEXT_N, ROWS_PER_MMA, g), logits.shape[1],
+                 wg.group_rows(NEXT_N, ROWS_PER_MMA, g))
 
 
 @gluon.jit

@@ -112,19 +112,19 @@ def _producer(kv_ptr, scale_ptr, lens_ptr, table_ptr, key_desc, key_ring, scale_
         table_row = table_ptr + b.to(gl.int64) * stride_table
         # The block ids of the next tile load while this one's slot is awaited and its copies
         # issued: the table lookup is a dependent global load in front of every gather.
-        pages = base._tile_pages(table_row, tile, table_tokens, num_blocks, CHUNK, KV_BLOCK_SIZE)
+        pages = base.key_scale_pages(table_row, tile, table_tokens, num_blocks, CHUNK, KV_BLOCK_SIZE)
         for i in range(count):
-            upcoming = base._tile_pages(table_row, tile + i + 1, table_tokens, num_blocks, CHUNK, KV_BLOCK_SIZE)
+            upcoming = base.key_scale_pages(table_row, tile + i + 1, table_tokens, num_blocks, CHUNK, KV_BLOCK_SIZE)
             slot = k % STAGES
             mbarrier.wait(empty_bars.index(slot), ((k // STAGES) & 1) ^ 1)  # fresh barriers pass phase 1
             if KEY_BOX > 0:
                 _issue_keys_tma(key_desc, key_ring.index(slot), full_bars.index(slot), table_row, tile + i, end,
                                 num_blocks, CHUNK, KV_BLOCK_SIZE, KEY_BOX)
-                base._issue_scales(scale_ring.index(slot), scale_ptr, pages[1], tile + i, end, stride_block, CHUNK,
-                                   KV_BLOCK_SIZE)
+                base.issue_scales(scale_ring.index(slot), scale_ptr, pages[1], tile + i, end, stride_block, CHUNK,
+                                  KV_BLOCK_SIZE)
             else:
-                base._issue_tile(key_ring.index(slot), scale_ring.index(slot), kv_ptr, scale_ptr, pages, tile + i,
-                                 end, stride_block, CHUNK, KV_BLOCK_SIZE, PRESHUFFLE, KV_ALIGN)
+                base.issue_tile(key_ring.index(slot), scale_ring.index(slot), kv_ptr, scale_ptr, pages, tile + i,
+                                end, stride_block, CHUNK, KV_BLOCK_SIZE, PRESHUFFLE, KV_ALIGN)
             async_copy.mbarrier_arrive(full_bars.index(slot), increment_count=False)
             pages = upcoming
             k += 1
@@ -142,7 +142,7 @@ def _load_sequence_operands(q_ptr, weights_ptr, lens_ptr, q_smem, weight_smem, l
     memory, visible to the whole consumer warpgroup and to wgmma's async proxy on return."""
     vec_layout: gl.constexpr = gl.BlockedLayout([1], [32], [_CONSUMER_WARPS], [0])
     thread_barrier()  # the previous sequence's wgmmas and epilogues are done with these buffers
-    base._copy_query(q_ptr, q_smem, b, stride_q_b, stride_q_j, stride_q_h, NEXT_N, NEXT_N_POW2, HEADS, Q_ASYNC)
+    base.copy_query(q_ptr, q_smem, b, stride_q_b, stride_q_j, stride_q_h, NEXT_N, NEXT_N_POW2, HEADS, Q_ASYNC)
     if Q_ASYNC:
         async_copy.commit_group()
     weight_smem.store(base.load_weights(weights_ptr, b, stride_w, NEXT_N, NEXT_N_POW2, HEADS, vec_layout))
@@ -165,11 +165,11 @@ def _tensor_operands(weight_mine, headsum_smem, lens_ptr, b, seq_len, end, strid
     for i in gl.static_range(len(GROUPS)):
         # (no constexpr locals: a static loop may not rebind them)
         base.write_headsum_weights(headsum_smem.index(ROLE * len(GROUPS) + i), weight_mine,
-                                   base._group_first_row(NEXT_N, ROWS_PER_MMA, GROUPS[i]),
-                                   base._group_rows(NEXT_N, ROWS_PER_MMA, GROUPS[i]), HEADS)
+                                   base.group_first_row(NEXT_N, ROWS_PER_MMA, GROUPS[i]),
+                                   base.group_rows(NEXT_N, ROWS_PER_MMA, GROUPS[i]), HEADS)
         limits = limits + (base.headsum_row_limits(lens_ptr, b, seq_len, end, stride_lens_b, stride_lens_j, NEXT_N,
-                                                   base._group_first_row(NEXT_N, ROWS_PER_MMA, GROUPS[i]),
-                                                   base._group_rows(NEXT_N, ROWS_PER_MMA, GROUPS[i]), LENS_2D,
+                                                   base.group_first_row(NEXT_N, ROWS_PER_MMA, GROUPS[i]),
+                                                   base.group_rows(NEXT_N, ROWS_PER_MMA, GROUPS[i]), LENS_2D,
                                                    CHUNK),)
     fence_async_shared()  # the weights' generic-proxy stores, seen by wgmma's async proxy
     thread_barrier()  # ... from every warp of the warpgroup
@@ -188,21 +188,21 @@ def _score_tile_tensor(keys, q_smem, scale_slot, headsum_smem, limits, out_ptr, 
     L: gl.constexpr = len(GROUPS)
     pending = ()
     for i in gl.static_range(L):
-        pending = pending + (base._issue_group(keys, q_smem, GROUPS[i], NEXT_N, HEADS, CHUNK, ROWS_PER_MMA),)
-    ROWS0: gl.constexpr = base._group_rows(NEXT_N, ROWS_PER_MMA, GROUPS[0])
-    scale = scale_slot.load(gl.SliceLayout(1, base._mma_layout(ROWS0 * HEADS)))
+        pending = pending + (base.issue_group(keys, q_smem, GROUPS[i], NEXT_N, HEADS, CHUNK, ROWS_PER_MMA),)
+    ROWS0: gl.constexpr = base.group_rows(NEXT_N, ROWS_PER_MMA, GROUPS[0])
+    scale = scale_slot.load(gl.SliceLayout(1, base.wgmma_acc_layout(ROWS0 * HEADS)))
     sums = ()
     operands = ()
     for i in gl.static_range(L):
         scores = warpgroup_mma_wait(L - 1, deps=(pending[i],))
         head_sum, operand = base.issue_tensor_head_sum(scores, headsum_smem.index(ROLE * L + i),
-                                                       base._group_rows(NEXT_N, ROWS_PER_MMA, GROUPS[i]))
+                                                       base.group_rows(NEXT_N, ROWS_PER_MMA, GROUPS[i]))
         sums = sums + (head_sum,)
         operands = operands + (operand,)
     for i in gl.static_range(L):
         logits = base.finish_tensor_head_sum(sums[i], operands[i], scale, L - 1 - i)
-        base._store_logits(out_ptr, logits, b, tile, limits[i], stride_out, NEXT_N,
-                           base._group_first_row(NEXT_N, ROWS_PER_MMA, GROUPS[i]), logits.shape[1], CHUNK)
+        base.store_logits(out_ptr, logits, b, tile, limits[i], stride_out, NEXT_N,
+                          base.group_first_row(NEXT_N, ROWS_PER_MMA, GROUPS[i]), logits.shape[1], CHUNK)
 
 
 @gluon.jit
@@ -254,9 +254,9 @@ def _consumer(q_ptr, weights_ptr, out_ptr, lens_ptr, key_ring, scale_ring, q_sme
                     base.score_tile(key_ring.index(slot), q_mine, scale_ring.index(slot), weight_regs, weight_mine,
                                      limit_mine, out_ptr, b, tile + i, stride_out, NEXT_N, HEADS, CHUNK, ROWS_PER_MMA)
                 else:
-                    base._score_tile_groups(key_ring.index(slot), q_mine, scale_ring.index(slot), weight_mine,
-                                            limit_mine, out_ptr, b, tile + i, stride_out, NEXT_N, HEADS, CHUNK,
-                                            ROWS_PER_MMA, PART, ROW_SPLIT)
+                    base.score_tile_groups(key_ring.index(slot), q_mine, scale_ring.index(slot), weight_mine,
+                                           limit_mine, out_ptr, b, tile + i, stride_out, NEXT_N, HEADS, CHUNK,
+                                           ROWS_PER_MMA, PART, ROW_SPLIT)
                 thread_barrier()  # every warp's wgmma and scale reads of the slot are done ...
                 mbarrier.arrive(empty_bars.index(slot), count=1)  # ... before one thread frees it
         k += count
@@ -307,7 +307,7 @@ def wgmma_ws_logits_kernel(
 
     item, stop, b, tile = device.balanced_share(
         lens_ptr, batch, stride_lens_b, stride_lens_j, max_model_len, max_blocks, gl.program_id(0),
-        gl.num_programs(0), NEXT_N, LENS_2D, KV_BLOCK_SIZE, CHUNK, device.scan_layout(32, base._WARPS))
+        gl.num_programs(0), NEXT_N, LENS_2D, KV_BLOCK_SIZE, CHUNK, device.scan_layout(32, base.WARPS))
     # Partition arguments are spelled out per call: a tuple held in a variable would turn the
     # constexprs in it into tensors. The first consumer is the default partition (Triton gives
     # it the registers the workers leave); the others are worker warpgroups of CONSUMER_REGS.
