@@ -360,8 +360,9 @@ def finish_tensor_head_sum(pending, operand, scale, NEWER: gl.constexpr):
 def headsum_row_limits(lens_ptr, b, seq_len, end, stride_lens_b, stride_lens_j, NEXT_N: gl.constexpr,
                        FIRST_ROW: gl.constexpr, ROWS: gl.constexpr, LENS_2D: gl.constexpr, TOKENS: gl.constexpr):
     """The visible limits of a row group's rows in the layout of :func:`finish_tensor_head_sum`'s
-    ``[TOKENS, n/2]`` result (which depends on TOKENS: the sum is over a reshape); the columns the head sum pads the group with (rows of other groups,
-    or past next_n) get 0, so nothing of theirs is stored."""
+    ``[TOKENS, n/2]`` result (which depends on TOKENS: the sum is over a reshape); the columns the
+    head sum pads the group with (rows of other groups, or past next_n) get 0, so nothing of theirs
+    is stored. The wgmma_ws and wgmma_pipes kernels' one source of these limits."""
     pairs = gl.zeros([TOKENS, headsum_columns(ROWS)], gl.float32, headsum_layout(ROWS))
     summed = gl.sum(gl.reshape(pairs, [TOKENS, headsum_columns(ROWS) // 2, 2]), axis=2)
     j = FIRST_ROW + gl.arange(0, summed.shape[1], gl.SliceLayout(0, summed.type.layout))

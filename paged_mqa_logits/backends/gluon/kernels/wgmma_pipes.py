@@ -314,18 +314,13 @@ def _producer(pointers, strides, sizes, key_desc, scale_desc, buffers, share, ta
 
 # ----------------------------------------------------------------------------- consumer
 @gluon.jit
-def _group_layouts(NEXT_N: gl.constexpr, HEADS: gl.constexpr, ROWS_PER_MMA: gl.constexpr, g: gl.constexpr,
-                   HEAD_SUM: gl.constexpr = 0):
-    """A zero accumulator of row group ``g`` and its head-summed ``[TILE, rows]`` form (with
-    ``HEAD_SUM``, the tensor head sum's ``[TILE, n/2]``, its rows padded to the wgmma's N): their
-    layouts are what the sequence's weights and limits are held in (the compiler drops the values)."""
+def _group_layouts(NEXT_N: gl.constexpr, HEADS: gl.constexpr, ROWS_PER_MMA: gl.constexpr, g: gl.constexpr):
+    """A zero accumulator of row group ``g`` and its head-summed ``[TILE, rows]`` form: their
+    layouts are what the sequence's fp32 weights and limits are held in (the compiler drops the
+    values)."""
     rows: gl.constexpr = wg.group_rows(NEXT_N, ROWS_PER_MMA, g)
     acc = gl.zeros([_TILE, rows * HEADS], gl.float32, wg.wgmma_acc_layout(rows * HEADS))
-    if HEAD_SUM:
-        pairs = gl.zeros([_TILE, wg.headsum_columns(rows)], gl.float32, wg.headsum_layout(rows))
-        summed = gl.sum(gl.reshape(pairs, [_TILE, wg.headsum_columns(rows) // 2, 2]), axis=2)
-    else:
-        summed = gl.sum(gl.reshape(acc, [_TILE, rows, HEADS]), axis=2)
+    summed = gl.sum(gl.reshape(acc, [_TILE, rows, HEADS]), axis=2)
     return acc, summed
 
 
@@ -339,14 +334,15 @@ def _group_operands(weight_stage, lens_ptr, b, seq_len, end, stride_lens_b, stri
     the group with get limit 0."""
     first: gl.constexpr = wg.group_first_row(NEXT_N, ROWS_PER_MMA, g)
     rows: gl.constexpr = wg.group_rows(NEXT_N, ROWS_PER_MMA, g)
-    acc, summed = _group_layouts(NEXT_N, HEADS, ROWS_PER_MMA, g, HEAD_SUM)
-    j = first + gl.arange(0, summed.shape[1], gl.SliceLayout(0, summed.type.layout))
-    limit = wg.row_limits(lens_ptr, b, seq_len, end, stride_lens_b, stride_lens_j, j, NEXT_N, LENS_2D)
     if HEAD_SUM:
+        limit = wg.headsum_row_limits(lens_ptr, b, seq_len, end, stride_lens_b, stride_lens_j, NEXT_N, first, rows,
+                                      LENS_2D, _TILE)
         wg.write_headsum_weights(headsum_smem, weight_stage, first, rows, HEADS)
         weight = headsum_smem
-        limit = gl.where(j < first + rows, limit, 0)
     else:
+        acc, summed = _group_layouts(NEXT_N, HEADS, ROWS_PER_MMA, g)
+        j = first + gl.arange(0, summed.shape[1], gl.SliceLayout(0, summed.type.layout))
+        limit = wg.row_limits(lens_ptr, b, seq_len, end, stride_lens_b, stride_lens_j, j, NEXT_N, LENS_2D)
         weight = weight_stage.slice(first * HEADS, rows * HEADS).load(gl.SliceLayout(0, acc.type.layout))
     return weight, limit
 
