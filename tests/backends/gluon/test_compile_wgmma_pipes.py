@@ -37,6 +37,7 @@ from paged_mqa_logits.triton_internals.toolchain import nvidia_tool  # noqa: E40
 import triton  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from headsum_code import tensor_head_sum_loops  # noqa: E402
 from sm90_calibration import CALIBRATED, problems_off_calibration  # noqa: E402
 
 
@@ -178,23 +179,9 @@ def test_tensor_head_sum_replaces_the_fp32_epilogue(sample):
     for cfg, record in sample:
         if cfg.get("HeadSum") != "tensor":
             continue
-        ptx = open(record.isa).read()
         p = common.problem_for(ARCH, "fn", cfg)
         k = PIPES.knobs(p, cfg)
-        groups = row_groups(p.shape_key.next_n, min(k["RowsPerMMA"], 1 << (p.shape_key.next_n.bit_length() - 1)))
-        columns = max(8, 2 * groups[0][1])
-        assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{columns}k16\.f32\.bf16\.bf16 "
-                         r"\{[^}]*\}, \{%r\d+,\s*%r\d+,\s*%r\d+,\s*%r\d+\}", ptx), record.name  # A: 4 registers
-        code = sass.parse(open(record.isa[: -len(".ptx")] + ".sass").read())
-        scores = sum(n for _, n in groups[0::k["RowSplit"]]) * p.shape_key.heads * 64 // 128
-        loops = [loop for loop in sass.innermost_loops_with(code, "QGMMA")
-                 if any(i.opcode.startswith("HGMMA") for i in loop)]
-        assert loops, record.name
-        for loop in loops:
-            ops = [i.opcode for i in loop]
-            assert sum(o.startswith("F2FP.RELU.BF16.F32.PACK_AB") for o in ops) == scores // 2, record.name
-            assert not any(o.startswith(("FMNMX", "SHFL", "FFMA")) for o in ops), (record.name, sorted(set(ops)))
-            assert not sass.local_memory(loop), record.name
+        assert tensor_head_sum_loops(record, p, k, 64), record.name
         checked += 1
     assert checked == 5
 

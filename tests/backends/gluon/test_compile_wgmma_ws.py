@@ -22,8 +22,8 @@ import pytest
 pytest.importorskip("triton.experimental.gluon")
 
 from compile_matrix import SIZES, of_size  # noqa: E402
+from headsum_code import tensor_head_sum_loops  # noqa: E402
 from sm90_calibration import ptxas_logs  # noqa: E402
-from paged_mqa_logits.aot import sass  # noqa: E402
 from paged_mqa_logits.backends.gluon import common  # noqa: E402
 from paged_mqa_logits.backends.gluon import wgmma as wg  # noqa: E402
 from paged_mqa_logits.backends.gluon import wgmma_ws as ws  # noqa: E402
@@ -171,21 +171,7 @@ def test_tensor_head_sum_replaces_the_fp32_epilogue(compiled):
             continue
         p = common.problem_for(ARCH, "fn", cfg)
         k = WS.knobs(p, cfg)
-        groups = row_groups(cfg["next_n"], min(k["RowsPerMMA"], wg._pow2_floor(cfg["next_n"])))
-        columns = max(8, 2 * groups[0][1])
-        ptx = open(record.isa).read()
-        assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{columns}k16\.f32\.bf16\.bf16 "
-                         r"\{[^}]*\}, \{%r\d+,\s*%r\d+,\s*%r\d+,\s*%r\d+\}", ptx), record.name
-        code = sass.parse(open(record.isa[: -len(".ptx")] + ".sass").read())
-        # a consumer's scores per thread and tile: its groups' columns x ChunkK over 128 threads
-        scores = sum(n for _, n in groups[0::k["RowSplit"]]) * cfg["heads"] * k["ChunkK"] // 128
-        loops = [loop for loop in sass.innermost_loops_with(code, "QGMMA")
-                 if any(i.opcode.startswith("HGMMA") for i in loop)]
+        loops = tensor_head_sum_loops(record, p, k, k["ChunkK"])
         assert len(loops) == k["Consumers"], (record.name, len(loops))
-        for loop in loops:
-            ops = [i.opcode for i in loop]
-            assert sum(o.startswith("F2FP.RELU.BF16.F32.PACK_AB") for o in ops) == scores // 2, record.name
-            assert not any(o.startswith(("FMNMX", "SHFL", "FFMA")) for o in ops), (record.name, sorted(set(ops)))
-            assert not sass.local_memory(loop), record.name
         checked += 1
     assert checked >= 4
