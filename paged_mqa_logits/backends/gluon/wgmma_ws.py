@@ -67,10 +67,10 @@ TENSOR_CONSUMER_OVERHEAD = 24
 def tensor_fits(problem: Problem, chunk: int, rows: int, stages: int, ctas: int, consumers: int = 1,
                 split: int = 1) -> bool:
     """``HeadSum=tensor``: equal row groups (one weights buffer shape), at most two per consumer
-    (ptxas spills four); every score wgmma of a consumer's groups in flight at once, so all their accumulators live together (at most
-    ``wgmma``'s budget), with one group's packed bf16 scores (half its accumulator) and each
-    group's head-sum accumulator beside them, within the consumer's registers; shared memory for
-    the head-sum weights too."""
+    (ptxas spills four); every score wgmma of a consumer's groups in flight at once, so all their
+    accumulators live together (at most ``wgmma``'s budget), with one group's packed bf16 scores
+    (half its accumulator) and each group's head-sum accumulator beside them, within the
+    consumer's registers; shared memory for the head-sum weights too."""
     mine = wg.problem_row_groups(problem, rows)[::split]
     if wg.unequal_groups_reason(problem, rows) is not None or len(mine) > 2:
         return False

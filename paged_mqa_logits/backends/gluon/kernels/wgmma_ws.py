@@ -159,8 +159,8 @@ def _tensor_operands(weight_mine, headsum_smem, lens_ptr, b, seq_len, end, strid
                      NEXT_N: gl.constexpr, HEADS: gl.constexpr, ROWS_PER_MMA: gl.constexpr, LENS_2D: gl.constexpr,
                      CHUNK: gl.constexpr, GROUPS: gl.constexpr, ROLE: gl.constexpr):
     """``HeadSum=tensor``: the split bf16 weights of each of consumer ``ROLE``'s row groups into
-    its buffers of ``headsum_smem`` (from the sequence's fp32 weights, already visible to the warpgroup), and the
-    groups' row limits in registers; visible to wgmma's async proxy on return."""
+    its buffers of ``headsum_smem`` (from the sequence's fp32 weights, already visible to the
+    warpgroup), and the groups' row limits in registers; visible to wgmma's async proxy on return."""
     limits = ()
     for i in gl.static_range(len(GROUPS)):
         # (no constexpr locals: a static loop may not rebind them)
