@@ -84,16 +84,21 @@ def _repo(tmp_path, files=FILES):
     return repo
 
 
-@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
-def test_stage_copies_the_closure_and_records_signatures(tmp_path):
-    repo, dest = _repo(tmp_path), tmp_path / "staged"
+def _stage(tmp_path, files):
+    """Stage a fake vLLM tree of ``files`` with the script: ``(dest, staged file names, manifest)``."""
+    repo, dest = _repo(tmp_path, files), tmp_path / "staged"
     result = subprocess.run(["bash", os.path.join(ROOT, "tools", "stage_vllm_topk.sh"), str(repo), str(dest)],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     staged = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
+    return dest, staged, json.loads((dest / "manifest.json").read_text())
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_stage_copies_the_closure_and_records_signatures(tmp_path):
+    dest, staged, manifest = _stage(tmp_path, FILES)
     expected = sorted(set(FILES) - {"csrc/cache_kernels.cu", "csrc/libtorch_stable/other.cu"})
     assert staged == sorted(expected + ["build.py", "manifest.json"])
-    manifest = json.loads((dest / "manifest.json").read_text())
     assert manifest["entry_points"]["top_k_per_row_decode"] == {
         "file": "csrc/sampler.cu",
         "signature": "void top_k_per_row_decode(const torch::Tensor& logits, int64_t next_n, const torch::Tensor& "
@@ -115,14 +120,9 @@ def test_stage_copies_the_closure_and_records_signatures(tmp_path):
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 def test_stage_binds_the_stable_abi(tmp_path):
-    repo, dest = _repo(tmp_path, STABLE_FILES), tmp_path / "staged"
-    result = subprocess.run(["bash", os.path.join(ROOT, "tools", "stage_vllm_topk.sh"), str(repo), str(dest)],
-                            capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    staged = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
+    dest, staged, manifest = _stage(tmp_path, STABLE_FILES)
     expected = sorted(set(STABLE_FILES) - {"CMakeLists.txt", "csrc/cache_kernels.cu"})
     assert staged == sorted(expected + ["build.py", "manifest.json"])
-    manifest = json.loads((dest / "manifest.json").read_text())
     assert {n: e["abi"] for n, e in manifest["entry_points"].items()} == {
         "top_k_per_row_decode": "stable", "persistent_topk": "stable"}
     assert manifest["torch_target_version"] == "0x020B000000000000ULL"
