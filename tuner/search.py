@@ -35,7 +35,7 @@ from paged_mqa_logits.problem import Target
 from .candidates import Candidate, candidates_for, load_extra_backends
 from .keys import TuneKey, order_keys, read_untuned
 from .worker import Pool, Task
-from .writer import geomean, provenance, read_existing, rows_for, tuned_shape_keys, update_table
+from .writer import geomean, provenance, read_existing, rows_for, tuned_shape_keys, write_key_rows
 
 
 #: the shortest ``--time-budget`` the command line accepts. Nothing is written before one
@@ -430,9 +430,7 @@ def time_runs(opts: Options, target, outcome: Outcome, runs: list[KeyRun], t0: f
         outcome.tuned.append(run.key)
         written.extend(rows)
         # rows of this key from an earlier run go, whatever contexts they had; the rest stays
-        update_table(opts.out, rows, {(target.arch, target.cu_num, run.key.shape_key)},
-                     comments=[f"paged_mqa_logits tuned table; rows written by python -m tuner ({prov})",
-                               "schema and lookup rules: paged_mqa_logits/table.py; how to regenerate: docs/TUNING.md"])
+        write_key_rows(opts.out, rows, target.arch, target.cu_num, run.key.shape_key, prov)
         best = min(rows, key=lambda r: (r.context is not None, r.us or 0))
         bar.set_postfix_str(f"{run.key.describe()}: {best.backend} {best.us:.2f} us"[:80])
 

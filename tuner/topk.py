@@ -40,7 +40,7 @@ from paged_mqa_logits.triton_internals.version import installed_version
 from .candidates import Candidate, spread
 from .keys import DEFAULT_CONTEXTS, TuneKey, coarse_to_fine, parse_contexts
 from .search import Outcome, report_row, say, print_summary, resolve_target, write_report
-from .writer import provenance, read_existing, rows_for, tuned_shape_keys, update_table
+from .writer import provenance, read_existing, rows_for, tuned_shape_keys, write_key_rows
 
 COLUMNS = ("rows", "k", "logits_dtype", "contexts")
 
@@ -212,9 +212,7 @@ def tune(opts):
             say(opts, f"[tuner] {key.describe()}: no candidate passed; nothing written")
             outcome.failed.append(key)
             continue
-        update_table(opts.out, rows, {(target.arch, target.cu_num, key.shape_key)},
-                     comments=[f"paged_mqa_logits tuned table; rows written by python -m tuner ({prov})",
-                               "schema and lookup rules: paged_mqa_logits/table.py; how to regenerate: docs/TUNING.md"])
+        write_key_rows(opts.out, rows, target.arch, target.cu_num, key.shape_key, prov)
         outcome.tuned.append(key)
         outcome.rows.extend(rows)
     outcome.seconds = time.monotonic() - t0

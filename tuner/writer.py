@@ -180,3 +180,12 @@ def update_table(path: str, rows: list[Row], replaced_keys: set[tuple] = frozens
         merged = merge(read_existing(path), rows, replaced_keys)
         write_table(path, merged, kept_notes(path, comments))
     return merged
+
+
+def write_key_rows(path: str, rows: list[Row], arch: str, cu_num: int, shape_key, prov: str) -> list[Row]:
+    """A tuned key's ``rows`` into the table at ``path`` (:func:`update_table`; the key's earlier
+    rows on ``arch``/``cu_num`` replaced) under the tuner's notes for this run's provenance."""
+    return update_table(path, rows, {(arch, cu_num, shape_key)},
+                        comments=[f"paged_mqa_logits tuned table; rows written by python -m tuner ({prov})",
+                                  "schema and lookup rules: paged_mqa_logits/table.py; how to regenerate: "
+                                  "docs/TUNING.md"])
