@@ -5,7 +5,8 @@ Knobs: ``ChunkK`` (64/128 tokens per tile in the candidates; 256 accepted), ``Ro
 (1/2/4/8 next_n rows per wgmma), ``num_stages`` (ring depth, >= 2), ``Schedule`` (``split`` or
 ``balanced``; unset: ``common.default_schedule``), ``SplitKV`` (split: 0 = derived on the host),
 ``CtasPerSM`` (programs per SM the grid is sized for; 0 = the kernel's resources: estimated for
-split, read from the compiled kernel for balanced), ``num_warps`` (always 4).
+split, read from the compiled kernel for balanced), ``num_warps`` (always 4), ``HeadSum``
+(``fp32``, the default; ``tensor``: the head sum on the tensor cores, see :func:`tensor_fits`).
 
 The resource rules (:func:`resources`, :func:`fits`) estimate what ptxas allocates for a
 kernel of the given tiles, so the candidates never spill and the split rule
@@ -62,7 +63,7 @@ def live_accumulators(problem: Problem, groups, chunk: int) -> int:
     return max(pairs) // 2
 
 
-def resources(problem: Problem, chunk: int, rows: int, stages: int) -> dict:
+def resources(problem: Problem, chunk: int, rows: int, stages: int, head_sum: str = "fp32") -> dict:
     """Host-side estimate of a program's footprint, calibrated on ptxas's reports for every
     (heads, next_n, RowsPerMMA, ChunkK) of the contract (tests/backends/gluon/
     test_compile_wgmma.py checks the candidates never spill):
@@ -75,6 +76,9 @@ def resources(problem: Problem, chunk: int, rows: int, stages: int) -> dict:
       of addresses and loop state, ~12 per row group beyond two (fit to ptxas, +-20);
     * ``smem``: the key/scale ring, Q, the weights and the row limits;
     * ``ctas_per_sm``: programs an SM holds (registers, shared memory), for ``SplitKV = 0``.
+
+    With ``HeadSum=tensor`` every row group's accumulator is live at once, beside the head sum's
+    registers (:func:`tensor_head_sum_registers`), and the head-sum weights join the shared memory.
     """
     groups = problem_row_groups(problem, rows)
     acc_regs = live_accumulators(problem, groups, chunk)
@@ -83,6 +87,10 @@ def resources(problem: Problem, chunk: int, rows: int, stages: int) -> dict:
     regs = min(255, acc_regs + weight_regs + 36 + (12 * len(groups) if len(groups) > 2 else 0))
     q_rows = triton_next_pow2(key.next_n) * key.heads
     smem = stages * chunk * (HEAD_DIM + 4) + q_rows * (HEAD_DIM + 4) + 4 * triton_next_pow2(key.next_n)
+    if head_sum == "tensor":
+        acc_regs, need = tensor_head_sum_registers(problem, chunk, groups)
+        regs = min(255, need + 36)
+        smem += headsum_bytes(problem, rows, 1, 1)
     by_regs = SM_REGISTERS // ((-(-regs // 8) * 8) * 32 * NUM_WARPS)
     by_smem = SM_SHARED_BYTES // (smem + 1024)  # the driver reserves 1 KB per program
     return {"acc_regs": acc_regs, "acc_budget": ACC_REG_BUDGET if len(groups) <= 2 else ACC_REG_BUDGET // 2,
@@ -104,6 +112,34 @@ def headsum_bytes(problem: Problem, rows: int, consumers: int, split: int) -> in
     groups = problem_row_groups(problem, rows)
     group_rows = groups[0][1]
     return consumers * len(groups[::split]) * headsum_columns(group_rows) * group_rows * problem.shape_key.heads * 2
+
+
+def tensor_head_sum_registers(problem: Problem, chunk: int, groups) -> tuple[int, int]:
+    """``HeadSum=tensor``, a warpgroup scoring ``groups`` of a tile with every score wgmma in flight:
+    ``(accumulators, registers)`` per thread: the groups' fp32 accumulators, and those plus one
+    group's packed bf16 scores (half its accumulator) and each group's head-sum accumulator."""
+    heads = problem.shape_key.heads
+    accumulators = sum(chunk * r * heads for _, r in groups) // 128
+    packed = chunk * groups[0][1] * heads // 256
+    head_sums = sum(chunk * headsum_columns(r) for _, r in groups) // 128
+    return accumulators, accumulators + packed + head_sums
+
+
+#: registers per thread ptxas may give this kernel's warpgroup
+MAX_THREAD_REGISTERS = 255
+
+
+def tensor_fits(problem: Problem, chunk: int, rows: int, stages: int, extra_regs: int = 0) -> bool:
+    """``HeadSum=tensor``: equal row groups (one weights buffer shape), at most two
+    (ptxas spills more), their accumulators within the budget and all of :func:`resources`'
+    registers (``extra_regs`` more: what a variant holds beside them) within a thread's, the ring
+    and the head-sum weights within shared memory."""
+    groups = problem_row_groups(problem, rows)
+    if unequal_groups_reason(problem, rows) is not None or len(groups) > 2:
+        return False
+    r = resources(problem, chunk, rows, stages, "tensor")
+    return (r["acc_regs"] <= ACC_REG_BUDGET and r["regs_estimate"] + extra_regs <= MAX_THREAD_REGISTERS
+            and r["smem"] <= lds_limit("sm_90"))
 
 
 def triton_next_pow2(x: int) -> int:
@@ -181,7 +217,7 @@ class WgmmaVariant(GluonVariant):
     #: allowed values per knob (combinations are judged by :meth:`knobs`)
     knob_space = {"ChunkK": CHUNK_SIZES, "RowsPerMMA": (1, 2, 4, 8), "num_stages": range(2, 9),
                   "SplitKV": range(0, MAX_SPLIT_KV + 1), "CtasPerSM": range(0, 9), "num_warps": (NUM_WARPS,),
-                  "Schedule": common.SCHEDULES}
+                  "Schedule": common.SCHEDULES, "HeadSum": common.HEAD_SUMS}
     kernel = wgmma_logits_kernel
 
     # ------------------------------------------------------------------------- knobs
@@ -204,6 +240,15 @@ class WgmmaVariant(GluonVariant):
         self.require(warps == NUM_WARPS, "num_warps", warps, f"{NUM_WARPS} (one warpgroup)")
         return {"ChunkK": chunk, "RowsPerMMA": rows, "num_stages": stages}, default
 
+    def head_sum_knob(self, problem: Problem, config: dict, rows: int) -> str:
+        """``HeadSum`` (unset: ``fp32``); ``tensor`` needs equal row groups at ``RowsPerMMA``."""
+        head_sum = config.get("HeadSum") or common.HEAD_SUMS[0]
+        self.require_in("HeadSum", head_sum, common.HEAD_SUMS)
+        if head_sum == "tensor":
+            reason = unequal_groups_reason(problem, rows)
+            self.require(reason is None, "HeadSum", head_sum, reason)
+        return head_sum
+
     def knobs(self, problem: Problem, config: dict) -> dict:
         """Unset knobs take the default config's values (``SplitKV``, ``CtasPerSM``: 0)."""
         tile, _ = self.tile_knobs(problem, config)
@@ -212,10 +257,13 @@ class WgmmaVariant(GluonVariant):
         self.require(split >= 0, "SplitKV", split, "an integer >= 0")
         self.require(ctas >= 0, "CtasPerSM", ctas, "an integer >= 0")
         return {**tile, "SplitKV": split, "CtasPerSM": ctas, "num_warps": NUM_WARPS,
-                "Schedule": self.schedule(problem, config)}
+                "Schedule": self.schedule(problem, config),
+                "HeadSum": self.head_sum_knob(problem, config, tile["RowsPerMMA"])}
 
     def admits(self, problem: Problem, config: dict) -> bool:
         k = self.knobs(problem, config)
+        if k["HeadSum"] == "tensor":
+            return tensor_fits(problem, k["ChunkK"], k["RowsPerMMA"], k["num_stages"])
         return fits(problem, k["ChunkK"], k["RowsPerMMA"], k["num_stages"])
 
     def shape_reason(self, problem: Problem) -> str | None:
@@ -228,6 +276,17 @@ class WgmmaVariant(GluonVariant):
 
     # ------------------------------------------------------------------------- candidates
     def candidate_groups(self, problem: Problem):
+        """The fp32 settings (:meth:`fp32_candidates`), then each again with ``HeadSum=tensor`` where
+        :func:`tensor_fits` admits it (so the default stays fp32 until a table row names tensor)."""
+        settings = list(self.fp32_candidates(problem))
+        yield from settings
+        for group in settings:
+            tensor = [dict(setting, HeadSum="tensor") for setting in group]
+            if all(unequal_groups_reason(problem, s["RowsPerMMA"]) is None and self.admits(problem, s)
+                   for s in tensor):
+                yield tensor
+
+    def fp32_candidates(self, problem: Problem):
         """The two widest row groupings that fit, x ChunkK 64/128 x a shallow and a deep ring; and,
         where the derived split count is large (latency-bound shapes), half of it."""
         groupings = 0
@@ -237,7 +296,7 @@ class WgmmaVariant(GluonVariant):
             for chunk, stages in fitting:
                 for schedule in (common.BALANCED, common.SPLIT):
                     yield [{"ChunkK": chunk, "RowsPerMMA": rows, "num_stages": stages, "SplitKV": 0, "CtasPerSM": 0,
-                            "num_warps": NUM_WARPS, "Schedule": schedule}]
+                            "num_warps": NUM_WARPS, "Schedule": schedule, "HeadSum": "fp32"}]
             groupings += bool(fitting)
             if groupings == 2:
                 break
@@ -256,14 +315,15 @@ class WgmmaVariant(GluonVariant):
                     if fits(problem, chunk, rows, stages):
                         return {"variant": self.name, "ChunkK": chunk, "RowsPerMMA": rows, "num_stages": stages,
                                 "SplitKV": 0, "CtasPerSM": 0, "num_warps": NUM_WARPS,
-                                "Schedule": common.default_schedule(problem)}
+                                "Schedule": common.default_schedule(problem), "HeadSum": "fp32"}
         raise ValueError(f"{self.owner}: no configuration fits {problem.describe()}")
 
     # ------------------------------------------------------------------------- launch plan
     def programs_per_sm(self, problem: Problem, config: dict) -> int:
         """``CtasPerSM``, or the programs an SM holds by :func:`resources` when it is 0."""
         k = self.knobs(problem, config)
-        return k["CtasPerSM"] or resources(problem, k["ChunkK"], k["RowsPerMMA"], k["num_stages"])["ctas_per_sm"]
+        return k["CtasPerSM"] or resources(problem, k["ChunkK"], k["RowsPerMMA"], k["num_stages"],
+                                           k["HeadSum"])["ctas_per_sm"]
 
     def num_splits(self, problem: Problem, config: dict) -> int:
         """``Schedule=split``: programs per sequence (``SplitKV``, or :func:`derive_splits`)."""
@@ -292,7 +352,7 @@ class WgmmaVariant(GluonVariant):
                     KV_BLOCK_SIZE=key.kv_block_size, CHUNK=k["ChunkK"],
                     ROWS_PER_MMA=rows_per_mma(problem, k["RowsPerMMA"]), STAGES=k["num_stages"],
                     PRESHUFFLE=key.preshuffle, LENS_2D=problem.lens_2d,
-                    BALANCED=k["Schedule"] == common.BALANCED)
+                    BALANCED=k["Schedule"] == common.BALANCED, HEAD_SUM=int(k["HeadSum"] == "tensor"))
 
     def options(self, problem: Problem, config: dict) -> dict:
         return {"num_warps": NUM_WARPS}

@@ -7,9 +7,11 @@ logits, plain (not preshuffled) caches; the rest of the rules are the ``wgmma`` 
 this class extends.
 
 Knobs: ``ChunkK`` (64/128 tokens per tile), ``RowsPerMMA``, ``Schedule``, ``SplitKV``,
-``CtasPerSM``, ``num_warps`` (always 4): those of ``wgmma`` less ``num_stages`` (the keys are
-prefetched one tile ahead in registers, not through a shared-memory ring). Candidates: the two
-widest row groupings that fit x ChunkK 64/128 x both schedules.
+``CtasPerSM``, ``num_warps`` (always 4), ``HeadSum``: those of ``wgmma`` less ``num_stages`` (the keys
+are prefetched one tile ahead in registers, not through a shared-memory ring). Candidates: the two
+widest row groupings that fit x ChunkK 64/128 x both schedules, then each with ``HeadSum=tensor``
+where :func:`tensor_fits` admits it (the head sum on the tensor cores leaves the warpgroup's issue
+slots to the widening).
 """
 
 from __future__ import annotations
@@ -37,14 +39,16 @@ CHUNK_SIZES = (64, 128)
 PREFETCH_REGS = {64: 24, 128: 40}
 
 
-def resources(problem: Problem, chunk: int, rows: int) -> dict:
+def resources(problem: Problem, chunk: int, rows: int, head_sum: str = "fp32") -> dict:
     """``wg.resources`` with this kernel's footprint: one widened key tile and its factors in
-    shared memory (no ring), Q widened, the weights and row limits; the prefetched words in
-    registers."""
-    base = wg.resources(problem, chunk, rows, 2)
+    shared memory (no ring), Q widened, the weights and row limits (and the head-sum weights); the
+    prefetched words in registers."""
+    base = wg.resources(problem, chunk, rows, 2, head_sum)
     key = problem.shape_key
     q_rows = wg.triton_next_pow2(key.next_n) * key.heads
     smem = chunk * (HEAD_DIM + 4) + q_rows * (HEAD_DIM + 4) + 4 * wg.triton_next_pow2(key.next_n)
+    if head_sum == "tensor":
+        smem += wg.headsum_bytes(problem, rows, 1, 1)
     regs = min(255, base["regs_estimate"] + PREFETCH_REGS[chunk])
     by_regs = wg.SM_REGISTERS // ((-(-regs // 8) * 8) * 32 * NUM_WARPS)
     by_smem = wg.SM_SHARED_BYTES // (smem + 1024)  # the driver reserves 1 KB per program
@@ -54,6 +58,13 @@ def resources(problem: Problem, chunk: int, rows: int) -> dict:
 def fits(problem: Problem, chunk: int, rows: int) -> bool:
     r = resources(problem, chunk, rows)
     return r["acc_regs"] <= r["acc_budget"] and r["smem"] <= lds_limit("sm_90")
+
+
+def tensor_fits(problem: Problem, chunk: int, rows: int) -> bool:
+    """``HeadSum=tensor``: ``wgmma``'s rule with the prefetched words' registers beside the head
+    sum's, and this kernel's shared memory."""
+    return (wg.tensor_fits(problem, chunk, rows, 2, PREFETCH_REGS[chunk])
+            and resources(problem, chunk, rows, "tensor")["smem"] <= lds_limit("sm_90"))
 
 
 # ----------------------------------------------------------------------------- the widening's torch model
@@ -129,7 +140,8 @@ class Fp4WgmmaVariant(wg.WgmmaVariant):
     name = "wgmma_fp4"
     kv_formats = ("fp4",)
     knob_space = {"ChunkK": CHUNK_SIZES, "RowsPerMMA": (1, 2, 4, 8), "SplitKV": range(0, MAX_SPLIT_KV + 1),
-                  "CtasPerSM": range(0, 9), "num_warps": (NUM_WARPS,), "Schedule": common.SCHEDULES}
+                  "CtasPerSM": range(0, 9), "num_warps": (NUM_WARPS,), "Schedule": common.SCHEDULES,
+                  "HeadSum": common.HEAD_SUMS}
     kernel = fp4_wgmma_logits_kernel
 
     # ------------------------------------------------------------------------- knobs
@@ -150,10 +162,12 @@ class Fp4WgmmaVariant(wg.WgmmaVariant):
         self.require(split >= 0, "SplitKV", split, "an integer >= 0")
         self.require(ctas >= 0, "CtasPerSM", ctas, "an integer >= 0")
         return {"ChunkK": chunk, "RowsPerMMA": rows, "SplitKV": split, "CtasPerSM": ctas, "num_warps": NUM_WARPS,
-                "Schedule": self.schedule(problem, config)}
+                "Schedule": self.schedule(problem, config), "HeadSum": self.head_sum_knob(problem, config, rows)}
 
     def admits(self, problem: Problem, config: dict) -> bool:
         k = self.knobs(problem, config)
+        if k["HeadSum"] == "tensor":
+            return tensor_fits(problem, k["ChunkK"], k["RowsPerMMA"])
         return fits(problem, k["ChunkK"], k["RowsPerMMA"])
 
     def shape_reason(self, problem: Problem) -> str | None:
@@ -167,14 +181,14 @@ class Fp4WgmmaVariant(wg.WgmmaVariant):
         return None
 
     # ------------------------------------------------------------------------- candidates
-    def candidate_groups(self, problem: Problem):
+    def fp32_candidates(self, problem: Problem):
         groupings = 0
         for rows in wg.rows_options(problem):
             chunks = [chunk for chunk in CHUNK_SIZES if fits(problem, chunk, rows)]
             for chunk in chunks:
                 for schedule in (common.BALANCED, common.SPLIT):
                     yield [{"ChunkK": chunk, "RowsPerMMA": rows, "SplitKV": 0, "CtasPerSM": 0,
-                            "num_warps": NUM_WARPS, "Schedule": schedule}]
+                            "num_warps": NUM_WARPS, "Schedule": schedule, "HeadSum": "fp32"}]
             groupings += bool(chunks)
             if groupings == 2:
                 break
@@ -186,13 +200,13 @@ class Fp4WgmmaVariant(wg.WgmmaVariant):
             for chunk in ((128, 64) if rows * problem.shape_key.heads <= 64 else (64, 128)):
                 if fits(problem, chunk, rows):
                     return {"variant": self.name, "ChunkK": chunk, "RowsPerMMA": rows, "SplitKV": 0, "CtasPerSM": 0,
-                            "num_warps": NUM_WARPS, "Schedule": common.default_schedule(problem)}
+                            "num_warps": NUM_WARPS, "Schedule": common.default_schedule(problem), "HeadSum": "fp32"}
         raise ValueError(f"{self.owner}: no configuration fits {problem.describe()}")
 
     # ------------------------------------------------------------------------- launch plan
     def programs_per_sm(self, problem: Problem, config: dict) -> int:
         k = self.knobs(problem, config)
-        return k["CtasPerSM"] or resources(problem, k["ChunkK"], k["RowsPerMMA"])["ctas_per_sm"]
+        return k["CtasPerSM"] or resources(problem, k["ChunkK"], k["RowsPerMMA"], k["HeadSum"])["ctas_per_sm"]
 
     def constexprs(self, problem: Problem, config: dict) -> dict:
         k = self.knobs(problem, config)
@@ -200,7 +214,7 @@ class Fp4WgmmaVariant(wg.WgmmaVariant):
         return dict(NEXT_N=key.next_n, NEXT_N_POW2=wg.triton_next_pow2(key.next_n), HEADS=key.heads,
                     KV_BLOCK_SIZE=key.kv_block_size, CHUNK=k["ChunkK"],
                     ROWS_PER_MMA=wg.rows_per_mma(problem, k["RowsPerMMA"]), LENS_2D=problem.lens_2d,
-                    BALANCED=k["Schedule"] == common.BALANCED)
+                    BALANCED=k["Schedule"] == common.BALANCED, HEAD_SUM=int(k["HeadSum"] == "tensor"))
 
     def call_constexprs(self, args: LaunchArgs) -> dict:
         return {}  # plain loads: no alignment path

@@ -22,7 +22,7 @@ from ...schedule import persistent_programs
 from ...triton_internals.gluon_api import TensorDescriptor
 from . import common
 from . import wgmma as wg
-from .kernels.wgmma import HEAD_DIM, headsum_columns
+from .kernels.wgmma import HEAD_DIM
 from .kernels.wgmma_ws import KEY_BOX_LAYOUT, NUM_WARPS, PRODUCER_WARPS, wgmma_ws_logits_kernel
 from .variant import LaunchPlan
 
@@ -74,11 +74,8 @@ def tensor_fits(problem: Problem, chunk: int, rows: int, stages: int, ctas: int,
     mine = wg.problem_row_groups(problem, rows)[::split]
     if wg.unequal_groups_reason(problem, rows) is not None or len(mine) > 2:
         return False
-    heads = problem.shape_key.heads
-    accumulators = sum(chunk * r * heads for _, r in mine) // 128
-    packed = chunk * mine[0][1] * heads // 256
-    head_sums = sum(chunk * headsum_columns(r) for _, r in mine) // 128
-    need = accumulators + packed + head_sums + TENSOR_CONSUMER_OVERHEAD
+    accumulators, registers = wg.tensor_head_sum_registers(problem, chunk, mine)
+    need = registers + TENSOR_CONSUMER_OVERHEAD
     smem = shared_bytes(problem, chunk, stages, consumers, rows, split, "tensor")
     return (accumulators <= wg.ACC_REG_BUDGET and need <= consumer_registers(chunk, ctas, consumers)
             and smem <= lds_limit("sm_90") and ctas * (smem + 1024) <= wg.SM_SHARED_BYTES)

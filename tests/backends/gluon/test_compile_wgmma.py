@@ -28,6 +28,7 @@ import pytest
 pytest.importorskip("triton.experimental.gluon")
 
 from compile_matrix import SIZES, of_size  # noqa: E402
+from headsum_code import tensor_head_sum_loops  # noqa: E402
 from sm90_calibration import ptxas_logs  # noqa: E402
 from paged_mqa_logits.backends.gluon import common  # noqa: E402
 from paged_mqa_logits.backends.gluon import wgmma as wg  # noqa: E402
@@ -117,7 +118,7 @@ def test_occupancy_at_least_what_the_split_rule_assumes(compiled):
         p = common.problem_for(ARCH, "fn", cfg)
         if common.schedule_of(p, cfg) == common.BALANCED:
             continue
-        est = wg.resources(p, cfg["ChunkK"], cfg["RowsPerMMA"], cfg["num_stages"])
+        est = wg.resources(p, cfg["ChunkK"], cfg["RowsPerMMA"], cfg["num_stages"], cfg.get("HeadSum", "fp32"))
         regs = -(-record.vgprs // 8) * 8
         smem = record.lds_bytes
         assert smem <= LDS_LIMIT_BYTES[ARCH]
@@ -154,3 +155,18 @@ def test_row_groups():
     assert row_groups(8, 2) == ((0, 2), (2, 2), (4, 2), (6, 2))
     assert row_groups(3, 8) == ((0, 2), (2, 1))
     assert row_groups(1, 4) == ((0, 1),)
+
+
+def test_tensor_head_sum_replaces_the_fp32_epilogue(compiled):
+    """``HeadSum=tensor``: in the tile loop one ``F2FP.RELU.BF16.F32.PACK_AB`` per two scores and
+    the head-sum wgmmas, none of the fp32 head sum's max, fused multiply-adds or shuffles; no local
+    memory (``headsum_code``, as for ``wgmma_ws`` and ``wgmma_pipes``)."""
+    checked = 0
+    for cfg, _, record, _ in compiled:
+        if cfg.get("HeadSum") != "tensor":
+            continue
+        p = common.problem_for(ARCH, "fn", cfg)
+        k = dict(WG.knobs(p, cfg), RowSplit=1)
+        assert len(tensor_head_sum_loops(record, p, k, k["ChunkK"])) == 1, record.name
+        checked += 1
+    assert checked >= 1  # the sample holds one (the slow set every candidate)

@@ -23,6 +23,7 @@ import pytest
 pytest.importorskip("triton.experimental.gluon")
 
 from compile_matrix import SIZES, of_size  # noqa: E402
+from headsum_code import tensor_head_sum_loops  # noqa: E402
 from sm90_calibration import CALIBRATED, problems_off_calibration, ptxas_logs  # noqa: E402
 from paged_mqa_logits.aot.compile import LDS_LIMIT_BYTES, compile_specs  # noqa: E402
 from paged_mqa_logits.backends.gluon import common, wgmma_fp4 as h4  # noqa: E402
@@ -35,7 +36,7 @@ ARCH = "sm_90"
 
 def sample_knobs(config: dict) -> dict:
     return {k: config.get(k) for k in ("heads", "next_n", "kv_block_size", "logits_dtype", "ChunkK", "RowsPerMMA",
-                                       "Schedule")}
+                                       "Schedule", "HeadSum")}
 
 
 @pytest.fixture(scope="module", params=SIZES)
@@ -59,6 +60,7 @@ def test_matrix_covers_the_brief():
     assert {c.get("logits_dtype", "fp32") for c in configs} == {"fp32", "bf16"}
     assert {c["ChunkK"] for c in configs} == {64, 128}
     assert {c["Schedule"] for c in configs} == {"split", "balanced"}
+    assert {c["HeadSum"] for c in configs} == {"fp32", "tensor"}
 
 
 def test_kernels_compile_without_spills(compiled):
@@ -104,3 +106,18 @@ def test_shared_memory_and_occupancy_as_estimated(compiled):
         actual = min(wg.SM_REGISTERS // (regs * 128), wg.SM_SHARED_BYTES // (smem + 1024))
         assert actual >= est["ctas_per_sm"], (f"{record.name}: {record.vgprs} registers and {smem} B shared allow "
                                               f"{actual} programs per SM, the split rule assumes {est['ctas_per_sm']}")
+
+
+def test_tensor_head_sum_replaces_the_fp32_epilogue(compiled):
+    """``HeadSum=tensor``: the tile loop packs the scores with ``F2FP.RELU.BF16.F32.PACK_AB`` into the
+    head-sum wgmmas and issues none of the fp32 head sum's max, fused multiply-adds or shuffles, so
+    the warpgroup's issue slots go to the widening (``headsum_code``)."""
+    checked = 0
+    for cfg, spec, record, _, _ in compiled:
+        if cfg.get("HeadSum") != "tensor":
+            continue
+        p = V.spec_problem(ARCH, cfg)
+        k = dict(V.knobs(p, cfg), RowSplit=1)
+        assert len(tensor_head_sum_loops(record, p, k, k["ChunkK"])) == 1, record.name
+        checked += 1
+    assert checked >= 1

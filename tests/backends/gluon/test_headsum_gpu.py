@@ -57,7 +57,7 @@ def _adversarial(inp: dict, gen: torch.Generator) -> None:
 
 def _reference(inp: dict, weights: torch.Tensor) -> torch.Tensor:
     return reference_logits(inp["q_fp8"], inp["kv_cache"], weights, inp["context_lens"], inp["kv_indices"],
-                            inp["max_model_len"], kv_block_size=inp["kv_block_size"])
+                            inp["max_model_len"], kv_block_size=inp["kv_block_size"], q_scale=inp.get("q_scale"))
 
 
 def _check_bound(inp: dict, out: torch.Tensor, before: torch.Tensor, fp32_head_sum: torch.Tensor, *,
@@ -192,9 +192,9 @@ def _ws_config(setting: tuple, rows: int) -> dict:
 
 @pytest.mark.parametrize("setting,heads,next_n,kv_block_size", WS_CASES)
 def test_wgmma_ws_tensor_head_sum_within_bound(setting, heads, next_n, kv_block_size):
-    """``wgmma_ws`` with ``HeadSum=tensor`` (its consumers' ``_score_tile_tensor``): the same bound
-    against the same kernel's fp32 head sum; the setting's ``RowsPerMMA``, else the first of 4, 2,
-    1 that it admits."""
+    """``wgmma_ws`` with ``HeadSum=tensor`` (its consumers run ``wgmma.score_tile_tensor``): the
+    same bound against the same kernel's fp32 head sum; the setting's ``RowsPerMMA``, else the
+    first of 4, 2, 1 that it admits."""
     module = variant_module("wgmma_ws")
     rng = random.Random(setting * 31 + heads + next_n * 5 + kv_block_size)
     lens = [rng.choice((0, 1, 63, 64, 65, 127, 129, rng.randint(1, 2500))) for _ in range(11)]
@@ -227,3 +227,66 @@ def test_wgmma_ws_bf16_logits():
     args = launch_args(inp)
     before, fp32 = _launch_both(module, args, inp, _ws_config(WS_SETTINGS[1], 2), False)
     _check_bound(inp, inp["out_logits"], before, fp32, clean_logits=False)
+
+
+#: (heads, next_n, kv_block_size, lens_2d, Schedule): ``wgmma`` with ``HeadSum=tensor``, one row
+#: group and two, next_n 1-8, both schedules, gathered one-token blocks, bf16 logits in the last
+WGMMA_CASES = ((64, 2, 64, True, "balanced"), (64, 4, 64, False, "split"), (32, 4, 32, True, "split"),
+               (32, 8, 64, False, "balanced"), (64, 1, 1, True, "balanced"), (64, 2, 16, False, "split"),
+               (32, 6, 64, True, "balanced"))
+
+
+def _tensor_candidate(module, problem, schedule: str, chunk: int | None = None) -> dict:
+    """The variant's first ``HeadSum=tensor`` candidate of ``schedule`` (and ``ChunkK``, when given)."""
+    found = [c for c in module.candidates(problem) if c.get("HeadSum") == "tensor" and c["Schedule"] == schedule
+             and chunk in (None, c["ChunkK"])]
+    if not found:
+        pytest.skip(f"no HeadSum=tensor candidate of {module.name} ({schedule}) for {problem.describe()}")
+    return found[0]
+
+
+@pytest.mark.parametrize("heads,next_n,kv_block_size,lens_2d,schedule", WGMMA_CASES)
+def test_wgmma_tensor_head_sum_within_bound(heads, next_n, kv_block_size, lens_2d, schedule):
+    """``wgmma`` with ``HeadSum=tensor`` (``wgmma.score_tile_tensor`` after its cp.async ring): the
+    bound against the same kernel's fp32 head sum, with ``clean_logits`` on the split schedule."""
+    module = variant_module("wgmma")
+    rng = random.Random(heads * 3 + next_n * 11 + kv_block_size)
+    lens = [rng.choice((0, 1, 63, 64, 65, 127, 129, rng.randint(1, 2500))) for _ in range(9)]
+    lens[1] = 2500
+    dtype = torch.bfloat16 if next_n == 6 else torch.float32
+    inp = make_inputs(9, next_n, heads, lens, kv_block_size=kv_block_size, device="cuda", seed=heads + next_n,
+                      max_model_len=2600, out_row_pad=1, table_row_pad=1, lens_2d=lens_2d, logits_dtype=dtype)
+    _adversarial(inp, torch.Generator().manual_seed(next_n))
+    args = launch_args(inp)
+    clean = schedule == "split"
+    config = _tensor_candidate(module, args.problem, schedule)
+    before, fp32 = _launch_both(module, args, inp, config, clean)
+    _check_bound(inp, inp["out_logits"], before, fp32, clean_logits=clean)
+
+
+#: (heads, next_n, kv_block_size, lens_2d, ChunkK): ``wgmma_fp4`` with ``HeadSum=tensor``
+FP4_CASES = ((64, 1, 64, True, 64), (64, 2, 64, False, 64), (32, 4, 32, True, 64), (32, 2, 1, False, 128),
+             (64, 1, 64, False, 128))
+
+
+@pytest.mark.parametrize("heads,next_n,kv_block_size,lens_2d,chunk", FP4_CASES)
+def test_wgmma_fp4_tensor_head_sum_within_bound(heads, next_n, kv_block_size, lens_2d, chunk):
+    """MXFP4 (``wgmma_fp4``) with ``HeadSum=tensor``: the widened query's power-of-two factors ride
+    on the weights the head sum splits; the same bound against the kernel's fp32 head sum, the
+    fp4 reference for calc_diff. Weights of both signs over 2^-12..2^12."""
+    from fp4_gpu_checks import fp4_inputs, launch_args as fp4_launch_args, sm90_variant
+
+    module = sm90_variant("wgmma_fp4")
+    rng = random.Random(heads + next_n * 13 + kv_block_size + chunk)
+    lens = [rng.choice((0, 1, 63, 64, 65, 129, rng.randint(1, 2500))) for _ in range(9)]
+    lens[0] = 2500
+    inp = fp4_inputs(next_n, kv_block_size, heads, lens, lens_2d, seed=next_n + chunk)
+    w = inp["weights"]
+    gen = torch.Generator().manual_seed(heads + chunk)
+    w.mul_(torch.exp2(torch.randint(-12, 13, w.shape, generator=gen).float()).to(w.device))
+    args = fp4_launch_args(inp)
+    for schedule in ("balanced", "split"):
+        config = _tensor_candidate(module, args.problem, schedule, chunk)
+        inp["out_logits"].fill_(float("nan"))
+        before, fp32 = _launch_both(module, args, inp, config, False)
+        _check_bound(inp, inp["out_logits"], before, fp32, clean_logits=False)

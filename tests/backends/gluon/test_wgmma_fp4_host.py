@@ -192,9 +192,28 @@ def test_default_and_candidates_fit_and_are_few(heads, next_n):
     default = V.default_config(p)
     assert V.check_config(default, p) is None and V.admits(p, default)
     candidates = V.candidates(p)
-    assert 1 <= len(candidates) <= 8
+    fp32 = [c for c in candidates if c["HeadSum"] == "fp32"]
+    assert 1 <= len(fp32) <= 8 and default["HeadSum"] == "fp32"
+    # each fp32 setting at most once more with the head sum on the tensor cores, where it fits
+    tensor = [dict(c, HeadSum="fp32") for c in candidates if c["HeadSum"] == "tensor"]
+    assert len(fp32) + len(tensor) == len(candidates) and all(c in fp32 for c in tensor)
     assert all(V.admits(p, c) and V.check_config(c, p) is None for c in candidates)
     assert V.check_config(dict(default, num_stages=3), p) is not None  # no ring: no such knob
+
+
+@pytest.mark.parametrize("heads,next_n,rows,chunk,admitted", [
+    (64, 1, 1, 64, True), (64, 1, 1, 128, True), (64, 2, 2, 64, True), (32, 4, 4, 64, True),
+    (64, 2, 2, 128, False),  # 128 accumulators, 64 packed, the prefetched words: past 255 registers
+    (64, 4, 4, 64, False),  # one 256-column group: the same
+])
+def test_tensor_head_sum_fits_the_prefetch_registers(heads, next_n, rows, chunk, admitted):
+    """``HeadSum=tensor`` is admitted where ``wgmma``'s tensor rule holds with the prefetched words'
+    registers beside it, and the kernel gets ``HEAD_SUM``."""
+    p = problem(heads=heads, next_n=next_n)
+    config = {"ChunkK": chunk, "RowsPerMMA": rows, "Schedule": "balanced", "HeadSum": "tensor"}
+    assert V.admits(p, config) is admitted
+    assert V.constexprs(p, config)["HEAD_SUM"] == 1
+    assert V.constexprs(p, dict(config, HeadSum="fp32"))["HEAD_SUM"] == 0
 
 
 def meta_fp4_launch_args(p: Problem, block_pad: int = 0):

@@ -154,3 +154,35 @@ def test_a_repeated_launch_resolves_no_knobs(monkeypatch):
     assert counter.calls == planned
     assert first == again and first["KV_ALIGN"] == 16 and offset["KV_ALIGN"] == 4
     WG.clear_plans()
+
+
+@pytest.mark.parametrize("heads,next_n,rows,chunk,admitted", [
+    (64, 2, 2, 64, True), (64, 2, 2, 128, True), (64, 4, 4, 64, True), (64, 4, 2, 64, True), (32, 8, 8, 64, True),
+    (64, 1, 1, 128, True),
+    (64, 4, 4, 128, False),  # a 256-column group of a 128-token tile: 256 accumulators
+    (64, 8, 4, 64, False),  # two 256-column groups in flight: 256 accumulators
+    (32, 8, 2, 64, False),  # four row groups: ptxas spills more than two
+])
+def test_tensor_head_sum_admission(heads, next_n, rows, chunk, admitted):
+    """``HeadSum=tensor``: every row group's accumulator in flight at once within the budget, at most
+    two groups; the kernel gets ``HEAD_SUM``; a table row may name it only where it fits."""
+    p = problem(heads=heads, next_n=next_n)
+    config = {"ChunkK": chunk, "RowsPerMMA": rows, "num_stages": 4 if chunk == 64 else 3, "HeadSum": "tensor"}
+    assert WG.admits(p, config) is admitted
+    assert WG.constexprs(p, config)["HEAD_SUM"] == 1
+    assert WG.constexprs(p, dict(config, HeadSum="fp32"))["HEAD_SUM"] == 0
+    tensor = [c for c in WG.candidates(p) if c["HeadSum"] == "tensor"]
+    assert all(WG.admits(p, c) for c in tensor)
+    assert bool(tensor) is any(wg.tensor_fits(p, c, r, s) for c in (64, 128) for r in wg.rows_options(p)
+                               for s in wg.stages_for(c))
+
+
+def test_tensor_head_sum_errors_name_the_knob():
+    """Unequal row groups (next_n 3 at RowsPerMMA 2: 2 + 1) and an unknown value are rejected with
+    the knob, the expected and the actual value."""
+    p = problem(heads=64, next_n=3)
+    error = WG.check_config({"ChunkK": 64, "RowsPerMMA": 2, "num_stages": 4, "HeadSum": "tensor"}, p)
+    assert error is not None and "HeadSum" in error and "multiple of RowsPerMMA" in error
+    error = WG.check_config({"ChunkK": 64, "RowsPerMMA": 1, "num_stages": 4, "HeadSum": "bf16"}, problem())
+    assert error is not None and "HeadSum" in error and "bf16" in error
+    assert WG.default_config(problem(heads=64, next_n=4))["HeadSum"] == "fp32"  # tensor only from a table row

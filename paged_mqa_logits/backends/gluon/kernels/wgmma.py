@@ -499,23 +499,93 @@ def score_tile(keys, q_smem, scale_slot, weight_regs, weight_smem, limit_smem, o
                           NEXT_N, HEADS, CHUNK, ROWS_PER_MMA, 0, 1)
 
 
+@gluon.jit
+def allocate_headsum_weights(placeholder, NEXT_N: gl.constexpr, HEADS: gl.constexpr, ROWS_PER_MMA: gl.constexpr,
+                             COPIES: gl.constexpr, ROW_SPLIT: gl.constexpr, HEAD_SUM: gl.constexpr):
+    """``HeadSum=tensor``: the head sum's split weights, one ``[n, rows * H]`` bf16 buffer per row
+    group of a part (every ``ROW_SPLIT``-th group), ``COPIES`` times (one per consumer warpgroup);
+    else ``placeholder``, never read (a warp-specialised partition's arguments cannot hold None)."""
+    if HEAD_SUM:
+        ROWS: gl.constexpr = headsum_rows(NEXT_N, ROWS_PER_MMA)
+        smem = gl.allocate_shared_memory(
+            gl.bfloat16, [COPIES * part_group_count(NEXT_N, ROWS_PER_MMA, ROW_SPLIT), headsum_columns(ROWS),
+                          ROWS * HEADS], headsum_smem_layout(ROWS * HEADS))
+    else:
+        smem = placeholder
+    return smem
+
+
+@gluon.jit
+def tensor_operands(weight_smem, headsum_smem, lens_ptr, b, seq_len, end, stride_lens_b, stride_lens_j,
+                    NEXT_N: gl.constexpr, HEADS: gl.constexpr, ROWS_PER_MMA: gl.constexpr, LENS_2D: gl.constexpr,
+                    CHUNK: gl.constexpr, GROUPS: gl.constexpr, ROLE: gl.constexpr):
+    """``HeadSum=tensor``: the split bf16 weights of each row group in ``GROUPS`` (those warpgroup
+    ``ROLE`` scores) into its buffer of ``headsum_smem`` (from the sequence's fp32 weights in
+    ``weight_smem``, already visible to the warpgroup), and the groups' row limits in registers;
+    visible to wgmma's async proxy on return. The wgmma, wgmma_fp4 and wgmma_ws kernels' one copy."""
+    limits = ()
+    for i in gl.static_range(len(GROUPS)):
+        # (no constexpr locals: a static loop may not rebind them)
+        write_headsum_weights(headsum_smem.index(ROLE * len(GROUPS) + i), weight_smem,
+                              group_first_row(NEXT_N, ROWS_PER_MMA, GROUPS[i]),
+                              group_rows(NEXT_N, ROWS_PER_MMA, GROUPS[i]), HEADS)
+        limits = limits + (headsum_row_limits(lens_ptr, b, seq_len, end, stride_lens_b, stride_lens_j, NEXT_N,
+                                              group_first_row(NEXT_N, ROWS_PER_MMA, GROUPS[i]),
+                                              group_rows(NEXT_N, ROWS_PER_MMA, GROUPS[i]), LENS_2D, CHUNK),)
+    fence_async_shared()  # the weights' generic-proxy stores, seen by wgmma's async proxy
+    thread_barrier()  # ... from every warp of the warpgroup
+    return limits
+
+
+@gluon.jit
+def score_tile_tensor(keys, q_smem, scale_slot, headsum_smem, limits, out_ptr, b, tile, stride_out,
+                      NEXT_N: gl.constexpr, HEADS: gl.constexpr, CHUNK: gl.constexpr, ROWS_PER_MMA: gl.constexpr,
+                      GROUPS: gl.constexpr, ROLE: gl.constexpr):
+    """``HeadSum=tensor``: the score wgmmas of the row groups ``GROUPS`` of one tile, all in flight
+    at once; each, once done, ReLU'd and packed to bf16 and fed to its head-sum wgmma (while the
+    later score wgmmas still run); then each group's ``scale * (hi + lo)`` stored. Waits count
+    wgmmas in issue order: retiring the ``i``-th score with ``i`` head sums issued after the
+    scores leaves ``len(GROUPS) - 1`` newer ones in flight, whichever they are. Every wgmma has
+    retired on return, so the caller may free the tile."""
+    L: gl.constexpr = len(GROUPS)
+    pending = ()
+    for i in gl.static_range(L):
+        pending = pending + (issue_group(keys, q_smem, GROUPS[i], NEXT_N, HEADS, CHUNK, ROWS_PER_MMA),)
+    ROWS0: gl.constexpr = group_rows(NEXT_N, ROWS_PER_MMA, GROUPS[0])
+    scale = scale_slot.load(gl.SliceLayout(1, wgmma_acc_layout(ROWS0 * HEADS)))
+    sums = ()
+    operands = ()
+    for i in gl.static_range(L):
+        scores = warpgroup_mma_wait(L - 1, deps=(pending[i],))
+        head_sum, operand = issue_tensor_head_sum(scores, headsum_smem.index(ROLE * L + i),
+                                                  group_rows(NEXT_N, ROWS_PER_MMA, GROUPS[i]))
+        sums = sums + (head_sum,)
+        operands = operands + (operand,)
+    for i in gl.static_range(L):
+        logits = finish_tensor_head_sum(sums[i], operands[i], scale, L - 1 - i)
+        store_logits(out_ptr, logits, b, tile, limits[i], stride_out, NEXT_N,
+                     group_first_row(NEXT_N, ROWS_PER_MMA, GROUPS[i]), logits.shape[1], CHUNK)
+
+
 # ----------------------------------------------------------------------------- the kernel
 @gluon.jit
 def _score_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, table_ptr,
-                   key_ring, scale_ring, q_smem, weight_smem, limit_smem,
+                   key_ring, scale_ring, q_smem, weight_smem, limit_smem, headsum_smem,
                    b, first, step, n_given,
                    stride_q_b, stride_q_j, stride_q_h, stride_block, stride_w, stride_out, stride_lens_b,
                    stride_lens_j, stride_table, max_model_len, max_blocks, num_blocks,
                    NEXT_N: gl.constexpr, NEXT_N_POW2: gl.constexpr, HEADS: gl.constexpr, KV_BLOCK_SIZE: gl.constexpr,
                    CHUNK: gl.constexpr, ROWS_PER_MMA: gl.constexpr, STAGES: gl.constexpr,
                    PRESHUFFLE: gl.constexpr, LENS_2D: gl.constexpr, KV_ALIGN: gl.constexpr, Q_ASYNC: gl.constexpr,
-                   BALANCED: gl.constexpr):
+                   BALANCED: gl.constexpr, HEAD_SUM: gl.constexpr):
     """Score tiles ``first, first + step, ...`` of sequence ``b`` against all its next_n rows:
     ``n_given`` tiles (balanced schedule), or as many as the sequence has from ``first`` on
     (``Schedule=split``, where the lengths are read here). The shared memory is the caller's,
-    reused from segment to segment; everything in flight has landed when this returns."""
+    reused from segment to segment; everything in flight has landed when this returns. With
+    ``HEAD_SUM``, the head sum on the tensor cores (:func:`score_tile_tensor`, every row group)."""
     vec_layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
     NUM_GROUPS: gl.constexpr = _num_groups(NEXT_N, ROWS_PER_MMA)
+    GROUPS: gl.constexpr = part_groups(NEXT_N, ROWS_PER_MMA, 0, 1)
 
     # 1. What does not depend on the lengths, so that it loads in parallel with them: Q (the
     #    first cp.async group), the weights, the block-table entries of the first tiles.
@@ -551,9 +621,14 @@ def _score_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, tab
             async_copy.commit_group()
         pages = key_scale_pages(table_row, first + (STAGES - 1) * step, table_tokens, num_blocks, CHUNK, KV_BLOCK_SIZE)
 
-        if NUM_GROUPS == 1:
+        if HEAD_SUM:
             thread_barrier()  # the weights stored above, seen by every thread
-        weight_regs = single_group_weights(weight_smem, NEXT_N, HEADS, ROWS_PER_MMA)
+            limits = tensor_operands(weight_smem, headsum_smem, lens_ptr, b, seq_len, end, stride_lens_b,
+                                     stride_lens_j, NEXT_N, HEADS, ROWS_PER_MMA, LENS_2D, CHUNK, GROUPS, 0)
+        else:
+            if NUM_GROUPS == 1:
+                thread_barrier()  # the weights stored above, seen by every thread
+            weight_regs = single_group_weights(weight_smem, NEXT_N, HEADS, ROWS_PER_MMA)
 
         # 4. Steady state: tile i lives in slot i % STAGES.
         for i in range(n):
@@ -571,8 +646,12 @@ def _score_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, tab
             pages = key_scale_pages(table_row, first + (ahead + 1) * step, table_tokens, num_blocks, CHUNK,
                                     KV_BLOCK_SIZE)
 
-            score_tile(key_ring.index(slot), q_smem, scale_ring.index(slot), weight_regs, weight_smem, limit_smem,
-                        out_ptr, b, tile, stride_out, NEXT_N, HEADS, CHUNK, ROWS_PER_MMA)
+            if HEAD_SUM:
+                score_tile_tensor(key_ring.index(slot), q_smem, scale_ring.index(slot), headsum_smem, limits, out_ptr,
+                                  b, tile, stride_out, NEXT_N, HEADS, CHUNK, ROWS_PER_MMA, GROUPS, 0)
+            else:
+                score_tile(key_ring.index(slot), q_smem, scale_ring.index(slot), weight_regs, weight_smem,
+                           limit_smem, out_ptr, b, tile, stride_out, NEXT_N, HEADS, CHUNK, ROWS_PER_MMA)
     async_copy.wait_group(0)  # no copy may outlive the segment (the tail groups are masked)
     thread_barrier()  # every thread is done with Q, the ring and the vectors before the next segment
 
@@ -595,7 +674,7 @@ def wgmma_logits_kernel(
     NEXT_N: gl.constexpr, NEXT_N_POW2: gl.constexpr, HEADS: gl.constexpr, KV_BLOCK_SIZE: gl.constexpr,
     CHUNK: gl.constexpr, ROWS_PER_MMA: gl.constexpr, STAGES: gl.constexpr,
     PRESHUFFLE: gl.constexpr, LENS_2D: gl.constexpr, KV_ALIGN: gl.constexpr, Q_ASYNC: gl.constexpr,
-    BALANCED: gl.constexpr,
+    BALANCED: gl.constexpr, HEAD_SUM: gl.constexpr = 0,
 ):
     """Balanced: program ``p`` of the persistent grid scores its equal share of the batch's
     tiles (``schedule.py``), segment by segment. Split: program ``(split, b)`` scores tiles
@@ -609,6 +688,7 @@ def wgmma_logits_kernel(
     q_smem = gl.allocate_shared_memory(gl.float8e4nv, [Q_ROWS, _D], tile_smem)
     weight_smem = gl.allocate_shared_memory(gl.float32, [Q_ROWS], vec_smem)
     limit_smem = gl.allocate_shared_memory(gl.int32, [NEXT_N_POW2], vec_smem)
+    headsum_smem = allocate_headsum_weights(weight_smem, NEXT_N, HEADS, ROWS_PER_MMA, 1, 1, HEAD_SUM)
 
     if BALANCED:
         item, stop, b, tile = device.balanced_share(
@@ -619,20 +699,21 @@ def wgmma_logits_kernel(
                                      max_blocks, NEXT_N, LENS_2D, KV_BLOCK_SIZE, CHUNK)
             if count > 0:  # zero-length sequences between long ones hold no items
                 _score_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, table_ptr,
-                               key_ring, scale_ring, q_smem, weight_smem, limit_smem, b, tile, 1, count,
+                               key_ring, scale_ring, q_smem, weight_smem, limit_smem, headsum_smem, b, tile, 1, count,
                                stride_q_b, stride_q_j, stride_q_h, stride_block, stride_w, stride_out,
                                stride_lens_b, stride_lens_j, stride_table, max_model_len, max_blocks, num_blocks,
                                NEXT_N, NEXT_N_POW2, HEADS, KV_BLOCK_SIZE, CHUNK, ROWS_PER_MMA, STAGES, PRESHUFFLE,
-                               LENS_2D, KV_ALIGN, Q_ASYNC, BALANCED)
+                               LENS_2D, KV_ALIGN, Q_ASYNC, BALANCED, HEAD_SUM)
                 item += count
             b += 1
             tile = tile * 0
     else:
         _score_segment(q_ptr, kv_ptr, scale_ptr, weights_ptr, out_ptr, lens_ptr, table_ptr,
-                       key_ring, scale_ring, q_smem, weight_smem, limit_smem, gl.program_id(1), gl.program_id(0),
+                       key_ring, scale_ring, q_smem, weight_smem, limit_smem, headsum_smem, gl.program_id(1),
+                       gl.program_id(0),
                        num_splits, 0,
                        stride_q_b, stride_q_j, stride_q_h, stride_block, stride_w, stride_out,
                        stride_lens_b, stride_lens_j, stride_table, max_model_len, max_blocks, num_blocks,
                        NEXT_N, NEXT_N_POW2, HEADS, KV_BLOCK_SIZE, CHUNK, ROWS_PER_MMA, STAGES, PRESHUFFLE,
-                       LENS_2D, KV_ALIGN, Q_ASYNC, BALANCED)
+                       LENS_2D, KV_ALIGN, Q_ASYNC, BALANCED, HEAD_SUM)
 

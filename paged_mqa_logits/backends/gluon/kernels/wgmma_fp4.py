@@ -36,8 +36,9 @@ from triton.experimental.gluon import language as gl
 from ....triton_internals.gluon_api import fence_async_shared, reinterpret_shared, thread_barrier
 from . import device
 from .device import DYNAMIC_PARAMS
-from .wgmma import (NUM_WARPS, gather, issue_end, load_weights, row_limits, score_tile,
-                           single_group_weights, tile_smem_layout, vec_smem_layout)
+from .wgmma import (NUM_WARPS, allocate_headsum_weights, gather, issue_end, load_weights, part_groups, row_limits,
+                    score_tile, score_tile_tensor, single_group_weights, tensor_operands, tile_smem_layout,
+                    vec_smem_layout)
 
 # The widening's constants (the host module's torch model, ``wgmma_fp4.widen_word``, reads them
 # from here). A group of a row is written as e4m3 bytes of ``value * 2^s`` with ``s = 6 - spread``,
@@ -216,18 +217,22 @@ def _widen_query(q_ptr, q_scale_ptr, q_wide, b, stride_q_b, stride_q_j, stride_q
 # ----------------------------------------------------------------------------- the kernel
 @gluon.jit
 def _score_segment(q_ptr, q_scale_ptr, words_ptr, weights_ptr, out_ptr, lens_ptr, table_ptr,
-                   key_wide, factor_smem, q_wide, weight_smem, limit_smem, b, first, step, n_given,
+                   key_wide, factor_smem, q_wide, weight_smem, limit_smem, headsum_smem, b, first, step, n_given,
                    stride_q_b, stride_q_j, stride_q_h, stride_qs_b, stride_qs_j, stride_block, stride_w, stride_out,
                    stride_lens_b, stride_lens_j, stride_table, max_model_len, max_blocks, num_blocks,
                    NEXT_N: gl.constexpr, NEXT_N_POW2: gl.constexpr, HEADS: gl.constexpr, KV_BLOCK_SIZE: gl.constexpr,
-                   CHUNK: gl.constexpr, ROWS_PER_MMA: gl.constexpr, LENS_2D: gl.constexpr, BALANCED: gl.constexpr):
+                   CHUNK: gl.constexpr, ROWS_PER_MMA: gl.constexpr, LENS_2D: gl.constexpr, BALANCED: gl.constexpr,
+                   HEAD_SUM: gl.constexpr):
     """Tiles ``first, first + step, ...`` of sequence ``b`` (``n_given`` of them when
     balanced, else all it has from ``first`` on), as ``wgmma._score_segment`` walks
-    them; the shared memory is the caller's, reused from segment to segment."""
+    them; the shared memory is the caller's, reused from segment to segment. With ``HEAD_SUM``
+    the head sum runs on the tensor cores (``wgmma.score_tile_tensor``), which frees the
+    warpgroup's issue slots for the widening."""
     vec_layout: gl.constexpr = gl.BlockedLayout([1], [32], [_WARPS], [0])
     key_tile = reinterpret_shared(key_wide, gl.float8e4nv, [CHUNK, _D], tile_smem_layout())
     q_tile = reinterpret_shared(q_wide, gl.float8e4nv, [NEXT_N_POW2 * HEADS, _D], tile_smem_layout())
     table_row = table_ptr + b.to(gl.int64) * stride_table
+    GROUPS: gl.constexpr = part_groups(NEXT_N, ROWS_PER_MMA, 0, 1)
 
     seq_len = device.sequence_length(lens_ptr, b, stride_lens_b, stride_lens_j, NEXT_N, LENS_2D)
     end = device.visible_end(seq_len, max_model_len, max_blocks, KV_BLOCK_SIZE)
@@ -245,7 +250,11 @@ def _score_segment(q_ptr, q_scale_ptr, words_ptr, weights_ptr, out_ptr, lens_ptr
         limit_smem.store(row_limits(lens_ptr, b, seq_len, end, stride_lens_b, stride_lens_j,
                                      gl.arange(0, NEXT_N_POW2, vec_layout), NEXT_N, LENS_2D))
         thread_barrier()  # the weights, seen by every thread
-        weight_regs = single_group_weights(weight_smem, NEXT_N, HEADS, ROWS_PER_MMA)
+        if HEAD_SUM:
+            limits = tensor_operands(weight_smem, headsum_smem, lens_ptr, b, seq_len, end, stride_lens_b,
+                                     stride_lens_j, NEXT_N, HEADS, ROWS_PER_MMA, LENS_2D, CHUNK, GROUPS, 0)
+        else:
+            weight_regs = single_group_weights(weight_smem, NEXT_N, HEADS, ROWS_PER_MMA)
         for i in range(n):
             tile = first + i * step
             # the next tile's loads go out before this one is widened and scored
@@ -257,8 +266,12 @@ def _score_segment(q_ptr, q_scale_ptr, words_ptr, weights_ptr, out_ptr, lens_ptr
             factor_smem.store(factor)
             fence_async_shared()  # the tile (and, the first time, Q) visible to wgmma's async proxy
             thread_barrier()  # ... from every thread
-            score_tile(key_tile, q_tile, factor_smem, weight_regs, weight_smem, limit_smem, out_ptr, b, tile,
-                        stride_out, NEXT_N, HEADS, CHUNK, ROWS_PER_MMA)
+            if HEAD_SUM:
+                score_tile_tensor(key_tile, q_tile, factor_smem, headsum_smem, limits, out_ptr, b, tile, stride_out,
+                                  NEXT_N, HEADS, CHUNK, ROWS_PER_MMA, GROUPS, 0)
+            else:
+                score_tile(key_tile, q_tile, factor_smem, weight_regs, weight_smem, limit_smem, out_ptr, b, tile,
+                           stride_out, NEXT_N, HEADS, CHUNK, ROWS_PER_MMA)
             words = next_words
             exponent_words = next_exponents
     thread_barrier()  # everyone is done with Q, the tile and the vectors before the next segment
@@ -274,6 +287,7 @@ def fp4_wgmma_logits_kernel(
     q_scale_ptr, stride_qs_b, stride_qs_j,
     NEXT_N: gl.constexpr, NEXT_N_POW2: gl.constexpr, HEADS: gl.constexpr, KV_BLOCK_SIZE: gl.constexpr,
     CHUNK: gl.constexpr, ROWS_PER_MMA: gl.constexpr, LENS_2D: gl.constexpr, BALANCED: gl.constexpr,
+    HEAD_SUM: gl.constexpr = 0,
 ):
     """The arguments of every Gluon kernel (``common.kernel_arguments``; ``kv_bytes_ptr`` is
     unused: the cache is read as 32-bit words through ``kv_words_ptr``), then the query
@@ -286,6 +300,7 @@ def fp4_wgmma_logits_kernel(
     q_wide = gl.allocate_shared_memory(gl.int32, [Q_ROWS, 2 * _WORDS], _wide_smem_layout())
     weight_smem = gl.allocate_shared_memory(gl.float32, [Q_ROWS], vec_smem)
     limit_smem = gl.allocate_shared_memory(gl.int32, [NEXT_N_POW2], vec_smem)
+    headsum_smem = allocate_headsum_weights(weight_smem, NEXT_N, HEADS, ROWS_PER_MMA, 1, 1, HEAD_SUM)
 
     if BALANCED:
         item, stop, b, tile = device.balanced_share(
@@ -296,18 +311,20 @@ def fp4_wgmma_logits_kernel(
                                      max_blocks, NEXT_N, LENS_2D, KV_BLOCK_SIZE, CHUNK)
             if count > 0:  # zero-length sequences between long ones hold no items
                 _score_segment(q_ptr, q_scale_ptr, kv_words_ptr, weights_ptr, out_ptr, lens_ptr, table_ptr,
-                               key_wide, factor_smem, q_wide, weight_smem, limit_smem, b, tile, 1, count,
+                               key_wide, factor_smem, q_wide, weight_smem, limit_smem, headsum_smem, b, tile, 1,
+                               count,
                                stride_q_b, stride_q_j, stride_q_h, stride_qs_b, stride_qs_j, stride_block, stride_w,
                                stride_out, stride_lens_b, stride_lens_j, stride_table, max_model_len, max_blocks,
                                num_blocks, NEXT_N, NEXT_N_POW2, HEADS, KV_BLOCK_SIZE, CHUNK, ROWS_PER_MMA, LENS_2D,
-                               BALANCED)
+                               BALANCED, HEAD_SUM)
                 item += count
             b += 1
             tile = tile * 0
     else:
         _score_segment(q_ptr, q_scale_ptr, kv_words_ptr, weights_ptr, out_ptr, lens_ptr, table_ptr,
-                       key_wide, factor_smem, q_wide, weight_smem, limit_smem, gl.program_id(1), gl.program_id(0),
+                       key_wide, factor_smem, q_wide, weight_smem, limit_smem, headsum_smem, gl.program_id(1),
+                       gl.program_id(0),
                        num_splits, 0,
                        stride_q_b, stride_q_j, stride_q_h, stride_qs_b, stride_qs_j, stride_block, stride_w,
                        stride_out, stride_lens_b, stride_lens_j, stride_table, max_model_len, max_blocks, num_blocks,
-                       NEXT_N, NEXT_N_POW2, HEADS, KV_BLOCK_SIZE, CHUNK, ROWS_PER_MMA, LENS_2D, BALANCED)
+                       NEXT_N, NEXT_N_POW2, HEADS, KV_BLOCK_SIZE, CHUNK, ROWS_PER_MMA, LENS_2D, BALANCED, HEAD_SUM)

@@ -641,14 +641,8 @@ def wgmma_pipes_logits_kernel(
     empty_bars = gl.allocate_shared_memory(gl.int64, [TEAMS * STAGES, 1], mbarrier.MBarrierLayout())
     q_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    if HEAD_SUM:  # per consumer and row group, the head sum's split weights
-        HEADSUM_ROWS: gl.constexpr = wg.headsum_rows(NEXT_N, ROWS_PER_MMA)
-        headsum_smem = gl.allocate_shared_memory(
-            gl.bfloat16, [CONSUMERS * wg.part_group_count(NEXT_N, ROWS_PER_MMA, ROW_SPLIT),
-                          wg.headsum_columns(HEADSUM_ROWS), HEADSUM_ROWS * HEADS],
-            wg.headsum_smem_layout(HEADSUM_ROWS * HEADS))
-    else:
-        headsum_smem = weight_ring  # unread: a partition's arguments cannot hold None
+    headsum_smem = wg.allocate_headsum_weights(weight_ring, NEXT_N, HEADS, ROWS_PER_MMA, CONSUMERS, ROW_SPLIT,
+                                               HEAD_SUM)
     for s in gl.static_range(TEAMS * STAGES):
         # the TMA byte count's arrive, or one noinc arrive per producer lane
         mbarrier.init(full_bars.index(s), count=1 if KEY_BOX > 0 else 32 * _PRODUCER_WARPS)

@@ -155,57 +155,6 @@ def _load_sequence_operands(q_ptr, weights_ptr, lens_ptr, q_smem, weight_smem, l
 
 
 @gluon.jit
-def _tensor_operands(weight_mine, headsum_smem, lens_ptr, b, seq_len, end, stride_lens_b, stride_lens_j,
-                     NEXT_N: gl.constexpr, HEADS: gl.constexpr, ROWS_PER_MMA: gl.constexpr, LENS_2D: gl.constexpr,
-                     CHUNK: gl.constexpr, GROUPS: gl.constexpr, ROLE: gl.constexpr):
-    """``HeadSum=tensor``: the split bf16 weights of each of consumer ``ROLE``'s row groups into
-    its buffers of ``headsum_smem`` (from the sequence's fp32 weights, already visible to the
-    warpgroup), and the groups' row limits in registers; visible to wgmma's async proxy on return."""
-    limits = ()
-    for i in gl.static_range(len(GROUPS)):
-        # (no constexpr locals: a static loop may not rebind them)
-        base.write_headsum_weights(headsum_smem.index(ROLE * len(GROUPS) + i), weight_mine,
-                                   base.group_first_row(NEXT_N, ROWS_PER_MMA, GROUPS[i]),
-                                   base.group_rows(NEXT_N, ROWS_PER_MMA, GROUPS[i]), HEADS)
-        limits = limits + (base.headsum_row_limits(lens_ptr, b, seq_len, end, stride_lens_b, stride_lens_j, NEXT_N,
-                                                   base.group_first_row(NEXT_N, ROWS_PER_MMA, GROUPS[i]),
-                                                   base.group_rows(NEXT_N, ROWS_PER_MMA, GROUPS[i]), LENS_2D,
-                                                   CHUNK),)
-    fence_async_shared()  # the weights' generic-proxy stores, seen by wgmma's async proxy
-    thread_barrier()  # ... from every warp of the warpgroup
-    return limits
-
-
-@gluon.jit
-def _score_tile_tensor(keys, q_smem, scale_slot, headsum_smem, limits, out_ptr, b, tile, stride_out,
-                       NEXT_N: gl.constexpr, HEADS: gl.constexpr, CHUNK: gl.constexpr, ROWS_PER_MMA: gl.constexpr,
-                       GROUPS: gl.constexpr, ROLE: gl.constexpr):
-    """``HeadSum=tensor``: the score wgmmas of the consumer's row groups of one tile, all in flight
-    at once; each, once done, ReLU'd and packed to bf16 and fed to its head-sum wgmma (while the
-    later score wgmmas still run); then each group's ``scale * (hi + lo)`` stored. Waits count
-    wgmmas in issue order: retiring the ``i``-th score with ``i`` head sums issued after the
-    scores leaves ``len(GROUPS) - 1`` newer ones in flight, whichever they are."""
-    L: gl.constexpr = len(GROUPS)
-    pending = ()
-    for i in gl.static_range(L):
-        pending = pending + (base.issue_group(keys, q_smem, GROUPS[i], NEXT_N, HEADS, CHUNK, ROWS_PER_MMA),)
-    ROWS0: gl.constexpr = base.group_rows(NEXT_N, ROWS_PER_MMA, GROUPS[0])
-    scale = scale_slot.load(gl.SliceLayout(1, base.wgmma_acc_layout(ROWS0 * HEADS)))
-    sums = ()
-    operands = ()
-    for i in gl.static_range(L):
-        scores = warpgroup_mma_wait(L - 1, deps=(pending[i],))
-        head_sum, operand = base.issue_tensor_head_sum(scores, headsum_smem.index(ROLE * L + i),
-                                                       base.group_rows(NEXT_N, ROWS_PER_MMA, GROUPS[i]))
-        sums = sums + (head_sum,)
-        operands = operands + (operand,)
-    for i in gl.static_range(L):
-        logits = base.finish_tensor_head_sum(sums[i], operands[i], scale, L - 1 - i)
-        base.store_logits(out_ptr, logits, b, tile, limits[i], stride_out, NEXT_N,
-                          base.group_first_row(NEXT_N, ROWS_PER_MMA, GROUPS[i]), logits.shape[1], CHUNK)
-
-
-@gluon.jit
 def _consumer(q_ptr, weights_ptr, out_ptr, lens_ptr, key_ring, scale_ring, q_smem, weight_smem, limit_smem,
               full_bars, empty_bars, item, stop, b, tile,
               stride_q_b, stride_q_j, stride_q_h, stride_w, stride_out, stride_lens_b, stride_lens_j,
@@ -237,9 +186,9 @@ def _consumer(q_ptr, weights_ptr, out_ptr, lens_ptr, key_ring, scale_ring, q_sme
                                     stride_q_b, stride_q_j, stride_q_h, stride_w, stride_lens_b, stride_lens_j,
                                     NEXT_N, NEXT_N_POW2, HEADS, LENS_2D, Q_ASYNC)
             if HEAD_SUM:
-                limits = _tensor_operands(weight_mine, headsum_smem, lens_ptr, b, seq_len, end, stride_lens_b,
-                                          stride_lens_j, NEXT_N, HEADS, ROWS_PER_MMA, LENS_2D, CHUNK, GROUPS,
-                                          ROLE)
+                limits = base.tensor_operands(weight_mine, headsum_smem, lens_ptr, b, seq_len, end, stride_lens_b,
+                                              stride_lens_j, NEXT_N, HEADS, ROWS_PER_MMA, LENS_2D, CHUNK, GROUPS,
+                                              ROLE)
             else:
                 weight_regs = base.single_group_weights(weight_mine, NEXT_N, HEADS, ROWS_PER_MMA)
             for i in range(first, count, TEAMS):
@@ -247,9 +196,9 @@ def _consumer(q_ptr, weights_ptr, out_ptr, lens_ptr, key_ring, scale_ring, q_sme
                 mbarrier.wait(full_bars.index(slot), ((k + i) // STAGES) & 1)
                 fence_async_shared()  # the producer's cp.async bytes, seen by wgmma's async proxy
                 if HEAD_SUM:
-                    _score_tile_tensor(key_ring.index(slot), q_mine, scale_ring.index(slot), headsum_smem, limits,
-                                       out_ptr, b, tile + i, stride_out, NEXT_N, HEADS, CHUNK, ROWS_PER_MMA, GROUPS,
-                                       ROLE)
+                    base.score_tile_tensor(key_ring.index(slot), q_mine, scale_ring.index(slot), headsum_smem,
+                                           limits, out_ptr, b, tile + i, stride_out, NEXT_N, HEADS, CHUNK,
+                                           ROWS_PER_MMA, GROUPS, ROLE)
                 elif ROW_SPLIT == 1:
                     base.score_tile(key_ring.index(slot), q_mine, scale_ring.index(slot), weight_regs, weight_mine,
                                      limit_mine, out_ptr, b, tile + i, stride_out, NEXT_N, HEADS, CHUNK, ROWS_PER_MMA)
@@ -292,14 +241,8 @@ def wgmma_ws_logits_kernel(
     limit_smem = gl.allocate_shared_memory(gl.int32, [CONSUMERS, NEXT_N_POW2], vec_smem)
     full_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    if HEAD_SUM:  # per consumer and row group of its part, the head sum's split weights
-        HEADSUM_ROWS: gl.constexpr = base.headsum_rows(NEXT_N, ROWS_PER_MMA)
-        headsum_smem = gl.allocate_shared_memory(
-            gl.bfloat16, [CONSUMERS * base.part_group_count(NEXT_N, ROWS_PER_MMA, ROW_SPLIT),
-                          base.headsum_columns(HEADSUM_ROWS), HEADSUM_ROWS * HEADS],
-            base.headsum_smem_layout(HEADSUM_ROWS * HEADS))
-    else:
-        headsum_smem = weight_smem  # unread: a partition's arguments cannot hold None
+    headsum_smem = base.allocate_headsum_weights(weight_smem, NEXT_N, HEADS, ROWS_PER_MMA, CONSUMERS, ROW_SPLIT,
+                                                 HEAD_SUM)
     for s in gl.static_range(STAGES):
         # one noinc arrive per producer thread, and the TMA byte count's arrive
         mbarrier.init(full_bars.index(s), count=_PRODUCER_THREADS + (KEY_BOX > 0))
