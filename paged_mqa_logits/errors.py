@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import re
+
 
 class PagedMQAArgumentError(ValueError):
     """A call argument violates the contract; raised before ``out_logits`` is touched."""
@@ -27,3 +29,13 @@ def env_flag(name: str, value: str | None) -> bool:
     if text in ("1", "true", "on", "yes"):
         return True
     raise PagedMQAEnvironmentError(f"paged_mqa_logits: environment variable {name}: expected 0 or 1, got {value!r}")
+
+
+def renamed(error: PagedMQAArgumentError, names: dict[str, str], entry: str | None = None) -> PagedMQAArgumentError:
+    """``error`` as a wrapper's caller reads it: every argument name the message puts in backquotes
+    that ``names`` maps is spelled the wrapper's way, in one pass (a new name is never renamed
+    again), and the leading ``paged_mqa_logits:`` becomes ``entry`` when given."""
+    message = re.sub(r"`(\w+)`", lambda m: f"`{names.get(m.group(1), m.group(1))}`", str(error))
+    if entry is not None:
+        message = message.replace("paged_mqa_logits:", f"{entry}:", 1)
+    return type(error)(message)

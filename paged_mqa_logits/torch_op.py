@@ -84,8 +84,9 @@ _LIB = torch.library.Library(NAMESPACE, "DEF")
 op = define(_LIB, OP, _implementation)
 
 
-def _must_use_op(out_logits) -> bool:
-    """True when a direct call would be invisible to whatever is watching torch calls."""
+def must_use_op(out_logits) -> bool:
+    """True when a direct call would be invisible to whatever is watching torch calls (the
+    indexer step's entry point asks it too, of the logits buffer it writes)."""
     return (
         EAGER_VIA_OP
         or type(out_logits) is not torch.Tensor  # FakeTensor, FunctionalTensor, other subclasses
@@ -100,7 +101,7 @@ def call(values: dict, args: LaunchArgs | None = None) -> torch.Tensor:
     ``out_logits``. ``args``: the call validated already, by a wrapper that needed its problem."""
     out_logits = values["out_logits"]
     compiling = torch.compiler.is_compiling()
-    if not compiling and not _must_use_op(out_logits):
+    if not compiling and not must_use_op(out_logits):
         return _op.run(values, args)
     # checked before crossing the schema, where -1 means "no hint" and anything but a str config
     # or a bool clean_logits would fail with the dispatcher's error instead of the op's
@@ -149,4 +150,4 @@ def paged_mqa_logits(
 
 paged_mqa_logits.__doc__ += "\n\n" + (_op.paged_mqa_logits_eager.__doc__ or "")
 
-__all__ = ["paged_mqa_logits", "op", "SCHEMA", "EAGER_VIA_OP", "NO_HINT", "call", "define"]
+__all__ = ["paged_mqa_logits", "op", "SCHEMA", "EAGER_VIA_OP", "NO_HINT", "call", "define", "must_use_op"]

@@ -220,7 +220,7 @@ def build_launch_args(
         # Without reading the lengths (a sync) any row may walk a block, and there is none to
         # clamp to; on CPU the id check below decides from the actual lengths.
         fail("kv_cache", "at least one block (num_blocks >= 1)", "num_blocks 0")
-    _check_no_overlap(out, rows, max_model_len, inputs)
+    check_no_overlap(out, rows, max_model_len, inputs)
     if device.type == "cpu" or CHECK_DEVICE_IDS:
         check_block_ids(lens, table, next_n, kv_block_size, max_model_len, kv.shape[0])
 
@@ -335,9 +335,10 @@ def byte_span(t: torch.Tensor) -> tuple[int, int] | None:
     return start, start + extent * t.element_size()
 
 
-def _check_no_overlap(out: torch.Tensor, rows: int, width: int, inputs) -> None:
+def check_no_overlap(out: torch.Tensor, rows: int, width: int, inputs) -> None:
     """The written region ``out[:rows, :width]`` (last dim contiguous, validated) must not
-    overlap itself nor any byte of an input, as PyTorch's own ``out=`` rules require."""
+    overlap itself nor any byte of an input (``inputs``: ``(name, tensor)`` pairs), as PyTorch's
+    own ``out=`` rules require; the error names ``out_logits`` and the input."""
     if rows == 0 or width == 0:
         return
     row_stride = out.stride(0)

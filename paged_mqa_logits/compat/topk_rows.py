@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import PagedMQAArgumentError
+from ..errors import PagedMQAArgumentError, renamed
 from ..top_k import topk
 
 
@@ -40,7 +40,4 @@ def per_row_decode(entry: str, names: dict, logits, next_n, seq_lens, indices, n
     try:
         return topk(rows, seq_lens, k, next_n=next_n, out=indices[:num_rows], backend=backend)
     except PagedMQAArgumentError as error:
-        message = str(error)
-        for ours, theirs in names.items():
-            message = message.replace(f"argument `{ours}`", f"argument `{theirs}`")
-        raise PagedMQAArgumentError(message.replace("paged_mqa_logits:", f"{entry}:", 1)) from None
+        raise renamed(error, names, entry) from None

@@ -12,7 +12,7 @@ import torch
 from ..torch_op import NAMESPACE
 from ..validate import fail
 from .backends import BACKENDS, choose, launcher
-from .validate import check_call
+from .validate import TopkCall, check_call
 
 SCHEMA = ("topk(Tensor logits, Tensor lengths, int next_n, int k, Tensor(a!) out, Tensor? block_table=None, "
           "int block_size=1, str? backend=None) -> ()")
@@ -22,13 +22,23 @@ SCHEMA = ("topk(Tensor logits, Tensor lengths, int next_n, int k, Tensor(a!) out
 NO_NEXT_N = -1
 
 
-def run(logits, lengths, next_n, k, out, block_table=None, block_size=1, backend=None) -> torch.Tensor:
-    """Validate and launch one call (the op's implementation, every device); returns ``out``."""
+def check_backend(backend) -> None:
+    """``backend`` is ``None`` or one of :data:`BACKENDS` (an error naming ``backend`` otherwise)."""
     if backend is not None and backend not in BACKENDS:
         fail("backend", "None or one of " + ", ".join(map(repr, BACKENDS)), repr(backend))
-    call = check_call(logits, lengths, next_n, k, out, block_table, block_size)
+
+
+def launch(call: TopkCall, backend: str | None = None) -> None:
+    """Select a validated call's rows into ``call.out`` with ``backend`` (checked by
+    :func:`check_backend`; ``None``: the tuned tables' pick); reads no device value."""
     choice = choose(call, backend)
     launcher(choice.backend)(call, choice.config)
+
+
+def run(logits, lengths, next_n, k, out, block_table=None, block_size=1, backend=None) -> torch.Tensor:
+    """Validate and launch one call (the op's implementation, every device); returns ``out``."""
+    check_backend(backend)
+    launch(check_call(logits, lengths, next_n, k, out, block_table, block_size), backend)
     return out
 
 

@@ -42,7 +42,8 @@ def _same_device(name: str, t: torch.Tensor, device: torch.device) -> None:
         fail(name, f"a tensor on {device} (the device of `logits`)", f"a tensor on {t.device}")
 
 
-def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the byte extents of ``a`` and ``b`` (from their first to their last element) meet."""
     if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
         return False
     span_a, span_b = byte_span(a), byte_span(b)
@@ -91,6 +92,6 @@ def check_call(logits, lengths, next_n, k, out, block_table=None, block_size=1) 
     elif block_size != 1:
         fail("block_size", "1 without a `block_table`", block_size)
     for name, t in inputs:
-        if _overlaps(out, t):
+        if overlaps(out, t):
             fail("out", f"memory that no input shares (it overlaps `{name}`)", "an aliasing tensor")
     return TopkCall(logits, lengths, next_n, k, out, block_table, block_size)
