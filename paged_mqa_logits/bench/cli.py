@@ -11,12 +11,12 @@ from tqdm import tqdm
 from .. import backends
 from ..cli import ArgumentParser
 from ..problem import HEAD_DIM, KV_FORMATS, LOGITS_DTYPES, Problem, Target
-from ..validate import PagedMQAArgumentError, check_problem
 from .deepgemm import deepgemm_available
 from .environment import environment
 from .measure import DeviceLost, Impl, Measurement, Schedule, measure, parse_knobs
 from .report import load_anchor, print_table, summary, write_csv
-from .shapes import CPU_GRID as CPU_GRID_VALUES, DEFAULT_GRID, Shape, int_list, grid_shapes, shapes_from_csv
+from .shapes import (CPU_GRID as CPU_GRID_VALUES, DEFAULT_GRID, Shape, int_list, grid_shapes, shape_error,
+                     shapes_from_csv)
 from .topk import main as topk_main
 from .workload import SKIPPED_FOR_MEMORY, ShapeDoesNotFit, build_workload
 
@@ -48,9 +48,6 @@ def _impls(a, shape: Shape, problem: Problem, target: Target) -> list[Impl]:
 #: the grids' defaults as option text, on a GPU and on a CPU
 GPU_GRID = {name: ",".join(map(str, values)) for name, values in DEFAULT_GRID.items()}
 CPU_GRID = {name: ",".join(map(str, values)) for name, values in CPU_GRID_VALUES.items()}
-#: shape field -> the option that sets it (argument errors name what the user typed)
-OPTION_NAMES = {"batch": "--batch", "next_n": "--next-n", "heads": "--heads", "head_dim": "--head-dim",
-                "kv_block_size": "--kv-block-size", "context": "--context"}
 
 
 def describe_grid(a, defaults: list[str], device) -> str:
@@ -135,8 +132,9 @@ def parser() -> ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    if "--topk" in (sys.argv[1:] if argv is None else argv):  # the top-k bench has its own options
-        return topk_main([x for x in (sys.argv[1:] if argv is None else argv) if x != "--topk"])
+    args = sys.argv[1:] if argv is None else argv
+    if "--topk" in args:  # the top-k bench has its own options
+        return topk_main([x for x in args if x != "--topk"])
     p = parser()
     a = p.parse_args(argv)
     device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -205,13 +203,9 @@ def resolve_shapes(p: ArgumentParser, a, device) -> tuple[list[Shape], list[str]
                              lens_2d=not a.lens_1d, ragged=ragged, head_dim=a.head_dim,
                              kv_format=a.kv_format or "fp8", logits_dtype=a.logits_dtype or "fp32")
     for shape in shapes:  # the op's own rules, before anything is built: an error names the option
-        key = shape.shape_key
-        try:
-            check_problem(arch=None, cu_num=None, batch=key.batch, next_n=key.next_n, heads=key.heads,
-                          head_dim=key.head_dim, kv_block_size=key.kv_block_size, preshuffle=key.preshuffle,
-                          context=shape.context, names=OPTION_NAMES)
-        except PagedMQAArgumentError as exc:
-            p.error(str(exc))
+        error = shape_error(shape)
+        if error:
+            p.error(error)
     if a.config and (not a.backend or "," in a.backend):
         p.error("--config needs exactly one --backend")
     if a.clean_logits and a.deepgemm:

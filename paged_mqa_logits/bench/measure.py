@@ -254,6 +254,14 @@ def time_calls(calls: list[Callable], device: torch.device, schedule: Schedule =
     return Timing(us, passes * len(calls), method, spread)
 
 
+def capture_status(timing: Timing) -> str | None:
+    """The failure a timing records, else ``None``: calls that could not be captured in a CUDA
+    graph (every op of the package must be capturable) were timed eagerly."""
+    if timing.method.startswith("eager (capture failed"):
+        return "FAIL: not capturable in a CUDA graph (the op must be; timed eagerly instead)"
+    return None
+
+
 # ----------------------------------------------------------------------------- one measurement
 @dataclass
 class Measurement:
@@ -289,7 +297,9 @@ class Measurement:
         return d
 
 
-def _accuracy_status(calc_diff: float, mask_ok: bool | None, threshold: float) -> str:
+def accuracy_status(calc_diff: float, mask_ok: bool | None, threshold: float) -> str:
+    """``"ok"``, or ``"FAIL: ..."`` naming what a logits check found (written positions a row does
+    not see, ``calc_diff`` not below ``threshold``)."""
     problems = []
     if mask_ok is False:
         problems.append("positions outside the visible range were written")
@@ -328,13 +338,12 @@ def measure(impl: Impl, workload: Workload, schedule: Schedule | None = Schedule
                 backends.get(impl.backend).default_config(workload.args[0].problem)
         calls = runners(impl, workload, clean_logits)
         m.calc_diff, m.mask_ok = check(impl, workload, calls[0], clean_logits)
-        m.status = _accuracy_status(m.calc_diff, m.mask_ok, threshold)
+        m.status = accuracy_status(m.calc_diff, m.mask_ok, threshold)
         if m.ok and schedule is not None:
             timing = time_calls(calls, workload.device, schedule)
             acc, shape = workload.accounting, workload.shape
             m.us, m.calls, m.timing, m.spread = timing.us, timing.calls, timing.method, timing.spread
-            if timing.method.startswith("eager (capture failed"):
-                m.status = "FAIL: not capturable in a CUDA graph (the op must be; timed eagerly instead)"
+            m.status = capture_status(timing) or m.status
             m.gbps = acc.bytes / timing.us / 1e3
             m.tflops = acc.flops(shape.shape_key.heads, shape.shape_key.head_dim) / timing.us / 1e6
             if copy_gbps:

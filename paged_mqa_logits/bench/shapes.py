@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from ..problem import HEAD_DIM, ShapeKey
+from ..validate import PagedMQAArgumentError, check_problem
 
 #: the cache block size of a shape that names none (grids, shape files, :meth:`Shape.of`)
 DEFAULT_KV_BLOCK_SIZE = 64
@@ -71,6 +72,24 @@ class Shape:
                 f"kv_block_size={key.kv_block_size} preshuffle={int(key.preshuffle)}"
                 + ("" if self.lens_2d else " lens=1d") + (f" ragged={self.ragged}" if self.ragged else "")
                 + key.format_note())
+
+
+#: shape field -> the bench option that sets it (argument errors name what the user typed)
+OPTION_NAMES = {"batch": "--batch", "next_n": "--next-n", "heads": "--heads", "head_dim": "--head-dim",
+                "kv_block_size": "--kv-block-size", "context": "--context"}
+
+
+def shape_error(shape: Shape) -> str | None:
+    """The op's own rules on a shape's numbers, before anything is built: the error naming the
+    bench option (:data:`OPTION_NAMES`) that set a wrong one, else ``None``."""
+    key = shape.shape_key
+    try:
+        check_problem(arch=None, cu_num=None, batch=key.batch, next_n=key.next_n, heads=key.heads,
+                      head_dim=key.head_dim, kv_block_size=key.kv_block_size, preshuffle=key.preshuffle,
+                      context=shape.context, names=OPTION_NAMES)
+    except PagedMQAArgumentError as exc:
+        return str(exc)
+    return None
 
 
 def grid_shapes(heads, next_n, batch, context, kv_block_size=(DEFAULT_KV_BLOCK_SIZE,), preshuffle=(False,), *,

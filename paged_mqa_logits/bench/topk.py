@@ -166,14 +166,37 @@ def measure_shape(shape: RowShape, names: list[str], vllm, device: torch.device,
     return results
 
 
-def write_csv(path: str, header: list[str], rows: list[dict]) -> None:
+def write_csv(path: str, header: list[str], rows: list[dict], columns: list[str] = COLUMNS) -> None:
+    """``rows`` (dicts; missing cells empty) under the ``#`` lines of ``header``, written all or
+    nothing (the bench's CSV files: this one's and ``bench --indexer``'s)."""
     with atomic_write(path, newline="") as f:
         for line in header:
             f.write(line + "\n")
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
         for r in rows:
-            writer.writerow({c: fmt(r.get(c)) for c in COLUMNS})
+            writer.writerow({c: fmt(r.get(c)) for c in columns})
+
+
+def int_options(p: ArgumentParser, a, names: tuple[str, ...], defaults: dict) -> dict[str, list[int]]:
+    """Each option of ``names`` (attribute names of ``a``) as a list of positive ints, ``defaults``
+    where unset; a usage error naming the option otherwise."""
+    values = {}
+    for name in names:
+        text = getattr(a, name) or defaults[name]
+        try:
+            values[name] = int_list(text)
+        except ValueError:
+            values[name] = []
+        if not values[name] or min(values[name]) < 1:
+            p.error(f"argument --{name.replace('_', '-')}: expected comma-separated positive integers, got {text!r}")
+    return values
+
+
+def header_lines(env, command: str, method: str) -> list[str]:
+    """The environment's CSV header (device, versions, copy bandwidth, the command) with the
+    ``# method:`` line of the bench that writes it."""
+    return [line for line in env.header_lines(command) if not line.startswith("# method:")] + [f"# method: {method}"]
 
 
 def parser() -> ArgumentParser:
@@ -202,15 +225,7 @@ def main(argv: list[str]) -> int:
     a = p.parse_args(argv)
     device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     defaults = CPU_DEFAULTS if device.type == "cpu" else GPU_DEFAULTS
-    values = {}
-    for name in ("batch", "next_n", "context", "k"):
-        text = getattr(a, name) or defaults[name]
-        try:
-            values[name] = int_list(text)
-        except ValueError:
-            values[name] = []
-        if not values[name] or min(values[name]) < 1:
-            p.error(f"argument --{name.replace('_', '-')}: expected comma-separated positive integers, got {text!r}")
+    values = int_options(p, a, ("batch", "next_n", "context", "k"), defaults)
     modes = a.lengths.split(",")
     if any(m not in LENGTHS for m in modes):
         p.error(f"argument --lengths: expected a comma-separated subset of {', '.join(LENGTHS)}, got {a.lengths!r}")
@@ -228,9 +243,9 @@ def main(argv: list[str]) -> int:
               for b in values["batch"] for m in modes]
     env = environment(device)
     command = "python -m paged_mqa_logits bench --topk " + " ".join(argv)
-    header = [line for line in env.header_lines(command) if not line.startswith("# method:")]
-    header.append("# method: docs/TOPK.md -- rotating copies of the rows past L2, median of CUDA-graph replays / "
-                  "calls; bytes = visible logits (4 each) + selection written (4 a slot)")
+    header = header_lines(env, command, "docs/TOPK.md -- rotating copies of the rows past L2, median of "
+                                        "CUDA-graph replays / calls; bytes = visible logits (4 each) + selection "
+                                        "written (4 a slot)")
     for line in header:
         print(line)
     schedule = Schedule(replays=a.replays or (10 if device.type == "cuda" else 2))
