@@ -8,6 +8,7 @@ Public surface:
 * :func:`reload_tuned_table` — re-read the tuned tables after changing files or env vars.
 * :func:`explain` — which backend, knobs and rule a problem would get.
 * :func:`topk` — the exact top-k over logits rows that follows the op (docs/TOPK.md).
+* :func:`indexer_topk` — the indexer step in one call: the logits, then their top-k (docs/TOPK.md).
 * :mod:`paged_mqa_logits.reference` — the reference and input-building helpers.
 * :mod:`paged_mqa_logits.compat` — DeepGEMM's and AITER's entry points on top of the op.
 
@@ -24,8 +25,10 @@ from .torch_op import paged_mqa_logits
 from .aot.warmup import warmup
 from .explain import explain
 from .top_k import topk
+from .indexer import indexer_topk
 
-__all__ = ["paged_mqa_logits", "topk", "warmup", "reload_tuned_table", "explain", "PagedMQAArgumentError"]
+__all__ = ["paged_mqa_logits", "topk", "indexer_topk", "warmup", "reload_tuned_table", "explain",
+           "PagedMQAArgumentError"]
 __version__ = "0.1.0"
 
 warn_if_untested()  # once per process, for a Triton outside the tested range (none: no warning)
