@@ -17,6 +17,7 @@ from .measure import DeviceLost, Impl, Measurement, Schedule, measure, parse_kno
 from .report import load_anchor, print_table, summary, write_csv
 from .shapes import (CPU_GRID as CPU_GRID_VALUES, DEFAULT_GRID, Shape, int_list, grid_shapes, shape_error,
                      shapes_from_csv)
+from .indexer import main as indexer_main
 from .topk import main as topk_main
 from .workload import SKIPPED_FOR_MEMORY, ShapeDoesNotFit, build_workload
 
@@ -74,7 +75,8 @@ def parser() -> ArgumentParser:
         description="Time backends, knob sets, the production dispatch and (if importable) DeepGEMM in the "
                     "same run with the method of docs/BENCHMARK.md; writes a CSV. A shape whose inputs do not fit "
                     "the free memory (capped by PAGED_MQA_LOGITS_MEMORY_LIMIT bytes) is skipped, not failed. "
-                    "With --topk: the top-k bench instead (its own options, --topk --help).",
+                    "With --topk: the top-k bench instead (its own options, --topk --help); with --indexer: the "
+                    "indexer step's (--indexer --help).",
         epilog="exit status: 0 every shape that ran passed its check; 1 a shape failed its check or raised; "
                "2 a usage error.")
     g = p.add_argument_group("shapes (a grid, or --shapes FILE); on a CPU the grid's defaults are a small grid")
@@ -135,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if "--topk" in args:  # the top-k bench has its own options
         return topk_main([x for x in args if x != "--topk"])
+    if "--indexer" in args:  # so has the indexer step's
+        return indexer_main([x for x in args if x != "--indexer"])
     p = parser()
     a = p.parse_args(argv)
     device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
