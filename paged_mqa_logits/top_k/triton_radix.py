@@ -169,11 +169,25 @@ def _resolve(row_ptr, stride_col, n, kk, low, in_bin, above_bin, capacity, out_r
 
 
 @triton.jit
-def _write_all(out_row, n, table_row, block_size, HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr):
+def write_all(out_row, n, table_row, block_size, HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr):
     """Every visible position, in column order (a row with at most ``k`` of them)."""
     for start in range(0, n, BLOCK):
         columns = start + tl.arange(0, BLOCK)
         emit(out_row, columns, columns, columns < n, table_row, block_size, HAS_TABLE)
+
+
+@triton.jit
+def select_row(row_ptr, stride_col, n, kk, capacity, out_row, listed_ptr, table_row, block_size,
+               HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr):
+    """The whole one-program path for a row with ``n > k`` (slots ``[0, kk)``): histograms, split,
+    resolve; ``listed_ptr`` is the row's scratch of ``capacity`` entries. ``triton_sample`` falls
+    back to it."""
+    low, high, in_bin, above_bin = _threshold_range(row_ptr, stride_col, n, kk, capacity, BLOCK)
+    _split(row_ptr, stride_col, 0, n, low, high, n * 0, n * 0, in_bin <= capacity, out_row, listed_ptr, table_row,
+           block_size, HAS_TABLE, BLOCK)
+    tl.debug_barrier()  # the list is read back by other threads of the program
+    _resolve(row_ptr, stride_col, n, kk, low, in_bin, above_bin, capacity, out_row, listed_ptr, table_row,
+             block_size, HAS_TABLE, BLOCK)
 
 
 @triton.jit
@@ -187,14 +201,9 @@ def _topk_radix_kernel(logits_ptr, lens_ptr, out_ptr, table_ptr, scratch_ptr, st
     listed_ptr = scratch_ptr + row.to(tl.int64) * capacity
     fill_tail(out_row, kk, k, BLOCK)  # first: fewer values live across the passes, none spilled on sm_90
     if n <= k:
-        _write_all(out_row, n, table_row, block_size, HAS_TABLE, BLOCK)
+        write_all(out_row, n, table_row, block_size, HAS_TABLE, BLOCK)
     else:
-        low, high, in_bin, above_bin = _threshold_range(row_ptr, stride_col, n, kk, capacity, BLOCK)
-        _split(row_ptr, stride_col, 0, n, low, high, n * 0, n * 0, in_bin <= capacity, out_row, listed_ptr,
-               table_row, block_size, HAS_TABLE, BLOCK)
-        tl.debug_barrier()  # the list is read back by other threads of the program
-        _resolve(row_ptr, stride_col, n, kk, low, in_bin, above_bin, capacity, out_row, listed_ptr, table_row,
-                 block_size, HAS_TABLE, BLOCK)
+        select_row(row_ptr, stride_col, n, kk, capacity, out_row, listed_ptr, table_row, block_size, HAS_TABLE, BLOCK)
 
 
 # ----------------------------------------------------------------------------- split rows
@@ -285,7 +294,7 @@ def _chunk_resolve_kernel(logits_ptr, lens_ptr, out_ptr, table_ptr, total_ptr, s
     row_ptr, out_row, table_row = row_addresses(logits_ptr, out_ptr, table_ptr, row, b, stride_row, stride_out,
                                                 stride_table)
     if n <= k:
-        _write_all(out_row, n, table_row, block_size, HAS_TABLE, BLOCK)
+        write_all(out_row, n, table_row, block_size, HAS_TABLE, BLOCK)
     else:
         _, _, low, _, in_bin, above_bin = _row_threshold_range(total_ptr, row, n, kk, capacity)
         _resolve(row_ptr, stride_col, n, kk, low, in_bin, above_bin, capacity, out_row,
