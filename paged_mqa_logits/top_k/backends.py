@@ -27,7 +27,8 @@ from .knobs import SPACES, default_config
 from .validate import TopkCall
 
 #: backend name -> the module whose ``launch(call, knobs)`` writes ``call.out`` and nothing else
-_MODULES = {"torch": "torch_ref", "triton": "triton_portable", "triton_radix": "triton_radix"}
+_MODULES = {"torch": "torch_ref", "triton": "triton_portable", "triton_radix": "triton_radix",
+            "triton_sample": "triton_sample"}
 BACKENDS = tuple(_MODULES)
 assert BACKENDS == tuple(SPACES), "knobs.SPACES names every backend, in order"
 

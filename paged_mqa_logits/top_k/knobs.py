@@ -1,14 +1,17 @@
 """The knobs of each top-k backend: their allowed values, defaults and tuning candidates.
 
-The one home of the kernels' launch parameters (``triton_portable.py`` and ``triton_radix.py``
-read their defaults from here); importing it imports no Triton, so tables and ``explain`` work
-without it.
+The one home of the kernels' launch parameters (``triton_portable.py``, ``triton_radix.py`` and
+``triton_sample.py`` read their defaults from here); importing it imports no Triton, so tables and
+``explain`` work without it.
 
 * ``BLOCK``: elements one step of a pass reads (a power of two). The portable kernel compares
-  ``[BLOCK, 16]`` per search round; the radix kernel histograms ``BLOCK`` keys a step.
+  ``[BLOCK, 16]`` per search round; the radix kernel histograms ``BLOCK`` keys a step; the sample
+  kernel's compaction reads ``BLOCK`` keys a step as ``BLOCK / (128 num_warps)`` stripes of
+  ``128 num_warps`` columns (its list search and fallback step over ``128 num_warps``).
 * ``num_warps``: warps (waves) per program, GPUs only (the interpreter ignores it).
-* ``split`` (``triton_radix``): chunks each row is cut into over four launches; absent: the
-  kernel's own rule (``triton_radix.split_for``: split only when the rows leave SMs idle).
+* ``split`` (``triton_radix``, ``triton_sample``): chunks each row is cut into (over four launches,
+  over two); absent: the kernel's own rule (``triton_radix.split_for``: split only when the rows
+  leave SMs idle).
 
 Defaults differ between GPUs and CPU tensors: the interpreter runs small blocks faster.
 """
@@ -47,6 +50,11 @@ SPACES = {
         allowed={"BLOCK": _BLOCKS, "num_warps": _WARPS, "split": SPLITS},
         gpu={"BLOCK": 1024, "num_warps": 8}, cpu={"BLOCK": 64},
         tune_gpu={"BLOCK": (512, 1024, 2048), "num_warps": (4, 8, 16), "split": (None,) + SPLITS},
+        tune_cpu={"BLOCK": (64,), "split": (None, 1, 2)}),
+    "triton_sample": KnobSpace(
+        allowed={"BLOCK": _BLOCKS + (8192,), "num_warps": _WARPS, "split": SPLITS},
+        gpu={"BLOCK": 8192, "num_warps": 8}, cpu={"BLOCK": 64},
+        tune_gpu={"BLOCK": (2048, 4096, 8192), "num_warps": (2, 4, 8), "split": (None,) + SPLITS},
         tune_cpu={"BLOCK": (64,), "split": (None, 1, 2)}),
 }
 #: every top-k knob name: a column a table may have

@@ -4,6 +4,8 @@ registered op."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -116,7 +118,7 @@ def test_radix_split_choice():
     assert split_for(rows=16, width=8192, sms=132) == 2
 
 
-@pytest.mark.parametrize("backend", ["triton", "triton_radix"])
+@pytest.mark.parametrize("backend", ["triton", "triton_radix", "triton_sample"])
 def test_interpreted_kernel_longer_rows(backend):
     g = torch.Generator().manual_seed(3)
     logits = torch.randn(2, 3000, generator=g)
@@ -124,6 +126,108 @@ def test_interpreted_kernel_longer_rows(backend):
     lengths = torch.tensor([3000, 2500], dtype=torch.int32)
     out = topk(logits, lengths, 64, backend=backend)
     assert_exact(out, logits, lengths, 1, 64)
+
+
+def _sample_rows(kind: str, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, int, list[bool]]:
+    """Rows (longer than the 2048-key sample, so it is spread over them) for each path of
+    ``triton_sample``: logits, 1-D lengths, k, and per row whether its list holds the top k."""
+    if kind in ("list_fits", "list_searched"):  # the list holds the top k: one read, the list finished
+        return torch.randn(2, 5000, generator=g), torch.tensor([5000, 3000], dtype=torch.int32), 64, [True, True]
+    if kind == "sorted":  # ascending, and descending (the sample holds the row's top 128 whole): the
+        up = torch.arange(5000).float()  # rank's slack still lists the top k
+        return torch.stack([up, -up]), torch.tensor([5000, 4000], dtype=torch.int32), 64, [True, True]
+    if kind == "short_row":  # the sample is the row: the seed is the k-th key to 16 bits
+        return torch.randn(2, 2000, generator=g), torch.tensor([2000, 1000], dtype=torch.int32), 64, [True, True]
+    if kind == "seed_too_low":  # ties: more keys are >= the seed than the list holds (64 entries here)
+        x = torch.randn(2, 600, generator=g)
+        x[0] = 0.5
+        x[1, ::2] = 5.0  # a tie above every other value, half the row wide
+        return x, torch.tensor([600, 599], dtype=torch.int32), 16, [False, False]
+    if kind == "seed_too_high":  # the sampled pieces hold the row's largest values: fewer than k listed
+        n = 4096
+        x = torch.randn(1, n, generator=g)
+        piece = torch.arange(2048)
+        sampled = (piece // 128) * (n // 16) + piece % 128  # the kernel's sample positions for n > 2048
+        x[0, sampled[:1600]] = 10.0
+        return x, torch.tensor([n], dtype=torch.int32), 2048, [False]
+    raise ValueError(kind)
+
+
+def _seed_list_count(row: torch.Tensor, n: int, k: int) -> int:
+    """What ``triton_sample`` lists for a row, computed on the host: its seed (the sample, rank and
+    early-stopping 16-bit descent of ``seed_threshold``) and the count of values ``>=`` the seed's
+    float or NaN."""
+    x = row[:n].float()
+    keys = x.view(torch.int32).long()
+    keys = torch.where(keys < 0, keys ^ 0x7FFFFFFF, keys)
+    keys = torch.where(torch.isnan(x), 0x7FFFFFFF, keys)
+    offsets = torch.arange(2048)
+    sample = (offsets // 128) * (n // 16) + offsets % 128 if n > 2048 else offsets[:n]
+    hits = -(-k * 2048 // n)
+    rank = min(hits + 4 * math.isqrt(hits) + 4, 2048) if n > 2048 else k
+    unsigned, prefix, above = keys[sample] + 2**31, 0, len(sample)
+    for bit in range(31, 15, -1):
+        if above <= rank + rank // 4:
+            break
+        count = int((unsigned >= (prefix | 1 << bit)).sum())
+        if count >= rank:
+            prefix, above = prefix | 1 << bit, count
+    seed = prefix - 2**31
+    bits = seed ^ 0x7FFFFFFF if seed < 0 else seed
+    value = float("-inf") if seed <= -2139095041 else torch.tensor(bits, dtype=torch.int64).to(torch.int32).view(
+        torch.float32).item()
+    return int(((x >= value) | torch.isnan(x)).sum())
+
+
+@pytest.mark.parametrize("kind", ["list_fits", "list_searched", "sorted", "short_row", "seed_too_low",
+                                  "seed_too_high"])
+def test_sample_kernel_paths(monkeypatch, kind):
+    """``triton_sample``'s paths: the list finish in registers (seeded from a spread sample or from
+    the whole short row) and (list_searched: a list longer than the registers hold) where it lies,
+    and both fallbacks to ``triton_radix``'s path; page table on and off."""
+    from paged_mqa_logits.top_k import triton_sample
+
+    if kind == "seed_too_low":
+        monkeypatch.setattr(triton_sample, "CAPACITY", 5)  # capacity max(5, 4 k): 64 entries at k 16
+    if kind == "list_searched":
+        monkeypatch.setattr(triton_sample, "REGISTER_LIST", 64)
+    g = torch.Generator().manual_seed(13)
+    logits, lengths, k, expected = _sample_rows(kind, g)
+    counts = [_seed_list_count(row, int(n), k) for row, n in zip(logits, lengths)]
+    capacity = triton_sample.capacity_for(k, logits.shape[1])
+    fits = [k <= c <= capacity for c in counts]
+    assert fits == expected, (counts, capacity)
+    if kind == "seed_too_high":
+        assert counts[0] < k
+    if kind == "seed_too_low":
+        assert min(counts) > capacity
+    if kind == "list_searched":
+        assert min(counts) > 64
+    out = topk(logits, lengths, k, backend="triton_sample")
+    assert_exact(out, logits, lengths, 1, k)
+    if kind != "seed_too_high":
+        table = torch.randperm(1024, generator=g)[: 2 * 320].reshape(2, 320)[: logits.shape[0]].to(torch.int32)
+        mapped = topk(logits, lengths, k, block_table=table, block_size=16, backend="triton_sample")
+        assert_exact(mapped, logits, lengths, 1, k, table, 16)
+
+
+@pytest.mark.parametrize("split, capacity", [(4, 8192), (4, 5)])
+def test_sample_split_rows(monkeypatch, split, capacity):
+    """Rows cut into chunks (two launches): the parts gathered and finished, or (capacity 5: the
+    gathered list overflows) the fallback; distinct values, so the sets equal one program's."""
+    from paged_mqa_logits.top_k import triton_sample
+    from paged_mqa_logits.top_k.validate import check_call
+
+    monkeypatch.setattr(triton_sample, "CAPACITY", capacity)
+    g = torch.Generator().manual_seed(14)
+    logits = torch.randperm(6 * 2600, generator=g).float().reshape(6, 2600)
+    lengths = torch.tensor([[2600, 2500], [10, 0], [2599, 900]], dtype=torch.int32)
+    table = torch.randperm(1024, generator=g)[:3 * 170].reshape(3, 170).to(torch.int32)
+    one, many = (torch.full((6, 16), 7, dtype=torch.int32) for _ in range(2))
+    triton_sample.launch(check_call(logits, lengths, None, 16, one, table, 16), split=1)
+    triton_sample.launch(check_call(logits, lengths, None, 16, many, table, 16), split=split)
+    assert torch.equal(one.sort(dim=1).values, many.sort(dim=1).values)
+    assert_exact(many, logits, lengths, 2, 16, table, 16)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

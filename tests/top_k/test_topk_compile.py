@@ -1,6 +1,7 @@
-"""Both top-k kernels cross-compile on CPU for sm_90 and gfx942/gfx950 (the aot driver's
+"""The top-k kernels cross-compile on CPU for sm_90 and gfx942/gfx950 (the aot driver's
 ``compile_spec``), with the arguments a k 2048 call passes, page table on and off; on sm_90 the
-kernels use no local memory."""
+kernels use no local memory. ``triton_sample``'s kernels compile for sm_90 in the default tier and
+for every arch in the `full` one (tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -68,3 +69,51 @@ def test_split_row_kernels_cross_compile(arch):
     for spec in (*histograms, split_kernel, resolve):
         record = compile_spec(spec, None)
         assert record.ok, f"{spec.name}: {record.error}"
+
+
+def _sample_spec(kernel, arch, has_table, extra_pointers, extra_ints, extra):
+    from paged_mqa_logits.top_k import triton_sample
+
+    columns = triton_sample.LANE_ELEMENTS * 32 * triton_sample.NUM_WARPS
+    constexprs = dict(STRIPES=triton_sample.BLOCK // columns, REGISTER_LIST=triton_sample.REGISTER_LIST,
+                      LIST_BLOCK=columns, **extra)
+    return _spec(kernel, arch, has_table, extra_pointers, extra_ints, triton_sample.BLOCK, triton_sample.NUM_WARPS,
+                 extra=constexprs)
+
+
+def _check_sample_kernel(arch, has_table):
+    """``triton_sample``'s one-program kernel (seed, compaction, list finish, ``triton_radix``'s
+    fallback) compiles; no local memory on sm_90."""
+    from paged_mqa_logits.top_k import triton_sample
+
+    record = compile_spec(_sample_spec(triton_sample._topk_sample_kernel, arch, has_table, ["scratch_ptr"],
+                                       ["capacity"], {}), None)
+    assert record.ok, record.error
+    if arch == "sm_90" and record.scratch_bytes is not None:
+        assert record.scratch_bytes == 0
+
+
+def test_sample_kernel_cross_compiles_for_sm90():
+    _check_sample_kernel("sm_90", True)
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "gfx942", "gfx950"])
+@pytest.mark.parametrize("has_table", [False, True])
+def test_sample_kernel_cross_compiles(arch, has_table):
+    """Every arch, page table on and off (the `full` tier: each compile takes seconds)."""
+    _check_sample_kernel(arch, has_table)
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "gfx942", "gfx950"])
+def test_sample_split_row_kernels_cross_compile(arch):
+    from paged_mqa_logits.top_k import triton_sample
+
+    pointers = ["parts_ptr", "counts_ptr", "scratch_ptr"]
+    specs = [_sample_spec(triton_sample._chunk_compact_kernel, arch, False, pointers, ["capacity", "chunk"],
+                          {"SPLIT": 8}),
+             _sample_spec(triton_sample._chunk_finish_kernel, arch, True, pointers, ["capacity"], {"SPLIT": 8})]
+    for spec in specs:
+        record = compile_spec(spec, None)
+        assert record.ok, f"{spec.name}: {record.error}"
+        if arch == "sm_90" and record.scratch_bytes is not None:
+            assert record.scratch_bytes == 0, spec.name

@@ -64,7 +64,7 @@ def adversarial_rows(kind: str, rows: int, width: int, k: int, generator: torch.
 
 
 #: every backend of the op
-BACKENDS = ("torch", "triton", "triton_radix")
+BACKENDS = ("torch", "triton", "triton_radix", "triton_sample")
 
 
 def check_adversarial(backend: str, kind: str, batch: int, next_n: int, width: int, k: int, device: str) -> None:

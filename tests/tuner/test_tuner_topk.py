@@ -24,17 +24,20 @@ def untuned(tmp_path, text="rows,k,contexts\n2,8,64;128\n"):
 def test_tune_topk_writes_rows_the_op_dispatches_to(tmp_path, monkeypatch):
     out = str(tmp_path / "cpu_topk_tuned.csv")
     report = str(tmp_path / "report.csv")
-    outcome = tune(Options(untuned=[untuned(tmp_path)], out=out, backends=["triton", "triton_radix"],
+    outcome = tune(Options(untuned=[untuned(tmp_path)], out=out, backends=["triton", "triton_radix",
+                                                                               "triton_sample"],
                            report=report, **FAST))
     assert len(outcome.tuned) == 1 and not outcome.failed and not outcome.rejected
     rows = table.parse_file(out)
     assert sorted((r.op, r.shape_key, r.context or 0) for r in rows) == \
         [("topk", TopkKey(rows=2, k=8), c) for c in (0, 64, 128)]
-    assert all(r.backend in ("triton", "triton_radix") and r.us > 0 and "BLOCK" in r.knobs for r in rows)
+    assert all(r.backend in ("triton", "triton_radix", "triton_sample") and r.us > 0 and "BLOCK" in r.knobs
+               for r in rows)
     assert all(r.provenance.startswith("tuned:cpu|cu0|triton") for r in rows)
     assert open(out).read().count("\narch,cu_num,op,rows,k,logits_dtype,context,backend,") == 1
     text = open(report).read()
-    assert ",screen,triton," in text and ",screen,triton_radix," in text and ",confirm," in text
+    assert ",screen,triton," in text and ",screen,triton_radix," in text and ",screen,triton_sample," in text
+    assert ",confirm," in text
 
     monkeypatch.setenv(table.ENV_CONFIGS, out)
     reload_tuned_table()
@@ -42,7 +45,7 @@ def test_tune_topk_writes_rows_the_op_dispatches_to(tmp_path, monkeypatch):
         logits, lens = torch.randn(2, 100), torch.tensor([100, 70], dtype=torch.int32)
         got = topk(logits, lens, 8)
         choice = backends.decisions()[("cpu", 0, TopkKey(rows=2, k=8), 100)]
-        assert choice.source.startswith(out) and choice.backend in ("triton", "triton_radix")
+        assert choice.source.startswith(out) and choice.backend in ("triton", "triton_radix", "triton_sample")
         assert torch.equal(got.sort(1).values, topk(logits, lens, 8, backend="torch").sort(1).values)
         # resume: the key is in the table, nothing is run
         again = tune(Options(untuned=[untuned(tmp_path)], out=out, backends=["triton"], **FAST))
@@ -88,11 +91,12 @@ def test_bad_untuned_lists_name_line_and_column(tmp_path, text, message):
 def test_cli_errors_and_dry_run(tmp_path, capsys):
     keys = untuned(tmp_path)
     assert tuner_main(["--op", "topk", keys, "-o", str(tmp_path / "t.csv"), "--backends", "gluon"]) == 1
-    assert "argument --backends: expected top-k backends among torch, triton, triton_radix, got unknown gluon" \
-        in capsys.readouterr().err
+    assert ("argument --backends: expected top-k backends among torch, triton, triton_radix, triton_sample, got "
+            "unknown gluon") in capsys.readouterr().err
     assert not (tmp_path / "t.csv").exists()
     assert tuner_main(["--op", "sort", keys]) == 2
     assert tuner_main(["--op", "topk", "topk_untuned.csv", "--dry-run", "--arch", "gfx950"]) == 0
     out = capsys.readouterr().out
     assert "topk rows=1024 k=2048 contexts=8192,32768,131072" in out and "triton_radix[BLOCK=1024;num_warps=8]" in out
+    assert "triton_sample[BLOCK=8192;num_warps=8]" in out
     assert "6 top-k key(s) to tune on gfx950/cu256" in out
