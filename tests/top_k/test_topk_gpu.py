@@ -1,6 +1,6 @@
 """The top-k op on a GPU (skipped without one): exact sets at k 512-2048, batches up to 4096,
 contexts up to 160k, both layouts, the page-table transform, the engines' entry points and
-CUDA-graph replay after the lengths change."""
+CUDA-graph replay after the lengths change; ``triton_sample``'s list path and both fallbacks."""
 
 from __future__ import annotations
 
@@ -86,3 +86,55 @@ def test_graph_replay_after_lengths_change(backend):
         graph.replay()
         torch.cuda.synchronize()
         assert_exact(out, logits, new, next_n, k)
+
+
+def _sampled_high_rows(rows: int, n: int, g: torch.Generator) -> torch.Tensor:
+    """Rows whose largest values (fewer than k 2048) sit at ``triton_sample``'s sample positions for
+    ``n`` (> 2048): its seed lands too high and the row falls back."""
+    x = torch.randn(rows, n, generator=g)
+    piece = torch.arange(2048)
+    x[:, ((piece // 128) * (n // 16) + piece % 128)[:1600]] = 10.0
+    return x
+
+
+@pytest.mark.parametrize("kind", ["random", "ascending", "descending", "constant", "sampled_high", "ties_at_top"])
+@pytest.mark.parametrize("split", [1, 4])
+def test_sample_paths_k2048(kind, split):
+    """``triton_sample`` at k 2048 on its list path and both fallbacks (descending and sampled_high:
+    the seed too high; constant and ties_at_top: the list overflows), one program a row and split."""
+    from paged_mqa_logits.top_k import triton_sample
+    from paged_mqa_logits.top_k.validate import check_call
+
+    g = torch.Generator().manual_seed(21)
+    rows, n, k = 4, 65536, 2048
+    x = torch.randn(rows, n, generator=g)
+    if kind in ("ascending", "descending"):
+        x = torch.arange(n).float().repeat(rows, 1) * (1 if kind == "ascending" else -1)
+    elif kind == "constant":
+        x = torch.full((rows, n), 0.5)
+    elif kind == "sampled_high":
+        x = _sampled_high_rows(rows, n, g)
+    elif kind == "ties_at_top":
+        x[:, ::3] = 7.0
+    lengths = torch.tensor([n, n - 1, 40000, 2100], dtype=torch.int32)
+    table = torch.randperm(4 * 1024, generator=g)[: rows * 1024].reshape(rows, 1024).to(torch.int32)
+    out = torch.empty(rows, k, dtype=torch.int32, device="cuda")
+    triton_sample.launch(check_call(x.cuda(), lengths.cuda(), None, k, out, table.cuda(), 64), split=split)
+    assert_exact(out, x, lengths, 1, k, table, 64)
+
+
+@pytest.mark.parametrize("batch, next_n, width, k", [
+    (2, 1, 163840, 2048), (16, 2, 131072, 1024), (256, 1, 131072, 2048), (1024, 2, 8192, 512), (8, 1, 65536, 4096),
+])
+def test_sample_matches_torch(batch, next_n, width, k):
+    """``triton_sample``'s own split rule and defaults against the torch backend (gathered values)."""
+    g = torch.Generator().manual_seed(batch * 7 + width)
+    logits = torch.randn(batch * next_n, width, generator=g).cuda()
+    lengths = lengths_for(batch, next_n, width, False, g).cuda()
+    out = topk(logits, lengths, k, next_n=next_n, backend="triton_sample")
+    ref = topk(logits, lengths, k, next_n=next_n, backend="torch")
+    values = logits.gather(1, out.long().clamp_min(0)).masked_fill(out < 0, 0).sort(1).values
+    expected = logits.gather(1, ref.long().clamp_min(0)).masked_fill(ref < 0, 0).sort(1).values
+    torch.testing.assert_close(values, expected, rtol=0, atol=0)
+    assert torch.equal((out < 0).sum(1), (ref < 0).sum(1))
+    assert_exact(out[:4], logits[:4], lengths[: max(1, 4 // next_n)], next_n, k)
