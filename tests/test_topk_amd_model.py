@@ -1,6 +1,6 @@
 """The top-k AMD estimate of ``tools/topk_amd_model.py``: its pass prices, the bandwidth and issue
 bounds on known numbers, and the committed CSV (labelled an estimate, every shape, ratios that
-follow from its times)."""
+follow from its times, for ``triton_radix`` and ``triton_sample``)."""
 
 import csv
 import os
@@ -46,3 +46,5 @@ def test_committed_csv_is_an_estimate_for_every_shape():
         {(a, r, c) for a in m.ARCHS for r in m.ROWS for c in m.CONTEXTS}
     for r in rows:
         assert float(r["speedup_vs_aiter"]) == pytest.approx(float(r["aiter_us"]) / float(r["ours_us"]), rel=0.02)
+        assert float(r["sample_speedup_vs_aiter"]) == pytest.approx(float(r["aiter_us"]) / float(r["sample_us"]),
+                                                                    rel=0.02)

@@ -1,7 +1,7 @@
-"""An issue-and-bandwidth estimate of exact top-k on gfx942 / gfx950: our ``triton_radix`` kernel
-(cross-compiled here, its hot loops counted from the AMDGCN ISA) against AITER's HIP
-``top_k_per_row_decode`` (its per-element work counted by reading its source; it is not
-compiled here). No AMD GPU is available: every number this writes is an **estimate, not a
+"""An issue-and-bandwidth estimate of exact top-k on gfx942 / gfx950: our ``triton_radix`` and
+``triton_sample`` kernels (cross-compiled here, their hot loops counted from the AMDGCN ISA)
+against AITER's HIP ``top_k_per_row_decode`` (its per-element work counted by reading its
+source; it is not compiled here). No AMD GPU is available: every number this writes is an **estimate, not a
 measurement**.
 
 ``python tools/topk_amd_model.py [--out benchmarks/amd/topk_estimate.csv]``
@@ -16,8 +16,10 @@ The model, per pass over a row (every pass reads the visible fp32 row, 4 bytes a
   all four SIMDs of a CU running the loop) per element, times the elements, over the active CUs;
 * a pass costs the larger of the two; the output write (4 bytes a slot) is added. What follows
   the full reads (both kernels resolve the threshold bucket from a short list) is left out.
-  Ours is charged three reads of every row (coarse histogram, fine histogram, split:
-  :func:`radix_loops`), AITER's two.
+  ``triton_radix`` is charged three reads of every row (coarse histogram, fine histogram, split:
+  :func:`radix_loops`), ``triton_sample`` one (its compaction: :func:`sample_loops`; its seed and
+  list finish are left out, though on sm_90 they add about half as many instructions again at 128k
+  columns and more at 8k), AITER's two.
 
 Active CUs: AITER's decode path runs one 1024-thread block per row (``min(rows, CUs)``); ours runs
 ``rows x split`` programs (``triton_radix.split_for``), one per CU at its occupancy.
@@ -158,23 +160,48 @@ def _loops(blocks) -> list[list[str]]:
     return out
 
 
+def sample_loops(arch: str) -> tuple[tuple[PassCost, ...], dict]:
+    """``triton_sample``'s one full pass, its compaction (the first loop that loads and stores),
+    from its cross-compiled ISA at its GPU defaults (four elements a lane a stripe, 64 lanes a wave);
+    its seed and finish run on the sample and the short list and are left out, as the resolution
+    after the full reads is for the others."""
+    from paged_mqa_logits.aot.compile import _amd_blocks
+    from paged_mqa_logits.top_k import triton_sample
+
+    warps, block = triton_sample.NUM_WARPS, triton_sample.BLOCK
+    columns = triton_sample.LANE_ELEMENTS * 64 * warps
+    isa, record = _compile(triton_sample._topk_sample_kernel, arch, warps,
+                           {"BLOCK": block, "STRIPES": max(1, block // columns), "LIST_BLOCK": columns,
+                            "REGISTER_LIST": triton_sample.REGISTER_LIST})
+    loops = _loops(_amd_blocks(isa))
+    compaction = next(body for body in loops if _has(body, "global_load") and _has(body, "global_store"))
+    elements = block // warps
+    facts = {"vgprs": record.vgprs, "compaction_instructions": len(compaction), "elements_per_wave_iteration": elements}
+    return (PassCost.of_loop("compaction", compaction, elements),), facts
+
+
 def _compile_radix(arch: str):
+    from paged_mqa_logits.top_k import triton_radix
+
+    return _compile(triton_radix._topk_radix_kernel, arch, triton_radix.NUM_WARPS, {"BLOCK": triton_radix.BLOCK})
+
+
+def _compile(kernel, arch: str, num_warps: int, constexprs: dict):
+    """A top-k kernel's ISA for ``arch`` (one query a sequence, no page table) and its compile record."""
     import inspect
     import tempfile
 
     from paged_mqa_logits.aot.compile import compile_spec
     from paged_mqa_logits.backends.base import CompileSpec
-    from paged_mqa_logits.top_k import triton_radix
 
-    kernel = triton_radix._topk_radix_kernel
     order = list(inspect.signature(kernel.fn).parameters)
     pointers = ("logits_ptr", "lens_ptr", "out_ptr", "table_ptr", "scratch_ptr")
-    constexprs = {"NEXT_N": 1, "LENS_2D": False, "HAS_TABLE": False, "BLOCK": triton_radix.BLOCK}
+    constexprs = {"NEXT_N": 1, "LENS_2D": False, "HAS_TABLE": False, **constexprs}
     signature = {name: "*fp32" if name == "logits_ptr" else "*i32" if name in pointers else
                  "constexpr" if name in constexprs else "i32" for name in order}
-    spec = CompileSpec(name=f"topk_radix_{arch}", backend="topk", arch=arch, knobs={}, fn=kernel, signature=signature,
-                       constexprs=constexprs, options={"num_warps": triton_radix.NUM_WARPS, "waves_per_eu": 1},
-                       gluon=False)
+    spec = CompileSpec(name=f"topk_{kernel.__name__.strip('_')}_{arch}", backend="topk", arch=arch, knobs={},
+                       fn=kernel, signature=signature, constexprs=constexprs,
+                       options={"num_warps": num_warps, "waves_per_eu": 1}, gluon=False)
     with tempfile.TemporaryDirectory() as out:
         record = compile_spec(spec, out)
         if not record.ok:
@@ -185,11 +212,13 @@ def _compile_radix(arch: str):
 
 # ----------------------------------------------------------------------------- the table
 COLUMNS = ("arch", "cu_num", "rows", "context", "k", "ours_us", "ours_bound", "aiter_us", "aiter_bound",
-           "speedup_vs_aiter")
+           "speedup_vs_aiter", "sample_us", "sample_bound", "sample_speedup_vs_aiter")
 
 
-def table(ours: dict[str, tuple], rows=ROWS, contexts=CONTEXTS, k: int = K) -> list[dict]:
-    """Estimated rows for every arch of ``ours`` (arch -> our passes) at every rows x context."""
+def table(ours: dict[str, tuple], rows=ROWS, contexts=CONTEXTS, k: int = K, sample: dict[str, tuple] | None = None
+          ) -> list[dict]:
+    """Estimated rows for every arch of ``ours`` (arch -> our passes) at every rows x context; with
+    ``sample`` (arch -> ``triton_sample``'s passes), its estimate too (the same split rule)."""
     from paged_mqa_logits.top_k.triton_radix import split_for
 
     out = []
@@ -199,9 +228,14 @@ def table(ours: dict[str, tuple], rows=ROWS, contexts=CONTEXTS, k: int = K) -> l
             for r in rows:
                 mine = estimate(passes, arch, r, n, k, r * split_for(r, n, cus))
                 theirs = estimate(AITER_PASSES, arch, r, n, k, r)
-                out.append({"arch": arch, "cu_num": cus, "rows": r, "context": n, "k": k,
-                            "ours_us": round(mine.us, 2), "ours_bound": mine.bound, "aiter_us": round(theirs.us, 2),
-                            "aiter_bound": theirs.bound, "speedup_vs_aiter": round(theirs.us / mine.us, 3)})
+                row = {"arch": arch, "cu_num": cus, "rows": r, "context": n, "k": k,
+                       "ours_us": round(mine.us, 2), "ours_bound": mine.bound, "aiter_us": round(theirs.us, 2),
+                       "aiter_bound": theirs.bound, "speedup_vs_aiter": round(theirs.us / mine.us, 3)}
+                if sample:
+                    one_read = estimate(sample[arch], arch, r, n, k, r * split_for(r, n, cus))
+                    row.update(sample_us=round(one_read.us, 2), sample_bound=one_read.bound,
+                               sample_speedup_vs_aiter=round(theirs.us / one_read.us, 3))
+                out.append(row)
     return out
 
 
@@ -217,6 +251,11 @@ def header(facts: dict[str, dict]) -> list[str]:
                  f"{f['split_instructions']} instructions per "
                  f"{f['elements_per_wave_iteration']} elements a wave, {f['vgprs']} VGPRs" for a, f in facts.items())
              + ")",
+             "# sample: triton_sample cross-compiled, its compaction loop counted from the ISA, one read of every row "
+             "(seed and list finish left out) (" + "; ".join(
+                 f"{a}: {f['sample']['compaction_instructions']} instructions per "
+                 f"{f['sample']['elements_per_wave_iteration']} elements a wave, {f['sample']['vgprs']} VGPRs"
+                 for a, f in facts.items() if "sample" in f) + ")",
              "# aiter: top_k_per_row_decode counted from its source (one 1024-thread block a row, 12-bit digits, "
              "two full reads); every row sees the full context (uniform lengths)"]
     return lines
@@ -226,10 +265,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="benchmarks/amd/topk_estimate.csv")
     a = parser.parse_args(argv)
-    ours, facts = {}, {}
+    ours, facts, sample = {}, {}, {}
     for arch in ARCHS:
         ours[arch], facts[arch] = radix_loops(arch)
-    rows = table(ours)
+        sample[arch], facts[arch]["sample"] = sample_loops(arch)
+    rows = table(ours, sample=sample)
     from paged_mqa_logits.files import atomic_write
 
     with atomic_write(a.out, newline="") as f:
@@ -237,9 +277,9 @@ def main(argv: list[str] | None = None) -> int:
             f.write(line + "\n")
         f.write(",".join(COLUMNS) + "\n")
         for r in rows:
-            f.write(",".join(str(r[c]) for c in COLUMNS) + "\n")
+            f.write(",".join(str(r.get(c, "")) for c in COLUMNS) + "\n")
     for r in rows:
-        print(",".join(str(r[c]) for c in COLUMNS))
+        print(",".join(str(r.get(c, "")) for c in COLUMNS))
     return 0
 
 
