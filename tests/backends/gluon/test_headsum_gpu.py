@@ -230,10 +230,10 @@ def test_wgmma_ws_bf16_logits():
 
 
 #: (heads, next_n, kv_block_size, lens_2d, Schedule): ``wgmma`` with ``HeadSum=tensor``, one row
-#: group and two, next_n 1-8, both schedules, gathered one-token blocks, bf16 logits in the last
+#: group and two, next_n 1/2/4/8, both schedules, gathered one-token blocks, bf16 logits at next_n 8
 WGMMA_CASES = ((64, 2, 64, True, "balanced"), (64, 4, 64, False, "split"), (32, 4, 32, True, "split"),
                (32, 8, 64, False, "balanced"), (64, 1, 1, True, "balanced"), (64, 2, 16, False, "split"),
-               (32, 6, 64, True, "balanced"))
+               (64, 4, 32, True, "balanced"))
 
 
 def _tensor_candidate(module, problem, schedule: str, chunk: int | None = None) -> dict:
@@ -248,20 +248,20 @@ def _tensor_candidate(module, problem, schedule: str, chunk: int | None = None) 
 @pytest.mark.parametrize("heads,next_n,kv_block_size,lens_2d,schedule", WGMMA_CASES)
 def test_wgmma_tensor_head_sum_within_bound(heads, next_n, kv_block_size, lens_2d, schedule):
     """``wgmma`` with ``HeadSum=tensor`` (``wgmma.score_tile_tensor`` after its cp.async ring): the
-    bound against the same kernel's fp32 head sum, with ``clean_logits`` on the split schedule."""
+    bound against the same kernel's fp32 head sum; nothing past a row's positions written (the op's
+    tail kernel writes ``clean_logits``' ``-inf`` for this variant, so it is launched without)."""
     module = variant_module("wgmma")
     rng = random.Random(heads * 3 + next_n * 11 + kv_block_size)
     lens = [rng.choice((0, 1, 63, 64, 65, 127, 129, rng.randint(1, 2500))) for _ in range(9)]
     lens[1] = 2500
-    dtype = torch.bfloat16 if next_n == 6 else torch.float32
+    dtype = torch.bfloat16 if next_n == 8 else torch.float32
     inp = make_inputs(9, next_n, heads, lens, kv_block_size=kv_block_size, device="cuda", seed=heads + next_n,
                       max_model_len=2600, out_row_pad=1, table_row_pad=1, lens_2d=lens_2d, logits_dtype=dtype)
     _adversarial(inp, torch.Generator().manual_seed(next_n))
     args = launch_args(inp)
-    clean = schedule == "split"
     config = _tensor_candidate(module, args.problem, schedule)
-    before, fp32 = _launch_both(module, args, inp, config, clean)
-    _check_bound(inp, inp["out_logits"], before, fp32, clean_logits=clean)
+    before, fp32 = _launch_both(module, args, inp, config, False)
+    _check_bound(inp, inp["out_logits"], before, fp32, clean_logits=False)
 
 
 #: (heads, next_n, kv_block_size, lens_2d, ChunkK): ``wgmma_fp4`` with ``HeadSum=tensor``
