@@ -25,12 +25,12 @@ Per row with ``n > k`` visible positions (rows with at most ``k`` are written wi
 
 Counted in sm_90 SASS by ``tools/topk_sass.py`` (a JIT launch's specialisation: 16-byte aligned
 row, column stride 1; instructions per element a thread handles), defaults ``BLOCK`` 8192 over 8
-warps: the compaction loop 20 an element (the load and key mapping alone about 10); the seed 246
+warps: the compaction loop 27 an element (the load and key mapping alone about 10); the seed 246
 instructions a thread plus 51 a round (about 11 rounds: 1.6 an element of a 128k row); the register
 finish over 8192 entries 2424 a thread plus 128 a round (about 20 rounds: 9.7 an element of a 128k
-row). So about 31 an element in all at 128k and k 2048, with one read of the row, against
+row). So about 38 an element in all at 128k and k 2048, with one read of the row, against
 ``triton_radix``'s 79 + 64 (two reads) or 79 + 98 + 64 (three), counted the same way. Short rows
-pay the fixed parts over fewer elements (about 120 an element at 8k: fewer warps are the tuner's
+pay the fixed parts over fewer elements (about 127 an element at 8k: fewer warps are the tuner's
 to try). Why the compaction looks as it does, each alternative counted the same way in a loop that
 loads, compares and lists:
 
@@ -38,12 +38,13 @@ loads, compares and lists:
 * ``[R, E]`` pieces of ``E`` contiguous elements, the scan along the piece: 51-56;
 * ``[E, R]`` stripes (here: element ``(e, r)`` at ``start + e R + r``, ``R = 128 x num_warps``, so
   each thread's elements of a column are its own and the scan down them is register adds, one
-  block scan of ``R`` column counts a step), the store addressed by the 2-D slots: that costs, since
-  Triton's coalescing gives the scattered store a layout of its own and the keep masks and
-  positions go through shared memory (28-34);
-* the same with the store's pointers, values and mask flattened alike (``can_reorder``: each
-  element keeps its own address, so any order is the same store, and no data moves): 17-20;
-  comparing floats instead of mapped keys saves about 3 more;
+  block scan of ``R`` column counts a step), the store addressed by the 2-D slots: 27-34 (Triton's
+  coalescing gives the scattered store a layout of its own, so the keep masks and positions go
+  through shared memory); comparing floats instead of mapped keys saves about 3;
+* the same with the store's pointers, values and mask flattened apart by
+  ``tl.reshape(..., can_reorder=True)``: 17-20, but **wrong**: each flattened tensor may be ordered
+  its own way, and on an H100 the pairing broke (list entries lost) where the interpreter, which
+  never reorders, passed;
 * a global ``tl.atomic_add`` slot per survivor: 35 (and the list order would not be deterministic).
 
 Few rows, wide rows: each row is cut into ``split`` chunks over two launches. Every chunk's program
@@ -100,10 +101,10 @@ def _total(values):
 
 @triton.jit
 def _flat(values, SIZE: tl.constexpr):
-    """A 2-D tensor as 1-D in whatever order moves no data: only for reductions and element-wise
-    stores, whose pointers, values and masks, flattened alike, keep their pairing (so Triton keeps
-    the layout they were computed in instead of moving all three through shared memory for the
-    store's own)."""
+    """A 2-D tensor as 1-D in whatever order moves no data: for reductions only. Not for stores:
+    ``can_reorder`` lets the compiler order each flattened tensor its own way, so pointers, values
+    and masks flattened apart need not stay paired (on an H100 a store so flattened lost list
+    entries that the interpreter, which never reorders, kept)."""
     return tl.reshape(values, [SIZE], can_reorder=True)
 
 
@@ -176,7 +177,7 @@ def _compact_step(row_ptr, stride_col, start, last, value, listed, list_ptr, cap
     # a thread's stripes are one column's: this scan stays in registers; the block scan is one per column
     slots = (listed - 1 + tl.cumsum(column_counts, axis=0) - column_counts)[None, :] + tl.cumsum(flags, axis=0)
     store = keep & (slots < capacity)
-    tl.store(_flat(list_ptr + slots, BLOCK), _flat(positions, BLOCK), mask=_flat(store, BLOCK))
+    tl.store(list_ptr + slots, positions, mask=store)
     return listed + tl.sum(column_counts, axis=0)
 
 
@@ -228,7 +229,7 @@ def _finish_in_registers(row_ptr, stride_col, kk, count, out_row, list_ptr, tabl
     is_gt = keys > threshold
     slots = tl.where(is_gt, (ranks & 0xFFFF) - 1, gt + rank_tie)
     take = is_gt | ((keys == threshold) & (rank_tie < kk - gt))
-    emit(out_row, _flat(slots, LIST), _flat(positions, LIST), _flat(take, LIST), table_row, block_size, HAS_TABLE)
+    emit(out_row, slots, positions, take, table_row, block_size, HAS_TABLE)
 
 
 @triton.jit
