@@ -211,10 +211,19 @@ def test_sample_kernel_paths(monkeypatch, kind):
         assert_exact(mapped, logits, lengths, 1, k, table, 16)
 
 
-@pytest.mark.parametrize("split, capacity", [(4, 8192), (4, 5)])
-def test_sample_split_rows(monkeypatch, split, capacity):
-    """Rows cut into chunks (two launches): the parts gathered and finished, or (capacity 5: the
-    gathered list overflows) the fallback; distinct values, so the sets equal one program's."""
+def test_sample_split_rows(monkeypatch):
+    """Rows cut into chunks (two launches): the parts gathered and finished; distinct values, so the
+    sets equal one program's."""
+    _check_sample_split_rows(monkeypatch, 4, 8192)
+
+
+def test_sample_split_rows_overflow(monkeypatch):
+    """The same with a list of 64 entries (capacity 5: max(5, 4 k)): the gathered list overflows and
+    the rows fall back (the `full` tier)."""
+    _check_sample_split_rows(monkeypatch, 4, 5)
+
+
+def _check_sample_split_rows(monkeypatch, split, capacity):
     from paged_mqa_logits.top_k import triton_sample
     from paged_mqa_logits.top_k.validate import check_call
 
