@@ -72,9 +72,11 @@ def _check_bound(inp: dict, out: torch.Tensor, before: torch.Tensor, fp32_head_s
     got = out[:ref.shape[0], :ref.shape[1]].float()
     exact = fp32_head_sum[:ref.shape[0], :ref.shape[1]].float()
     magnitude = _reference(inp, inp["weights"].abs())
-    # the bf16 rounding of the output itself (bf16 logits) on top of the head sum's bound; the
-    # fp32 head sum's own rounding (fp32 adds of up to 2H terms)
-    output_rounding = 2.0 ** -8 * exact.abs() if out.dtype == torch.bfloat16 else 0.0
+    # bf16 logits: both outputs are rounded to bf16 (8 significant bits, up to 2^-8 of a value each),
+    # the tensor head sum's and the fp32 one it is compared with, on top of the head sum's bound (one
+    # rounding charged alone was exceeded by 1.9% on an H100, wgmma at next_n 8); the fp32 head sum's
+    # own rounding (fp32 adds of up to 2H terms)
+    output_rounding = 2.0 ** -7 * exact.abs() * (1 + 2.0 ** -7) if out.dtype == torch.bfloat16 else 0.0
     err = (got - exact).abs()
     bound = 2.0 ** -8 * magnitude * (1 + 2.0 ** -12) + output_rounding + 1e-30
     worst = float((err[valid] / bound[valid]).max()) if bool(valid.any()) else 0.0
