@@ -96,7 +96,7 @@ def test_no_local_memory(compiled):
 def test_shared_memory_and_occupancy_as_estimated(compiled):
     for cfg, _, record, _, _ in compiled:
         p = V.spec_problem(ARCH, cfg)
-        est = h4.resources(p, cfg["ChunkK"], cfg["RowsPerMMA"])
+        est = h4.resources(p, cfg["ChunkK"], cfg["RowsPerMMA"], cfg.get("HeadSum", "fp32"))
         smem = record.lds_bytes
         assert smem <= LDS_LIMIT_BYTES[ARCH]
         assert abs(smem - est["smem"]) <= 1024, f"{record.name}: shared {smem}, estimated {est['smem']}"
