@@ -313,19 +313,29 @@ def split_for(rows: int, width: int, sms: int) -> int:
     return split
 
 
+def chunks_per_row(call: TopkCall, knobs: dict, split: int | None) -> int:
+    """``split`` if given, else the ``split`` knob, else 1 on CPU and :func:`split_for` on a GPU: the
+    rule both row-splitting backends (this one and ``triton_sample``) launch with."""
+    split = split or knobs.get("split")
+    if split is None:
+        rows, width = call.logits.shape
+        device = call.logits.device
+        split = 1 if device.type == "cpu" else split_for(rows, width,
+                                                          torch.cuda.get_device_properties(device).multi_processor_count)
+    return split
+
+
 def launch(call: TopkCall, knobs: dict | None = None, split: int | None = None) -> None:
     """Select ``call``'s rows with ``knobs`` (``BLOCK``, ``num_warps``, ``split``: ``knobs.py``;
     absent ones take the device's defaults, ``split`` :func:`split_for`); ``split`` given
     here overrides the knob."""
     knobs = knobs or {}
-    split = split or knobs.get("split")
     rows, width = call.logits.shape
     if rows == 0:
         return
     device = call.logits.device
     on_cpu = device.type == "cpu"
-    if split is None:
-        split = 1 if on_cpu else split_for(rows, width, torch.cuda.get_device_properties(device).multi_processor_count)
+    split = chunks_per_row(call, knobs, split)
     capacity = max(1, min(CAPACITY, width))
     scratch = torch.empty((rows, capacity), dtype=torch.int32, device=device)
     table = call.block_table if call.block_table is not None else call.lengths  # never read without one

@@ -64,7 +64,7 @@ import triton.language as tl
 
 from ..triton_internals.interpreter import interpreted
 from .knobs import SPACES
-from .triton_radix import MAX_KEY, select_row, split_for, write_all
+from .triton_radix import MAX_KEY, chunks_per_row, select_row, write_all
 from .triton_select import (SIGN, emit, fill_tail, lens_strides, order_keys, row_addresses, row_setup, search,
                             write_selection)
 from .validate import TopkCall
@@ -345,14 +345,12 @@ def launch(call: TopkCall, knobs: dict | None = None, split: int | None = None) 
     absent ones take the device's defaults, ``split`` ``triton_radix.split_for``); ``split`` given
     here overrides the knob."""
     knobs = knobs or {}
-    split = split or knobs.get("split")
     rows, width = call.logits.shape
     if rows == 0:
         return
     device = call.logits.device
     on_cpu = device.type == "cpu"
-    if split is None:
-        split = 1 if on_cpu else split_for(rows, width, torch.cuda.get_device_properties(device).multi_processor_count)
+    split = chunks_per_row(call, knobs, split)
     block = knobs.get("BLOCK") or (CPU_BLOCK if on_cpu else BLOCK)
     warps = knobs.get("num_warps", NUM_WARPS)
     # a step's columns: four elements a lane (one 16-byte load) over every lane (64 a wave on CDNA)
