@@ -44,7 +44,7 @@ import triton.language as tl
 
 from ..triton_internals.interpreter import interpreted
 from .knobs import MAX_SPLIT, SPACES
-from .triton_select import (SIGN, element_keys, emit, fill_tail, flag_mask, lens_strides, row_addresses, row_setup,
+from .triton_select import (SIGN, element_keys, emit, flag_mask, lens_strides, open_row, row_addresses, row_setup,
                             search, write_selection)
 from .validate import TopkCall
 
@@ -169,14 +169,6 @@ def _resolve(row_ptr, stride_col, n, kk, low, in_bin, above_bin, capacity, out_r
 
 
 @triton.jit
-def write_all(out_row, n, table_row, block_size, HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr):
-    """Every visible position, in column order (a row with at most ``k`` of them)."""
-    for start in range(0, n, BLOCK):
-        columns = start + tl.arange(0, BLOCK)
-        emit(out_row, columns, columns, columns < n, table_row, block_size, HAS_TABLE)
-
-
-@triton.jit
 def select_row(row_ptr, stride_col, n, kk, capacity, out_row, listed_ptr, table_row, block_size,
                HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr):
     """The whole one-program path for a row with ``n > k`` (slots ``[0, kk)``): histograms, split,
@@ -194,15 +186,10 @@ def select_row(row_ptr, stride_col, n, kk, capacity, out_row, listed_ptr, table_
 def _topk_radix_kernel(logits_ptr, lens_ptr, out_ptr, table_ptr, scratch_ptr, stride_row, stride_col, stride_lens_b,
                        stride_lens_j, stride_out, stride_table, width, k, block_size, capacity,
                        NEXT_N: tl.constexpr, LENS_2D: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
-    b, n, kk = row_setup(lens_ptr, row, stride_lens_b, stride_lens_j, width, k, NEXT_N, LENS_2D)
-    row_ptr, out_row, table_row = row_addresses(logits_ptr, out_ptr, table_ptr, row, b, stride_row, stride_out,
-                                                stride_table)
-    listed_ptr = scratch_ptr + row.to(tl.int64) * capacity
-    fill_tail(out_row, kk, k, BLOCK)  # first: fewer values live across the passes, none spilled on sm_90
-    if n <= k:
-        write_all(out_row, n, table_row, block_size, HAS_TABLE, BLOCK)
-    else:
+    n, kk, row_ptr, out_row, table_row, listed_ptr = open_row(
+        logits_ptr, lens_ptr, out_ptr, table_ptr, scratch_ptr, tl.program_id(0), stride_row, stride_lens_b,
+        stride_lens_j, stride_out, stride_table, width, k, block_size, capacity, NEXT_N, LENS_2D, HAS_TABLE, BLOCK)
+    if n > k:
         select_row(row_ptr, stride_col, n, kk, capacity, out_row, listed_ptr, table_row, block_size, HAS_TABLE, BLOCK)
 
 
@@ -290,16 +277,13 @@ def _chunk_resolve_kernel(logits_ptr, lens_ptr, out_ptr, table_ptr, total_ptr, s
                           stride_lens_b, stride_lens_j, stride_out, stride_table, width, k, block_size, capacity,
                           NEXT_N: tl.constexpr, LENS_2D: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0)
-    b, n, kk = row_setup(lens_ptr, row, stride_lens_b, stride_lens_j, width, k, NEXT_N, LENS_2D)
-    row_ptr, out_row, table_row = row_addresses(logits_ptr, out_ptr, table_ptr, row, b, stride_row, stride_out,
-                                                stride_table)
-    if n <= k:
-        write_all(out_row, n, table_row, block_size, HAS_TABLE, BLOCK)
-    else:
+    n, kk, row_ptr, out_row, table_row, listed_ptr = open_row(
+        logits_ptr, lens_ptr, out_ptr, table_ptr, scratch_ptr, row, stride_row, stride_lens_b, stride_lens_j,
+        stride_out, stride_table, width, k, block_size, capacity, NEXT_N, LENS_2D, HAS_TABLE, BLOCK)
+    if n > k:
         _, _, low, _, in_bin, above_bin = _row_threshold_range(total_ptr, row, n, kk, capacity)
-        _resolve(row_ptr, stride_col, n, kk, low, in_bin, above_bin, capacity, out_row,
-                 scratch_ptr + row.to(tl.int64) * capacity, table_row, block_size, HAS_TABLE, BLOCK)
-    fill_tail(out_row, kk, k, BLOCK)
+        _resolve(row_ptr, stride_col, n, kk, low, in_bin, above_bin, capacity, out_row, listed_ptr, table_row,
+                 block_size, HAS_TABLE, BLOCK)
 
 
 def split_for(rows: int, width: int, sms: int) -> int:

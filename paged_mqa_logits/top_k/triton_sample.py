@@ -64,9 +64,8 @@ import triton.language as tl
 
 from ..triton_internals.interpreter import interpreted
 from .knobs import SPACES
-from .triton_radix import MAX_KEY, chunks_per_row, select_row, write_all
-from .triton_select import (SIGN, emit, fill_tail, lens_strides, order_keys, row_addresses, row_setup, search,
-                            write_selection)
+from .triton_radix import MAX_KEY, chunks_per_row, select_row
+from .triton_select import SIGN, emit, lens_strides, open_row, order_keys, row_setup, search, write_selection
 from .validate import TopkCall
 
 #: the defaults of ``knobs.py``, on a GPU and for CPU tensors
@@ -255,15 +254,11 @@ def _topk_sample_kernel(logits_ptr, lens_ptr, out_ptr, table_ptr, scratch_ptr, s
                         stride_lens_b, stride_lens_j, stride_out, stride_table, width, k, block_size, capacity,
                         NEXT_N: tl.constexpr, LENS_2D: tl.constexpr, HAS_TABLE: tl.constexpr, STRIPES: tl.constexpr,
                         REGISTER_LIST: tl.constexpr, LIST_BLOCK: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
-    b, n, kk = row_setup(lens_ptr, row, stride_lens_b, stride_lens_j, width, k, NEXT_N, LENS_2D)
-    row_ptr, out_row, table_row = row_addresses(logits_ptr, out_ptr, table_ptr, row, b, stride_row, stride_out,
-                                                stride_table)
-    list_ptr = scratch_ptr + row.to(tl.int64) * capacity
-    fill_tail(out_row, kk, k, LIST_BLOCK)
-    if n <= k:
-        write_all(out_row, n, table_row, block_size, HAS_TABLE, LIST_BLOCK)
-    else:
+    n, kk, row_ptr, out_row, table_row, list_ptr = open_row(
+        logits_ptr, lens_ptr, out_ptr, table_ptr, scratch_ptr, tl.program_id(0), stride_row, stride_lens_b,
+        stride_lens_j, stride_out, stride_table, width, k, block_size, capacity, NEXT_N, LENS_2D, HAS_TABLE,
+        LIST_BLOCK)
+    if n > k:
         value = threshold_value(seed_threshold(row_ptr, stride_col, n, kk))
         count = compact(row_ptr, stride_col, n * 0, n, value, list_ptr, capacity, STRIPES, BLOCK)
         tl.debug_barrier()  # the list is read back by other threads of the program
@@ -299,14 +294,10 @@ def _chunk_finish_kernel(logits_ptr, lens_ptr, out_ptr, table_ptr, parts_ptr, co
                          SPLIT: tl.constexpr, REGISTER_LIST: tl.constexpr, LIST_BLOCK: tl.constexpr):
     """One program a row: the chunks' parts gathered in chunk order into one list, then :func:`finish`."""
     row = tl.program_id(0)
-    b, n, kk = row_setup(lens_ptr, row, stride_lens_b, stride_lens_j, width, k, NEXT_N, LENS_2D)
-    row_ptr, out_row, table_row = row_addresses(logits_ptr, out_ptr, table_ptr, row, b, stride_row, stride_out,
-                                                stride_table)
-    list_ptr = scratch_ptr + row.to(tl.int64) * capacity
-    fill_tail(out_row, kk, k, LIST_BLOCK)
-    if n <= k:
-        write_all(out_row, n, table_row, block_size, HAS_TABLE, LIST_BLOCK)
-    else:
+    n, kk, row_ptr, out_row, table_row, list_ptr = open_row(
+        logits_ptr, lens_ptr, out_ptr, table_ptr, scratch_ptr, row, stride_row, stride_lens_b, stride_lens_j,
+        stride_out, stride_table, width, k, block_size, capacity, NEXT_N, LENS_2D, HAS_TABLE, LIST_BLOCK)
+    if n > k:
         counts = tl.load(counts_ptr + row * SPLIT + tl.arange(0, SPLIT))
         total = tl.sum(counts, axis=0)
         if total <= capacity:  # then every part fits, and so does the gathered list

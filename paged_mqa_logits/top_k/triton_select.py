@@ -130,5 +130,30 @@ def row_addresses(logits_ptr, out_ptr, table_ptr, row, b, stride_row, stride_out
             table_ptr + b.to(tl.int64) * stride_table)
 
 
+@triton.jit
+def write_all(out_row, n, table_row, block_size, HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr):
+    """Every visible position, in column order (a row with at most ``k`` of them)."""
+    for start in range(0, n, BLOCK):
+        columns = start + tl.arange(0, BLOCK)
+        emit(out_row, columns, columns, columns < n, table_row, block_size, HAS_TABLE)
+
+
+@triton.jit
+def open_row(logits_ptr, lens_ptr, out_ptr, table_ptr, scratch_ptr, row, stride_row, stride_lens_b, stride_lens_j,
+             stride_out, stride_table, width, k, block_size, capacity, NEXT_N: tl.constexpr, LENS_2D: tl.constexpr,
+             HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr):
+    """The prologue every one-program-a-row kernel shares: the row's visible length ``n``, ``kk = min(k, n)``,
+    its logits, output and block-table rows and its scratch list (``capacity`` entries); slots ``[kk, k)``
+    get ``-1`` (first: fewer values then live across a kernel's passes) and a row with ``n <= k`` is
+    written whole here, so the caller selects only when ``n > k``."""
+    b, n, kk = row_setup(lens_ptr, row, stride_lens_b, stride_lens_j, width, k, NEXT_N, LENS_2D)
+    row_ptr, out_row, table_row = row_addresses(logits_ptr, out_ptr, table_ptr, row, b, stride_row, stride_out,
+                                                stride_table)
+    fill_tail(out_row, kk, k, BLOCK)
+    if n <= k:
+        write_all(out_row, n, table_row, block_size, HAS_TABLE, BLOCK)
+    return n, kk, row_ptr, out_row, table_row, scratch_ptr + row.to(tl.int64) * capacity
+
+
 def lens_strides(lengths) -> tuple[int, int]:
     return lengths.stride(0), lengths.stride(1) if lengths.dim() == 2 else 0
