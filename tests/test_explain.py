@@ -37,7 +37,8 @@ def test_explain_topk_default_and_tuned_row(tmp_path, monkeypatch, capsys):
     assert main(["explain", "--topk", "--arch", "gfx950", "--batch", "128", "--next-n", "2", "--context", "65536"]) == 0
     out = capsys.readouterr().out
     assert "rows=256 (batch 128 x next_n 2) context=65536 k=2048" in out
-    assert "backend : triton\n" in out and "knobs   : BLOCK=512, num_warps=4" in out and "default for gfx950" in out
+    assert "backend : triton_sample\n" in out and "knobs   : BLOCK=8192, num_warps=8" in out
+    assert "default for gfx950" in out
     tuned = tmp_path / "gfx950_topk_tuned.csv"
     tuned.write_text("arch,cu_num,op,rows,k,context,backend,BLOCK,num_warps,split,us,provenance\n"
                      "gfx950,256,topk,256,2048,65536,triton_radix,2048,16,2,5.0,tuned:test\n")

@@ -3,7 +3,7 @@
 The choice is the tuned tables' (``paged_mqa_logits/table.py``: rows whose ``op`` is ``topk``,
 keyed by arch, CU count, rows, ``k``, logits dtype and row width; :func:`table.lookup_topk`).
 Without a row, the untuned default: ``torch`` on CPU tensors (the interpreter runs the Triton
-kernels, exactly but slowly), ``triton`` (the portable kernel) on every GPU, with the knobs'
+kernels, exactly but slowly), ``triton_sample`` (one read of a row) on every GPU, with the knobs'
 defaults (``knobs.py``). ``backend=`` on a call names one explicitly (with its default knobs).
 
 :func:`choose` decides once per (chip, rows, ``k``, dtype, width) and caches the decision, as the
@@ -38,8 +38,10 @@ def launcher(name: str) -> Callable[..., None]:
 
 
 def default_backend(arch: str) -> str:
-    """The untuned default: ``torch`` for CPU tensors, ``triton`` on every GPU."""
-    return "torch" if arch == "cpu" else "triton"
+    """The untuned default: ``torch`` for CPU tensors, ``triton_sample`` on every GPU (on an H100 it ran
+    1.3-5.9x faster than ``triton_radix`` at every shape of ``benchmarks/h100/topk_sample_vs_vllm.csv``, and
+    ``triton_radix`` beat the portable ``triton``; the AMD model of docs/TOPK.md ranks them the same way)."""
+    return "torch" if arch == "cpu" else "triton_sample"
 
 
 @dataclass(frozen=True)

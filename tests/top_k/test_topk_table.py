@@ -119,7 +119,8 @@ def test_the_op_dispatches_through_the_table_and_caches(tables):
 
 def test_untuned_default_is_todays_rule(tables):
     tables(TOPK_HEADER)
-    for arch, backend in (("cpu", "torch"), ("sm_90", "triton"), ("gfx942", "triton"), ("gfx950", "triton")):
+    for arch, backend in (("cpu", "torch"), ("sm_90", "triton_sample"), ("gfx942", "triton_sample"),
+                          ("gfx950", "triton_sample")):
         choice = backends.decide(arch, 132, TopkKey(rows=64, k=2048), 8192)
         assert choice.backend == backend and choice.source == "defaults"
-    assert backends.decide("sm_90", 132, TopkKey(rows=64, k=2048), 8192).config == {"BLOCK": 512, "num_warps": 4}
+    assert backends.decide("sm_90", 132, TopkKey(rows=64, k=2048), 8192).config == {"BLOCK": 8192, "num_warps": 8}
