@@ -40,7 +40,8 @@ def launcher(name: str) -> Callable[..., None]:
 def default_backend(arch: str) -> str:
     """The untuned default: ``torch`` for CPU tensors, ``triton_sample`` on every GPU (on an H100 it ran
     1.3-5.9x faster than ``triton_radix`` at every shape of ``benchmarks/h100/topk_sample_vs_vllm.csv``, and
-    ``triton_radix`` beat the portable ``triton``; the AMD model of docs/TOPK.md ranks them the same way)."""
+    it reads a row once where the portable ``triton`` reads it nine times; the AMD model of docs/TOPK.md ranks
+    ``triton_sample`` above ``triton_radix`` too)."""
     return "torch" if arch == "cpu" else "triton_sample"
 
 

@@ -70,7 +70,7 @@ def topk(logits: torch.Tensor, lengths: torch.Tensor, k: int = 2048, *, next_n: 
     ``out``: where to write (allocated when ``None``). ``block_table``/``block_size``: write
     ``block_table[b, p // block_size] * block_size + p % block_size`` instead of ``p``.
     ``backend``: one of :data:`BACKENDS` (default: the tuned tables' pick, else torch on CPU and
-    triton on GPUs; ``top_k/backends.py``).
+    triton_sample on GPUs; ``top_k/backends.py``).
     Each row holds its positions unsorted; a row with fewer than ``k`` visible positions holds all
     of them, then ``-1``.
     """

@@ -1,4 +1,5 @@
-"""The Triton pieces both top-k kernels are built from (``triton_portable``, ``triton_radix``).
+"""The Triton pieces the top-k kernels are built from (``triton_portable``, ``triton_radix``,
+``triton_sample``): key mapping, the list search and write, and the rows' prologue (:func:`open_row`).
 
 Keys: each fp32 logit maps to an int32 whose signed order is the floats' order (negative floats
 have their magnitude bits flipped; NaN of either sign becomes the largest key, above +inf).
@@ -142,7 +143,7 @@ def write_all(out_row, n, table_row, block_size, HAS_TABLE: tl.constexpr, BLOCK:
 def open_row(logits_ptr, lens_ptr, out_ptr, table_ptr, scratch_ptr, row, stride_row, stride_lens_b, stride_lens_j,
              stride_out, stride_table, width, k, block_size, capacity, NEXT_N: tl.constexpr, LENS_2D: tl.constexpr,
              HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr):
-    """The prologue every one-program-a-row kernel shares: the row's visible length ``n``, ``kk = min(k, n)``,
+    """The prologue ``triton_radix``'s and ``triton_sample``'s one-program-a-row kernels share: the row's visible length ``n``, ``kk = min(k, n)``,
     its logits, output and block-table rows and its scratch list (``capacity`` entries); slots ``[kk, k)``
     get ``-1`` (first: fewer values then live across a kernel's passes) and a row with ``n <= k`` is
     written whole here, so the caller selects only when ``n > k``."""
