@@ -331,14 +331,26 @@ def register_list_for(k: int, width: int) -> int:
                triton.next_power_of_2(capacity_for(k, width)))
 
 
-def launch(call: TopkCall, knobs: dict | None = None, split: int | None = None) -> None:
+#: what :func:`launch` may stop after, for ``tools/topk_phases.py``: the seed alone, or the seed and the compaction
+PHASES = ("seed", "compaction")
+
+
+def launch(call: TopkCall, knobs: dict | None = None, split: int | None = None, stop_after: str | None = None):
     """Select ``call``'s rows with ``knobs`` (``BLOCK``, ``num_warps``, ``split``: ``knobs.py``;
     absent ones take the device's defaults, ``split`` ``triton_radix.split_for``); ``split`` given
-    here overrides the knob."""
+    here overrides the knob.
+
+    ``stop_after`` (one of :data:`PHASES`) times a phase alone: the chunk kernel runs (with any
+    ``split``, 1 included) with empty chunks (``"seed"``) or the row's (``"compaction"``), nothing
+    is written to ``call.out``, and ``(parts, counts)`` come back: each chunk's list
+    (``[rows, split, capacity]``, positions) and its survivors (``[rows, split]``, also past the
+    capacity; 0 for a row with at most ``k`` visible positions)."""
     knobs = knobs or {}
+    if stop_after is not None and stop_after not in PHASES:
+        raise ValueError(f"stop_after must be one of {PHASES} or None, got {stop_after!r}")
     rows, width = call.logits.shape
     if rows == 0:
-        return
+        return None
     device = call.logits.device
     on_cpu = device.type == "cpu"
     split = chunks_per_row(call, knobs, split)
@@ -358,19 +370,22 @@ def launch(call: TopkCall, knobs: dict | None = None, split: int | None = None) 
     common = dict(NEXT_N=call.next_n, LENS_2D=call.lens_2d, **options)
     strides = (call.logits.stride(0), call.logits.stride(1))
     has_table = call.block_table is not None
-    if split == 1:
+    if split == 1 and stop_after is None:
         run(_topk_sample_kernel)[(rows,)](
             call.logits, call.lengths, call.out, table, scratch, *strides, *lens_args, call.out.stride(0),
             table.stride(0), width, call.k, call.block_size, capacity, HAS_TABLE=has_table, STRIPES=block // columns,
             REGISTER_LIST=register_list, LIST_BLOCK=list_block, BLOCK=block, **common)
-        return
-    chunk = triton.cdiv(width, split)
+        return None
+    chunk = 0 if stop_after == "seed" else triton.cdiv(width, split)
     parts = torch.empty((rows, split, capacity), dtype=torch.int32, device=device)
     counts = torch.empty((rows, split), dtype=torch.int32, device=device)
     run(_chunk_compact_kernel)[(rows, split)](
         call.logits, call.lengths, parts, counts, *strides, *lens_args, width, call.k, capacity, chunk, SPLIT=split,
         STRIPES=block // columns, BLOCK=block, **common)
+    if stop_after is not None:
+        return parts, counts
     run(_chunk_finish_kernel)[(rows,)](
         call.logits, call.lengths, call.out, table, parts, counts, scratch, *strides, *lens_args, call.out.stride(0),
         table.stride(0), width, call.k, call.block_size, capacity, HAS_TABLE=has_table, SPLIT=split,
         REGISTER_LIST=register_list, LIST_BLOCK=list_block, **common)
+    return None
