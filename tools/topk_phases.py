@@ -33,9 +33,12 @@ COPY_BYTES = 256 << 20
 
 def _pairs(text: str, sep: str) -> list[tuple[int, int]]:
     try:
-        return [tuple(int(v) for v in item.split(sep)) for item in text.split(",")]
+        pairs = [tuple(int(v) for v in item.split(sep)) for item in text.split(",")]
     except ValueError:
-        raise SystemExit(f"expected comma-separated A{sep}B integer pairs, got {text!r}") from None
+        pairs = []
+    if not pairs or any(len(pair) != 2 for pair in pairs):
+        raise SystemExit(f"expected comma-separated A{sep}B integer pairs, got {text!r}")
+    return pairs
 
 
 def phase_row(rows: int, width: int, k: int, block: int, warps: int, device: torch.device,

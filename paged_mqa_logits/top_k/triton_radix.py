@@ -301,12 +301,11 @@ def chunks_per_row(call: TopkCall, knobs: dict, split: int | None) -> int:
     """``split`` if given, else the ``split`` knob, else 1 on CPU and :func:`split_for` on a GPU: the
     rule both row-splitting backends (this one and ``triton_sample``) launch with."""
     split = split or knobs.get("split")
-    if split is None:
-        rows, width = call.logits.shape
-        device = call.logits.device
-        split = 1 if device.type == "cpu" else split_for(rows, width,
-                                                          torch.cuda.get_device_properties(device).multi_processor_count)
-    return split
+    device = call.logits.device
+    if split is not None or device.type == "cpu":
+        return split or 1
+    rows, width = call.logits.shape
+    return split_for(rows, width, torch.cuda.get_device_properties(device).multi_processor_count)
 
 
 def launch(call: TopkCall, knobs: dict | None = None, split: int | None = None) -> None:

@@ -143,10 +143,10 @@ def write_all(out_row, n, table_row, block_size, HAS_TABLE: tl.constexpr, BLOCK:
 def open_row(logits_ptr, lens_ptr, out_ptr, table_ptr, scratch_ptr, row, stride_row, stride_lens_b, stride_lens_j,
              stride_out, stride_table, width, k, block_size, capacity, NEXT_N: tl.constexpr, LENS_2D: tl.constexpr,
              HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr):
-    """The prologue ``triton_radix``'s and ``triton_sample``'s one-program-a-row kernels share: the row's visible length ``n``, ``kk = min(k, n)``,
-    its logits, output and block-table rows and its scratch list (``capacity`` entries); slots ``[kk, k)``
-    get ``-1`` (first: fewer values then live across a kernel's passes) and a row with ``n <= k`` is
-    written whole here, so the caller selects only when ``n > k``."""
+    """The prologue ``triton_radix``'s and ``triton_sample``'s one-program-a-row kernels share: the row's
+    visible length ``n``, ``kk = min(k, n)``, its logits, output and block-table rows and its scratch list
+    (``capacity`` entries); slots ``[kk, k)`` get ``-1`` (first: fewer values then live across a kernel's
+    passes) and a row with ``n <= k`` is written whole here, so the caller selects only when ``n > k``."""
     b, n, kk = row_setup(lens_ptr, row, stride_lens_b, stride_lens_j, width, k, NEXT_N, LENS_2D)
     row_ptr, out_row, table_row = row_addresses(logits_ptr, out_ptr, table_ptr, row, b, stride_row, stride_out,
                                                 stride_table)

@@ -63,6 +63,7 @@ def test_the_tool_prints_a_row_per_shape_and_knobs(capsys):
     assert all(float(row[c]) > 0 for c in ("seed_us", "whole_us", "radix_us"))
 
 
-def test_the_tool_rejects_malformed_shapes():
-    with pytest.raises(SystemExit, match="expected comma-separated AxB integer pairs, got '64-8192'"):
-        topk_phases.main(["--device", "cpu", "--shapes", "64-8192"])
+@pytest.mark.parametrize("shapes", ["64-8192", "64x8192x2"])
+def test_the_tool_rejects_malformed_shapes(shapes):
+    with pytest.raises(SystemExit, match=f"expected comma-separated AxB integer pairs, got '{shapes}'"):
+        topk_phases.main(["--device", "cpu", "--shapes", shapes])
