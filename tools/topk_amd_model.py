@@ -172,7 +172,8 @@ def sample_loops(arch: str) -> tuple[tuple[PassCost, ...], dict]:
     columns = triton_sample.LANE_ELEMENTS * 64 * warps
     isa, record = _compile(triton_sample._topk_sample_kernel, arch, warps,
                            {"BLOCK": block, "STRIPES": max(1, block // columns), "LIST_BLOCK": columns,
-                            "REGISTER_LIST": triton_sample.REGISTER_LIST})
+                            "REGISTER_LIST": triton_sample.REGISTER_LIST,
+                            "ROW": triton_sample.held_row_for(block, 131072, columns)})
     loops = _loops(_amd_blocks(isa))
     compaction = next(body for body in loops if _has(body, "global_load") and _has(body, "global_store"))
     elements = block // warps
@@ -195,9 +196,10 @@ def _compile(kernel, arch: str, num_warps: int, constexprs: dict):
     from paged_mqa_logits.backends.base import CompileSpec
 
     order = list(inspect.signature(kernel.fn).parameters)
-    pointers = ("logits_ptr", "lens_ptr", "out_ptr", "table_ptr", "scratch_ptr")
+    pointers = ("logits_ptr", "lens_ptr", "out_ptr", "table_ptr", "scratch_ptr", "entries_ptr")
     constexprs = {"NEXT_N": 1, "LENS_2D": False, "HAS_TABLE": False, **constexprs}
-    signature = {name: "*fp32" if name == "logits_ptr" else "*i32" if name in pointers else
+    signature = {name: "*fp32" if name == "logits_ptr" else "*i64" if name == "entries_ptr" else
+                 "*i32" if name in pointers else
                  "constexpr" if name in constexprs else "i32" for name in order}
     spec = CompileSpec(name=f"topk_{kernel.__name__.strip('_')}_{arch}", backend="topk", arch=arch, knobs={},
                        fn=kernel, signature=signature, constexprs=constexprs,

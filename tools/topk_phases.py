@@ -6,7 +6,9 @@ also the lengths of the lists the seed leaves. The numbers of docs/PERF_NOTES.md
 ``python tools/topk_phases.py [--shapes 64x8192,256x32768] [--knobs 8192/8,4096/4] [--k 2048]``
 
 The finish's time is the whole kernel's less the seed's and the compaction's (``triton_sample.launch`` with
-``stop_after``). A diagnostic, not the benchmark: its rows are uniform and its ``split`` fixed, where
+``stop_after``). Rows no longer than ``triton_sample.held_row_for`` are selected whole in registers: their
+seed and compaction times are the chunk kernel's launch alone, and the list columns say ``held``. A diagnostic,
+not the benchmark: its rows are uniform and its ``split`` fixed, where
 ``bench --topk`` times each backend as the op would run it. On CPU tensors (``--device cpu``) it runs the
 kernels through the interpreter, for the tests: its times there say nothing about a GPU.
 """
@@ -60,9 +62,13 @@ def phase_row(rows: int, width: int, k: int, block: int, warps: int, device: tor
     radix = timed(lambda call: triton_radix.launch(call, None, split=1))
     _, counts = triton_sample.launch(calls[0], knobs, split=1, stop_after="compaction")
     counts = counts.flatten().float()
-    below = (counts < min(k, width)).float().mean().item()
+    if width > k and int(counts.max()) == 0:  # rows held whole (triton_sample.HELD_ROW): no seed, no list
+        lists = "held,held,held,-"
+    else:
+        below = (counts < min(k, width)).float().mean().item()
+        lists = f"{int(counts.min())},{int(counts.median())},{int(counts.max())},{below:.3f}"
     return (f"{rows},{width},{k},{block},{warps},{seed:.2f},{compacted - seed:.2f},{whole - compacted:.2f},"
-            f"{whole:.2f},{radix:.2f},{int(counts.min())},{int(counts.median())},{int(counts.max())},{below:.3f}")
+            f"{whole:.2f},{radix:.2f},{lists}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,11 +9,11 @@ sequence, no page table. Every loop (a backward branch's span, nested loops' ins
 in each loop that holds them) is listed with its instructions, whether it loads (``LDG``) and
 stores (``STG``) global memory, and its instructions per element: the loop's instructions over the
 elements a thread handles per iteration (``BLOCK / (32 num_warps)``), the count docs/TOPK.md uses.
-A loop whose step is not ``BLOCK`` (the list search's ``[BLOCK, 16]`` rounds, the fill, the
-descents' rounds) is listed all the same; the passes over the row are the loops the docstrings
+A loop whose step is not ``BLOCK`` (the list search's ``[BLOCK, 16]`` rounds, the fill,
+``narrow``'s rounds) is listed all the same; the passes over the row are the loops the docstrings
 name. ``triton_sample``'s seed and register finish are also compiled alone: their instructions
-outside the descent's round loop, and a round's, per element a thread reads of a row of 8k, 32k
-and 128k (the seed's rounds are the first loop listed for the kernel: at most 16).
+outside ``narrow``'s round loop, and a round's, per element a thread reads of a row of 8k, 32k and
+128k (the seed's rounds are the first loop listed for the kernel).
 """
 
 from __future__ import annotations
@@ -35,7 +35,9 @@ from paged_mqa_logits.backends.base import CompileSpec  # noqa: E402
 from paged_mqa_logits.top_k import triton_radix, triton_sample  # noqa: E402
 
 #: parameters a JIT launch sees 16-divisible (pointers, the row stride) or equal to 1 (column stride)
-_ALIGNED = ("logits_ptr", "out_ptr", "scratch_ptr", "row_ptr", "stride_row", "stride_out")
+_ALIGNED = ("logits_ptr", "out_ptr", "scratch_ptr", "entries_ptr", "row_ptr", "stride_row", "stride_out")
+#: pointers that are not int32 ones
+_POINTER_TYPES = {"logits_ptr": "*fp32", "row_ptr": "*fp32", "entries_ptr": "*i64"}
 _ONE = ("stride_col",)
 
 
@@ -43,7 +45,7 @@ def compile_sm90(kernel, constexprs: dict, num_warps: int) -> tuple[list[sass.In
     """The kernel's SASS as a launch specialises it (module docstring), and its compile record."""
     order = list(inspect.signature(kernel.fn).parameters)
     constexprs = dict(constexprs, **{name: 1 for name in _ONE if name in order})
-    signature = {name: "constexpr" if name in constexprs else "*fp32" if name in ("logits_ptr", "row_ptr") else
+    signature = {name: "constexpr" if name in constexprs else _POINTER_TYPES[name] if name in _POINTER_TYPES else
                  "*i32" if name.endswith("_ptr") else "i32" for name in order}
     attrs = {(order.index(name),): [["tt.divisibility", 16]] for name in _ALIGNED if name in order}
     spec = CompileSpec(name="topk_sass", backend="topk", arch="sm_90", knobs={}, fn=kernel, signature=signature,
@@ -72,9 +74,8 @@ def _seed_only(row_ptr, out_ptr, n, kk):
 
 
 @triton.jit
-def _finish_only(row_ptr, scratch_ptr, out_ptr, kk, count, REGISTER_LIST: tl.constexpr, COLUMNS: tl.constexpr):
-    triton_sample._finish_in_registers(row_ptr, 1, kk, count, out_ptr, scratch_ptr, out_ptr, 1, False, REGISTER_LIST,
-                                       COLUMNS)
+def _finish_only(entries_ptr, out_ptr, kk, count, REGISTER_LIST: tl.constexpr, COLUMNS: tl.constexpr):
+    triton_sample._finish_in_registers(kk, count, out_ptr, entries_ptr, out_ptr, 1, False, REGISTER_LIST, COLUMNS)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warps", type=int, default=triton_sample.NUM_WARPS, help="triton_sample's num_warps")
     parser.add_argument("--register-list", type=int, default=triton_sample.REGISTER_LIST,
                         help="triton_sample's REGISTER_LIST (the launcher's pick for k 2048 at 32k-160k columns)")
+    parser.add_argument("--width", type=int, default=131072,
+                        help="the row width the launch is for: rows up to min(8192, BLOCK, width) are held whole")
     a = parser.parse_args(argv)
     common = {"NEXT_N": 1, "LENS_2D": False, "HAS_TABLE": False}
     warps = triton_radix.NUM_WARPS
@@ -93,27 +96,27 @@ def main(argv: list[str] | None = None) -> int:
     warps, block = a.warps, a.block
     columns = triton_sample.LANE_ELEMENTS * 32 * warps
     constexprs = dict(common, BLOCK=block, STRIPES=max(1, block // columns), LIST_BLOCK=columns,
-                      REGISTER_LIST=a.register_list)
+                      REGISTER_LIST=a.register_list, ROW=triton_sample.held_row_for(block, a.width, columns))
     code, record = compile_sm90(triton_sample._topk_sample_kernel, constexprs, warps)
     print(f"triton_sample (BLOCK {block}, {warps} warps, {record.vgprs} registers, local memory "
-          f"{record.scratch_bytes} bytes): in order, the seed's descent round (no load), the compaction (the "
-          "first loop that loads and stores), the register finish's shared-top-bits loop and descent round (no "
+          f"{record.scratch_bytes} bytes): in order, the seed's search round (no load), the compaction (the "
+          "first loop that loads and stores), the register finish's search round (no "
           f"load), then the list search and write and triton_radix's fallback; loops stepping {columns} at a time "
           "read at "
-          f"{columns / block:.3g}x, a descent round over {a.register_list} held entries is "
+          f"{columns / block:.3g}x, a search round over {a.register_list} held entries is "
           f"{a.register_list / (32 * warps):.0f} entries a thread")
     print("\n".join(loop_rows(code, block / (32 * warps))))
     code, _ = compile_sm90(_seed_only, {}, warps)
     threads = 32 * warps
     straight = len(code) - sum(len(loop) for loop in sass.loops(code))
-    print(f"triton_sample's seed alone: {straight} instructions a thread outside its descent loop; per element "
+    print(f"triton_sample's seed alone: {straight} instructions a thread outside its search loop; per element "
           "of a row of " + ", ".join(f"{n // 1024}k: {straight * threads / n:.2f}" for n in (8192, 32768, 131072)))
     code, _ = compile_sm90(_finish_only, {"REGISTER_LIST": a.register_list, "COLUMNS": columns}, warps)
     loops = sass.loops(code)
     straight = len(code) - sum(len(loop) for loop in loops)
-    round_ = max(len(loop) for loop in loops)  # the descent's (the other: the shared top bits', scalar)
+    round_ = max(len(loop) for loop in loops)  # narrow's round (the only loop)
     print(f"triton_sample's register finish alone ({a.register_list} entries): {straight} instructions a thread "
-          f"outside its loops, {round_} a descent round; per element of a row of "
+          f"outside its loops, {round_} a search round; per element of a row of "
           + ", ".join(f"{n // 1024}k: {straight * threads / n:.2f} + {round_ * threads / n:.2f} a round"
                       for n in (8192, 32768, 131072)))
     return 0

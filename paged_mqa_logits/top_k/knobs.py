@@ -54,7 +54,7 @@ SPACES = {
     "triton_sample": KnobSpace(
         allowed={"BLOCK": _BLOCKS + (8192,), "num_warps": _WARPS, "split": SPLITS},
         gpu={"BLOCK": 8192, "num_warps": 8}, cpu={"BLOCK": 64},
-        tune_gpu={"BLOCK": (4096, 8192), "num_warps": (4, 8), "split": (None,) + SPLITS},
+        tune_gpu={"BLOCK": (2048, 4096, 8192), "num_warps": (4, 8), "split": (None,) + SPLITS},
         tune_cpu={"BLOCK": (64,), "split": (None, 1, 2)}),
 }
 #: every top-k knob name: a column a table may have

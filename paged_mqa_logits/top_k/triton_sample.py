@@ -1,38 +1,51 @@
 """``triton_sample`` backend: a sample-seeded threshold, so a row is read once in the common case
 (GPUs; CPU tensors run the same source through the interpreter, for the tests).
 
-Per row with ``n > k`` visible positions (rows with at most ``k`` are written without reading):
+Per row with ``n > k`` visible positions (rows with at most ``k`` are written without reading): a row
+of at most ``held_row_for(BLOCK, width)`` positions (``HELD_ROW``, 8192, when the block is as long) is
+loaded into registers whole and selected there (:func:`select_held_row`: one read, no sample, no
+list); a longer one takes three steps:
 
 1. **Seed.** ``SAMPLE`` (2048) keys, ``SAMPLE_PIECES`` (16) contiguous pieces spread evenly over
-   the row (the row itself when it is no longer), held in registers. A one-bit-a-round descent
-   (:func:`descend`, at most ``SEED_BITS`` = 16 rounds) finds a 16-bit key prefix ``T`` with at
-   least ``rank`` sample keys ``>= T`` (stopping once at most ``1.25 rank`` are): ``rank`` is the
-   sample's expected hits among the row's top ``k`` plus four standard deviations and four, so
-   fewer than ``k`` listed is rare at any ``k`` and length (``k`` itself when the sample is the row).
-2. **Compact.** One read of the row lists the position of every key ``>= T`` in a per-row scratch
-   list (``max(CAPACITY, 4 k)`` entries, at most the width) and counts them. The test is a float
-   compare against ``T``'s value (NaN kept apart): a superset only where ``T`` is +0.0 (-0.0
-   joins), so still every key ``>=`` some threshold, and the count is the list's.
-3. **Finish.** When ``k <= count`` and the list fits, its keys are gathered into registers
+   the row (the row itself when it is no longer), held in registers. :func:`narrow` finds a key
+   ``T`` with between ``rank`` and ``1.25 rank`` sample keys ``>= T`` (or, where ties leave none,
+   the largest with at least ``rank``): ``rank`` is the sample's expected hits among the row's top
+   ``k`` plus four standard deviations and four, so fewer than ``k`` listed is rare at any ``k`` and
+   length (``k`` itself when the sample is the row).
+2. **Compact.** One read of the row lists every key ``>= T`` in a per-row scratch list
+   (``max(CAPACITY, 4 k)`` entries, at most the width), as one int64 entry each (:func:`pack`:
+   the value's bits above the position), and counts them. The test is a float compare against
+   ``T``'s value (NaN kept apart): a superset only where ``T`` is +0.0 (-0.0 joins), so still every
+   key ``>=`` some threshold, and the count is the list's.
+3. **Finish.** When ``k <= count`` and the list fits, its entries are loaded into registers
    (``REGISTER_LIST`` at most, sized by the launcher to about 1.5x the longest list the seed aims at
-   for the call's width), the top bits its smallest and largest key share are fixed, and the
-   descent finds the exact k-th largest key (stopping once exactly ``k`` keys are at or above the
-   prefix); those above it, then the first tied ones, are written. A list longer than the registers
-   hold is searched where it lies (``triton_select.search`` / ``write_selection``). Otherwise the
-   seed was too high (count below ``k``: a sample unlike its row) or too low (ties, or again an
-   unrepresentative sample: the list overflowed) and the row goes ``triton_radix``'s way
-   (``triton_radix.select_row``): the result never depends on the sample.
+   for the call's width; the values come with the positions, so nothing is gathered from the row)
+   and :func:`narrow` finds the exact k-th largest key (stopping once exactly ``k`` keys are at or
+   above the threshold); those above it, then the first tied ones, are written. A list longer than
+   the registers hold is searched where it lies (its positions unpacked in place;
+   ``triton_select.search`` / ``write_selection``). Otherwise the seed was too high (count below
+   ``k``: a sample unlike its row) or too low (ties, or again an unrepresentative sample: the list
+   overflowed) and the row goes ``triton_radix``'s way (``triton_radix.select_row``): the result
+   never depends on the sample.
 
-Counted in sm_90 SASS by ``tools/topk_sass.py`` (a JIT launch's specialisation: 16-byte aligned
-row, column stride 1; instructions per element a thread handles), defaults ``BLOCK`` 8192 over 8
-warps: the compaction loop 27 an element (the load and key mapping alone about 10); the seed 246
-instructions a thread plus 51 a round (about 11 rounds: 1.6 an element of a 128k row); the register
-finish over 8192 entries 2424 a thread plus 128 a round (about 20 rounds: 9.7 an element of a 128k
-row). So about 38 an element in all at 128k and k 2048, with one read of the row, against
-``triton_radix``'s 79 + 64 (two reads) or 79 + 98 + 64 (three), counted the same way. Short rows
-pay the fixed parts over fewer elements (about 127 an element at 8k: fewer warps are the tuner's
-to try). Why the compaction looks as it does, each alternative counted the same way in a loop that
-loads, compares and lists:
+Why :func:`narrow` interpolates: every round is a block-wide reduction, and this kernel is
+latency-bound, so rounds cost more than the arithmetic around them. A one-bit-a-round descent took
+about 11 rounds for the seed and 19-20 for the finish on standard-normal rows; two probes a round
+(where the rank would lie if the keys between the bracket's ends were spread evenly, and the
+bracket's middle, packed into one reduction) take 4-7 for the seed and about 8 for the finish
+(numpy model of both searches over the same keys; ties at the k-th key take up to 17 where the
+descent took 23-31).
+
+Counted in sm_90 SASS by ``tools/topk_sass.py`` (a JIT launch's specialisation: 16-byte aligned row,
+column stride 1; instructions per element a thread handles), defaults ``BLOCK`` 8192 over 8 warps:
+the compaction loop 32 an element (the load and key mapping alone about 10; the 8-byte entry's store
+about 5 more than a position's); the seed 415 instructions a thread plus 129 a round (about 5
+rounds: 2.1 an element of a 128k row); the register finish over 8192 entries 1804 a thread plus 276
+a round (about 8 rounds: 7.8 an element of a 128k row). So about 42 an element in all at 128k and k
+2048, with one read of the row, against ``triton_radix``'s 79 + 64 (two reads) or 79 + 98 + 64
+(three), counted the same way. Short rows pay the fixed parts over fewer elements (fewer warps and
+smaller blocks are the tuner's to try). Why the compaction looks as it does, each alternative
+counted the same way in a loop that loads, compares and lists:
 
 * one 1-D ``tl.cumsum`` over the block (as ``triton_radix``'s split pass): 66 (1024 a step), 62 (4096);
 * ``[R, E]`` pieces of ``E`` contiguous elements, the scan along the piece: 51-56;
@@ -81,13 +94,12 @@ CPU_LIST_BLOCK = 64
 CAPACITY = 8192
 SAMPLE = tl.constexpr(2048)
 SAMPLE_PIECES = tl.constexpr(16)
-#: key bits the seed resolves: 16 (sign, exponent, seven mantissa bits) put ``T`` within 1/128 of the
-#: sample's rank-th key; more bits would cost a block reduction each
-SEED_BITS = 16
-SEED_LOWEST_BIT = tl.constexpr(1 << (32 - SEED_BITS))
 #: the most listed keys the finish holds in registers (a power of two); longer lists are searched
 #: where they lie (``triton_select.search``)
 REGISTER_LIST = 8192
+#: the longest row (visible positions) selected whole in registers, when the block allows: one read, no
+#: sample and no list (at most 65535: the ranks' packed scan)
+HELD_ROW = 8192
 #: the key of -inf: thresholds at or below it keep every non-NaN value
 NEG_INF_KEY = tl.constexpr(-2139095041)
 
@@ -108,28 +120,55 @@ def _flat(values, SIZE: tl.constexpr):
 
 
 @triton.jit
-def descend(keys, above, rank_low, rank_high, prefix, bit, LOWEST_BIT: tl.constexpr):
-    """A one-bit-a-round descent over register-held 2-D ``keys`` (dead ones the smallest int32, below
-    every real key: no candidate counts them): from the top bit down to ``LOWEST_BIT``, the largest
-    prefix ``T`` with at least ``rank_low`` keys ``>= T``, stopping early once at most ``rank_high``
-    are. Starts from ``prefix`` (unsigned bits above ``bit``, which every live key has; ``0`` and the
-    sign bit: none) with ``above`` live keys (at least ``rank_low``). Returns ``T`` (a signed key) and
-    the live keys ``>= T``. One block reduction a round, so the rounds, not the keys, cost most."""
-    while ((bit < 0) | (bit >= LOWEST_BIT)) & (above > rank_high):
-        candidate = prefix | bit
-        count = _total((keys >= (candidate ^ SIGN)).to(tl.int32))
-        taken = count >= rank_low
-        prefix = tl.where(taken, candidate, prefix)
-        above = tl.where(taken, count, above)
-        bit = (bit >> 1) & MAX_KEY
-    return prefix ^ SIGN, above
+def _min_max(low_a, high_a, low_b, high_b):
+    return tl.minimum(low_a, low_b), tl.maximum(high_a, high_b)
+
+
+@triton.jit
+def bracket(keys, live):
+    """The bracket :func:`narrow` starts from: the smallest live key and one past the largest (int64),
+    in one reduction."""
+    low, high = tl.reduce((_flat(tl.where(live, keys, MAX_KEY), keys.numel), _flat(keys, keys.numel)), 0, _min_max)
+    return low.to(tl.int64), high.to(tl.int64) + 1
+
+
+@triton.jit
+def narrow(keys, low, low_count, high, high_count, rank_low, rank_high):
+    """A key ``T`` with at least ``rank_low`` of the register-held 2-D ``keys`` ``>= T`` and at most
+    ``rank_high`` (dead keys the smallest int32, below every live one), or, where ties leave no such
+    key, the largest ``T`` with at least ``rank_low``. Starts from the bracket ``[low, high)`` (int64
+    keys, ``low_count >= rank_low`` keys ``>= low``, ``high_count < rank_low`` ``>= high``) and narrows
+    it with two probes a round, counted in one block reduction (the counts packed in 16-bit halves:
+    at most 65535 keys): the key where the middle of the ranks would lie if the keys between the
+    bracket's ends were spread evenly (interpolation: about 8 rounds where keys are spread, against
+    about 20 one bit a round), and the middle of the bracket, so a round at least halves it (at most
+    33 rounds, where ties or gaps defeat the interpolation). Returns ``T`` (int64) and its count."""
+    target = (rank_low + rank_high) // 2
+    while (low_count > rank_high) & (high - low > 1):
+        width = high - low
+        share = tl.div_rn((low_count - target).to(tl.float32), (low_count - high_count).to(tl.float32))
+        guess = low + tl.minimum(tl.maximum((width.to(tl.float32) * share).to(tl.int64), 1), width - 1)
+        middle = low + width // 2
+        first = tl.minimum(guess, middle)
+        second = tl.maximum(guess, middle)
+        both = _total((keys >= first.to(tl.int32)).to(tl.int32) | ((keys >= second.to(tl.int32)).to(tl.int32) << 16))
+        first_count = both & 0xFFFF
+        second_count = both >> 16
+        # counts fall as the probes rise: the bracket becomes [second, high), [first, second) or [low, first)
+        second_kept = second_count >= rank_low
+        first_kept = first_count >= rank_low
+        high = tl.where(second_kept, high, tl.where(first_kept, second, first))
+        high_count = tl.where(second_kept, high_count, tl.where(first_kept, second_count, first_count))
+        low = tl.where(second_kept, second, tl.where(first_kept, first, low))
+        low_count = tl.where(second_kept, second_count, tl.where(first_kept, first_count, low_count))
+    return low, low_count
 
 
 @triton.jit
 def seed_threshold(row_ptr, stride_col, n, kk):
-    """The seed ``T`` (a signed key with its low ``32 - SEED_BITS`` bits clear) from the row's sample:
-    the largest such key with at least ``rank`` sample keys ``>= T`` (the descent stops early once
-    at most ``rank + rank / 4`` are, any of which serves as well)."""
+    """The seed ``T`` (a signed key) from the row's sample: a key with at least ``rank`` and at most
+    ``rank + rank / 4`` sample keys ``>= T`` (:func:`narrow`; the largest with at least ``rank``
+    where ties leave none)."""
     PIECE: tl.constexpr = SAMPLE // SAMPLE_PIECES
     pieces = tl.arange(0, SAMPLE_PIECES)[:, None]
     within = tl.arange(0, PIECE)[None, :]
@@ -143,9 +182,9 @@ def seed_threshold(row_ptr, stride_col, n, kk):
     hits = (kk * SAMPLE + n - 1) // n
     slack = tl.sqrt_rn(hits.to(tl.float32)).to(tl.int32) * 4 + 4  # sqrt_rn: the same on every device
     rank = tl.where(n > SAMPLE, tl.minimum(hits + slack, SAMPLE), kk)
-    threshold, _ = descend(keys, tl.minimum(n, SAMPLE), rank, rank + rank // 4, n * 0, n * 0 + SIGN,
-                           SEED_LOWEST_BIT)
-    return threshold
+    low, high = bracket(keys, live)
+    threshold, _ = narrow(keys, low, tl.minimum(n, SAMPLE), high, n * 0, rank, rank + rank // 4)
+    return threshold.to(tl.int32)
 
 
 @triton.jit
@@ -158,10 +197,24 @@ def threshold_value(threshold):
 
 
 @triton.jit
+def pack(x, positions):
+    """List entries: an fp32 value's bits above its position (int64), so the finish loads a listed
+    value with its position, no gather from the row, and the compaction stores one 8-byte entry."""
+    return (x.to(tl.int32, bitcast=True).to(tl.int64) << 32) | positions.to(tl.int64)
+
+
+@triton.jit
+def unpack(entries):
+    """Positions and fp32 values of :func:`pack`'s entries."""
+    return (entries & 0xFFFFFFFF).to(tl.int32), (entries >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _compact_step(row_ptr, stride_col, start, last, value, listed, list_ptr, capacity, MASKED: tl.constexpr,
                   STRIPES: tl.constexpr, BLOCK: tl.constexpr):
-    """List the positions of ``[start, start + BLOCK)`` (below ``last`` when ``MASKED``) whose value is
-    ``>= value`` or NaN, from entry ``listed`` on (none at or past ``capacity``); the new count."""
+    """List the entries (:func:`pack`) of ``[start, start + BLOCK)`` (below ``last`` when ``MASKED``)
+    whose value is ``>= value`` or NaN, from entry ``listed`` on (none at or past ``capacity``); the
+    new count."""
     COLUMNS: tl.constexpr = BLOCK // STRIPES
     positions = start + tl.arange(0, STRIPES)[:, None] * COLUMNS + tl.arange(0, COLUMNS)[None, :]
     if MASKED:
@@ -176,14 +229,15 @@ def _compact_step(row_ptr, stride_col, start, last, value, listed, list_ptr, cap
     # a thread's stripes are one column's: this scan stays in registers; the block scan is one per column
     slots = (listed - 1 + tl.cumsum(column_counts, axis=0) - column_counts)[None, :] + tl.cumsum(flags, axis=0)
     store = keep & (slots < capacity)
-    tl.store(list_ptr + slots, positions, mask=store)
+    tl.store(list_ptr + slots, pack(x, positions), mask=store)
     return listed + tl.sum(column_counts, axis=0)
 
 
 @triton.jit
 def compact(row_ptr, stride_col, first, last, value, list_ptr, capacity, STRIPES: tl.constexpr, BLOCK: tl.constexpr):
-    """Positions of ``[first, last)`` whose value is ``>= value`` or NaN, listed from ``list_ptr`` (at
-    most ``capacity``); returns how many there are (also past ``capacity``). Full steps load unmasked."""
+    """The positions of ``[first, last)`` whose value is ``>= value`` or NaN, with their values, listed
+    from ``list_ptr`` (:func:`pack`, at most ``capacity``); returns how many there are (also past
+    ``capacity``). Full steps load unmasked."""
     listed = first * 0
     full = last - (last - first) % BLOCK
     for start in range(first, full, BLOCK):
@@ -196,30 +250,16 @@ def compact(row_ptr, stride_col, first, last, value, list_ptr, capacity, STRIPES
 
 
 @triton.jit
-def _finish_in_registers(row_ptr, stride_col, kk, count, out_row, list_ptr, table_row, block_size,
-                         HAS_TABLE: tl.constexpr, LIST: tl.constexpr, COLUMNS: tl.constexpr):
-    """The top ``kk`` of ``count <= LIST`` listed positions, their keys held in registers as
-    ``[LIST / COLUMNS, COLUMNS]`` (entry ``(e, c)`` is ``e COLUMNS + c``: the compaction's layout, so
-    the scans stay cheap): the exact k-th largest key by :func:`descend` (one bit a round, stopping
-    once exactly ``kk`` keys are at or above the prefix), then those above it and the first tied
-    ones, in the order of the columns' scans."""
-    STRIPES: tl.constexpr = LIST // COLUMNS
-    entries = tl.arange(0, STRIPES)[:, None] * COLUMNS + tl.arange(0, COLUMNS)[None, :]
-    live = entries < count
-    positions = tl.load(list_ptr + entries, mask=live, other=0)
-    x = tl.load(row_ptr + positions.to(tl.int64) * stride_col, mask=live, other=0.0).to(tl.float32)
-    keys = tl.where(live, order_keys(x), SIGN)
-    # the top bits the smallest and largest listed keys share, every listed key has: no rounds for them
-    # (sign and exponent bits, often, where the list is a long row's top; two reductions)
-    low = tl.min(_flat(tl.where(live, keys, MAX_KEY), LIST), axis=0) ^ SIGN
-    high = tl.max(_flat(keys, LIST), axis=0) ^ SIGN
-    prefix = count * 0
-    bit = count * 0 + SIGN
-    while (bit != 0) & ((low & bit) == (high & bit)):
-        prefix = prefix | (low & bit)
-        bit = (bit >> 1) & MAX_KEY
-    threshold, _ = descend(keys, count, kk, kk, prefix, bit, 1)
-    # both ranks in one scan (LIST < 2**16): above the threshold in the low half, tied in the high
+def _select_held(keys, positions, live, count, kk, out_row, table_row, block_size, HAS_TABLE: tl.constexpr):
+    """The top ``kk`` of ``count`` live keys held in registers as ``[stripes, columns]`` (entry
+    ``(e, c)`` is ``e columns + c``: the compaction's layout, so the scans stay cheap; at most 65535
+    entries; dead keys the smallest int32): the exact k-th largest key by :func:`narrow` (stopping
+    once exactly ``kk`` keys are at or above the threshold), then the positions of those above it
+    and of the first tied ones, in the order of the columns' scans."""
+    low, high = bracket(keys, live)
+    threshold, _ = narrow(keys, low, count, high, count * 0, kk, kk)
+    threshold = threshold.to(tl.int32)
+    # both ranks in one scan: above the threshold in the low half, tied in the high
     flags = (keys > threshold).to(tl.int32) | ((keys == threshold).to(tl.int32) << 16)
     column_counts = tl.sum(flags, axis=0)
     ranks = (tl.cumsum(column_counts, axis=0) - column_counts)[None, :] + tl.cumsum(flags, axis=0)
@@ -232,54 +272,103 @@ def _finish_in_registers(row_ptr, stride_col, kk, count, out_row, list_ptr, tabl
 
 
 @triton.jit
-def finish(row_ptr, stride_col, n, kk, count, capacity, out_row, list_ptr, table_row, block_size,
+def select_held_row(row_ptr, stride_col, n, kk, out_row, table_row, block_size, HAS_TABLE: tl.constexpr,
+                    ROW: tl.constexpr, COLUMNS: tl.constexpr):
+    """A row of ``n <= ROW`` visible positions selected whole in registers (:func:`_select_held`):
+    one read, no sample, no list."""
+    STRIPES: tl.constexpr = ROW // COLUMNS
+    positions = tl.arange(0, STRIPES)[:, None] * COLUMNS + tl.arange(0, COLUMNS)[None, :]
+    live = positions < n
+    x = tl.load(row_ptr + positions.to(tl.int64) * stride_col, mask=live, other=0.0).to(tl.float32)
+    _select_held(tl.where(live, order_keys(x), SIGN), positions, live, n, kk, out_row, table_row, block_size,
+                 HAS_TABLE)
+
+
+@triton.jit
+def _finish_in_registers(kk, count, out_row, list_ptr, table_row, block_size, HAS_TABLE: tl.constexpr,
+                         LIST: tl.constexpr, COLUMNS: tl.constexpr):
+    """The top ``kk`` of ``count <= LIST`` listed entries (:func:`pack`: no gather from the row),
+    loaded into registers as ``[LIST / COLUMNS, COLUMNS]`` and selected there (:func:`_select_held`)."""
+    STRIPES: tl.constexpr = LIST // COLUMNS
+    entries = tl.arange(0, STRIPES)[:, None] * COLUMNS + tl.arange(0, COLUMNS)[None, :]
+    live = entries < count
+    positions, x = unpack(tl.load(list_ptr + entries, mask=live, other=0))
+    _select_held(tl.where(live, order_keys(x), SIGN), positions, live, count, kk, out_row, table_row, block_size,
+                 HAS_TABLE)
+
+
+@triton.jit
+def _unpack_positions(list_ptr, positions_ptr, count, BLOCK: tl.constexpr):
+    """The positions of ``count`` packed entries as int32 from ``positions_ptr``, the same memory
+    (its first half: each step overwrites only entries already loaded, by every thread once the
+    barrier has passed)."""
+    for start in range(0, count, BLOCK):
+        entries = start + tl.arange(0, BLOCK)
+        positions, _ = unpack(tl.load(list_ptr + entries, mask=entries < count, other=0))
+        tl.debug_barrier()
+        tl.store(positions_ptr + entries, positions, mask=entries < count)
+    tl.debug_barrier()
+
+
+@triton.jit
+def finish(row_ptr, stride_col, n, kk, count, capacity, out_row, list_ptr, positions_ptr, table_row, block_size,
            HAS_TABLE: tl.constexpr, REGISTER_LIST: tl.constexpr, LIST_BLOCK: tl.constexpr):
-    """Slots ``[0, kk)`` from the ``count`` listed positions when they hold the top ``kk`` and fit
-    (in registers when at most ``REGISTER_LIST``), else from ``triton_radix``'s path over the row
-    (it reuses the list's scratch)."""
+    """Slots ``[0, kk)`` from the ``count`` listed entries at ``list_ptr`` when they hold the top ``kk``
+    and fit (in registers when at most ``REGISTER_LIST``; else their positions are unpacked to
+    ``positions_ptr``, the same memory as int32, and searched where they lie), else from
+    ``triton_radix``'s path over the row (with ``positions_ptr`` for its list)."""
     if (count >= kk) & (count <= tl.minimum(capacity, REGISTER_LIST)):
-        _finish_in_registers(row_ptr, stride_col, kk, count, out_row, list_ptr, table_row, block_size, HAS_TABLE,
-                             REGISTER_LIST, LIST_BLOCK)
+        _finish_in_registers(kk, count, out_row, list_ptr, table_row, block_size, HAS_TABLE, REGISTER_LIST,
+                             LIST_BLOCK)
     elif (count >= kk) & (count <= capacity):
-        threshold, gt = search(row_ptr, stride_col, list_ptr, count, n * 0, n * 0, kk, 28, True, LIST_BLOCK)
-        write_selection(row_ptr, stride_col, list_ptr, count, threshold, n * 0, gt, kk - gt, out_row, table_row,
+        _unpack_positions(list_ptr, positions_ptr, count, LIST_BLOCK)
+        threshold, gt = search(row_ptr, stride_col, positions_ptr, count, n * 0, n * 0, kk, 28, True, LIST_BLOCK)
+        write_selection(row_ptr, stride_col, positions_ptr, count, threshold, n * 0, gt, kk - gt, out_row, table_row,
                         block_size, True, HAS_TABLE, LIST_BLOCK)
     else:
-        select_row(row_ptr, stride_col, n, kk, capacity, out_row, list_ptr, table_row, block_size, HAS_TABLE,
+        select_row(row_ptr, stride_col, n, kk, capacity, out_row, positions_ptr, table_row, block_size, HAS_TABLE,
                    LIST_BLOCK)
 
 
 @triton.jit
-def _topk_sample_kernel(logits_ptr, lens_ptr, out_ptr, table_ptr, scratch_ptr, stride_row, stride_col,
+def _topk_sample_kernel(logits_ptr, lens_ptr, out_ptr, table_ptr, scratch_ptr, entries_ptr, stride_row, stride_col,
                         stride_lens_b, stride_lens_j, stride_out, stride_table, width, k, block_size, capacity,
                         NEXT_N: tl.constexpr, LENS_2D: tl.constexpr, HAS_TABLE: tl.constexpr, STRIPES: tl.constexpr,
-                        REGISTER_LIST: tl.constexpr, LIST_BLOCK: tl.constexpr, BLOCK: tl.constexpr):
-    n, kk, row_ptr, out_row, table_row, list_ptr = open_row(
-        logits_ptr, lens_ptr, out_ptr, table_ptr, scratch_ptr, tl.program_id(0), stride_row, stride_lens_b,
-        stride_lens_j, stride_out, stride_table, width, k, block_size, capacity, NEXT_N, LENS_2D, HAS_TABLE,
-        LIST_BLOCK)
-    if n > k:
+                        REGISTER_LIST: tl.constexpr, LIST_BLOCK: tl.constexpr, ROW: tl.constexpr,
+                        BLOCK: tl.constexpr):
+    """One program a row: rows of at most ``ROW`` visible positions whole in registers, longer ones
+    seeded, compacted and finished. ``entries_ptr`` (int64, ``capacity`` a row) and ``scratch_ptr``
+    (int32, ``2 capacity`` a row) are the same memory: the list, and the fallbacks' view of it."""
+    row = tl.program_id(0)
+    n, kk, row_ptr, out_row, table_row, positions_ptr = open_row(
+        logits_ptr, lens_ptr, out_ptr, table_ptr, scratch_ptr, row, stride_row, stride_lens_b, stride_lens_j,
+        stride_out, stride_table, width, k, block_size, 2 * capacity, NEXT_N, LENS_2D, HAS_TABLE, LIST_BLOCK)
+    if (n > k) & (n <= ROW):
+        select_held_row(row_ptr, stride_col, n, kk, out_row, table_row, block_size, HAS_TABLE, ROW, LIST_BLOCK)
+    elif n > k:
+        list_ptr = entries_ptr + row.to(tl.int64) * capacity
         value = threshold_value(seed_threshold(row_ptr, stride_col, n, kk))
         count = compact(row_ptr, stride_col, n * 0, n, value, list_ptr, capacity, STRIPES, BLOCK)
         tl.debug_barrier()  # the list is read back by other threads of the program
-        finish(row_ptr, stride_col, n, kk, count, capacity, out_row, list_ptr, table_row, block_size, HAS_TABLE,
-               REGISTER_LIST, LIST_BLOCK)
+        finish(row_ptr, stride_col, n, kk, count, capacity, out_row, list_ptr, positions_ptr, table_row, block_size,
+               HAS_TABLE, REGISTER_LIST, LIST_BLOCK)
 
 
 # ----------------------------------------------------------------------------- split rows
 @triton.jit
 def _chunk_compact_kernel(logits_ptr, lens_ptr, parts_ptr, counts_ptr, stride_row, stride_col, stride_lens_b,
                           stride_lens_j, width, k, capacity, chunk, NEXT_N: tl.constexpr, LENS_2D: tl.constexpr,
-                          SPLIT: tl.constexpr, STRIPES: tl.constexpr, BLOCK: tl.constexpr):
+                          SPLIT: tl.constexpr, STRIPES: tl.constexpr, ROW: tl.constexpr, BLOCK: tl.constexpr):
     """One chunk: the row's seed (every chunk computes the same), its survivors listed in its own part
-    of the scratch, their count (past the part's capacity too) in ``counts``."""
+    of the scratch (int64 entries), their count (past the part's capacity too) in ``counts``; nothing
+    for a row of at most ``ROW`` visible positions (the finish holds it whole)."""
     row = tl.program_id(0)
     part = tl.program_id(1)
     _, n, kk = row_setup(lens_ptr, row, stride_lens_b, stride_lens_j, width, k, NEXT_N, LENS_2D)
     first = tl.minimum(part * chunk, n)
     last = tl.minimum(first + chunk, n)
     count = n * 0
-    if n > k:
+    if (n > k) & (n > ROW):
         row_ptr = logits_ptr + row.to(tl.int64) * stride_row
         value = threshold_value(seed_threshold(row_ptr, stride_col, n, kk))
         part_ptr = parts_ptr + (row.to(tl.int64) * SPLIT + part) * capacity
@@ -288,16 +377,22 @@ def _chunk_compact_kernel(logits_ptr, lens_ptr, parts_ptr, counts_ptr, stride_ro
 
 
 @triton.jit
-def _chunk_finish_kernel(logits_ptr, lens_ptr, out_ptr, table_ptr, parts_ptr, counts_ptr, scratch_ptr, stride_row,
-                         stride_col, stride_lens_b, stride_lens_j, stride_out, stride_table, width, k, block_size,
-                         capacity, NEXT_N: tl.constexpr, LENS_2D: tl.constexpr, HAS_TABLE: tl.constexpr,
-                         SPLIT: tl.constexpr, REGISTER_LIST: tl.constexpr, LIST_BLOCK: tl.constexpr):
-    """One program a row: the chunks' parts gathered in chunk order into one list, then :func:`finish`."""
+def _chunk_finish_kernel(logits_ptr, lens_ptr, out_ptr, table_ptr, parts_ptr, counts_ptr, scratch_ptr, entries_ptr,
+                         stride_row, stride_col, stride_lens_b, stride_lens_j, stride_out, stride_table, width, k,
+                         block_size, capacity, NEXT_N: tl.constexpr, LENS_2D: tl.constexpr, HAS_TABLE: tl.constexpr,
+                         SPLIT: tl.constexpr, REGISTER_LIST: tl.constexpr, LIST_BLOCK: tl.constexpr,
+                         ROW: tl.constexpr):
+    """One program a row: the chunks' parts gathered in chunk order into one list, then :func:`finish`
+    (``scratch_ptr`` and ``entries_ptr`` as in ``_topk_sample_kernel``); a row of at most ``ROW``
+    visible positions is selected whole in registers instead."""
     row = tl.program_id(0)
-    n, kk, row_ptr, out_row, table_row, list_ptr = open_row(
+    n, kk, row_ptr, out_row, table_row, positions_ptr = open_row(
         logits_ptr, lens_ptr, out_ptr, table_ptr, scratch_ptr, row, stride_row, stride_lens_b, stride_lens_j,
-        stride_out, stride_table, width, k, block_size, capacity, NEXT_N, LENS_2D, HAS_TABLE, LIST_BLOCK)
-    if n > k:
+        stride_out, stride_table, width, k, block_size, 2 * capacity, NEXT_N, LENS_2D, HAS_TABLE, LIST_BLOCK)
+    if (n > k) & (n <= ROW):
+        select_held_row(row_ptr, stride_col, n, kk, out_row, table_row, block_size, HAS_TABLE, ROW, LIST_BLOCK)
+    elif n > k:
+        list_ptr = entries_ptr + row.to(tl.int64) * capacity
         counts = tl.load(counts_ptr + row * SPLIT + tl.arange(0, SPLIT))
         total = tl.sum(counts, axis=0)
         if total <= capacity:  # then every part fits, and so does the gathered list
@@ -311,8 +406,8 @@ def _chunk_finish_kernel(logits_ptr, lens_ptr, out_ptr, table_ptr, parts_ptr, co
                              mask=entries < size)
                 offset += size
             tl.debug_barrier()  # the gathered list is read back by other threads of the program
-        finish(row_ptr, stride_col, n, kk, total, capacity, out_row, list_ptr, table_row, block_size, HAS_TABLE,
-               REGISTER_LIST, LIST_BLOCK)
+        finish(row_ptr, stride_col, n, kk, total, capacity, out_row, list_ptr, positions_ptr, table_row, block_size,
+               HAS_TABLE, REGISTER_LIST, LIST_BLOCK)
 
 
 def capacity_for(k: int, width: int) -> int:
@@ -324,15 +419,27 @@ def capacity_for(k: int, width: int) -> int:
 def register_list_for(k: int, width: int) -> int:
     """The finish's register-held list (a power of two): about 1.5x the longest list the seed aims at
     for rows of ``width`` (its rank's hits and slack, 1.25x for the early stop, scaled to the row;
-    the longest at full width), at most ``REGISTER_LIST``: a descent round costs every held entry."""
+    the longest at full width), at most ``REGISTER_LIST``: a search round costs every held entry."""
     scale = max(width, SAMPLE.value) / SAMPLE.value
     expected = 1.25 * (k + 4 * math.sqrt(k * scale) + 5 * scale) if width > SAMPLE.value else 1.25 * k
     return min(REGISTER_LIST, triton.next_power_of_2(int(1.25 * expected)),
                triton.next_power_of_2(capacity_for(k, width)))
 
 
+def held_row_for(block: int, width: int, columns: int) -> int:
+    """The longest row selected whole in registers (a power of two, whole steps of ``columns``):
+    ``HELD_ROW`` at most, no more than a compaction step (``block``: the knob that sizes the
+    registers) or the row width needs."""
+    return max(columns, min(HELD_ROW, block, triton.next_power_of_2(max(width, 1))))
+
+
 #: what :func:`launch` may stop after, for ``tools/topk_phases.py``: the seed alone, or the seed and the compaction
 PHASES = ("seed", "compaction")
+
+
+def listed_positions(entries: torch.Tensor) -> torch.Tensor:
+    """The int32 positions of :func:`pack`'s int64 list entries (a torch op, outside any timing)."""
+    return (entries & 0xFFFFFFFF).to(torch.int32)
 
 
 def launch(call: TopkCall, knobs: dict | None = None, split: int | None = None, stop_after: str | None = None):
@@ -343,8 +450,9 @@ def launch(call: TopkCall, knobs: dict | None = None, split: int | None = None, 
     ``stop_after`` (one of :data:`PHASES`) times a phase alone: the chunk kernel runs (with any
     ``split``, 1 included) with empty chunks (``"seed"``) or the row's (``"compaction"``), nothing
     is written to ``call.out``, and ``(parts, counts)`` come back: each chunk's list
-    (``[rows, split, capacity]``, positions) and its survivors (``[rows, split]``, also past the
-    capacity; 0 for a row with at most ``k`` visible positions)."""
+    (``[rows, split, capacity]`` int64 entries of :func:`pack`; :func:`listed_positions` reads their
+    positions) and its survivors (``[rows, split]``, also past the capacity; 0 for a row with at
+    most ``k`` visible positions)."""
     knobs = knobs or {}
     if stop_after is not None and stop_after not in PHASES:
         raise ValueError(f"stop_after must be one of {PHASES} or None, got {stop_after!r}")
@@ -362,7 +470,9 @@ def launch(call: TopkCall, knobs: dict | None = None, split: int | None = None, 
     list_block = CPU_LIST_BLOCK if on_cpu else LANE_ELEMENTS * lanes * warps
     capacity = capacity_for(call.k, width)
     register_list = max(register_list_for(call.k, width), list_block)  # whole columns of the finish
-    scratch = torch.empty((rows, capacity), dtype=torch.int32, device=device)
+    held_row = held_row_for(block, width, list_block)
+    entries = torch.empty((rows, capacity), dtype=torch.int64, device=device)
+    scratch = entries.view(torch.int32)  # the same memory, 2 capacity int32 a row
     table = call.block_table if call.block_table is not None else call.lengths  # never read without one
     options = {} if on_cpu else {"num_warps": warps}
     run = (lambda kernel: interpreted(kernel)) if on_cpu else (lambda kernel: kernel)
@@ -372,20 +482,20 @@ def launch(call: TopkCall, knobs: dict | None = None, split: int | None = None, 
     has_table = call.block_table is not None
     if split == 1 and stop_after is None:
         run(_topk_sample_kernel)[(rows,)](
-            call.logits, call.lengths, call.out, table, scratch, *strides, *lens_args, call.out.stride(0),
+            call.logits, call.lengths, call.out, table, scratch, entries, *strides, *lens_args, call.out.stride(0),
             table.stride(0), width, call.k, call.block_size, capacity, HAS_TABLE=has_table, STRIPES=block // columns,
-            REGISTER_LIST=register_list, LIST_BLOCK=list_block, BLOCK=block, **common)
+            REGISTER_LIST=register_list, LIST_BLOCK=list_block, ROW=held_row, BLOCK=block, **common)
         return None
     chunk = 0 if stop_after == "seed" else triton.cdiv(width, split)
-    parts = torch.empty((rows, split, capacity), dtype=torch.int32, device=device)
+    parts = torch.empty((rows, split, capacity), dtype=torch.int64, device=device)
     counts = torch.empty((rows, split), dtype=torch.int32, device=device)
     run(_chunk_compact_kernel)[(rows, split)](
         call.logits, call.lengths, parts, counts, *strides, *lens_args, width, call.k, capacity, chunk, SPLIT=split,
-        STRIPES=block // columns, BLOCK=block, **common)
+        STRIPES=block // columns, ROW=held_row, BLOCK=block, **common)
     if stop_after is not None:
         return parts, counts
     run(_chunk_finish_kernel)[(rows,)](
-        call.logits, call.lengths, call.out, table, parts, counts, scratch, *strides, *lens_args, call.out.stride(0),
-        table.stride(0), width, call.k, call.block_size, capacity, HAS_TABLE=has_table, SPLIT=split,
-        REGISTER_LIST=register_list, LIST_BLOCK=list_block, **common)
+        call.logits, call.lengths, call.out, table, parts, counts, scratch, entries, *strides, *lens_args,
+        call.out.stride(0), table.stride(0), width, call.k, call.block_size, capacity, HAS_TABLE=has_table, SPLIT=split,
+        REGISTER_LIST=register_list, LIST_BLOCK=list_block, ROW=held_row, **common)
     return None

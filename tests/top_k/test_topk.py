@@ -4,15 +4,13 @@ registered op."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
 import paged_mqa_logits
 from paged_mqa_logits import PagedMQAArgumentError, topk
 
-from topk_cases import BACKENDS, KINDS, assert_exact, check_adversarial, lengths_for
+from topk_cases import BACKENDS, KINDS, adversarial_rows, assert_exact, check_adversarial, lengths_for
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -133,9 +131,9 @@ def _sample_rows(kind: str, g: torch.Generator) -> tuple[torch.Tensor, torch.Ten
     ``triton_sample``: logits, 1-D lengths, k, and per row whether its list holds the top k."""
     if kind in ("list_fits", "list_searched"):  # the list holds the top k: one read, the list finished
         return torch.randn(2, 5000, generator=g), torch.tensor([5000, 3000], dtype=torch.int32), 64, [True, True]
-    if kind == "sorted":  # ascending, and descending (the sample holds the row's top 128 whole): the
-        up = torch.arange(5000).float()  # rank's slack still lists the top k
-        return torch.stack([up, -up]), torch.tensor([5000, 4000], dtype=torch.int32), 64, [True, True]
+    if kind == "sorted":  # ascending lists the top k; descending falls back: the sample holds the row's
+        up = torch.arange(5000).float()  # top 128 whole, so the seed's 57-71 sampled keys are the row's too
+        return torch.stack([up, -up]), torch.tensor([5000, 4000], dtype=torch.int32), 64, [True, False]
     if kind == "short_row":  # the sample is the row: the seed is the k-th key to 16 bits
         return torch.randn(2, 2000, generator=g), torch.tensor([2000, 1000], dtype=torch.int32), 64, [True, True]
     if kind == "seed_too_low":  # ties: more keys are >= the seed than the list holds (64 entries here)
@@ -153,30 +151,16 @@ def _sample_rows(kind: str, g: torch.Generator) -> tuple[torch.Tensor, torch.Ten
     raise ValueError(kind)
 
 
-def _seed_list_count(row: torch.Tensor, n: int, k: int) -> int:
-    """What ``triton_sample`` lists for a row, computed on the host: its seed (the sample, rank and
-    early-stopping 16-bit descent of ``seed_threshold``) and the count of values ``>=`` the seed's
-    float or NaN."""
-    x = row[:n].float()
-    keys = x.view(torch.int32).long()
-    keys = torch.where(keys < 0, keys ^ 0x7FFFFFFF, keys)
-    keys = torch.where(torch.isnan(x), 0x7FFFFFFF, keys)
-    offsets = torch.arange(2048)
-    sample = (offsets // 128) * (n // 16) + offsets % 128 if n > 2048 else offsets[:n]
-    hits = -(-k * 2048 // n)
-    rank = min(hits + 4 * math.isqrt(hits) + 4, 2048) if n > 2048 else k
-    unsigned, prefix, above = keys[sample] + 2**31, 0, len(sample)
-    for bit in range(31, 15, -1):
-        if above <= rank + rank // 4:
-            break
-        count = int((unsigned >= (prefix | 1 << bit)).sum())
-        if count >= rank:
-            prefix, above = prefix | 1 << bit, count
-    seed = prefix - 2**31
-    bits = seed ^ 0x7FFFFFFF if seed < 0 else seed
-    value = float("-inf") if seed <= -2139095041 else torch.tensor(bits, dtype=torch.int64).to(torch.int32).view(
-        torch.float32).item()
-    return int(((x >= value) | torch.isnan(x)).sum())
+def _list_counts(logits: torch.Tensor, lengths: torch.Tensor, k: int) -> list[int]:
+    """What ``triton_sample`` lists for each row (its seed's survivors, also past the capacity), from
+    the kernel itself stopped after the compaction; 0 for rows written whole."""
+    from paged_mqa_logits.top_k import triton_sample
+    from paged_mqa_logits.top_k.validate import check_call
+
+    out = torch.empty(logits.shape[0], k, dtype=torch.int32)
+    _, counts = triton_sample.launch(check_call(logits, lengths, None, k, out), split=1,
+                                     stop_after="compaction")
+    return counts[:, 0].tolist()
 
 
 @pytest.mark.parametrize("kind", ["list_fits", "list_searched", "sorted", "short_row", "seed_too_low",
@@ -193,7 +177,7 @@ def test_sample_kernel_paths(monkeypatch, kind):
         monkeypatch.setattr(triton_sample, "REGISTER_LIST", 64)
     g = torch.Generator().manual_seed(13)
     logits, lengths, k, expected = _sample_rows(kind, g)
-    counts = [_seed_list_count(row, int(n), k) for row, n in zip(logits, lengths)]
+    counts = _list_counts(logits, lengths, k)
     capacity = triton_sample.capacity_for(k, logits.shape[1])
     fits = [k <= c <= capacity for c in counts]
     assert fits == expected, (counts, capacity)
@@ -315,3 +299,28 @@ def test_out_aliasing_an_input_is_refused():
     lengths.fill_(16)
     with pytest.raises(PagedMQAArgumentError, match="argument `out`.*overlaps `lengths`"):
         topk(torch.randn(2, 16), lengths, 4, out=storage[:8].view(2, 4))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("split", [1, 2])
+def test_sample_held_rows(kind, split):
+    """Rows no longer than a compaction step (``BLOCK`` 512 here: up to 512 visible positions) are
+    selected whole in registers, every adversarial kind, ragged lengths, 2-D lengths, one program a
+    row and split (the finish kernel holds them; the chunks list nothing); longer rows of the same
+    call take the list."""
+    from paged_mqa_logits.top_k import triton_sample
+    from paged_mqa_logits.top_k.validate import check_call
+
+    g = torch.Generator().manual_seed(15)
+    width, k = 700, 100
+    logits = adversarial_rows(kind, 6, width, k, g)
+    lengths = torch.tensor([[512, 100], [300, 700], [513, 50]], dtype=torch.int32)
+    table = torch.randperm(1024, generator=g)[:3 * 50].reshape(3, 50).to(torch.int32)
+    assert triton_sample.held_row_for(512, width, triton_sample.CPU_LIST_BLOCK) == 512
+    out = torch.full((6, k), 7, dtype=torch.int32)
+    call = check_call(logits, lengths, None, k, out, table, 16)
+    triton_sample.launch(call, {"BLOCK": 512}, split=split)
+    assert_exact(out, logits, lengths, 2, k, table, 16)
+    _, counts = triton_sample.launch(call, {"BLOCK": 512}, split=split, stop_after="compaction")
+    listed = counts.sum(dim=1).tolist()
+    assert [c > 0 for c in listed] == [False, False, False, True, True, False]  # 513 and 700 are listed

@@ -17,13 +17,15 @@ from paged_mqa_logits.top_k import triton_portable, triton_radix  # noqa: E402
 from paged_mqa_logits.triton_internals.version import parse_version  # noqa: E402
 
 _POINTERS = {"logits_ptr": "*fp32", "lens_ptr": "*i32", "out_ptr": "*i32", "table_ptr": "*i32"}
+#: int64 scratch lists (``triton_sample``'s packed entries)
+_WIDE_POINTERS = ("entries_ptr", "parts_ptr")
 _INTS = ("stride_row", "stride_col", "stride_lens_b", "stride_lens_j", "stride_out", "stride_table", "width", "k",
          "block_size")
 
 
 def _spec(kernel, arch, has_table, extra_pointers=(), extra_ints=(), block=1024, warps=8, extra=None):
     """The kernel's signature as a k 2048 call specialises it (parameters it lacks are dropped)."""
-    signature = dict(_POINTERS, **{p: "*i32" for p in extra_pointers})
+    signature = dict(_POINTERS, **{p: "*i64" if p in _WIDE_POINTERS else "*i32" for p in extra_pointers})
     signature.update({name: "i32" for name in _INTS + tuple(extra_ints)})
     order = list(inspect.signature(kernel.fn).parameters)
     constexprs = {"NEXT_N": 2, "LENS_2D": True, "HAS_TABLE": has_table, "BLOCK": block, **(extra or {})}
@@ -77,7 +79,7 @@ def _sample_spec(kernel, arch, has_table, extra_pointers, extra_ints, extra):
 
     columns = triton_sample.LANE_ELEMENTS * 32 * triton_sample.NUM_WARPS
     constexprs = dict(STRIPES=triton_sample.BLOCK // columns, REGISTER_LIST=triton_sample.REGISTER_LIST,
-                      LIST_BLOCK=columns, **extra)
+                      LIST_BLOCK=columns, ROW=triton_sample.held_row_for(triton_sample.BLOCK, 131072, columns), **extra)
     return _spec(kernel, arch, has_table, extra_pointers, extra_ints, triton_sample.BLOCK, triton_sample.NUM_WARPS,
                  extra=constexprs)
 
@@ -99,7 +101,8 @@ def _check_sample_kernel(arch, has_table):
     fallback) compiles; no local memory on sm_90 (under the calibrated Triton)."""
     from paged_mqa_logits.top_k import triton_sample
 
-    spec = _sample_spec(triton_sample._topk_sample_kernel, arch, has_table, ["scratch_ptr"], ["capacity"], {})
+    spec = _sample_spec(triton_sample._topk_sample_kernel, arch, has_table, ["scratch_ptr", "entries_ptr"],
+                        ["capacity"], {})
     record = compile_spec(spec, None)
     assert record.ok, record.error
     if arch == "sm_90":
@@ -121,7 +124,7 @@ def test_sample_kernel_cross_compiles(arch, has_table):
 def test_sample_split_row_kernels_cross_compile(arch):
     from paged_mqa_logits.top_k import triton_sample
 
-    pointers = ["parts_ptr", "counts_ptr", "scratch_ptr"]
+    pointers = ["parts_ptr", "counts_ptr", "scratch_ptr", "entries_ptr"]
     specs = [_sample_spec(triton_sample._chunk_compact_kernel, arch, False, pointers, ["capacity", "chunk"],
                           {"SPLIT": 8}),
              _sample_spec(triton_sample._chunk_finish_kernel, arch, True, pointers, ["capacity"], {"SPLIT": 8})]

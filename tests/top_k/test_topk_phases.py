@@ -27,7 +27,8 @@ def _call(rows=3, width=700, k=32, seed=5):
 @pytest.mark.parametrize("split", [1, 2])
 def test_compaction_alone_lists_every_position_at_or_above_a_threshold(split):
     call = _call()
-    parts, counts = triton_sample.launch(call, split=split, stop_after="compaction")
+    entries, counts = triton_sample.launch(call, split=split, stop_after="compaction")
+    parts = triton_sample.listed_positions(entries)
     assert parts.shape[:2] == counts.shape == (3, split)
     for row, n in enumerate(call.lengths.tolist()):
         listed = torch.cat([parts[row, part, :counts[row, part]] for part in range(split)]).long()
@@ -67,3 +68,10 @@ def test_the_tool_prints_a_row_per_shape_and_knobs(capsys):
 def test_the_tool_rejects_malformed_shapes(shapes):
     with pytest.raises(SystemExit, match=f"expected comma-separated AxB integer pairs, got '{shapes}'"):
         topk_phases.main(["--device", "cpu", "--shapes", shapes])
+
+
+def test_the_tool_marks_rows_held_whole(capsys):
+    """Rows no longer than a compaction step are selected whole in registers: no list to measure."""
+    assert topk_phases.main(["--device", "cpu", "--shapes", "2x60", "--knobs", "64/4", "--k", "16",
+                             "--replays", "1"]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[1].endswith(",held,held,held,-")
