@@ -44,6 +44,13 @@ from .writer import geomean, provenance, read_existing, rows_for, tuned_shape_ke
 #: once, which takes tens of seconds even on a GPU (on CPU, through the Triton interpreter,
 #: minutes); a started task gets a grace of 30 s past the budget, no more.
 MIN_TIME_BUDGET = 60.0
+
+
+def grace_seconds(time_budget: float) -> float:
+    """How long past the budget a (key, context) task already started may still run: 5% of the
+    budget, at least 30 s."""
+    return max(30.0, 0.05 * time_budget)
+
 WHY_MIN_TIME_BUDGET = ("nothing is written before a worker process has started and finished one (key, context) "
                        "task: inputs built, every candidate of the key compiled and timed once")
 
@@ -453,7 +460,7 @@ def time_runs(opts: Options, target, outcome: Outcome, runs: list[KeyRun], t0: f
         timed = TimeStage([r for r in runs if r.candidates], opts, target, prov, len(timing_devices), deadline,
                           bar, key_done)
         bar.reset(total=sum(len(r.key.contexts) for r in timed.queue))
-        pool.run(timed, deadline=deadline + max(30.0, 0.05 * opts.time_budget) if deadline else None)
+        pool.run(timed, deadline=deadline + grace_seconds(opts.time_budget) if deadline else None)
     finally:
         bar.close()
         outcome.restarts = pool.restarts

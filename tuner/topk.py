@@ -13,14 +13,19 @@ wide``), runs every candidate (backend x knobs, ``top_k/knobs.py``) once and che
 ``torch.topk`` as a set (``bench.topk.selection_matches``) before timing it with the bench's
 method (``bench.measure.time_calls``): a short screen of every survivor, then a confirm of the
 ``--top`` fastest. A candidate that fails anywhere is dropped everywhere; a key with no survivor
-writes nothing. Candidates run in this process (the top-k kernels compile in seconds), so
-``--mp``, ``--jobs`` and ``--timeout`` do not apply.
+writes nothing. Candidates run in this process (each kernel specialisation compiles in seconds,
+so a key's first context can take minutes), so ``--mp``, ``--jobs`` and ``--timeout`` do not
+apply. A progress bar counts the (candidate, context) timings. ``--time-budget`` as for the logits
+rows: once spent, no further context is started (a key with contexts left is left untuned, what an
+earlier run wrote for it stays), and a context already running starts no further candidate past the
+grace (``search.grace_seconds``): its key is left untuned too.
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import sys
 import time
 from dataclasses import dataclass
 
@@ -39,7 +44,7 @@ from paged_mqa_logits.triton_internals.version import installed_version
 
 from .candidates import Candidate, spread
 from .keys import DEFAULT_CONTEXTS, TuneKey, coarse_to_fine, parse_contexts
-from .search import Outcome, report_row, say, print_summary, resolve_target, write_report
+from .search import Outcome, grace_seconds, print_summary, report_row, resolve_target, say, write_report
 from .writer import provenance, read_existing, rows_for, tuned_shape_keys, write_key_rows
 
 COLUMNS = ("rows", "k", "logits_dtype", "contexts")
@@ -105,9 +110,11 @@ class Timed:
 
 
 def time_context(key: TuneKey, context: int, cands: list[Candidate], device: torch.device, lengths: str,
-                 screen: Schedule, confirm: Schedule, top: int, max_copies: int, seed: int = 0) -> dict:
+                 screen: Schedule, confirm: Schedule, top: int, max_copies: int, seed: int = 0, bar=None,
+                 stop_at: float | None = None) -> dict | None:
     """``{(context, index, stage): Timed}``: every candidate checked, screened, the ``top``
-    fastest confirmed."""
+    fastest confirmed; ``bar`` (a tqdm bar, or None) advances once a candidate. ``None`` when
+    ``time.monotonic()`` passed ``stop_at`` before every candidate had started."""
     tk = key.shape_key
     shape = RowShape(batch=tk.rows, next_n=1, context=context, lengths=lengths or "uniform", k=tk.k)
     generator = torch.Generator().manual_seed(seed)
@@ -122,6 +129,10 @@ def time_context(key: TuneKey, context: int, cands: list[Candidate], device: tor
               for i in range(copies)] for c in cands]
     results: dict = {}
     for idx, cand in enumerate(cands):
+        if stop_at is not None and time.monotonic() >= stop_at:
+            return None
+        if bar is not None:
+            bar.set_postfix_str(f"{key.describe()} context={context} {cand.label}", refresh=False)
         t0 = time.perf_counter()
         try:
             calls[idx][0]()
@@ -134,12 +145,30 @@ def time_context(key: TuneKey, context: int, cands: list[Candidate], device: tor
         except Exception as exc:  # one candidate failing leaves the others
             status, us = f"ERROR: {type(exc).__name__}: {exc}"[:300], None
         results[(context, idx, "screen")] = Timed(us, status, time.perf_counter() - t0, copies)
+        if bar is not None:
+            bar.update(1)
     passed = sorted((m.us, i) for (_, i, _), m in results.items() if m.ok)
     for _, idx in passed[:top]:
         t0 = time.perf_counter()
         timing = time_calls(calls[idx], device, confirm)
         results[(context, idx, "confirm")] = Timed(timing.us, "ok", time.perf_counter() - t0, copies)
     return results
+
+
+def _write_key(opts, target, outcome, key: TuneKey, cands: list[Candidate], results: dict, prov: str) -> None:
+    """Record a fully timed key's measurements and write its rows (nothing when no candidate passed)."""
+    for (context, idx, stage), m in sorted(results.items(), key=lambda kv: kv[0]):
+        outcome.measurements.append(report_row(target, key, context, stage, cands[idx], m))
+        if not m.ok:
+            outcome.rejected.append((f"{key.describe()} context={context}", cands[idx].label, m.status))
+    rows = rows_for(key, target.arch, target.cu_num, cands, results, prov, allowed=BACKENDS)
+    if not rows:
+        say(opts, f"[tuner] {key.describe()}: no candidate passed; nothing written")
+        outcome.failed.append(key)
+        return
+    write_key_rows(opts.out, rows, target.arch, target.cu_num, key.shape_key, prov)
+    outcome.tuned.append(key)
+    outcome.rows.extend(rows)
 
 
 def plan(opts, target, outcome) -> list:
@@ -195,26 +224,32 @@ def tune(opts):
     screen = Schedule(replays=opts.screen_replays or 3, min_replay_us=1000.0 if gpu else 0.0)
     confirm = Schedule(replays=opts.confirm_replays or (10 if gpu else 3))
     deadline = t0 + opts.time_budget if opts.time_budget else None
-    for key, cands in todo:
-        if deadline is not None and time.monotonic() >= deadline:
-            outcome.left.append(key)
-            continue
-        results: dict = {}
-        for context in key.contexts:
-            results.update(time_context(key, context, cands, device, opts.lengths, screen, confirm, opts.top,
-                                        opts.max_copies))
-        for (context, idx, stage), m in sorted(results.items(), key=lambda kv: kv[0]):
-            outcome.measurements.append(report_row(target, key, context, stage, cands[idx], m))
-            if not m.ok:
-                outcome.rejected.append((f"{key.describe()} context={context}", cands[idx].label, m.status))
-        rows = rows_for(key, target.arch, target.cu_num, cands, results, prov, allowed=BACKENDS)
-        if not rows:
-            say(opts, f"[tuner] {key.describe()}: no candidate passed; nothing written")
-            outcome.failed.append(key)
-            continue
-        write_key_rows(opts.out, rows, target.arch, target.cu_num, key.shape_key, prov)
-        outcome.tuned.append(key)
-        outcome.rows.extend(rows)
+    stop_at = deadline + grace_seconds(opts.time_budget) if deadline else None
+    from tqdm import tqdm
+
+    bar = tqdm(total=sum(len(c) * len(k.contexts) for k, c in todo), unit="timing", disable=opts.quiet,
+               file=sys.stderr, dynamic_ncols=True)
+    try:
+        for position, (key, cands) in enumerate(todo):
+            results: dict | None = {}
+            for context in key.contexts:
+                if deadline is not None and time.monotonic() >= deadline:
+                    results = None
+                    break
+                timed = time_context(key, context, cands, device, opts.lengths, screen, confirm, opts.top,
+                                     opts.max_copies, bar=bar, stop_at=stop_at)
+                if timed is None:
+                    results = None
+                    break
+                results.update(timed)
+            if results is None:  # the budget: this key and every later one are left untuned
+                outcome.left.extend(k for k, _ in todo[position:])
+                say(opts, f"[tuner] time budget spent: no further candidates started; {len(outcome.left)} key(s) "
+                          "left untuned (run again to resume)")
+                break
+            _write_key(opts, target, outcome, key, cands, results, prov)
+    finally:
+        bar.close()
     outcome.seconds = time.monotonic() - t0
     if opts.report:
         write_report(opts.report, outcome.measurements)

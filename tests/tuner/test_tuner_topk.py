@@ -100,3 +100,71 @@ def test_cli_errors_and_dry_run(tmp_path, capsys):
     assert "topk rows=1024 k=2048 contexts=8192,32768,131072" in out and "triton_radix[BLOCK=1024;num_warps=8]" in out
     assert "triton_sample[BLOCK=8192;num_warps=8]" in out
     assert "6 top-k key(s) to tune on gfx950/cu256" in out
+
+
+class _Clock:
+    """``tuner.topk``'s clock, moved by the test: ``monotonic`` is what the budget reads."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def monotonic(self):
+        return self.now
+
+    @staticmethod
+    def perf_counter():
+        import time
+
+        return time.perf_counter()
+
+
+def test_time_budget_leaves_the_keys_it_did_not_finish(tmp_path, monkeypatch, capsys):
+    """Spent after the first key: the second is left untuned (nothing of it written), and said so."""
+    import tuner.topk as topk_tuner
+
+    clock = _Clock()
+    monkeypatch.setattr(topk_tuner, "time", clock)
+    write_key = topk_tuner._write_key
+
+    def write_then_spend(*args):
+        write_key(*args)
+        clock.now = 61.0
+
+    monkeypatch.setattr(topk_tuner, "_write_key", write_then_spend)
+    out = tmp_path / "cpu_topk_tuned.csv"
+    outcome = tune(Options(untuned=[untuned(tmp_path, "rows,k,contexts\n2,8,64\n4,8,64\n")], out=str(out),
+                           backends=["triton"], time_budget=60.0, **FAST))
+    assert [k.shape_key.rows for k in outcome.tuned] == [2] and [k.shape_key.rows for k in outcome.left] == [4]
+    assert {r.shape_key.rows for r in table.parse_file(str(out))} == {2}
+    assert "time budget spent: no further candidates started; 1 key(s) left untuned" in capsys.readouterr().out
+
+
+def test_time_budget_stops_a_started_context_after_the_grace(tmp_path, monkeypatch):
+    """Past the budget and its grace inside a context: no further candidate starts, the key is left
+    untuned and the table is not created."""
+    import tuner.topk as topk_tuner
+
+    clock = _Clock()
+    monkeypatch.setattr(topk_tuner, "time", clock)
+    checked = topk_tuner.selection_matches
+
+    def check_then_spend(*args):
+        clock.now = 60.0 + topk_tuner.grace_seconds(60.0)
+        return checked(*args)
+
+    monkeypatch.setattr(topk_tuner, "selection_matches", check_then_spend)
+    out = tmp_path / "cpu_topk_tuned.csv"
+    outcome = tune(Options(untuned=[untuned(tmp_path, "rows,k,contexts\n2,8,64\n")], out=str(out),
+                           backends=["triton"], time_budget=60.0, **FAST))
+    assert not outcome.tuned and [k.shape_key.rows for k in outcome.left] == [2]
+    assert not out.exists()
+
+
+def test_progress_bar_counts_the_timings(tmp_path, capsys):
+    tune(Options(untuned=[untuned(tmp_path, "rows,k,contexts\n2,8,64;128\n")], out=str(tmp_path / "t.csv"),
+                 backends=["triton"], **dict(FAST, quiet=False)))
+    err = capsys.readouterr().err
+    from paged_mqa_logits.top_k import knobs
+
+    timings = 2 * len(knobs.candidates("triton", True, 2, 64, 0))
+    assert f"{timings}/{timings}" in err and "timing" in err
