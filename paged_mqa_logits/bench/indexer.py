@@ -300,7 +300,8 @@ def main(argv: list[str]) -> int:
             vllm_missing = f"--vllm {a.vllm}: not importable ({type(exc).__name__}: {exc})"
             print(f"note: {vllm_missing}; the deepgemm+vllm rows are skipped", file=sys.stderr)
     env = environment(device)
-    header = header_lines(env, "python -m paged_mqa_logits bench --indexer " + " ".join(argv), METHOD)
+    header = header_lines(env, "python -m paged_mqa_logits bench --indexer " + " ".join(argv), METHOD,
+                          a.vllm if vllm is not None else None)
     for line in header:
         print(line)
     schedule = Schedule(replays=a.replays or (10 if device.type == "cuda" else 2))

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import csv
 import importlib
+import json
 import math
+import os
 import sys
 from dataclasses import dataclass
 from typing import Callable
@@ -76,6 +78,19 @@ def copies_for(shape: RowShape, device: torch.device, max_copies: int) -> int:
     want = math.ceil(max(4 * l2_bytes(device), MIN_WORKING_SET) / one)
     free = torch.cuda.mem_get_info(device)[0]
     return max(2, min(want, max_copies, int(0.5 * free // max(one, 1))))
+
+
+def vllm_provenance(path: str) -> str | None:
+    """The CSV header line naming the vLLM a ``--vllm`` folder was staged from (its ``manifest.json``,
+    ``tools/stage_vllm_topk.sh``); None when the folder has no manifest."""
+    try:
+        with open(os.path.join(path, "manifest.json")) as f:
+            manifest = json.load(f)
+    except (OSError, ValueError):
+        return None
+    version = manifest.get("version") or "version not recorded"
+    return (f"# vllm: {version} (revision {str(manifest.get('revision', '?'))[:12]}, staged by "
+            "tools/stage_vllm_topk.sh and built on this machine)")
 
 
 def load_vllm(path: str):
@@ -193,10 +208,13 @@ def int_options(p: ArgumentParser, a, names: tuple[str, ...], defaults: dict) ->
     return values
 
 
-def header_lines(env, command: str, method: str) -> list[str]:
+def header_lines(env, command: str, method: str, vllm_dir: str | None = None) -> list[str]:
     """The environment's CSV header (device, versions, copy bandwidth, the command) with the
-    ``# method:`` line of the bench that writes it."""
-    return [line for line in env.header_lines(command) if not line.startswith("# method:")] + [f"# method: {method}"]
+    ``# method:`` line of the bench that writes it, and the staged vLLM's (``vllm_provenance``) when
+    ``vllm_dir`` names one."""
+    lines = [line for line in env.header_lines(command) if not line.startswith("# method:")]
+    staged = vllm_provenance(vllm_dir) if vllm_dir else None
+    return lines + ([staged] if staged else []) + [f"# method: {method}"]
 
 
 def parser() -> ArgumentParser:
@@ -245,7 +263,7 @@ def main(argv: list[str]) -> int:
     command = "python -m paged_mqa_logits bench --topk " + " ".join(argv)
     header = header_lines(env, command, "docs/TOPK.md -- rotating copies of the rows past L2, median of "
                                         "CUDA-graph replays / calls; bytes = visible logits (4 each) + selection "
-                                        "written (4 a slot)")
+                                        "written (4 a slot)", a.vllm if vllm is not None else None)
     for line in header:
         print(line)
     schedule = Schedule(replays=a.replays or (10 if device.type == "cuda" else 2))

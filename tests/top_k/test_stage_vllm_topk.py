@@ -108,6 +108,7 @@ def test_stage_copies_the_closure_and_records_signatures(tmp_path):
     assert manifest["entry_points"]["persistent_topk"]["file"] == "csrc/topk.cu"
     assert "torch_target_version" not in manifest
     assert manifest["unresolved_includes"] == ["csrc/flashinfer_utils.cuh: generated_by_cmake.h"]
+    assert manifest["version"] == manifest["revision"][:len(manifest["version"])]  # no tag, no PKG-INFO: the commit
 
     build = _load_build(dest / "build.py")
     text = build.bindings(manifest)
@@ -189,3 +190,12 @@ def test_stage_refuses_a_revision_without_the_entry_points(tmp_path):
     result = subprocess.run(["bash", os.path.join(ROOT, "tools", "stage_vllm_topk.sh"), str(repo),
                              str(tmp_path / "staged")], capture_output=True, text=True)
     assert result.returncode != 0 and "none of top_k_per_row_decode, persistent_topk found" in result.stderr
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_stage_records_an_sdists_version(tmp_path):
+    """An sdist put under git (no tags) names its version in PKG-INFO; the manifest records it, for
+    the bench's CSV header."""
+    pkg_info = "Metadata-Version: 2.1\nName: vllm\nVersion: 0.34.0\nSummary: x\n"
+    _, _, manifest = _stage(tmp_path, dict(FILES, **{"PKG-INFO": pkg_info}))
+    assert manifest["version"] == "0.34.0"

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import csv
+import json
+import sys
 
 import pytest
 import torch
@@ -96,3 +98,35 @@ def test_vllm_persistent_topk_gets_max_seq_len_where_it_takes_one():
                    ("logits", "lengths", "output", "workspace", "k")):
         bench.implementations(shape, [], Staged(params))["vllm:persistent_topk"](x, lens, lens, out)
     assert calls == [(8, 32), (8,)]
+
+
+def test_csv_names_the_staged_vllm(tmp_path):
+    """With ``--vllm DIR`` the header names the vLLM the folder was staged from (its manifest); a
+    stand-in module (torch's top-k, vLLM's signature) is timed beside ours on CPU."""
+    staged = tmp_path / "staged"
+    (staged / "build").mkdir(parents=True)
+    (staged / "manifest.json").write_text(json.dumps({"revision": "ab92a68c9c5021437f80", "version": "0.34.0"}))
+    (staged / "build" / "vllm_topk_staged.py").write_text(
+        "import torch\n"
+        "def top_k_per_row_decode(logits, next_n, lens, out, rows, stride0, stride1, k):\n"
+        "    seq = torch.arange(rows) // next_n\n"
+        "    n = (lens[seq] - next_n + 1 + torch.arange(rows) % next_n).clamp(0, logits.shape[1])\n"
+        "    cols = torch.arange(logits.shape[1])\n"
+        "    masked = torch.where(cols[None, :] < n[:, None], logits, float('-inf'))\n"
+        "    top = masked.topk(k, dim=1).indices.int()\n"
+        "    out.copy_(torch.where(torch.arange(k)[None, :] < n[:, None], top, -1))\n")
+    assert bench.vllm_provenance(str(staged)) == (
+        "# vllm: 0.34.0 (revision ab92a68c9c50, staged by tools/stage_vllm_topk.sh and built on this machine)")
+    assert bench.vllm_provenance(str(tmp_path)) is None  # no manifest: no line
+    path = tmp_path / "topk.csv"
+    try:
+        rc = bench.main(["--batch", "2", "--next-n", "1", "--context", "64", "--k", "8", "--backend", "torch",
+                         "--lengths", "uniform", "--replays", "1", "--vllm", str(staged), "--out", str(path)])
+    finally:
+        sys.modules.pop("vllm_topk_staged", None)
+        sys.path.remove(str(staged / "build"))
+    text = path.read_text()
+    assert rc == 0 and "\n# vllm: 0.34.0 (revision ab92a68c9c50," in text
+    rows = list(csv.DictReader(line for line in text.splitlines() if not line.startswith("#")))
+    assert [r["impl"] for r in rows] == ["torch.topk", "topk:torch", "vllm:top_k_per_row_decode"]
+    assert all(r["status"] == "ok" for r in rows)

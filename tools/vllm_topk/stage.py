@@ -88,6 +88,16 @@ def include_closure(gitdir: str, rev: str, roots: list[str]) -> tuple[list[str],
     return files, missing
 
 
+def release(gitdir: str, rev: str) -> str:
+    """vLLM's version at ``rev``: an sdist's ``PKG-INFO`` (an sdist put under git has no tags),
+    else ``git describe`` of a clone (the nearest tag, or the commit)."""
+    if exists(gitdir, rev, "PKG-INFO"):
+        for line in git(gitdir, "show", f"{rev}:PKG-INFO").splitlines():
+            if line.startswith("Version:"):
+                return line.split(":", 1)[1].strip()
+    return git(gitdir, "describe", "--tags", "--always", rev).strip()
+
+
 def stage(gitdir: str, dest: str, rev: str = "HEAD") -> dict:
     commit = git(gitdir, "rev-parse", rev).strip()
     entries = {}
@@ -111,7 +121,8 @@ def stage(gitdir: str, dest: str, rev: str = "HEAD") -> dict:
         os.makedirs(os.path.dirname(target), exist_ok=True)
         with open(target, "w") as f:
             f.write(git(gitdir, "show", f"{commit}:{path}"))
-    manifest = {"revision": commit, "entry_points": entries, "files": files, "unresolved_includes": missing}
+    manifest = {"revision": commit, "version": release(gitdir, commit), "entry_points": entries, "files": files,
+                "unresolved_includes": missing}
     if any(e["abi"] == "stable" for e in entries.values()):
         manifest["torch_target_version"] = target_version(gitdir, commit)
     with open(os.path.join(dest, "manifest.json"), "w") as f:
