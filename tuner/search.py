@@ -42,17 +42,16 @@ from .writer import geomean, provenance, read_existing, rows_for, tuned_shape_ke
 #: (key, context) task finishes: a worker process starts (imports torch, Triton and the package),
 #: builds the task's inputs and reference, and compiles and screens each candidate of the key
 #: once, which takes tens of seconds even on a GPU (on CPU, through the Triton interpreter,
-#: minutes); a started task gets a grace of 30 s past the budget, no more.
+#: minutes); a started task gets a grace past the budget (:func:`grace_seconds`), no more.
 MIN_TIME_BUDGET = 60.0
+WHY_MIN_TIME_BUDGET = ("nothing is written before a worker process has started and finished one (key, context) "
+                       "task: inputs built, every candidate of the key compiled and timed once")
 
 
 def grace_seconds(time_budget: float) -> float:
     """How long past the budget a (key, context) task already started may still run: 5% of the
     budget, at least 30 s."""
     return max(30.0, 0.05 * time_budget)
-
-WHY_MIN_TIME_BUDGET = ("nothing is written before a worker process has started and finished one (key, context) "
-                       "task: inputs built, every candidate of the key compiled and timed once")
 
 
 @dataclass

@@ -133,18 +133,16 @@ def time_context(key: TuneKey, context: int, cands: list[Candidate], device: tor
             return None
         if bar is not None:
             bar.set_postfix_str(f"{key.describe()} context={context} {cand.label}", refresh=False)
-        t0 = time.perf_counter()
+        t0, rotate = time.perf_counter(), copies
         try:
             calls[idx][0]()
-            if not selection_matches(outs[0], rows[0].float(), row_lens, tk.k):
-                results[(context, idx, "screen")] = Timed(status="FAIL: not the exact top-k (as a set)",
-                                                          seconds=time.perf_counter() - t0)
-                continue
-            timing = time_calls(calls[idx], device, screen)
-            status, us = "ok", timing.us
+            if selection_matches(outs[0], rows[0].float(), row_lens, tk.k):
+                status, us = "ok", time_calls(calls[idx], device, screen).us
+            else:  # never timed
+                status, us, rotate = "FAIL: not the exact top-k (as a set)", None, 0
         except Exception as exc:  # one candidate failing leaves the others
             status, us = f"ERROR: {type(exc).__name__}: {exc}"[:300], None
-        results[(context, idx, "screen")] = Timed(us, status, time.perf_counter() - t0, copies)
+        results[(context, idx, "screen")] = Timed(us, status, time.perf_counter() - t0, rotate)
         if bar is not None:
             bar.update(1)
     passed = sorted((m.us, i) for (_, i, _), m in results.items() if m.ok)

@@ -2,7 +2,7 @@
 (GPUs; CPU tensors run the same source through the interpreter, for the tests).
 
 Per row with ``n > k`` visible positions (rows with at most ``k`` are written without reading): a row
-of at most ``held_row_for(BLOCK, width)`` positions (``HELD_ROW``, 8192, when the block is as long) is
+of at most ``held_row_for(BLOCK, width, columns)`` positions (``HELD_ROW``, 8192, when the block is as long) is
 loaded into registers whole and selected there (:func:`select_held_row`: one read, no sample, no
 list); a longer one takes three steps:
 
@@ -33,12 +33,13 @@ latency-bound, so rounds cost more than the arithmetic around them. A one-bit-a-
 about 11 rounds for the seed and 19-20 for the finish on standard-normal rows; two probes a round
 (where the rank would lie if the keys between the bracket's ends were spread evenly, and the
 bracket's middle, packed into one reduction) take 4-7 for the seed and about 8 for the finish
-(numpy model of both searches over the same keys; ties at the k-th key take up to 17 where the
-descent took 23-31).
+(numpy model of both searches over the same keys). Ties at the k-th key leave only the halving: 18-28
+rounds for a held row of 8192 with 16-4 distinct values, 18-23 for bf16 logits (keys whose low 16
+bits are zero), where the descent, too, ran to its last bits (23-31).
 
 Counted in sm_90 SASS by ``tools/topk_sass.py`` (a JIT launch's specialisation: 16-byte aligned row,
 column stride 1; instructions per element a thread handles), defaults ``BLOCK`` 8192 over 8 warps:
-the compaction loop 32 an element (the load and key mapping alone about 10; the 8-byte entry's store
+the compaction loop 29-32 an element (the load and key mapping alone about 10; the 8-byte entry's store
 about 5 more than a position's); the seed 415 instructions a thread plus 129 a round (about 5
 rounds: 2.1 an element of a 128k row); the register finish over 8192 entries 1804 a thread plus 276
 a round (about 8 rounds: 7.8 an element of a 128k row). So about 42 an element in all at 128k and k
@@ -63,8 +64,8 @@ counted the same way in a loop that loads, compares and lists:
 Few rows, wide rows: each row is cut into ``split`` chunks over two launches. Every chunk's program
 computes the same seed from the same sample and lists its chunk's survivors in its own part of the
 scratch (counts per chunk); one program per row then gathers the parts in chunk order into one list
-and finishes as above, or falls back to ``triton_radix.select_row`` over the row. Deterministic:
-no atomics.
+and finishes as above, or falls back to ``triton_radix.select_row`` over the row. A row held whole
+lists nothing: the finish's program selects it. Deterministic: no atomics.
 """
 
 from __future__ import annotations
@@ -429,7 +430,8 @@ def register_list_for(k: int, width: int) -> int:
 def held_row_for(block: int, width: int, columns: int) -> int:
     """The longest row selected whole in registers (a power of two, whole steps of ``columns``):
     ``HELD_ROW`` at most, no more than a compaction step (``block``: the knob that sizes the
-    registers) or the row width needs."""
+    registers) or the row width needs, and one step of ``columns`` at least (so more than ``block``
+    where ``block`` is shorter than a step's columns)."""
     return max(columns, min(HELD_ROW, block, triton.next_power_of_2(max(width, 1))))
 
 
@@ -452,7 +454,7 @@ def launch(call: TopkCall, knobs: dict | None = None, split: int | None = None, 
     is written to ``call.out``, and ``(parts, counts)`` come back: each chunk's list
     (``[rows, split, capacity]`` int64 entries of :func:`pack`; :func:`listed_positions` reads their
     positions) and its survivors (``[rows, split]``, also past the capacity; 0 for a row with at
-    most ``k`` visible positions)."""
+    most ``k`` visible positions, and for a row held whole: :func:`held_row_for`)."""
     knobs = knobs or {}
     if stop_after is not None and stop_after not in PHASES:
         raise ValueError(f"stop_after must be one of {PHASES} or None, got {stop_after!r}")

@@ -134,7 +134,7 @@ def _sample_rows(kind: str, g: torch.Generator) -> tuple[torch.Tensor, torch.Ten
     if kind == "sorted":  # ascending lists the top k; descending falls back: the sample holds the row's
         up = torch.arange(5000).float()  # top 128 whole, so the seed's 57-71 sampled keys are the row's too
         return torch.stack([up, -up]), torch.tensor([5000, 4000], dtype=torch.int32), 64, [True, False]
-    if kind == "short_row":  # the sample is the row: the seed is the k-th key to 16 bits
+    if kind == "short_row":  # the sample is the row: the seed keeps k to 1.25 k of it
         return torch.randn(2, 2000, generator=g), torch.tensor([2000, 1000], dtype=torch.int32), 64, [True, True]
     if kind == "seed_too_low":  # ties: more keys are >= the seed than the list holds (64 entries here)
         x = torch.randn(2, 600, generator=g)
@@ -324,3 +324,13 @@ def test_sample_held_rows(kind, split):
     _, counts = triton_sample.launch(call, {"BLOCK": 512}, split=split, stop_after="compaction")
     listed = counts.sum(dim=1).tolist()
     assert [c > 0 for c in listed] == [False, False, False, True, True, False]  # 513 and 700 are listed
+
+
+@pytest.mark.parametrize("width", [1, 10, 33])
+def test_sample_rows_narrower_than_a_step(width):
+    """Widths below a step's columns (64 on CPU): the held row is still one whole step."""
+    g = torch.Generator().manual_seed(width)
+    logits = torch.randn(3, width, generator=g)
+    lengths = torch.tensor([width, max(width - 1, 0), 0], dtype=torch.int32)
+    k = max(1, width // 2)
+    assert_exact(topk(logits, lengths, k, backend="triton_sample"), logits, lengths, 1, k)

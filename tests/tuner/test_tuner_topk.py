@@ -168,3 +168,34 @@ def test_progress_bar_counts_the_timings(tmp_path, capsys):
 
     timings = 2 * len(knobs.candidates("triton", True, 2, 64, 0))
     assert f"{timings}/{timings}" in err and "timing" in err
+
+
+def test_time_budget_spent_between_the_contexts_of_a_key(tmp_path, monkeypatch):
+    """Spent after a key's first width: its second is not started, the key is left untuned."""
+    import tuner.topk as topk_tuner
+
+    clock = _Clock()
+    monkeypatch.setattr(topk_tuner, "time", clock)
+    timed = topk_tuner.time_context
+    widths = []
+
+    def time_then_spend(key, context, *args, **kwargs):
+        widths.append(context)
+        result = timed(key, context, *args, **kwargs)
+        clock.now = 61.0
+        return result
+
+    monkeypatch.setattr(topk_tuner, "time_context", time_then_spend)
+    out = tmp_path / "cpu_topk_tuned.csv"
+    outcome = tune(Options(untuned=[untuned(tmp_path)], out=str(out), backends=["triton"], time_budget=60.0, **FAST))
+    assert widths == [64] and not outcome.tuned and [k.shape_key.rows for k in outcome.left] == [2]
+    assert not out.exists()
+
+
+def test_progress_bar_counts_failed_candidates_too(tmp_path, monkeypatch, capsys):
+    from paged_mqa_logits.top_k import torch_ref
+
+    monkeypatch.setattr(torch_ref, "launch", lambda call, knobs=None: call.out.fill_(0))  # never the top k
+    tune(Options(untuned=[untuned(tmp_path, "rows,k,contexts\n2,8,64\n")], out=str(tmp_path / "t.csv"),
+                 backends=["torch"], **dict(FAST, quiet=False)))
+    assert "1/1" in capsys.readouterr().err
