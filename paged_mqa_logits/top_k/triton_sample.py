@@ -16,10 +16,11 @@ list); a longer one takes three steps:
    (``max(CAPACITY, 4 k)`` entries, at most the width), as one int64 entry each (:func:`pack`:
    the value's bits above the position), and counts them. The test is a float compare against
    ``T``'s value (NaN kept apart): a superset only where ``T`` is +0.0 (-0.0 joins), so still every
-   key ``>=`` some threshold, and the count is the list's.
+   key ``>=`` some threshold, and the count is the list's. Each step's load is issued before the
+   previous step is listed (one program an SM has no other warps to hide it behind).
 3. **Finish.** When ``k <= count`` and the list fits, its entries are loaded into registers
-   (``REGISTER_LIST`` at most, sized by the launcher to about 1.5x the longest list the seed aims at
-   for the call's width; the values come with the positions, so nothing is gathered from the row)
+   (``REGISTER_LIST`` at most, sized by the launcher to the longest list the seed aims at for the
+   call's width; the values come with the positions, so nothing is gathered from the row)
    and :func:`narrow` finds the exact k-th largest key (stopping once exactly ``k`` keys are at or
    above the threshold); those above it, then the first tied ones, are written. A list longer than
    the registers hold is searched where it lies (its positions unpacked in place;
@@ -34,8 +35,9 @@ about 11 rounds for the seed and 19-20 for the finish on standard-normal rows; t
 (where the rank would lie if the keys between the bracket's ends were spread evenly, and the
 bracket's middle, packed into one reduction) take 4-7 for the seed and about 8 for the finish
 (numpy model of both searches over the same keys). Ties at the k-th key leave only the halving: 18-28
-rounds for a held row of 8192 with 16-4 distinct values, 18-23 for bf16 logits (keys whose low 16
-bits are zero), where the descent, too, ran to its last bits (23-31).
+rounds for a held row of 8192 with 16-4 distinct values, where the descent, too, ran to its last bits
+(23-31). bf16 logits are searched on their keys' 16 high bits (:func:`search_keys`; the low 16 are zero
+in every one): their full keys took up to 25 rounds, halving gaps no key falls into.
 
 Counted in sm_90 SASS by ``tools/topk_sass.py`` (a JIT launch's specialisation: 16-byte aligned row,
 column stride 1; instructions per element a thread handles), defaults ``BLOCK`` 8192 over 8 warps:
@@ -103,6 +105,28 @@ REGISTER_LIST = 8192
 HELD_ROW = 8192
 #: the key of -inf: thresholds at or below it keep every non-NaN value
 NEG_INF_KEY = tl.constexpr(-2139095041)
+
+
+@triton.jit
+def search_keys(x, live, row_ptr):
+    """The keys :func:`narrow` searches for the values ``x`` of ``row_ptr``'s logits: ``order_keys``, the
+    smallest int32 where not ``live``; for bf16 logits shifted down by the 16 bits that are zero in every
+    one of their keys (the same order, still one key a value), so that no round halves a gap that no key
+    can fall into: for a held row of 8192 standard-normal values and k 2048, 7-9 rounds shifted against
+    8-25 (median 21) unshifted; fp32 7-12 (median 10) (numpy model of :func:`narrow`, 20 rows each)."""
+    keys = order_keys(x)
+    if row_ptr.dtype.element_ty == tl.bfloat16:
+        keys = keys >> 16
+    return tl.where(live, keys, SIGN)
+
+
+@triton.jit
+def row_key(key, row_ptr):
+    """A :func:`search_keys` key as an fp32 one: for bf16 logits the least fp32 key of its bf16 keys (their low
+    bits zero), so ``>=`` against it keeps the same values."""
+    if row_ptr.dtype.element_ty == tl.bfloat16:
+        key = key << 16
+    return key
 
 
 @triton.jit
@@ -177,7 +201,7 @@ def seed_threshold(row_ptr, stride_col, n, kk):
     positions = tl.where(n > SAMPLE, pieces * (n // SAMPLE_PIECES), pieces * PIECE) + within
     live = positions < n
     x = tl.load(row_ptr + positions.to(tl.int64) * stride_col, mask=live, other=0.0).to(tl.float32)
-    keys = tl.where(live, order_keys(x), SIGN)  # below every real key (-inf's is above it)
+    keys = search_keys(x, live, row_ptr)  # dead ones below every real key (-inf's is above them)
     # the sample's expected hits among the row's top kk, plus four standard deviations and four:
     # fewer than kk listed is then rare at every k and length; the sample is the row when n <= SAMPLE
     hits = (kk * SAMPLE + n - 1) // n
@@ -185,7 +209,7 @@ def seed_threshold(row_ptr, stride_col, n, kk):
     rank = tl.where(n > SAMPLE, tl.minimum(hits + slack, SAMPLE), kk)
     low, high = bracket(keys, live)
     threshold, _ = narrow(keys, low, tl.minimum(n, SAMPLE), high, n * 0, rank, rank + rank // 4)
-    return threshold.to(tl.int32)
+    return row_key(threshold.to(tl.int32), row_ptr)
 
 
 @triton.jit
@@ -211,20 +235,30 @@ def unpack(entries):
 
 
 @triton.jit
-def _compact_step(row_ptr, stride_col, start, last, value, listed, list_ptr, capacity, MASKED: tl.constexpr,
-                  STRIPES: tl.constexpr, BLOCK: tl.constexpr):
-    """List the entries (:func:`pack`) of ``[start, start + BLOCK)`` (below ``last`` when ``MASKED``)
-    whose value is ``>= value`` or NaN, from entry ``listed`` on (none at or past ``capacity``); the
-    new count."""
+def _step_positions(start, STRIPES: tl.constexpr, BLOCK: tl.constexpr):
+    """The positions of the step ``[start, start + BLOCK)`` as ``[STRIPES, BLOCK / STRIPES]`` stripes."""
     COLUMNS: tl.constexpr = BLOCK // STRIPES
-    positions = start + tl.arange(0, STRIPES)[:, None] * COLUMNS + tl.arange(0, COLUMNS)[None, :]
+    return start + tl.arange(0, STRIPES)[:, None] * COLUMNS + tl.arange(0, COLUMNS)[None, :]
+
+
+@triton.jit
+def _load_step(row_ptr, stride_col, start, last, MASKED: tl.constexpr, STRIPES: tl.constexpr, BLOCK: tl.constexpr):
+    """The fp32 values of the step at ``start`` (below ``last`` when ``MASKED``, else unmasked)."""
+    positions = _step_positions(start, STRIPES, BLOCK)
     if MASKED:
-        live = positions < last
-        x = tl.load(row_ptr + positions.to(tl.int64) * stride_col, mask=live, other=0.0).to(tl.float32)
-        keep = live & ((x >= value) | (x != x))
-    else:
-        x = tl.load(row_ptr + positions.to(tl.int64) * stride_col).to(tl.float32)
-        keep = (x >= value) | (x != x)
+        return tl.load(row_ptr + positions.to(tl.int64) * stride_col, mask=positions < last, other=0.0).to(tl.float32)
+    return tl.load(row_ptr + positions.to(tl.int64) * stride_col).to(tl.float32)
+
+
+@triton.jit
+def _list_step(x, start, last, value, listed, list_ptr, capacity, MASKED: tl.constexpr, STRIPES: tl.constexpr,
+               BLOCK: tl.constexpr):
+    """List the entries (:func:`pack`) of the step at ``start`` whose value ``x`` is ``>= value`` or NaN (below
+    ``last`` when ``MASKED``), from entry ``listed`` on (none at or past ``capacity``); the new count."""
+    positions = _step_positions(start, STRIPES, BLOCK)
+    keep = (x >= value) | (x != x)
+    if MASKED:
+        keep = keep & (positions < last)
     flags = keep.to(tl.int32)
     column_counts = tl.sum(flags, axis=0)
     # a thread's stripes are one column's: this scan stays in registers; the block scan is one per column
@@ -238,15 +272,21 @@ def _compact_step(row_ptr, stride_col, start, last, value, listed, list_ptr, cap
 def compact(row_ptr, stride_col, first, last, value, list_ptr, capacity, STRIPES: tl.constexpr, BLOCK: tl.constexpr):
     """The positions of ``[first, last)`` whose value is ``>= value`` or NaN, with their values, listed
     from ``list_ptr`` (:func:`pack`, at most ``capacity``); returns how many there are (also past
-    ``capacity``). Full steps load unmasked."""
+    ``capacity``). Full steps load unmasked, each before its predecessor is listed: a program an SM (the
+    finish's registers) has no other warps to hide a load's latency behind, so the next step's load is in
+    flight while the scans and stores of this one run."""
     listed = first * 0
     full = last - (last - first) % BLOCK
-    for start in range(first, full, BLOCK):
-        listed = _compact_step(row_ptr, stride_col, start, last, value, listed, list_ptr, capacity, False, STRIPES,
-                               BLOCK)
+    if first < full:
+        x = _load_step(row_ptr, stride_col, first, last, False, STRIPES, BLOCK)
+        for start in range(first, full - BLOCK, BLOCK):
+            following = _load_step(row_ptr, stride_col, start + BLOCK, last, False, STRIPES, BLOCK)
+            listed = _list_step(x, start, last, value, listed, list_ptr, capacity, False, STRIPES, BLOCK)
+            x = following
+        listed = _list_step(x, full - BLOCK, last, value, listed, list_ptr, capacity, False, STRIPES, BLOCK)
     if full < last:
-        listed = _compact_step(row_ptr, stride_col, full, last, value, listed, list_ptr, capacity, True, STRIPES,
-                               BLOCK)
+        x = _load_step(row_ptr, stride_col, full, last, True, STRIPES, BLOCK)
+        listed = _list_step(x, full, last, value, listed, list_ptr, capacity, True, STRIPES, BLOCK)
     return listed
 
 
@@ -281,20 +321,21 @@ def select_held_row(row_ptr, stride_col, n, kk, out_row, table_row, block_size, 
     positions = tl.arange(0, STRIPES)[:, None] * COLUMNS + tl.arange(0, COLUMNS)[None, :]
     live = positions < n
     x = tl.load(row_ptr + positions.to(tl.int64) * stride_col, mask=live, other=0.0).to(tl.float32)
-    _select_held(tl.where(live, order_keys(x), SIGN), positions, live, n, kk, out_row, table_row, block_size,
+    _select_held(search_keys(x, live, row_ptr), positions, live, n, kk, out_row, table_row, block_size,
                  HAS_TABLE)
 
 
 @triton.jit
-def _finish_in_registers(kk, count, out_row, list_ptr, table_row, block_size, HAS_TABLE: tl.constexpr,
+def _finish_in_registers(row_ptr, kk, count, out_row, list_ptr, table_row, block_size, HAS_TABLE: tl.constexpr,
                          LIST: tl.constexpr, COLUMNS: tl.constexpr):
-    """The top ``kk`` of ``count <= LIST`` listed entries (:func:`pack`: no gather from the row),
-    loaded into registers as ``[LIST / COLUMNS, COLUMNS]`` and selected there (:func:`_select_held`)."""
+    """The top ``kk`` of ``count <= LIST`` listed entries (:func:`pack`: no gather from the row; ``row_ptr``
+    only for its dtype, :func:`search_keys`), loaded into registers as ``[LIST / COLUMNS, COLUMNS]`` and
+    selected there (:func:`_select_held`)."""
     STRIPES: tl.constexpr = LIST // COLUMNS
     entries = tl.arange(0, STRIPES)[:, None] * COLUMNS + tl.arange(0, COLUMNS)[None, :]
     live = entries < count
     positions, x = unpack(tl.load(list_ptr + entries, mask=live, other=0))
-    _select_held(tl.where(live, order_keys(x), SIGN), positions, live, count, kk, out_row, table_row, block_size,
+    _select_held(search_keys(x, live, row_ptr), positions, live, count, kk, out_row, table_row, block_size,
                  HAS_TABLE)
 
 
@@ -319,7 +360,7 @@ def finish(row_ptr, stride_col, n, kk, count, capacity, out_row, list_ptr, posit
     ``positions_ptr``, the same memory as int32, and searched where they lie), else from
     ``triton_radix``'s path over the row (with ``positions_ptr`` for its list)."""
     if (count >= kk) & (count <= tl.minimum(capacity, REGISTER_LIST)):
-        _finish_in_registers(kk, count, out_row, list_ptr, table_row, block_size, HAS_TABLE, REGISTER_LIST,
+        _finish_in_registers(row_ptr, kk, count, out_row, list_ptr, table_row, block_size, HAS_TABLE, REGISTER_LIST,
                              LIST_BLOCK)
     elif (count >= kk) & (count <= capacity):
         _unpack_positions(list_ptr, positions_ptr, count, LIST_BLOCK)
@@ -418,12 +459,15 @@ def capacity_for(k: int, width: int) -> int:
 
 
 def register_list_for(k: int, width: int) -> int:
-    """The finish's register-held list (a power of two): about 1.5x the longest list the seed aims at
-    for rows of ``width`` (its rank's hits and slack, 1.25x for the early stop, scaled to the row;
-    the longest at full width), at most ``REGISTER_LIST``: a search round costs every held entry."""
+    """The finish's register-held list (a power of two): 1.1x the longest list the seed aims at for
+    rows of ``width`` (its rank's hits and slack, 1.25x for the window, scaled to the row; the longest
+    at full width), at most ``REGISTER_LIST``: a search round costs every held entry, so the margin is
+    small (a row whose list overflows is searched where it lies). At k 2048: 4096 entries up to rows of
+    about 45k (32k lists ran to 3726 on an H200), 8192 beyond. With 1.25x, 32k rows held 8192: 4096 ran
+    1.12-1.14x faster at 64-256 rows of 32k on an H100 (``benchmarks/h100/topk_sample_ab.csv``)."""
     scale = max(width, SAMPLE.value) / SAMPLE.value
     expected = 1.25 * (k + 4 * math.sqrt(k * scale) + 5 * scale) if width > SAMPLE.value else 1.25 * k
-    return min(REGISTER_LIST, triton.next_power_of_2(int(1.25 * expected)),
+    return min(REGISTER_LIST, triton.next_power_of_2(int(1.1 * expected)),
                triton.next_power_of_2(capacity_for(k, width)))
 
 

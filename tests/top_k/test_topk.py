@@ -326,6 +326,30 @@ def test_sample_held_rows(kind, split):
     assert [c > 0 for c in listed] == [False, False, False, True, True, False]  # 513 and 700 are listed
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_sample_bf16_rows(kind):
+    """bf16 logits, searched on their keys' 16 high bits: rows held whole and listed rows exact on every
+    adversarial kind, and on spread values the seed found among the shifted keys, compared against the
+    fp32 values, lists about what it lists for fp32 logits (124-141 here): at least k, at most 4 k (a
+    threshold left in the shifted keys' scale would keep every positive value, about 2500)."""
+    from paged_mqa_logits.top_k import triton_sample
+    from paged_mqa_logits.top_k.validate import check_call
+
+    g = torch.Generator().manual_seed(16)
+    width, k = 5000, 64
+    logits = adversarial_rows(kind, 4, width, k, g).bfloat16()
+    lengths = torch.tensor([5000, 3000, 400, 60], dtype=torch.int32)  # listed, listed, held, written whole
+    out = torch.full((4, k), 7, dtype=torch.int32)
+    call = check_call(logits, lengths, None, k, out)
+    triton_sample.launch(call, {"BLOCK": 512}, split=1)
+    assert_exact(out, logits, lengths, 1, k)
+    _, counts = triton_sample.launch(call, {"BLOCK": 512}, split=1, stop_after="compaction")
+    listed = counts[:, 0].tolist()
+    assert listed[2:] == [0, 0]
+    if kind == "random":
+        assert all(k <= count <= 4 * k for count in listed[:2]), listed
+
+
 @pytest.mark.parametrize("width", [1, 10, 33])
 def test_sample_rows_narrower_than_a_step(width):
     """Widths below a step's columns (64 on CPU): the held row is still one whole step."""
