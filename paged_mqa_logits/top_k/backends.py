@@ -4,7 +4,8 @@ The choice is the tuned tables' (``paged_mqa_logits/table.py``: rows whose ``op`
 keyed by arch, CU count, rows, ``k``, logits dtype and row width; :func:`table.lookup_topk`).
 Without a row, the untuned default: ``torch`` on CPU tensors (the interpreter runs the Triton
 kernels, exactly but slowly), ``triton_sample`` (one read of a row) on every GPU, with the knobs'
-defaults (``knobs.py``). ``backend=`` on a call names one explicitly (with its default knobs).
+defaults (``knobs.py``: on a GPU they depend on whether the rows outnumber its SMs). ``backend=`` on a
+call names one explicitly (with its default knobs).
 
 :func:`choose` decides once per (chip, rows, ``k``, dtype, width) and caches the decision, as the
 logits op's dispatcher does; a reloaded table (``reload_tuned_table``) is a new cache. Deciding
@@ -65,14 +66,15 @@ def decide(arch: str, cu_num: int, key: TopkKey, context: int) -> TopkChoice:
     if match.row is not None:
         row = match.row
         if row.backend == "torch" or installed_version() is not None:
-            return TopkChoice(row.backend, {**default_config(row.backend, on_cpu), **row.knobs}, match.rule,
-                              row.source)
+            return TopkChoice(row.backend, {**default_config(row.backend, on_cpu, key.rows, cu_num), **row.knobs},
+                              match.rule, row.source)
         return TopkChoice("torch", {}, f"fallback: table row {row.source} names {row.backend}, and Triton is not "
                                        "installed", "defaults")
     backend = default_backend(arch)
     if backend != "torch" and installed_version() is None:
         backend = "torch"
-    return TopkChoice(backend, default_config(backend, on_cpu), f"default for {arch} ({match.rule})", "defaults")
+    return TopkChoice(backend, default_config(backend, on_cpu, key.rows, cu_num), f"default for {arch} ({match.rule})",
+                      "defaults")
 
 
 _CACHE: dict[tuple, TopkChoice] = {}
@@ -83,9 +85,10 @@ _LOCK = threading.Lock()
 def choose(call: TopkCall, backend: str | None = None) -> TopkChoice:
     """Cached: the backend and knobs for a validated call (``backend`` given: that one)."""
     device = call.logits.device
-    if backend is not None:
-        return TopkChoice(backend, default_config(backend, device.type == "cpu"), "backend= given", "backend=")
     info = detect(device)
+    if backend is not None:
+        return TopkChoice(backend, default_config(backend, device.type == "cpu", call.rows, info.cu_num),
+                          "backend= given", "backend=")
     key = TopkKey(rows=call.rows, k=call.k, logits_dtype=logits_dtype_name(call.logits.dtype))
     cache_key = (info.arch, info.cu_num, key, call.logits.shape[1])
     loaded = table.table()

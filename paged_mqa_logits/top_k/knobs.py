@@ -13,7 +13,12 @@ The one home of the kernels' launch parameters (``triton_portable.py``, ``triton
   over two); absent: the kernel's own rule (``triton_radix.split_for``: split only when the rows
   leave SMs idle).
 
-Defaults differ between GPUs and CPU tensors: the interpreter runs small blocks faster.
+Defaults differ between GPUs and CPU tensors (the interpreter runs small blocks faster) and, for
+``triton_sample``, between calls whose rows outnumber the GPU's SMs and the rest: with a row a
+program, more rows than SMs leave no SM idle, and smaller programs (``BLOCK`` 2048 over 4 warps:
+fewer registers, so several an SM) hide each other's latency, where a lone program an SM needs the
+larger block's fewer steps. On an H100 (``benchmarks/h100/topk_sample_ab.csv``, same run): 1.09-1.42x
+at 256-1024 rows of 8k-32k, 1.01x at 256 rows of 128k; at 64 rows it lost (0.69-0.78x).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ class KnobSpace:
 
     allowed: dict = field(default_factory=dict)  # knob -> allowed values
     gpu: dict = field(default_factory=dict)  # defaults on a GPU
+    gpu_many_rows: dict | None = None  # defaults on a GPU when the rows outnumber its SMs (None: ``gpu``)
     cpu: dict = field(default_factory=dict)  # defaults for CPU tensors (the interpreter)
     #: knob -> values tried by the tuner (on top of the defaults), per device kind
     tune_gpu: dict = field(default_factory=dict)
@@ -53,7 +59,7 @@ SPACES = {
         tune_cpu={"BLOCK": (64,), "split": (None, 1, 2)}),
     "triton_sample": KnobSpace(
         allowed={"BLOCK": _BLOCKS + (8192,), "num_warps": _WARPS, "split": SPLITS},
-        gpu={"BLOCK": 8192, "num_warps": 8}, cpu={"BLOCK": 64},
+        gpu={"BLOCK": 8192, "num_warps": 8}, gpu_many_rows={"BLOCK": 2048, "num_warps": 4}, cpu={"BLOCK": 64},
         tune_gpu={"BLOCK": (2048, 4096, 8192), "num_warps": (4, 8), "split": (None,) + SPLITS},
         tune_cpu={"BLOCK": (64,), "split": (None, 1, 2)}),
 }
@@ -61,9 +67,15 @@ SPACES = {
 KNOB_NAMES = tuple(dict.fromkeys(k for space in SPACES.values() for k in space.allowed))
 
 
-def default_config(backend: str, on_cpu: bool) -> dict:
+def default_config(backend: str, on_cpu: bool, rows: int | None = None, sms: int | None = None) -> dict:
+    """``backend``'s default knobs for CPU tensors or a GPU; on a GPU of ``sms`` SMs/CUs, for ``rows``
+    rows (both given: the many-rows defaults where ``rows > sms`` and the backend has them)."""
     space = SPACES[backend]
-    return dict(space.cpu if on_cpu else space.gpu)
+    if on_cpu:
+        return dict(space.cpu)
+    if space.gpu_many_rows is not None and rows is not None and sms is not None and rows > sms:
+        return dict(space.gpu_many_rows)
+    return dict(space.gpu)
 
 
 def check_config(backend: str, knobs: dict) -> str | None:
@@ -88,8 +100,9 @@ def candidates(backend: str, on_cpu: bool, rows: int, width: int, sms: int) -> l
     if "split" in values:
         values["split"] = tuple(s for s in values["split"]
                                 if s is None or (width // s >= 64 and (on_cpu or s == 1 or rows * s <= 2 * sms)))
-    configs = [default_config(backend, on_cpu)]
+    default = default_config(backend, on_cpu, rows, sms)
+    configs = [default]
     for name, options in values.items():
         configs = [dict(c, **{name: v}) if v is not None else {k: x for k, x in c.items() if k != name}
                    for c in configs for v in options]
-    return list({tuple(sorted(c.items())): c for c in [default_config(backend, on_cpu)] + configs}.values())
+    return list({tuple(sorted(c.items())): c for c in [default] + configs}.values())

@@ -124,3 +124,24 @@ def test_untuned_default_is_todays_rule(tables):
         choice = backends.decide(arch, 132, TopkKey(rows=64, k=2048), 8192)
         assert choice.backend == backend and choice.source == "defaults"
     assert backends.decide("sm_90", 132, TopkKey(rows=64, k=2048), 8192).config == {"BLOCK": 8192, "num_warps": 8}
+
+
+def test_untuned_sample_knobs_follow_the_rows(tables):
+    """``triton_sample``'s defaults on a GPU: the large block over 8 warps while the rows fit the SMs (a
+    program an SM), the small block over 4 warps once they outnumber them; a table row's knobs override
+    either; the tuner times the call's default first."""
+    from paged_mqa_logits.top_k import knobs
+
+    tables(TOPK_HEADER)
+    few, many = {"BLOCK": 8192, "num_warps": 8}, {"BLOCK": 2048, "num_warps": 4}
+    for rows, expected in ((132, few), (133, many), (1024, many)):
+        assert backends.decide("sm_90", 132, TopkKey(rows=rows, k=2048), 8192).config == expected, rows
+    assert backends.decide("gfx942", 304, TopkKey(rows=256, k=2048), 8192).config == few  # 256 rows < 304 CUs
+    assert backends.decide("cpu", 0, TopkKey(rows=1024, k=2048), 8192).backend == "torch"
+    assert knobs.default_config("triton_sample", True, 1024, 0) == {"BLOCK": 64}
+    assert knobs.default_config("triton_radix", False, 1024, 132) == {"BLOCK": 1024, "num_warps": 8}
+    assert knobs.candidates("triton_sample", False, 256, 8192, 132)[0] == many
+    assert knobs.candidates("triton_sample", False, 64, 8192, 132)[0] == few
+    tables(TOPK_HEADER + "sm_90,132,topk,256,2048,fp32,8192,triton_sample,4096,,1,1.0,tuned:test\n")
+    assert backends.decide("sm_90", 132, TopkKey(rows=256, k=2048), 8192).config == {
+        "BLOCK": 4096, "num_warps": 4, "split": 1}
