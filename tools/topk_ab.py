@@ -41,11 +41,12 @@ COPY_BYTES = 256 << 20
 def load_revision(revision: str, directory: str):
     """``triton_sample`` as it stood at ``revision``, imported from a copy in ``directory`` (kept while it runs:
     Triton reads a kernel's source from its file)."""
-    shown = subprocess.run(["git", "-C", ROOT, "show", f"{revision}:{MODULE}"], capture_output=True, text=True)
+    shown = subprocess.run(["git", "-C", ROOT, "show", f"{revision}:{MODULE}"], capture_output=True, text=True,
+                           check=False)
     if shown.returncode != 0:
         raise SystemExit(f"--baseline: no {MODULE} at revision {revision!r}: {shown.stderr.strip()}")
-    source = re.sub(r"^from \.\.", "from paged_mqa_logits.", shown.stdout, flags=re.M)
-    source = re.sub(r"^from \.", "from paged_mqa_logits.top_k.", source, flags=re.M)
+    source = re.sub(r"^from \.\.", "from paged_mqa_logits.", shown.stdout, flags=re.MULTILINE)
+    source = re.sub(r"^from \.", "from paged_mqa_logits.top_k.", source, flags=re.MULTILINE)
     path = os.path.join(directory, "triton_sample_baseline.py")
     with open(path, "w") as f:
         f.write(source)
@@ -74,10 +75,12 @@ def shape_rows(baseline, rows: int, width: int, dtype: str, k: int, knob_sets, d
                         k, torch.empty(rows, k, dtype=torch.int32, device=device)) for _ in range(copies)]
     expected = calls[0].logits.float().topk(k, dim=1).values.sort(dim=1).values
     variants = [("baseline", baseline, None), ("current", triton_sample, None)]
-    variants += [(f"{block}/{warps}", triton_sample, {"BLOCK": block, "num_warps": warps}) for block, warps in knob_sets]
+    variants += [(f"{block}/{warps}", triton_sample, {"BLOCK": block, "num_warps": warps})
+                 for block, warps in knob_sets]
     lines, base = [], None
     for name, module, knobs in variants:
-        us = time_calls([lambda call=call: module.launch(call, knobs) for call in calls], device, schedule).us
+        us = time_calls([lambda call=call, module=module, knobs=knobs: module.launch(call, knobs) for call in calls],
+                        device, schedule).us
         call = calls[0]
         call.out.fill_(-1)
         module.launch(call, knobs)

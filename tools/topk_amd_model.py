@@ -173,7 +173,8 @@ def sample_loops(arch: str) -> tuple[tuple[PassCost, ...], dict]:
     isa, record = _compile(triton_sample._topk_sample_kernel, arch, warps,
                            {"BLOCK": block, "STRIPES": max(1, block // columns), "LIST_BLOCK": columns,
                             "REGISTER_LIST": triton_sample.REGISTER_LIST,
-                            "ROW": triton_sample.held_row_for(block, 131072, columns)})
+                            "ROW": triton_sample.held_row_for(block, 131072, columns),
+                            "PREFETCH": triton_sample.prefetch_for(arch)})
     loops = _loops(_amd_blocks(isa))
     compaction = next(body for body in loops if _has(body, "global_load") and _has(body, "global_store"))
     elements = block // warps

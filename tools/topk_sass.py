@@ -74,8 +74,9 @@ def _seed_only(row_ptr, out_ptr, n, kk):
 
 
 @triton.jit
-def _finish_only(entries_ptr, out_ptr, kk, count, REGISTER_LIST: tl.constexpr, COLUMNS: tl.constexpr):
-    triton_sample._finish_in_registers(kk, count, out_ptr, entries_ptr, out_ptr, 1, False, REGISTER_LIST, COLUMNS)
+def _finish_only(row_ptr, entries_ptr, out_ptr, kk, count, REGISTER_LIST: tl.constexpr, COLUMNS: tl.constexpr):
+    triton_sample._finish_in_registers(row_ptr, kk, count, out_ptr, entries_ptr, out_ptr, 1, False, REGISTER_LIST,
+                                       COLUMNS)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     warps, block = a.warps, a.block
     columns = triton_sample.LANE_ELEMENTS * 32 * warps
     constexprs = dict(common, BLOCK=block, STRIPES=max(1, block // columns), LIST_BLOCK=columns,
-                      REGISTER_LIST=a.register_list, ROW=triton_sample.held_row_for(block, a.width, columns))
+                      REGISTER_LIST=a.register_list, ROW=triton_sample.held_row_for(block, a.width, columns),
+                      PREFETCH=triton_sample.prefetch_for("sm_90"))
     code, record = compile_sm90(triton_sample._topk_sample_kernel, constexprs, warps)
     print(f"triton_sample (BLOCK {block}, {warps} warps, {record.vgprs} registers, local memory "
           f"{record.scratch_bytes} bytes): in order, the seed's search round (no load), the compaction (the "

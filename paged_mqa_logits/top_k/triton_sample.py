@@ -16,8 +16,9 @@ list); a longer one takes three steps:
    (``max(CAPACITY, 4 k)`` entries, at most the width), as one int64 entry each (:func:`pack`:
    the value's bits above the position), and counts them. The test is a float compare against
    ``T``'s value (NaN kept apart): a superset only where ``T`` is +0.0 (-0.0 joins), so still every
-   key ``>=`` some threshold, and the count is the list's. Each step's load is issued before the
-   previous step is listed (one program an SM has no other warps to hide it behind).
+   key ``>=`` some threshold, and the count is the list's. On NVIDIA GPUs each step's load is issued
+   before the previous step is listed (one program an SM has no other warps to hide it behind;
+   :func:`prefetch_for`).
 3. **Finish.** When ``k <= count`` and the list fits, its entries are loaded into registers
    (``REGISTER_LIST`` at most, sized by the launcher to the longest list the seed aims at for the
    call's width; the values come with the positions, so nothing is gathered from the row)
@@ -269,21 +270,27 @@ def _list_step(x, start, last, value, listed, list_ptr, capacity, MASKED: tl.con
 
 
 @triton.jit
-def compact(row_ptr, stride_col, first, last, value, list_ptr, capacity, STRIPES: tl.constexpr, BLOCK: tl.constexpr):
+def compact(row_ptr, stride_col, first, last, value, list_ptr, capacity, STRIPES: tl.constexpr, BLOCK: tl.constexpr,
+            PREFETCH: tl.constexpr):
     """The positions of ``[first, last)`` whose value is ``>= value`` or NaN, with their values, listed
     from ``list_ptr`` (:func:`pack`, at most ``capacity``); returns how many there are (also past
-    ``capacity``). Full steps load unmasked, each before its predecessor is listed: a program an SM (the
-    finish's registers) has no other warps to hide a load's latency behind, so the next step's load is in
-    flight while the scans and stores of this one run."""
+    ``capacity``). Full steps load unmasked; with ``PREFETCH`` (:func:`prefetch_for`) each before its
+    predecessor is listed: a program an SM (the finish's registers) has no other warps to hide a load's
+    latency behind, so the next step's load is in flight while the scans and stores of this one run."""
     listed = first * 0
     full = last - (last - first) % BLOCK
     if first < full:
-        x = _load_step(row_ptr, stride_col, first, last, False, STRIPES, BLOCK)
-        for start in range(first, full - BLOCK, BLOCK):
-            following = _load_step(row_ptr, stride_col, start + BLOCK, last, False, STRIPES, BLOCK)
-            listed = _list_step(x, start, last, value, listed, list_ptr, capacity, False, STRIPES, BLOCK)
-            x = following
-        listed = _list_step(x, full - BLOCK, last, value, listed, list_ptr, capacity, False, STRIPES, BLOCK)
+        if PREFETCH:
+            x = _load_step(row_ptr, stride_col, first, last, False, STRIPES, BLOCK)
+            for start in range(first, full - BLOCK, BLOCK):
+                following = _load_step(row_ptr, stride_col, start + BLOCK, last, False, STRIPES, BLOCK)
+                listed = _list_step(x, start, last, value, listed, list_ptr, capacity, False, STRIPES, BLOCK)
+                x = following
+            listed = _list_step(x, full - BLOCK, last, value, listed, list_ptr, capacity, False, STRIPES, BLOCK)
+        else:
+            for start in range(first, full, BLOCK):
+                x = _load_step(row_ptr, stride_col, start, last, False, STRIPES, BLOCK)
+                listed = _list_step(x, start, last, value, listed, list_ptr, capacity, False, STRIPES, BLOCK)
     if full < last:
         x = _load_step(row_ptr, stride_col, full, last, True, STRIPES, BLOCK)
         listed = _list_step(x, full, last, value, listed, list_ptr, capacity, True, STRIPES, BLOCK)
@@ -377,7 +384,7 @@ def _topk_sample_kernel(logits_ptr, lens_ptr, out_ptr, table_ptr, scratch_ptr, e
                         stride_lens_b, stride_lens_j, stride_out, stride_table, width, k, block_size, capacity,
                         NEXT_N: tl.constexpr, LENS_2D: tl.constexpr, HAS_TABLE: tl.constexpr, STRIPES: tl.constexpr,
                         REGISTER_LIST: tl.constexpr, LIST_BLOCK: tl.constexpr, ROW: tl.constexpr,
-                        BLOCK: tl.constexpr):
+                        BLOCK: tl.constexpr, PREFETCH: tl.constexpr):
     """One program a row: rows of at most ``ROW`` visible positions whole in registers, longer ones
     seeded, compacted and finished. ``entries_ptr`` (int64, ``capacity`` a row) and ``scratch_ptr``
     (int32, ``2 capacity`` a row) are the same memory: the list, and the fallbacks' view of it."""
@@ -390,7 +397,7 @@ def _topk_sample_kernel(logits_ptr, lens_ptr, out_ptr, table_ptr, scratch_ptr, e
     elif n > k:
         list_ptr = entries_ptr + row.to(tl.int64) * capacity
         value = threshold_value(seed_threshold(row_ptr, stride_col, n, kk))
-        count = compact(row_ptr, stride_col, n * 0, n, value, list_ptr, capacity, STRIPES, BLOCK)
+        count = compact(row_ptr, stride_col, n * 0, n, value, list_ptr, capacity, STRIPES, BLOCK, PREFETCH)
         tl.debug_barrier()  # the list is read back by other threads of the program
         finish(row_ptr, stride_col, n, kk, count, capacity, out_row, list_ptr, positions_ptr, table_row, block_size,
                HAS_TABLE, REGISTER_LIST, LIST_BLOCK)
@@ -400,7 +407,8 @@ def _topk_sample_kernel(logits_ptr, lens_ptr, out_ptr, table_ptr, scratch_ptr, e
 @triton.jit
 def _chunk_compact_kernel(logits_ptr, lens_ptr, parts_ptr, counts_ptr, stride_row, stride_col, stride_lens_b,
                           stride_lens_j, width, k, capacity, chunk, NEXT_N: tl.constexpr, LENS_2D: tl.constexpr,
-                          SPLIT: tl.constexpr, STRIPES: tl.constexpr, ROW: tl.constexpr, BLOCK: tl.constexpr):
+                          SPLIT: tl.constexpr, STRIPES: tl.constexpr, ROW: tl.constexpr, BLOCK: tl.constexpr,
+                          PREFETCH: tl.constexpr):
     """One chunk: the row's seed (every chunk computes the same), its survivors listed in its own part
     of the scratch (int64 entries), their count (past the part's capacity too) in ``counts``; nothing
     for a row of at most ``ROW`` visible positions (the finish holds it whole)."""
@@ -414,7 +422,7 @@ def _chunk_compact_kernel(logits_ptr, lens_ptr, parts_ptr, counts_ptr, stride_ro
         row_ptr = logits_ptr + row.to(tl.int64) * stride_row
         value = threshold_value(seed_threshold(row_ptr, stride_col, n, kk))
         part_ptr = parts_ptr + (row.to(tl.int64) * SPLIT + part) * capacity
-        count = compact(row_ptr, stride_col, first, last, value, part_ptr, capacity, STRIPES, BLOCK)
+        count = compact(row_ptr, stride_col, first, last, value, part_ptr, capacity, STRIPES, BLOCK, PREFETCH)
     tl.store(counts_ptr + row * SPLIT + part, count)
 
 
@@ -469,6 +477,16 @@ def register_list_for(k: int, width: int) -> int:
     expected = 1.25 * (k + 4 * math.sqrt(k * scale) + 5 * scale) if width > SAMPLE.value else 1.25 * k
     return min(REGISTER_LIST, triton.next_power_of_2(int(1.1 * expected)),
                triton.next_power_of_2(capacity_for(k, width)))
+
+
+def prefetch_for(arch: str) -> bool:
+    """Whether :func:`compact` loads each step before listing the previous one on ``arch`` (``"cpu"``,
+    ``"sm_90"``, ``"gfx942"``, ...): on an H100 it ran 1.12-1.27x from 256 rows
+    (``benchmarks/h100/topk_sample_ab.csv``); on CDNA it raises the compaction's VGPRs from 129 to 209
+    (``tools/topk_amd_model.py``), so fewer waves a SIMD hide latency, the way CDNA hides it, and no AMD
+    GPU has run it: AMD GPUs keep the loop that loads each step as it lists it. CPU tensors run the
+    NVIDIA path (the interpreter checks both, ``tests/top_k/test_topk.py``)."""
+    return not arch.startswith("gfx")
 
 
 def held_row_for(block: int, width: int, columns: int) -> int:
@@ -526,18 +544,19 @@ def launch(call: TopkCall, knobs: dict | None = None, split: int | None = None, 
     common = dict(NEXT_N=call.next_n, LENS_2D=call.lens_2d, **options)
     strides = (call.logits.stride(0), call.logits.stride(1))
     has_table = call.block_table is not None
+    prefetch = prefetch_for("gfx" if not on_cpu and torch.version.hip else device.type)
     if split == 1 and stop_after is None:
         run(_topk_sample_kernel)[(rows,)](
             call.logits, call.lengths, call.out, table, scratch, entries, *strides, *lens_args, call.out.stride(0),
             table.stride(0), width, call.k, call.block_size, capacity, HAS_TABLE=has_table, STRIPES=block // columns,
-            REGISTER_LIST=register_list, LIST_BLOCK=list_block, ROW=held_row, BLOCK=block, **common)
+            REGISTER_LIST=register_list, LIST_BLOCK=list_block, ROW=held_row, BLOCK=block, PREFETCH=prefetch, **common)
         return None
     chunk = 0 if stop_after == "seed" else triton.cdiv(width, split)
     parts = torch.empty((rows, split, capacity), dtype=torch.int64, device=device)
     counts = torch.empty((rows, split), dtype=torch.int32, device=device)
     run(_chunk_compact_kernel)[(rows, split)](
         call.logits, call.lengths, parts, counts, *strides, *lens_args, width, call.k, capacity, chunk, SPLIT=split,
-        STRIPES=block // columns, ROW=held_row, BLOCK=block, **common)
+        STRIPES=block // columns, ROW=held_row, BLOCK=block, PREFETCH=prefetch, **common)
     if stop_after is not None:
         return parts, counts
     run(_chunk_finish_kernel)[(rows,)](

@@ -358,3 +358,33 @@ def test_sample_rows_narrower_than_a_step(width):
     lengths = torch.tensor([width, max(width - 1, 0), 0], dtype=torch.int32)
     k = max(1, width // 2)
     assert_exact(topk(logits, lengths, k, backend="triton_sample"), logits, lengths, 1, k)
+
+
+@pytest.mark.parametrize("split", [1, 4])
+def test_sample_compaction_with_and_without_prefetch(monkeypatch, split):
+    """The compaction that loads a step ahead (NVIDIA, CPU) and the one that loads each step as it lists it
+    (AMD: ``triton_sample.prefetch_for``) list the same entries in the same order, so their selections are
+    equal slot for slot: rows of many full steps, a masked tail, chunks of
+    750 columns (steps of 128), the page table."""
+    from paged_mqa_logits.top_k import triton_sample
+    from paged_mqa_logits.top_k.validate import check_call
+
+    assert triton_sample.prefetch_for("sm_90") and triton_sample.prefetch_for("cpu")
+    assert not triton_sample.prefetch_for("gfx942") and not triton_sample.prefetch_for("gfx950")
+    g = torch.Generator().manual_seed(17)
+    logits = torch.randn(3, 3001, generator=g)
+    lengths = torch.tensor([3001, 2600, 1000], dtype=torch.int32)
+    table = torch.randperm(1024, generator=g)[:3 * 200].reshape(3, 200).to(torch.int32)
+    results = []
+    for prefetch in (True, False):
+        monkeypatch.setattr(triton_sample, "prefetch_for", lambda arch, prefetch=prefetch: prefetch)
+        out = torch.full((3, 32), 7, dtype=torch.int32)
+        call = check_call(logits, lengths, None, 32, out, table, 16)
+        triton_sample.launch(call, {"BLOCK": 128}, split=split)
+        assert_exact(out, logits, lengths, 1, 32, table, 16)
+        parts, counts = triton_sample.launch(call, {"BLOCK": 128}, split=split, stop_after="compaction")
+        results.append((out, counts, [triton_sample.listed_positions(parts[r, c, :counts[r, c]])
+                                      for r in range(3) for c in range(split)]))
+    (out_a, counts_a, lists_a), (out_b, counts_b, lists_b) = results
+    assert torch.equal(out_a, out_b) and torch.equal(counts_a, counts_b)
+    assert all(torch.equal(a, b) for a, b in zip(lists_a, lists_b))

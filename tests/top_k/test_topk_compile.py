@@ -80,6 +80,8 @@ def _sample_spec(kernel, arch, has_table, extra_pointers, extra_ints, extra):
     columns = triton_sample.LANE_ELEMENTS * 32 * triton_sample.NUM_WARPS
     constexprs = dict(STRIPES=triton_sample.BLOCK // columns, REGISTER_LIST=triton_sample.REGISTER_LIST,
                       LIST_BLOCK=columns, ROW=triton_sample.held_row_for(triton_sample.BLOCK, 131072, columns), **extra)
+    if "PREFETCH" in kernel.arg_names:  # the kernels that compact
+        constexprs["PREFETCH"] = triton_sample.prefetch_for(arch)
     return _spec(kernel, arch, has_table, extra_pointers, extra_ints, triton_sample.BLOCK, triton_sample.NUM_WARPS,
                  extra=constexprs)
 
