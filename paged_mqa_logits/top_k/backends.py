@@ -24,7 +24,7 @@ from .. import table
 from ..arch import detect
 from ..problem import TopkKey, logits_dtype_name
 from ..triton_internals.version import installed_version
-from .knobs import SPACES, default_config
+from .knobs import SPACES, default_config, many_rows
 from .validate import TopkCall
 
 #: backend name -> the module whose ``launch(call, knobs)`` writes ``call.out`` and nothing else
@@ -73,8 +73,10 @@ def decide(arch: str, cu_num: int, key: TopkKey, context: int) -> TopkChoice:
     backend = default_backend(arch)
     if backend != "torch" and installed_version() is None:
         backend = "torch"
-    return TopkChoice(backend, default_config(backend, on_cpu, key.rows, cu_num), f"default for {arch} ({match.rule})",
-                      "defaults")
+    knobs_rule = f"; its knobs for more rows ({key.rows}) than SMs ({cu_num})" \
+        if many_rows(backend, on_cpu, key.rows, cu_num) else ""
+    return TopkChoice(backend, default_config(backend, on_cpu, key.rows, cu_num),
+                      f"default for {arch} ({match.rule}){knobs_rule}", "defaults")
 
 
 _CACHE: dict[tuple, TopkChoice] = {}

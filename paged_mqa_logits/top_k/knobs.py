@@ -67,15 +67,20 @@ SPACES = {
 KNOB_NAMES = tuple(dict.fromkeys(k for space in SPACES.values() for k in space.allowed))
 
 
+def many_rows(backend: str, on_cpu: bool, rows: int | None, sms: int | None) -> bool:
+    """Whether ``backend``'s many-rows defaults apply: a GPU, ``rows`` and ``sms`` given, more rows than SMs,
+    and the backend has them."""
+    return (not on_cpu and SPACES[backend].gpu_many_rows is not None and rows is not None and sms is not None
+            and rows > sms)
+
+
 def default_config(backend: str, on_cpu: bool, rows: int | None = None, sms: int | None = None) -> dict:
     """``backend``'s default knobs for CPU tensors or a GPU; on a GPU of ``sms`` SMs/CUs, for ``rows``
-    rows (both given: the many-rows defaults where ``rows > sms`` and the backend has them)."""
+    rows (both given: the many-rows defaults where :func:`many_rows`)."""
     space = SPACES[backend]
     if on_cpu:
         return dict(space.cpu)
-    if space.gpu_many_rows is not None and rows is not None and sms is not None and rows > sms:
-        return dict(space.gpu_many_rows)
-    return dict(space.gpu)
+    return dict(space.gpu_many_rows if many_rows(backend, on_cpu, rows, sms) else space.gpu)
 
 
 def check_config(backend: str, knobs: dict) -> str | None:

@@ -135,7 +135,9 @@ def test_untuned_sample_knobs_follow_the_rows(tables):
     tables(TOPK_HEADER)
     few, many = {"BLOCK": 8192, "num_warps": 8}, {"BLOCK": 2048, "num_warps": 4}
     for rows, expected in ((132, few), (133, many), (1024, many)):
-        assert backends.decide("sm_90", 132, TopkKey(rows=rows, k=2048), 8192).config == expected, rows
+        choice = backends.decide("sm_90", 132, TopkKey(rows=rows, k=2048), 8192)
+        assert choice.config == expected, rows
+        assert ("its knobs for more rows (133) than SMs (132)" in choice.rule) == (rows == 133), choice.rule
     assert backends.decide("gfx942", 304, TopkKey(rows=256, k=2048), 8192).config == few  # 256 rows < 304 CUs
     assert backends.decide("cpu", 0, TopkKey(rows=1024, k=2048), 8192).backend == "torch"
     assert knobs.default_config("triton_sample", True, 1024, 0) == {"BLOCK": 64}
