@@ -26,16 +26,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import torch  # noqa: E402
+from topk_phases import rotating_calls  # noqa: E402  (this folder: the same rows as the phase tool)
 
 from paged_mqa_logits.bench.measure import Schedule, time_calls  # noqa: E402
+from paged_mqa_logits.bench.topk import selection_matches  # noqa: E402
 from paged_mqa_logits.top_k import triton_sample  # noqa: E402
-from paged_mqa_logits.top_k.validate import check_call  # noqa: E402
 
 HEADER = "rows,width,dtype,variant,us,baseline_over_variant,exact"
 MODULE = "paged_mqa_logits/top_k/triton_sample.py"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-#: at most this many bytes of rotating copies (past the L2 of the GPUs this project tunes for)
-COPY_BYTES = 256 << 20
 
 
 def load_revision(revision: str, directory: str):
@@ -68,12 +67,7 @@ def _pairs(text: str, sep: str, flag: str) -> list[tuple[int, int]]:
 
 def shape_rows(baseline, rows: int, width: int, dtype: str, k: int, knob_sets, device, schedule) -> list[str]:
     """The CSV rows (:data:`HEADER`) of one shape: the baseline, the current module, then each knob set."""
-    copies = max(2, min(32, COPY_BYTES // (rows * width * 4))) if device.type == "cuda" else 1
-    generator = torch.Generator(device=device).manual_seed(rows * 31 + width)
-    lengths = torch.full((rows,), width, dtype=torch.int32, device=device)
-    calls = [check_call(torch.randn(rows, width, device=device, generator=generator).to(DTYPES[dtype]), lengths, 1,
-                        k, torch.empty(rows, k, dtype=torch.int32, device=device)) for _ in range(copies)]
-    expected = calls[0].logits.float().topk(k, dim=1).values.sort(dim=1).values
+    calls = rotating_calls(rows, width, k, device, DTYPES[dtype])
     variants = [("baseline", baseline, None), ("current", triton_sample, None)]
     variants += [(f"{block}/{warps}", triton_sample, {"BLOCK": block, "num_warps": warps})
                  for block, warps in knob_sets]
@@ -84,9 +78,9 @@ def shape_rows(baseline, rows: int, width: int, dtype: str, k: int, knob_sets, d
         call = calls[0]
         call.out.fill_(-1)
         module.launch(call, knobs)
-        got = call.logits.float().gather(1, call.out.long().clamp_min(0)).sort(dim=1).values
+        exact = selection_matches(call.out, call.logits, call.lengths, k)
         base = base or us
-        lines.append(f"{rows},{width},{dtype},{name},{us:.2f},{base / us:.3f},{bool(torch.equal(got, expected))}")
+        lines.append(f"{rows},{width},{dtype},{name},{us:.2f},{base / us:.3f},{exact}")
     return lines
 
 

@@ -43,14 +43,21 @@ def _pairs(text: str, sep: str) -> list[tuple[int, int]]:
     return pairs
 
 
-def phase_row(rows: int, width: int, k: int, block: int, warps: int, device: torch.device,
-              schedule: Schedule) -> str:
-    """One CSV row (:data:`HEADER`) for ``rows`` rows of ``width`` visible logits."""
+def rotating_calls(rows: int, width: int, k: int, device: torch.device, dtype: torch.dtype = torch.float32) -> list:
+    """Validated top-k calls over rotating copies (at most :data:`COPY_BYTES` of fp32 rows, 2-32 copies on a GPU,
+    one on CPU) of ``rows`` rows of ``width`` standard-normal logits, every position visible, seeded by the shape;
+    also ``tools/topk_ab.py``'s rows."""
     copies = max(2, min(32, COPY_BYTES // (rows * width * 4))) if device.type == "cuda" else 1
     generator = torch.Generator(device=device).manual_seed(rows * 31 + width)
     lengths = torch.full((rows,), width, dtype=torch.int32, device=device)
-    calls = [check_call(torch.randn(rows, width, device=device, generator=generator), lengths, 1, k,
-                        torch.empty(rows, k, dtype=torch.int32, device=device)) for _ in range(copies)]
+    return [check_call(torch.randn(rows, width, device=device, generator=generator).to(dtype), lengths, 1, k,
+                       torch.empty(rows, k, dtype=torch.int32, device=device)) for _ in range(copies)]
+
+
+def phase_row(rows: int, width: int, k: int, block: int, warps: int, device: torch.device,
+              schedule: Schedule) -> str:
+    """One CSV row (:data:`HEADER`) for ``rows`` rows of ``width`` visible logits."""
+    calls = rotating_calls(rows, width, k, device)
     knobs = {"BLOCK": block, "num_warps": warps}
 
     def timed(run) -> float:
