@@ -38,7 +38,9 @@ bracket's middle, packed into one reduction) take 4-7 for the seed and about 8 f
 (numpy model of both searches over the same keys). Ties at the k-th key leave only the halving: 18-28
 rounds for a held row of 8192 with 16-4 distinct values, where the descent, too, ran to its last bits
 (23-31). bf16 logits are searched on their keys' 16 high bits (:func:`search_keys`; the low 16 are zero
-in every one): their full keys took up to 25 rounds, halving gaps no key falls into.
+in every one): their full keys took up to 25 rounds, halving gaps no key falls into. A held row's first
+round probes where the row's mean and deviation put the k-th largest (:func:`bracket`): about 5 rounds
+instead of 10 on normal-looking rows of 8192.
 
 Counted in sm_90 SASS by ``tools/topk_sass.py`` (a JIT launch's specialisation: 16-byte aligned row,
 column stride 1; instructions per element a thread handles), defaults ``BLOCK`` 8192 over 8 warps:
@@ -106,6 +108,9 @@ REGISTER_LIST = 8192
 HELD_ROW = 8192
 #: the key of -inf: thresholds at or below it keep every non-NaN value
 NEG_INF_KEY = tl.constexpr(-2139095041)
+#: :func:`bracket`'s first probes, this many standard deviations either side of the normal estimate (0.1 took
+#: fewer rounds than 0.2 and 0.35 in the model quoted there)
+PROBE_SPREAD = tl.constexpr(0.1)
 
 
 @triton.jit
@@ -151,32 +156,82 @@ def _min_max(low_a, high_a, low_b, high_b):
 
 
 @triton.jit
-def bracket(keys, live):
-    """The bracket :func:`narrow` starts from: the smallest live key and one past the largest (int64),
-    in one reduction."""
-    low, high = tl.reduce((_flat(tl.where(live, keys, MAX_KEY), keys.numel), _flat(keys, keys.numel)), 0, _min_max)
-    return low.to(tl.int64), high.to(tl.int64) + 1
+def _bracket_combine(low_a, high_a, sum_a, squares_a, low_b, high_b, sum_b, squares_b):
+    return tl.minimum(low_a, low_b), tl.maximum(high_a, high_b), sum_a + sum_b, squares_a + squares_b
 
 
 @triton.jit
-def narrow(keys, low, low_count, high, high_count, rank_low, rank_high):
+def normal_quantile(p):
+    """The standard normal quantile of ``p`` in ``[0, 1]`` (fp32): ``4.91 (p^0.14 - (1 - p)^0.14)``, within
+    0.004 of it over ``[0.01, 0.99]`` and 0.05 at 0.001 and 0.999 (Tukey's lambda distribution)."""
+    return 4.91 * (tl.exp2(0.14 * tl.log2(p)) - tl.exp2(0.14 * tl.log2(1.0 - p)))
+
+
+@triton.jit
+def bracket(keys, x, live, count, target, row_ptr, PROBES: tl.constexpr):
+    """Where :func:`narrow` starts, from one reduction over the ``count`` live keys (:func:`search_keys` of the
+    values ``x`` of ``row_ptr``'s logits): the bracket (the smallest live key and one past the largest, int64)
+    and, with ``PROBES``, the first round's two probes (int64 keys; equal, so unused, without): the values
+    ``PROBE_SPREAD`` standard deviations either side of where the ``target``-th largest would lie were the
+    values normal (mean and deviation of the live ones), unless they lie either side of zero. The probes only
+    steer the search, never its result: a normal-looking row starts with a bracket of about a tenth of its
+    keys, where the bracket's own halving first spends about three rounds on the signs and exponents of floats
+    no key is near. In a numpy model of :func:`narrow` (30-40 rows each; standard-normal rows and sums of 64
+    heads' weighted ReLUs), a held row of 8192 at k 2048 takes 4.3-5.4 rounds against 9.9-10.7, rows of
+    2100-7000 3.5-7.4 against 6.8-11.5; rows with one huge value and exponential rows about one round more.
+    Probes either side of zero (a row of twice ``k``, the target at the mean) would leave a bracket across the
+    sign, which the halving crosses one exponent a round (10.9 rounds against 10.0): those rows search as
+    without. On an H100, same run, rows held whole ran 1.10-1.24x faster at 64-1024 rows of 8k (bf16 1.24x)
+    and 0.98x at 64 x 4096 (``benchmarks/h100/topk_probes_ab.csv``). Only held rows use them
+    (:func:`select_held_row`): the seed's window of ranks is wide, and stopping at the first key in it
+    lengthened its lists (0.83-0.93x at 64-256
+    rows of 32k and 256 of 128k, 1.03x at 1024 x 32k); the list finish's keys are a distribution's upper tail,
+    where they saved no time (0.99-1.01x at 32k-128k), and with ``BLOCK`` 2048 over 4 warps, whose register
+    list already spills, 8k rows through the list ran about 5% slower."""
+    if PROBES:
+        values = tl.where(live, x, 0.0)
+        low, high, total, squares = tl.reduce(
+            (_flat(tl.where(live, keys, MAX_KEY), keys.numel), _flat(keys, keys.numel), _flat(values, values.numel),
+             _flat(values * values, values.numel)), 0, _bracket_combine)
+        live_count = count.to(tl.float32)
+        mean = total / live_count
+        deviation = tl.sqrt(tl.maximum(squares / live_count - mean * mean, 0.0))
+        middle = mean + normal_quantile(1.0 - target.to(tl.float32) / live_count) * deviation
+        probe_low = search_keys(middle - PROBE_SPREAD * deviation, True, row_ptr).to(tl.int64)
+        probe_high = search_keys(middle + PROBE_SPREAD * deviation, True, row_ptr).to(tl.int64)
+        probe_high = tl.where((probe_low < 0) & (probe_high >= 0), probe_low, probe_high)
+    else:
+        low, high = tl.reduce((_flat(tl.where(live, keys, MAX_KEY), keys.numel), _flat(keys, keys.numel)), 0,
+                              _min_max)
+        probe_low = low.to(tl.int64)
+        probe_high = probe_low
+    return low.to(tl.int64), high.to(tl.int64) + 1, probe_low, probe_high
+
+
+@triton.jit
+def narrow(keys, low, low_count, high, high_count, rank_low, rank_high, probe_low, probe_high):
     """A key ``T`` with at least ``rank_low`` of the register-held 2-D ``keys`` ``>= T`` and at most
     ``rank_high`` (dead keys the smallest int32, below every live one), or, where ties leave no such
     key, the largest ``T`` with at least ``rank_low``. Starts from the bracket ``[low, high)`` (int64
     keys, ``low_count >= rank_low`` keys ``>= low``, ``high_count < rank_low`` ``>= high``) and narrows
     it with two probes a round, counted in one block reduction (the counts packed in 16-bit halves:
-    at most 65535 keys): the key where the middle of the ranks would lie if the keys between the
-    bracket's ends were spread evenly (interpolation: about 8 rounds where keys are spread, against
-    about 20 one bit a round), and the middle of the bracket, so a round at least halves it (at most
-    33 rounds, where ties or gaps defeat the interpolation). Returns ``T`` (int64) and its count."""
+    at most 65535 keys). The first round probes ``probe_low`` and ``probe_high`` (:func:`bracket`; moved
+    inside the bracket) when they differ; every other round the key where the middle of the ranks would
+    lie if the keys between the bracket's ends were spread evenly (interpolation: about 8 rounds where
+    keys are spread, against about 20 one bit a round) and the middle of the bracket, so a round at
+    least halves it (at most 34 rounds, where ties or gaps defeat the interpolation). Returns ``T``
+    (int64), its count and the rounds taken."""
     target = (rank_low + rank_high) // 2
+    seeded = probe_low < probe_high
+    rounds = low_count * 0
     while (low_count > rank_high) & (high - low > 1):
         width = high - low
         share = tl.div_rn((low_count - target).to(tl.float32), (low_count - high_count).to(tl.float32))
         guess = low + tl.minimum(tl.maximum((width.to(tl.float32) * share).to(tl.int64), 1), width - 1)
         middle = low + width // 2
-        first = tl.minimum(guess, middle)
-        second = tl.maximum(guess, middle)
+        first = tl.where(seeded, tl.minimum(tl.maximum(probe_low, low + 1), high - 1), tl.minimum(guess, middle))
+        second = tl.where(seeded, tl.minimum(tl.maximum(probe_high, low + 1), high - 1), tl.maximum(guess, middle))
+        seeded = seeded & False
         both = _total((keys >= first.to(tl.int32)).to(tl.int32) | ((keys >= second.to(tl.int32)).to(tl.int32) << 16))
         first_count = both & 0xFFFF
         second_count = both >> 16
@@ -187,7 +242,8 @@ def narrow(keys, low, low_count, high, high_count, rank_low, rank_high):
         high_count = tl.where(second_kept, high_count, tl.where(first_kept, second_count, first_count))
         low = tl.where(second_kept, second, tl.where(first_kept, first, low))
         low_count = tl.where(second_kept, second_count, tl.where(first_kept, first_count, low_count))
-    return low, low_count
+        rounds += 1
+    return low, low_count, rounds
 
 
 @triton.jit
@@ -208,8 +264,9 @@ def seed_threshold(row_ptr, stride_col, n, kk):
     hits = (kk * SAMPLE + n - 1) // n
     slack = tl.sqrt_rn(hits.to(tl.float32)).to(tl.int32) * 4 + 4  # sqrt_rn: the same on every device
     rank = tl.where(n > SAMPLE, tl.minimum(hits + slack, SAMPLE), kk)
-    low, high = bracket(keys, live)
-    threshold, _ = narrow(keys, low, tl.minimum(n, SAMPLE), high, n * 0, rank, rank + rank // 4)
+    sampled = tl.minimum(n, SAMPLE)
+    low, high, probe_low, probe_high = bracket(keys, x, live, sampled, rank, row_ptr, False)
+    threshold, _, _ = narrow(keys, low, sampled, high, n * 0, rank, rank + rank // 4, probe_low, probe_high)
     return row_key(threshold.to(tl.int32), row_ptr)
 
 
@@ -298,14 +355,16 @@ def compact(row_ptr, stride_col, first, last, value, list_ptr, capacity, STRIPES
 
 
 @triton.jit
-def _select_held(keys, positions, live, count, kk, out_row, table_row, block_size, HAS_TABLE: tl.constexpr):
+def _select_held(keys, x, positions, live, count, kk, out_row, table_row, block_size, row_ptr,
+                 HAS_TABLE: tl.constexpr, PROBES: tl.constexpr):
     """The top ``kk`` of ``count`` live keys held in registers as ``[stripes, columns]`` (entry
     ``(e, c)`` is ``e columns + c``: the compaction's layout, so the scans stay cheap; at most 65535
-    entries; dead keys the smallest int32): the exact k-th largest key by :func:`narrow` (stopping
-    once exactly ``kk`` keys are at or above the threshold), then the positions of those above it
-    and of the first tied ones, in the order of the columns' scans."""
-    low, high = bracket(keys, live)
-    threshold, _ = narrow(keys, low, count, high, count * 0, kk, kk)
+    entries; dead keys the smallest int32; ``x`` their values): the exact k-th largest key by :func:`narrow`
+    (stopping once exactly ``kk`` keys are at or above the threshold; its first probes from :func:`bracket`
+    with ``PROBES``), then the positions of those above it and of the first tied ones, in the order of the
+    columns' scans."""
+    low, high, probe_low, probe_high = bracket(keys, x, live, count, kk, row_ptr, PROBES)
+    threshold, _, _ = narrow(keys, low, count, high, count * 0, kk, kk, probe_low, probe_high)
     threshold = threshold.to(tl.int32)
     # both ranks in one scan: above the threshold in the low half, tied in the high
     flags = (keys > threshold).to(tl.int32) | ((keys == threshold).to(tl.int32) << 16)
@@ -328,8 +387,8 @@ def select_held_row(row_ptr, stride_col, n, kk, out_row, table_row, block_size, 
     positions = tl.arange(0, STRIPES)[:, None] * COLUMNS + tl.arange(0, COLUMNS)[None, :]
     live = positions < n
     x = tl.load(row_ptr + positions.to(tl.int64) * stride_col, mask=live, other=0.0).to(tl.float32)
-    _select_held(search_keys(x, live, row_ptr), positions, live, n, kk, out_row, table_row, block_size,
-                 HAS_TABLE)
+    _select_held(search_keys(x, live, row_ptr), x, positions, live, n, kk, out_row, table_row, block_size, row_ptr,
+                 HAS_TABLE, True)
 
 
 @triton.jit
@@ -342,8 +401,8 @@ def _finish_in_registers(row_ptr, kk, count, out_row, list_ptr, table_row, block
     entries = tl.arange(0, STRIPES)[:, None] * COLUMNS + tl.arange(0, COLUMNS)[None, :]
     live = entries < count
     positions, x = unpack(tl.load(list_ptr + entries, mask=live, other=0))
-    _select_held(search_keys(x, live, row_ptr), positions, live, count, kk, out_row, table_row, block_size,
-                 HAS_TABLE)
+    _select_held(search_keys(x, live, row_ptr), x, positions, live, count, kk, out_row, table_row, block_size,
+                 row_ptr, HAS_TABLE, False)
 
 
 @triton.jit
