@@ -11,9 +11,9 @@ stores (``STG``) global memory, and its instructions per element: the loop's ins
 elements a thread handles per iteration (``BLOCK / (32 num_warps)``), the count docs/TOPK.md uses.
 A loop whose step is not ``BLOCK`` (the list search's ``[BLOCK, 16]`` rounds, the fill,
 ``narrow``'s rounds) is listed all the same; the passes over the row are the loops the docstrings
-name. ``triton_sample``'s seed and register finish are also compiled alone: their instructions
-outside ``narrow``'s round loop, and a round's, per element a thread reads of a row of 8k, 32k and
-128k (the seed's rounds are the first loop listed for the kernel).
+name. ``triton_sample``'s seed, register finish and held row are also compiled alone: their
+instructions outside ``narrow``'s round loop, and a round's, per element a thread reads of a row of 8k,
+32k and 128k (the held row: of its own length; the seed's rounds are the first loop listed for the kernel).
 """
 
 from __future__ import annotations
@@ -79,6 +79,11 @@ def _finish_only(row_ptr, entries_ptr, out_ptr, kk, count, REGISTER_LIST: tl.con
                                        COLUMNS)
 
 
+@triton.jit
+def _held_only(row_ptr, out_ptr, n, kk, ROW: tl.constexpr, COLUMNS: tl.constexpr):
+    triton_sample.select_held_row(row_ptr, 1, n, kk, out_ptr, out_ptr, 1, False, ROW, COLUMNS)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--block", type=int, default=triton_sample.BLOCK, help="triton_sample's BLOCK")
@@ -121,6 +126,15 @@ def main(argv: list[str] | None = None) -> int:
           f"outside its loops, {round_} a search round; per element of a row of "
           + ", ".join(f"{n // 1024}k: {straight * threads / n:.2f} + {round_ * threads / n:.2f} a round"
                       for n in (8192, 32768, 131072)))
+    row = triton_sample.held_row_for(block, a.width, columns)
+    code, _ = compile_sm90(_held_only, {"ROW": row, "COLUMNS": columns}, warps)
+    loops = sass.loops(code)
+    straight = len(code) - sum(len(loop) for loop in loops)
+    round_ = max(len(loop) for loop in loops)  # narrow's round (the only loop)
+    print(f"triton_sample's held row alone ({row} positions): {straight} instructions a thread outside its loop "
+          f"(its load, the bracket and the first-round probes, the first round, the scans and the write), {round_} "
+          f"a search round; per element of a row of {row}: {straight * threads / row:.2f} + "
+          f"{round_ * threads / row:.2f} a round")
     return 0
 
 

@@ -23,3 +23,4 @@ def test_sass_counts_print(capsys):
     assert "triton_radix (BLOCK" in out and "triton_sample (BLOCK 8192, 8 warps" in out
     assert "local memory 0 bytes" in out
     assert "triton_sample's seed alone:" in out and "register finish alone (4096 entries)" in out
+    assert "held row alone (8192 positions)" in out
