@@ -84,6 +84,13 @@ def _held_only(row_ptr, out_ptr, n, kk, ROW: tl.constexpr, COLUMNS: tl.constexpr
     triton_sample.select_held_row(row_ptr, 1, n, kk, out_ptr, out_ptr, 1, False, ROW, COLUMNS)
 
 
+def _outside_and_round(code: list[sass.Instruction]) -> tuple[int, int]:
+    """A search-only kernel's instructions outside its loops, and its longest loop's (``narrow``'s round, the only
+    loop of the finish and the held row)."""
+    loops = sass.loops(code)
+    return len(code) - sum(len(loop) for loop in loops), max(len(loop) for loop in loops)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--block", type=int, default=triton_sample.BLOCK, help="triton_sample's BLOCK")
@@ -101,9 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(loop_rows(code, triton_radix.BLOCK / (32 * warps))))
     warps, block = a.warps, a.block
     columns = triton_sample.LANE_ELEMENTS * 32 * warps
+    row = triton_sample.held_row_for(block, a.width, columns)
     constexprs = dict(common, BLOCK=block, STRIPES=max(1, block // columns), LIST_BLOCK=columns,
-                      REGISTER_LIST=a.register_list, ROW=triton_sample.held_row_for(block, a.width, columns),
-                      PREFETCH=triton_sample.prefetch_for("sm_90"))
+                      REGISTER_LIST=a.register_list, ROW=row, PREFETCH=triton_sample.prefetch_for("sm_90"))
     code, record = compile_sm90(triton_sample._topk_sample_kernel, constexprs, warps)
     print(f"triton_sample (BLOCK {block}, {warps} warps, {record.vgprs} registers, local memory "
           f"{record.scratch_bytes} bytes): in order, the seed's search round (no load), the compaction (the "
@@ -118,19 +125,13 @@ def main(argv: list[str] | None = None) -> int:
     straight = len(code) - sum(len(loop) for loop in sass.loops(code))
     print(f"triton_sample's seed alone: {straight} instructions a thread outside its search loop; per element "
           "of a row of " + ", ".join(f"{n // 1024}k: {straight * threads / n:.2f}" for n in (8192, 32768, 131072)))
-    code, _ = compile_sm90(_finish_only, {"REGISTER_LIST": a.register_list, "COLUMNS": columns}, warps)
-    loops = sass.loops(code)
-    straight = len(code) - sum(len(loop) for loop in loops)
-    round_ = max(len(loop) for loop in loops)  # narrow's round (the only loop)
+    straight, round_ = _outside_and_round(compile_sm90(_finish_only, {"REGISTER_LIST": a.register_list,
+                                                                     "COLUMNS": columns}, warps)[0])
     print(f"triton_sample's register finish alone ({a.register_list} entries): {straight} instructions a thread "
           f"outside its loops, {round_} a search round; per element of a row of "
           + ", ".join(f"{n // 1024}k: {straight * threads / n:.2f} + {round_ * threads / n:.2f} a round"
                       for n in (8192, 32768, 131072)))
-    row = triton_sample.held_row_for(block, a.width, columns)
-    code, _ = compile_sm90(_held_only, {"ROW": row, "COLUMNS": columns}, warps)
-    loops = sass.loops(code)
-    straight = len(code) - sum(len(loop) for loop in loops)
-    round_ = max(len(loop) for loop in loops)  # narrow's round (the only loop)
+    straight, round_ = _outside_and_round(compile_sm90(_held_only, {"ROW": row, "COLUMNS": columns}, warps)[0])
     print(f"triton_sample's held row alone ({row} positions): {straight} instructions a thread outside its loop "
           f"(its load, the bracket and the first-round probes, the first round, the scans and the write), {round_} "
           f"a search round; per element of a row of {row}: {straight * threads / row:.2f} + "

@@ -157,7 +157,8 @@ def _min_max(low_a, high_a, low_b, high_b):
 
 @triton.jit
 def _bracket_combine(low_a, high_a, sum_a, squares_a, low_b, high_b, sum_b, squares_b):
-    return tl.minimum(low_a, low_b), tl.maximum(high_a, high_b), sum_a + sum_b, squares_a + squares_b
+    low, high = _min_max(low_a, high_a, low_b, high_b)
+    return low, high, sum_a + sum_b, squares_a + squares_b
 
 
 @triton.jit
@@ -184,10 +185,10 @@ def bracket(keys, x, live, count, target, row_ptr, PROBES: tl.constexpr):
     without. On an H100, same run, rows held whole ran 1.10-1.24x faster at 64-1024 rows of 8k (bf16 1.24x)
     and 0.98x at 64 x 4096 (``benchmarks/h100/topk_probes_ab.csv``). Only held rows use them
     (:func:`select_held_row`): the seed's window of ranks is wide, and stopping at the first key in it
-    lengthened its lists (0.83-0.93x at 64-256
-    rows of 32k and 256 of 128k, 1.03x at 1024 x 32k); the list finish's keys are a distribution's upper tail,
-    where they saved no time (0.99-1.01x at 32k-128k), and with ``BLOCK`` 2048 over 4 warps, whose register
-    list already spills, 8k rows through the list ran about 5% slower."""
+    lengthened its lists (0.83-0.93x at 64-256 rows of 32k and 256 of 128k, 1.03x at 1024 x 32k); the list
+    finish's keys are a distribution's upper tail, where they saved no time (0.99-1.01x at 32k-128k), and with
+    ``BLOCK`` 2048 over 4 warps, whose register list already spills, 8k rows through the list ran about 5%
+    slower."""
     if PROBES:
         values = tl.where(live, x, 0.0)
         low, high, total, squares = tl.reduce(
