@@ -74,14 +74,15 @@ def _seed_only(row_ptr, out_ptr, n, kk):
 
 
 @triton.jit
-def _finish_only(row_ptr, entries_ptr, out_ptr, kk, count, REGISTER_LIST: tl.constexpr, COLUMNS: tl.constexpr):
+def _finish_only(row_ptr, entries_ptr, out_ptr, kk, count, REGISTER_LIST: tl.constexpr, COLUMNS: tl.constexpr,
+                 IN_PLACE: tl.constexpr):
     triton_sample._finish_in_registers(row_ptr, kk, count, out_ptr, entries_ptr, out_ptr, 1, False, REGISTER_LIST,
-                                       COLUMNS)
+                                       COLUMNS, IN_PLACE)
 
 
 @triton.jit
-def _held_only(row_ptr, out_ptr, n, kk, ROW: tl.constexpr, COLUMNS: tl.constexpr):
-    triton_sample.select_held_row(row_ptr, 1, n, kk, out_ptr, out_ptr, 1, False, ROW, COLUMNS)
+def _held_only(row_ptr, out_ptr, n, kk, ROW: tl.constexpr, COLUMNS: tl.constexpr, IN_PLACE: tl.constexpr):
+    triton_sample.select_held_row(row_ptr, 1, n, kk, out_ptr, out_ptr, 1, False, ROW, COLUMNS, IN_PLACE)
 
 
 def _outside_and_round(code: list[sass.Instruction]) -> tuple[int, int]:
@@ -107,10 +108,12 @@ def main(argv: list[str] | None = None) -> int:
           "histogram, the fine one and the split pass are the first three loops that load")
     print("\n".join(loop_rows(code, triton_radix.BLOCK / (32 * warps))))
     warps, block = a.warps, a.block
+    in_place = triton_sample.in_place_for("sm_90")
     columns = triton_sample.LANE_ELEMENTS * 32 * warps
     row = triton_sample.held_row_for(block, a.width, columns)
     constexprs = dict(common, BLOCK=block, STRIPES=max(1, block // columns), LIST_BLOCK=columns,
-                      REGISTER_LIST=a.register_list, ROW=row, PREFETCH=triton_sample.prefetch_for("sm_90"))
+                      REGISTER_LIST=a.register_list, ROW=row, PREFETCH=triton_sample.prefetch_for("sm_90"),
+                      IN_PLACE=in_place, LISTS=a.width > row)
     code, record = compile_sm90(triton_sample._topk_sample_kernel, constexprs, warps)
     print(f"triton_sample (BLOCK {block}, {warps} warps, {record.vgprs} registers, local memory "
           f"{record.scratch_bytes} bytes): in order, the seed's search round (no load), the compaction (the "
@@ -125,13 +128,14 @@ def main(argv: list[str] | None = None) -> int:
     straight = len(code) - sum(len(loop) for loop in sass.loops(code))
     print(f"triton_sample's seed alone: {straight} instructions a thread outside its search loop; per element "
           "of a row of " + ", ".join(f"{n // 1024}k: {straight * threads / n:.2f}" for n in (8192, 32768, 131072)))
-    straight, round_ = _outside_and_round(compile_sm90(_finish_only, {"REGISTER_LIST": a.register_list,
-                                                                     "COLUMNS": columns}, warps)[0])
+    finish_constexprs = {"REGISTER_LIST": a.register_list, "COLUMNS": columns, "IN_PLACE": in_place}
+    straight, round_ = _outside_and_round(compile_sm90(_finish_only, finish_constexprs, warps)[0])
     print(f"triton_sample's register finish alone ({a.register_list} entries): {straight} instructions a thread "
           f"outside its loops, {round_} a search round; per element of a row of "
           + ", ".join(f"{n // 1024}k: {straight * threads / n:.2f} + {round_ * threads / n:.2f} a round"
                       for n in (8192, 32768, 131072)))
-    straight, round_ = _outside_and_round(compile_sm90(_held_only, {"ROW": row, "COLUMNS": columns}, warps)[0])
+    held_constexprs = {"ROW": row, "COLUMNS": columns, "IN_PLACE": in_place}
+    straight, round_ = _outside_and_round(compile_sm90(_held_only, held_constexprs, warps)[0])
     print(f"triton_sample's held row alone ({row} positions): {straight} instructions a thread outside its loop "
           f"(its load, the bracket and the first-round probes, the first round, the scans and the write), {round_} "
           f"a search round; per element of a row of {row}: {straight * threads / row:.2f} + "

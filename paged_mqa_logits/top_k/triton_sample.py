@@ -45,10 +45,10 @@ instead of 10 on normal-looking rows of 8192.
 Counted in sm_90 SASS by ``tools/topk_sass.py`` (a JIT launch's specialisation: 16-byte aligned row,
 column stride 1; instructions per element a thread handles), defaults ``BLOCK`` 8192 over 8 warps:
 the compaction loop 29-32 an element (the load and key mapping alone about 10; the 8-byte entry's store
-about 5 more than a position's); the seed 415 instructions a thread plus 129 a round (about 5
-rounds: 2.1 an element of a 128k row); the register finish over 8192 entries 1804 a thread plus 276
-a round (about 8 rounds: 7.8 an element of a 128k row). So about 42 an element in all at 128k and k
-2048, with one read of the row, against ``triton_radix``'s 79 + 64 (two reads) or 79 + 98 + 64
+about 5 more than a position's); the seed 416 instructions a thread plus 123 a round (about 5
+rounds: 2.0 an element of a 128k row); the register finish over 8192 entries 1462 a thread plus 234
+a round (about 8 rounds: 6.5 an element of a 128k row); a held row of 8192 1973 plus 235 a round (about
+4 rounds after the peeled first). So about 39 an element in all at 128k and k 2048, with one read of the row, against ``triton_radix``'s 79 + 64 (two reads) or 79 + 98 + 64
 (three), counted the same way. Short rows pay the fixed parts over fewer elements (fewer warps and
 smaller blocks are the tuner's to try). Why the compaction looks as it does, each alternative
 counted the same way in a loop that loads, compares and lists:
@@ -84,7 +84,8 @@ import triton.language as tl
 from ..triton_internals.interpreter import interpreted
 from .knobs import SPACES
 from .triton_radix import MAX_KEY, chunks_per_row, select_row
-from .triton_select import SIGN, emit, lens_strides, open_row, order_keys, row_setup, search, write_selection
+from .triton_select import (SIGN, emit, emit_in_place, lens_strides, open_row, order_keys, row_setup, search,
+                            write_selection)
 from .validate import TopkCall
 
 #: the defaults of ``knobs.py``, on a GPU and for CPU tensors
@@ -233,7 +234,9 @@ def narrow(keys, low, low_count, high, high_count, rank_low, rank_high, probe_lo
         first = tl.where(seeded, tl.minimum(tl.maximum(probe_low, low + 1), high - 1), tl.minimum(guess, middle))
         second = tl.where(seeded, tl.minimum(tl.maximum(probe_high, low + 1), high - 1), tl.maximum(guess, middle))
         seeded = seeded & False
-        both = _total((keys >= first.to(tl.int32)).to(tl.int32) | ((keys >= second.to(tl.int32)).to(tl.int32) << 16))
+        # first <= second, so a key at or above second counts for both: 0x10001, one select where two
+        # flags shifted and or-ed took two more instructions a key (233 against 274 a round, sm_90 SASS)
+        both = _total(tl.where(keys >= second.to(tl.int32), 0x10001, (keys >= first.to(tl.int32)).to(tl.int32)))
         first_count = both & 0xFFFF
         second_count = both >> 16
         # counts fall as the probes rise: the bracket becomes [second, high), [first, second) or [low, first)
@@ -357,13 +360,13 @@ def compact(row_ptr, stride_col, first, last, value, list_ptr, capacity, STRIPES
 
 @triton.jit
 def _select_held(keys, x, positions, live, count, kk, out_row, table_row, block_size, row_ptr,
-                 HAS_TABLE: tl.constexpr, PROBES: tl.constexpr):
+                 HAS_TABLE: tl.constexpr, PROBES: tl.constexpr, IN_PLACE: tl.constexpr):
     """The top ``kk`` of ``count`` live keys held in registers as ``[stripes, columns]`` (entry
     ``(e, c)`` is ``e columns + c``: the compaction's layout, so the scans stay cheap; at most 65535
     entries; dead keys the smallest int32; ``x`` their values): the exact k-th largest key by :func:`narrow`
     (stopping once exactly ``kk`` keys are at or above the threshold; its first probes from :func:`bracket`
     with ``PROBES``), then the positions of those above it and of the first tied ones, in the order of the
-    columns' scans."""
+    columns' scans, stored by ``emit_in_place`` with ``IN_PLACE`` (:func:`in_place_for`)."""
     low, high, probe_low, probe_high = bracket(keys, x, live, count, kk, row_ptr, PROBES)
     threshold, _, _ = narrow(keys, low, count, high, count * 0, kk, kk, probe_low, probe_high)
     threshold = threshold.to(tl.int32)
@@ -372,16 +375,18 @@ def _select_held(keys, x, positions, live, count, kk, out_row, table_row, block_
     column_counts = tl.sum(flags, axis=0)
     ranks = (tl.cumsum(column_counts, axis=0) - column_counts)[None, :] + tl.cumsum(flags, axis=0)
     gt = tl.sum(column_counts, axis=0) & 0xFFFF
-    rank_tie = (ranks >> 16) - 1
-    is_gt = keys > threshold
-    slots = tl.where(is_gt, (ranks & 0xFFFF) - 1, gt + rank_tie)
-    take = is_gt | ((keys == threshold) & (rank_tie < kk - gt))
-    emit(out_row, slots, positions, take, table_row, block_size, HAS_TABLE)
+    # the threshold's ties take the slots after every key above it, while slots are left
+    slots = tl.where(keys > threshold, ranks & 0xFFFF, gt + (ranks >> 16)) - 1
+    take = (keys >= threshold) & (slots < kk)
+    if IN_PLACE:
+        emit_in_place(out_row, slots, positions, take, table_row, block_size, HAS_TABLE)
+    else:
+        emit(out_row, slots, positions, take, table_row, block_size, HAS_TABLE)
 
 
 @triton.jit
 def select_held_row(row_ptr, stride_col, n, kk, out_row, table_row, block_size, HAS_TABLE: tl.constexpr,
-                    ROW: tl.constexpr, COLUMNS: tl.constexpr):
+                    ROW: tl.constexpr, COLUMNS: tl.constexpr, IN_PLACE: tl.constexpr):
     """A row of ``n <= ROW`` visible positions selected whole in registers (:func:`_select_held`):
     one read, no sample, no list."""
     STRIPES: tl.constexpr = ROW // COLUMNS
@@ -389,12 +394,12 @@ def select_held_row(row_ptr, stride_col, n, kk, out_row, table_row, block_size, 
     live = positions < n
     x = tl.load(row_ptr + positions.to(tl.int64) * stride_col, mask=live, other=0.0).to(tl.float32)
     _select_held(search_keys(x, live, row_ptr), x, positions, live, n, kk, out_row, table_row, block_size, row_ptr,
-                 HAS_TABLE, True)
+                 HAS_TABLE, True, IN_PLACE)
 
 
 @triton.jit
 def _finish_in_registers(row_ptr, kk, count, out_row, list_ptr, table_row, block_size, HAS_TABLE: tl.constexpr,
-                         LIST: tl.constexpr, COLUMNS: tl.constexpr):
+                         LIST: tl.constexpr, COLUMNS: tl.constexpr, IN_PLACE: tl.constexpr):
     """The top ``kk`` of ``count <= LIST`` listed entries (:func:`pack`: no gather from the row; ``row_ptr``
     only for its dtype, :func:`search_keys`), loaded into registers as ``[LIST / COLUMNS, COLUMNS]`` and
     selected there (:func:`_select_held`)."""
@@ -403,7 +408,7 @@ def _finish_in_registers(row_ptr, kk, count, out_row, list_ptr, table_row, block
     live = entries < count
     positions, x = unpack(tl.load(list_ptr + entries, mask=live, other=0))
     _select_held(search_keys(x, live, row_ptr), x, positions, live, count, kk, out_row, table_row, block_size,
-                 row_ptr, HAS_TABLE, False)
+                 row_ptr, HAS_TABLE, False, IN_PLACE)
 
 
 @triton.jit
@@ -421,14 +426,14 @@ def _unpack_positions(list_ptr, positions_ptr, count, BLOCK: tl.constexpr):
 
 @triton.jit
 def finish(row_ptr, stride_col, n, kk, count, capacity, out_row, list_ptr, positions_ptr, table_row, block_size,
-           HAS_TABLE: tl.constexpr, REGISTER_LIST: tl.constexpr, LIST_BLOCK: tl.constexpr):
+           HAS_TABLE: tl.constexpr, REGISTER_LIST: tl.constexpr, LIST_BLOCK: tl.constexpr, IN_PLACE: tl.constexpr):
     """Slots ``[0, kk)`` from the ``count`` listed entries at ``list_ptr`` when they hold the top ``kk``
     and fit (in registers when at most ``REGISTER_LIST``; else their positions are unpacked to
     ``positions_ptr``, the same memory as int32, and searched where they lie), else from
     ``triton_radix``'s path over the row (with ``positions_ptr`` for its list)."""
     if (count >= kk) & (count <= tl.minimum(capacity, REGISTER_LIST)):
         _finish_in_registers(row_ptr, kk, count, out_row, list_ptr, table_row, block_size, HAS_TABLE, REGISTER_LIST,
-                             LIST_BLOCK)
+                             LIST_BLOCK, IN_PLACE)
     elif (count >= kk) & (count <= capacity):
         _unpack_positions(list_ptr, positions_ptr, count, LIST_BLOCK)
         threshold, gt = search(row_ptr, stride_col, positions_ptr, count, n * 0, n * 0, kk, 28, True, LIST_BLOCK)
@@ -444,23 +449,26 @@ def _topk_sample_kernel(logits_ptr, lens_ptr, out_ptr, table_ptr, scratch_ptr, e
                         stride_lens_b, stride_lens_j, stride_out, stride_table, width, k, block_size, capacity,
                         NEXT_N: tl.constexpr, LENS_2D: tl.constexpr, HAS_TABLE: tl.constexpr, STRIPES: tl.constexpr,
                         REGISTER_LIST: tl.constexpr, LIST_BLOCK: tl.constexpr, ROW: tl.constexpr,
-                        BLOCK: tl.constexpr, PREFETCH: tl.constexpr):
+                        BLOCK: tl.constexpr, PREFETCH: tl.constexpr, IN_PLACE: tl.constexpr, LISTS: tl.constexpr):
     """One program a row: rows of at most ``ROW`` visible positions whole in registers, longer ones
-    seeded, compacted and finished. ``entries_ptr`` (int64, ``capacity`` a row) and ``scratch_ptr``
-    (int32, ``2 capacity`` a row) are the same memory: the list, and the fallbacks' view of it."""
+    seeded, compacted and finished (only with ``LISTS``: the width exceeds ``ROW``). ``entries_ptr`` (int64,
+    ``capacity`` a row) and ``scratch_ptr`` (int32, ``2 capacity`` a row) are the same memory: the list, and the
+    fallbacks' view of it."""
     row = tl.program_id(0)
     n, kk, row_ptr, out_row, table_row, positions_ptr = open_row(
         logits_ptr, lens_ptr, out_ptr, table_ptr, scratch_ptr, row, stride_row, stride_lens_b, stride_lens_j,
         stride_out, stride_table, width, k, block_size, 2 * capacity, NEXT_N, LENS_2D, HAS_TABLE, LIST_BLOCK)
     if (n > k) & (n <= ROW):
-        select_held_row(row_ptr, stride_col, n, kk, out_row, table_row, block_size, HAS_TABLE, ROW, LIST_BLOCK)
-    elif n > k:
-        list_ptr = entries_ptr + row.to(tl.int64) * capacity
-        value = threshold_value(seed_threshold(row_ptr, stride_col, n, kk))
-        count = compact(row_ptr, stride_col, n * 0, n, value, list_ptr, capacity, STRIPES, BLOCK, PREFETCH)
-        tl.debug_barrier()  # the list is read back by other threads of the program
-        finish(row_ptr, stride_col, n, kk, count, capacity, out_row, list_ptr, positions_ptr, table_row, block_size,
-               HAS_TABLE, REGISTER_LIST, LIST_BLOCK)
+        select_held_row(row_ptr, stride_col, n, kk, out_row, table_row, block_size, HAS_TABLE, ROW, LIST_BLOCK,
+                        IN_PLACE)
+    elif LISTS:  # a constexpr: without it, the list path's registers are not allocated
+        if n > k:
+            list_ptr = entries_ptr + row.to(tl.int64) * capacity
+            value = threshold_value(seed_threshold(row_ptr, stride_col, n, kk))
+            count = compact(row_ptr, stride_col, n * 0, n, value, list_ptr, capacity, STRIPES, BLOCK, PREFETCH)
+            tl.debug_barrier()  # the list is read back by other threads of the program
+            finish(row_ptr, stride_col, n, kk, count, capacity, out_row, list_ptr, positions_ptr, table_row,
+                   block_size, HAS_TABLE, REGISTER_LIST, LIST_BLOCK, IN_PLACE)
 
 
 # ----------------------------------------------------------------------------- split rows
@@ -491,7 +499,7 @@ def _chunk_finish_kernel(logits_ptr, lens_ptr, out_ptr, table_ptr, parts_ptr, co
                          stride_row, stride_col, stride_lens_b, stride_lens_j, stride_out, stride_table, width, k,
                          block_size, capacity, NEXT_N: tl.constexpr, LENS_2D: tl.constexpr, HAS_TABLE: tl.constexpr,
                          SPLIT: tl.constexpr, REGISTER_LIST: tl.constexpr, LIST_BLOCK: tl.constexpr,
-                         ROW: tl.constexpr):
+                         ROW: tl.constexpr, IN_PLACE: tl.constexpr):
     """One program a row: the chunks' parts gathered in chunk order into one list, then :func:`finish`
     (``scratch_ptr`` and ``entries_ptr`` as in ``_topk_sample_kernel``); a row of at most ``ROW``
     visible positions is selected whole in registers instead."""
@@ -500,7 +508,8 @@ def _chunk_finish_kernel(logits_ptr, lens_ptr, out_ptr, table_ptr, parts_ptr, co
         logits_ptr, lens_ptr, out_ptr, table_ptr, scratch_ptr, row, stride_row, stride_lens_b, stride_lens_j,
         stride_out, stride_table, width, k, block_size, 2 * capacity, NEXT_N, LENS_2D, HAS_TABLE, LIST_BLOCK)
     if (n > k) & (n <= ROW):
-        select_held_row(row_ptr, stride_col, n, kk, out_row, table_row, block_size, HAS_TABLE, ROW, LIST_BLOCK)
+        select_held_row(row_ptr, stride_col, n, kk, out_row, table_row, block_size, HAS_TABLE, ROW, LIST_BLOCK,
+                        IN_PLACE)
     elif n > k:
         list_ptr = entries_ptr + row.to(tl.int64) * capacity
         counts = tl.load(counts_ptr + row * SPLIT + tl.arange(0, SPLIT))
@@ -517,7 +526,7 @@ def _chunk_finish_kernel(logits_ptr, lens_ptr, out_ptr, table_ptr, parts_ptr, co
                 offset += size
             tl.debug_barrier()  # the gathered list is read back by other threads of the program
         finish(row_ptr, stride_col, n, kk, total, capacity, out_row, list_ptr, positions_ptr, table_row, block_size,
-               HAS_TABLE, REGISTER_LIST, LIST_BLOCK)
+               HAS_TABLE, REGISTER_LIST, LIST_BLOCK, IN_PLACE)
 
 
 def capacity_for(k: int, width: int) -> int:
@@ -547,6 +556,13 @@ def prefetch_for(arch: str) -> bool:
     GPU has run it: AMD GPUs keep the loop that loads each step as it lists it. CPU tensors run the
     NVIDIA path (the interpreter checks both, ``tests/top_k/test_topk.py``)."""
     return not arch.startswith("gfx")
+
+
+def in_place_for(arch: str) -> bool:
+    """Whether the selection is stored by ``triton_select.emit_in_place`` (inline PTX, each thread storing what
+    it holds) on ``arch`` (``"cpu"``, ``"cuda"``, ``"sm_90"``, ``"gfx942"``, ...): NVIDIA GPUs only; the
+    interpreter runs no PTX, and AMD GPUs keep ``tl.store`` (no AMD GPU has measured what its layout costs)."""
+    return arch != "cpu" and not arch.startswith("gfx")
 
 
 def held_row_for(block: int, width: int, columns: int) -> int:
@@ -595,6 +611,8 @@ def launch(call: TopkCall, knobs: dict | None = None, split: int | None = None, 
     capacity = capacity_for(call.k, width)
     register_list = max(register_list_for(call.k, width), list_block)  # whole columns of the finish
     held_row = held_row_for(block, width, list_block)
+    if width <= held_row and stop_after is None:
+        split = 1  # every row is held whole by one program: chunks would list nothing, in a launch of their own
     entries = torch.empty((rows, capacity), dtype=torch.int64, device=device)
     scratch = entries.view(torch.int32)  # the same memory, 2 capacity int32 a row
     table = call.block_table if call.block_table is not None else call.lengths  # never read without one
@@ -604,12 +622,14 @@ def launch(call: TopkCall, knobs: dict | None = None, split: int | None = None, 
     common = dict(NEXT_N=call.next_n, LENS_2D=call.lens_2d, **options)
     strides = (call.logits.stride(0), call.logits.stride(1))
     has_table = call.block_table is not None
-    prefetch = prefetch_for("gfx" if not on_cpu and torch.version.hip else device.type)
+    arch = "gfx" if not on_cpu and torch.version.hip else device.type
+    prefetch, in_place = prefetch_for(arch), in_place_for(arch)
     if split == 1 and stop_after is None:
         run(_topk_sample_kernel)[(rows,)](
             call.logits, call.lengths, call.out, table, scratch, entries, *strides, *lens_args, call.out.stride(0),
             table.stride(0), width, call.k, call.block_size, capacity, HAS_TABLE=has_table, STRIPES=block // columns,
-            REGISTER_LIST=register_list, LIST_BLOCK=list_block, ROW=held_row, BLOCK=block, PREFETCH=prefetch, **common)
+            REGISTER_LIST=register_list, LIST_BLOCK=list_block, ROW=held_row, BLOCK=block, PREFETCH=prefetch,
+            IN_PLACE=in_place, LISTS=width > held_row, **common)
         return None
     chunk = 0 if stop_after == "seed" else triton.cdiv(width, split)
     parts = torch.empty((rows, split, capacity), dtype=torch.int64, device=device)
@@ -622,5 +642,5 @@ def launch(call: TopkCall, knobs: dict | None = None, split: int | None = None, 
     run(_chunk_finish_kernel)[(rows,)](
         call.logits, call.lengths, call.out, table, parts, counts, scratch, entries, *strides, *lens_args,
         call.out.stride(0), table.stride(0), width, call.k, call.block_size, capacity, HAS_TABLE=has_table, SPLIT=split,
-        REGISTER_LIST=register_list, LIST_BLOCK=list_block, ROW=held_row, **common)
+        REGISTER_LIST=register_list, LIST_BLOCK=list_block, ROW=held_row, IN_PLACE=in_place, **common)
     return None

@@ -82,6 +82,10 @@ def _sample_spec(kernel, arch, has_table, extra_pointers, extra_ints, extra):
                       LIST_BLOCK=columns, ROW=triton_sample.held_row_for(triton_sample.BLOCK, 131072, columns), **extra)
     if "PREFETCH" in kernel.arg_names:  # the kernels that compact
         constexprs["PREFETCH"] = triton_sample.prefetch_for(arch)
+    if "IN_PLACE" in kernel.arg_names:  # the kernels that write a selection held in registers
+        constexprs["IN_PLACE"] = triton_sample.in_place_for(arch)
+    if "LISTS" in kernel.arg_names:  # rows of 131072 are listed
+        constexprs["LISTS"] = True
     return _spec(kernel, arch, has_table, extra_pointers, extra_ints, triton_sample.BLOCK, triton_sample.NUM_WARPS,
                  extra=constexprs)
 

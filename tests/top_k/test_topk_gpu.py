@@ -1,6 +1,7 @@
 """The top-k op on a GPU (skipped without one): exact sets at k 512-2048, batches up to 4096,
 contexts up to 160k, both layouts, the page-table transform, the engines' entry points and
-CUDA-graph replay after the lengths change; ``triton_sample``'s list path and both fallbacks."""
+CUDA-graph replay after the lengths change; ``triton_sample``'s list path and both fallbacks, and its
+in-place stores against ``tl.store``'s (first: the newest path)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,32 @@ from paged_mqa_logits.compat import vllm
 from topk_cases import BACKENDS, KINDS, assert_exact, check_adversarial, lengths_for
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")]
+
+
+@pytest.mark.parametrize("with_table", [False, True])
+def test_sample_in_place_stores_match_tl_store(monkeypatch, with_table):
+    """The selection stored from the registers that hold it (``triton_select.emit_in_place``, inline PTX, the
+    default on NVIDIA GPUs) equals, slot for slot, the one ``tl.store`` writes: rows held whole (8k and shorter,
+    one at most ``k``) and rows through the list finish (32k), with and without the page table."""
+    from paged_mqa_logits.top_k import triton_sample
+    from paged_mqa_logits.top_k.validate import check_call
+
+    assert triton_sample.in_place_for("cuda") and triton_sample.in_place_for("sm_90")
+    g = torch.Generator().manual_seed(23)
+    rows, width, k, block = 6, 32768, 2048, 64
+    x = torch.randn(rows, width, generator=g)
+    x[1, :4000] = 3.0  # ties at the threshold of a held row
+    lengths = torch.tensor([8192, 5000, 2048, 1500, 32768, 20000], dtype=torch.int32)
+    table = torch.randperm(rows * 512, generator=g).reshape(rows, 512).to(torch.int32) if with_table else None
+    outs = []
+    for in_place in (True, False):
+        monkeypatch.setattr(triton_sample, "in_place_for", lambda arch, in_place=in_place: in_place)
+        out = torch.full((rows, k), 7, dtype=torch.int32, device="cuda")
+        triton_sample.launch(check_call(x.cuda(), lengths.cuda(), None, k, out,
+                                        table.cuda() if with_table else None, block if with_table else 1), split=1)
+        assert_exact(out, x, lengths, 1, k, table, block if with_table else 1)
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -138,3 +165,4 @@ def test_sample_matches_torch(batch, next_n, width, k):
     torch.testing.assert_close(values, expected, rtol=0, atol=0)
     assert torch.equal((out < 0).sum(1), (ref < 0).sum(1))
     assert_exact(out[:4], logits[:4], lengths[: max(1, 4 // next_n)], next_n, k)
+
