@@ -1,8 +1,8 @@
 """``python -m paged_mqa_logits bench --topk``: the top-k backends against ``torch.topk`` (and, with
-``--vllm DIR``, vLLM's staged kernels) on the same logits rows, with the logits bench's method:
-rotating copies of the rows past L2, warm-up outside capture, the median of CUDA-graph replays
-divided by the calls in the graph, the copy bandwidth measured in the same run, a CSV with the
-device and versions.
+``--vllm DIR`` and ``--flashinfer DIR``, vLLM's and FlashInfer's staged kernels) on the same logits
+rows, with the logits bench's method: rotating copies of the rows past L2, warm-up outside capture,
+the median of CUDA-graph replays divided by the calls in the graph, the copy bandwidth measured in
+the same run, a CSV with the device and versions.
 
 Bytes = the visible logits each row holds (4 per position) + the selection written (4 per slot);
 every implementation is charged the same bytes, so GB/s compare as times do. ``torch.topk`` runs
@@ -13,17 +13,19 @@ implementation but ``torch.topk`` is checked on the first copy: the values it se
 from __future__ import annotations
 
 import csv
+import functools
 import importlib
 import json
 import math
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
 from ..cli import ArgumentParser
+from ..files import atomic_write
 from ..top_k import BACKENDS, topk
 from ..top_k.torch_ref import visible_lengths
 from .environment import environment, l2_bytes
@@ -31,7 +33,6 @@ from .measure import Schedule, time_calls
 from .report import fmt
 from .shapes import int_list
 from .workload import MIN_WORKING_SET
-from ..files import atomic_write
 
 LENGTHS = ("uniform", "wide")
 GPU_DEFAULTS = {"batch": "64,256,1024", "next_n": "1,2", "context": "8192,32768,131072", "k": "2048"}
@@ -80,17 +81,28 @@ def copies_for(shape: RowShape, device: torch.device, max_copies: int) -> int:
     return max(2, min(want, max_copies, int(0.5 * free // max(one, 1))))
 
 
-def vllm_provenance(path: str) -> str | None:
-    """The CSV header line naming the vLLM a ``--vllm`` folder was staged from (its ``manifest.json``,
-    ``tools/stage_vllm_topk.sh``); None when the folder has no manifest."""
+def staged_provenance(path: str, peer: str = "vllm") -> str | None:
+    """The CSV header line naming the ``peer`` (vllm, flashinfer) a ``--vllm``/``--flashinfer``
+    folder was staged from (its ``manifest.json``, ``tools/stage_<peer>_topk.sh``); None when the
+    folder has no manifest."""
     try:
         with open(os.path.join(path, "manifest.json")) as f:
             manifest = json.load(f)
     except (OSError, ValueError):
         return None
     version = manifest.get("version") or "version not recorded"
-    return (f"# vllm: {version} (revision {str(manifest.get('revision', '?'))[:12]}, staged by "
-            "tools/stage_vllm_topk.sh and built on this machine)")
+    return (f"# {peer}: {version} (revision {str(manifest.get('revision', '?'))[:12]}, staged by "
+            f"tools/stage_{peer}_topk.sh and built on this machine)")
+
+
+def vllm_provenance(path: str) -> str | None:
+    """``# vllm: ...`` for a ``--vllm`` folder (``staged_provenance``)."""
+    return staged_provenance(path, "vllm")
+
+
+def flashinfer_provenance(path: str) -> str | None:
+    """``# flashinfer: ...`` for a ``--flashinfer`` folder (``staged_provenance``)."""
+    return staged_provenance(path, "flashinfer")
 
 
 def load_vllm(path: str):
@@ -99,14 +111,24 @@ def load_vllm(path: str):
     return importlib.import_module("vllm_topk_staged")
 
 
-def implementations(shape: RowShape, names: list[str], vllm) -> dict[str, Callable]:
+def load_flashinfer(path: str):
+    """The ctypes module ``tools/flashinfer_topk/build.py`` built under ``path`` (``flashinfer_topk_staged``;
+    it only imports once its library is built)."""
+    sys.path.insert(0, f"{path}/build")
+    return importlib.import_module("flashinfer_topk_staged")
+
+
+def implementations(shape: RowShape, names: list[str], vllm, flashinfer=None) -> dict[str, Callable]:
     """label -> ``call(logits, lens, rows_lens, out)`` (rows_lens: int32 visible length per row)."""
     k, next_n = shape.k, shape.next_n
     calls: dict[str, Callable] = {
         "torch.topk": lambda x, lens, row_lens, out: torch.topk(x, min(k, x.shape[1]), dim=1, sorted=False)}
+
+    def ours(x, lens, row_lens, out, backend):
+        return topk(x, lens, k, next_n=next_n, out=out, backend=backend)
+
     for name in names:
-        calls[f"topk:{name}"] = (lambda backend: lambda x, lens, row_lens, out:
-                                 topk(x, lens, k, next_n=next_n, out=out, backend=backend))(name)
+        calls[f"topk:{name}"] = functools.partial(ours, backend=name)
     if vllm is not None:
         calls["vllm:top_k_per_row_decode"] = lambda x, lens, row_lens, out: vllm.top_k_per_row_decode(
             x, next_n, lens, out, x.shape[0], x.stride(0), x.stride(1), k)
@@ -122,6 +144,10 @@ def implementations(shape: RowShape, names: list[str], vllm) -> dict[str, Callab
                 extra = (x.shape[1],) if takes_max_len else ()
                 vllm.persistent_topk(x, row_lens, out, workspace[x.device], k, *extra)
             calls["vllm:persistent_topk"] = persistent
+    if flashinfer is not None:
+        # FlashInfer's ragged transform with zero offsets: each row's visible length, positions out
+        calls["flashinfer:top_k_ragged_transform"] = lambda x, lens, row_lens, out: (
+            flashinfer.top_k_ragged_transform(x, row_lens, out, k))
     return calls
 
 
@@ -146,7 +172,7 @@ def selection_matches(out: torch.Tensor, logits: torch.Tensor, row_lens: torch.T
 
 
 def measure_shape(shape: RowShape, names: list[str], vllm, device: torch.device, schedule: Schedule,
-                  copy_gbps: float, max_copies: int, seed: int) -> list[dict]:
+                  copy_gbps: float, max_copies: int, seed: int, flashinfer=None) -> list[dict]:
     generator = torch.Generator().manual_seed(seed)
     lens = sequence_lengths(shape, generator)
     row_lens = visible_lengths(lens, shape.next_n, shape.context).to(torch.int32)
@@ -156,7 +182,7 @@ def measure_shape(shape: RowShape, names: list[str], vllm, device: torch.device,
     outs = [torch.empty(shape.rows, shape.k, dtype=torch.int32, device=device) for _ in range(copies)]
     nbytes = useful_bytes(shape, lens)
     results = []
-    for label, call in implementations(shape, names, vllm).items():
+    for label, call in implementations(shape, names, vllm, flashinfer).items():
         row = {"impl": label, "batch": shape.batch, "next_n": shape.next_n, "rows": shape.rows,
                "context": shape.context, "lengths": shape.lengths, "k": shape.k, "rotate": copies, "status": "ok"}
         try:
@@ -164,9 +190,9 @@ def measure_shape(shape: RowShape, names: list[str], vllm, device: torch.device,
                 call(rows[0], lens, row_lens, outs[0])
                 if not selection_matches(outs[0], rows[0], row_lens, shape.k):
                     row["status"] = "FAIL: not the exact top-k"
-            timing = time_calls([(lambda i: lambda: call(rows[i], lens, row_lens, outs[i]))(i) for i in range(copies)],
+            timing = time_calls([functools.partial(call, rows[i], lens, row_lens, outs[i]) for i in range(copies)],
                                 device, schedule)
-        except Exception as exc:  # one implementation failing leaves the others' rows
+        except Exception as exc:  # noqa: BLE001 (one implementation failing leaves the others' rows)
             row["status"] = f"ERROR: {type(exc).__name__}: {exc}"[:300]
             results.append(row)
             continue
@@ -208,13 +234,14 @@ def int_options(p: ArgumentParser, a, names: tuple[str, ...], defaults: dict) ->
     return values
 
 
-def header_lines(env, command: str, method: str, vllm_dir: str | None = None) -> list[str]:
+def header_lines(env, command: str, method: str, vllm_dir: str | None = None,
+                 flashinfer_dir: str | None = None) -> list[str]:
     """The environment's CSV header (device, versions, copy bandwidth, the command) with the
-    ``# method:`` line of the bench that writes it, and the staged vLLM's (``vllm_provenance``) when
-    ``vllm_dir`` names one."""
+    ``# method:`` line of the bench that writes it, and the staged vLLM's and FlashInfer's
+    (``staged_provenance``) when ``vllm_dir``/``flashinfer_dir`` name them."""
     lines = [line for line in env.header_lines(command) if not line.startswith("# method:")]
-    staged = vllm_provenance(vllm_dir) if vllm_dir else None
-    return lines + ([staged] if staged else []) + [f"# method: {method}"]
+    staged = [staged_provenance(d, peer) for d, peer in ((vllm_dir, "vllm"), (flashinfer_dir, "flashinfer")) if d]
+    return lines + [line for line in staged if line] + [f"# method: {method}"]
 
 
 def parser() -> ArgumentParser:
@@ -230,6 +257,8 @@ def parser() -> ArgumentParser:
                    help="uniform (every sequence the full context) and/or wide (uniform in [1, context])")
     p.add_argument("--backend", default=",".join(BACKENDS), help="top-k backends to time")
     p.add_argument("--vllm", default=None, help="a folder staged by tools/stage_vllm_topk.sh and built there")
+    p.add_argument("--flashinfer", default=None,
+                   help="a folder staged by tools/stage_flashinfer_topk.sh and built there")
     p.add_argument("--device", default=None)
     p.add_argument("--replays", type=int, default=None, help="graph replays per measurement (default GPU 10, CPU 2)")
     p.add_argument("--max-copies", type=int, default=64)
@@ -250,26 +279,34 @@ def main(argv: list[str]) -> int:
     names = a.backend.split(",")
     if any(n not in BACKENDS for n in names):
         p.error(f"argument --backend: expected names among {', '.join(BACKENDS)}, got {a.backend!r}")
-    vllm = None
+    vllm = flashinfer = None
     if a.vllm:
         try:
             vllm = load_vllm(a.vllm)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 (whatever stops the import, the others still run)
             print(f"note: --vllm {a.vllm}: not importable ({type(exc).__name__}: {exc}); vLLM not timed",
                   file=sys.stderr)
+    if a.flashinfer:
+        try:
+            flashinfer = load_flashinfer(a.flashinfer)
+        except Exception as exc:  # noqa: BLE001 (as --vllm)
+            print(f"note: --flashinfer {a.flashinfer}: not importable ({type(exc).__name__}: {exc}); "
+                  "FlashInfer not timed", file=sys.stderr)
     shapes = [RowShape(b, n, c, m, k) for k in values["k"] for c in values["context"] for n in values["next_n"]
               for b in values["batch"] for m in modes]
     env = environment(device)
     command = "python -m paged_mqa_logits bench --topk " + " ".join(argv)
     header = header_lines(env, command, "docs/TOPK.md -- rotating copies of the rows past L2, median of "
                                         "CUDA-graph replays / calls; bytes = visible logits (4 each) + selection "
-                                        "written (4 a slot)", a.vllm if vllm is not None else None)
+                                        "written (4 a slot)", a.vllm if vllm is not None else None,
+                          a.flashinfer if flashinfer is not None else None)
     for line in header:
         print(line)
     schedule = Schedule(replays=a.replays or (10 if device.type == "cuda" else 2))
     results: list[dict] = []
     for shape in shapes:
-        results.extend(measure_shape(shape, names, vllm, device, schedule, env.copy_gbps, a.max_copies, a.seed))
+        results.extend(measure_shape(shape, names, vllm, device, schedule, env.copy_gbps, a.max_copies, a.seed,
+                                     flashinfer))
         if a.out:
             write_csv(a.out, header, results)
         if device.type == "cuda":
