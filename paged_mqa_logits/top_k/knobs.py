@@ -11,7 +11,8 @@ The one home of the kernels' launch parameters (``triton_portable.py``, ``triton
 * ``num_warps``: warps (waves) per program, GPUs only (the interpreter ignores it).
 * ``split`` (``triton_radix``, ``triton_sample``): chunks each row is cut into (over four launches,
   over two); absent: the kernel's own rule (``triton_radix.split_for``: split only when the rows
-  leave SMs idle).
+  leave SMs idle). ``triton_sample`` never splits a call whose rows it holds whole (no wider than
+  ``BLOCK`` and ``HELD_ROW``), so the tuner does not time split values there.
 
 Defaults differ between GPUs and CPU tensors (the interpreter runs small blocks faster) and, for
 ``triton_sample``, between calls whose rows outnumber the GPU's SMs and the rest: with a row a
@@ -45,6 +46,9 @@ _WARPS = (1, 2, 4, 8, 16)
 #: it takes
 MAX_SPLIT = 16
 SPLITS = tuple(2**i for i in range(MAX_SPLIT.bit_length()))
+#: the longest row (visible positions) selected whole in registers, when the block allows: one read, no
+#: sample and no list (at most 65535: the ranks' packed scan)
+HELD_ROW = 8192
 
 SPACES = {
     "torch": KnobSpace(),
@@ -110,4 +114,6 @@ def candidates(backend: str, on_cpu: bool, rows: int, width: int, sms: int) -> l
     for name, options in values.items():
         configs = [dict(c, **{name: v}) if v is not None else {k: x for k, x in c.items() if k != name}
                    for c in configs for v in options]
+    if backend == "triton_sample":  # rows held whole run split 1 whatever is asked: one config, not several
+        configs = [c for c in configs if "split" not in c or width > min(HELD_ROW, c["BLOCK"])]
     return list({tuple(sorted(c.items())): c for c in [default] + configs}.values())

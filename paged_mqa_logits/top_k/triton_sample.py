@@ -47,9 +47,10 @@ column stride 1; instructions per element a thread handles), defaults ``BLOCK`` 
 the compaction loop 29-32 an element (the load and key mapping alone about 10; the 8-byte entry's store
 about 5 more than a position's); the seed 416 instructions a thread plus 123 a round (about 5
 rounds: 2.0 an element of a 128k row); the register finish over 8192 entries 1462 a thread plus 234
-a round (about 8 rounds: 6.5 an element of a 128k row); a held row of 8192 1973 plus 235 a round (about
-4 rounds after the peeled first). So about 39 an element in all at 128k and k 2048, with one read of the row, against ``triton_radix``'s 79 + 64 (two reads) or 79 + 98 + 64
-(three), counted the same way. Short rows pay the fixed parts over fewer elements (fewer warps and
+a round (about 8 rounds: 6.5 an element of a 128k row); a held row of 8192 1973 plus 235 a round
+(about 4 rounds after the peeled first). So about 39 an element in all at 128k and k 2048, with one
+read of the row, against ``triton_radix``'s 79 + 64 (two reads) or 79 + 98 + 64 (three), counted the
+same way. Short rows pay the fixed parts over fewer elements (fewer warps and
 smaller blocks are the tuner's to try). Why the compaction looks as it does, each alternative
 counted the same way in a loop that loads, compares and lists:
 
@@ -66,7 +67,8 @@ counted the same way in a loop that loads, compares and lists:
   never reorders, passed;
 * a global ``tl.atomic_add`` slot per survivor: 35 (and the list order would not be deterministic).
 
-Few rows, wide rows: each row is cut into ``split`` chunks over two launches. Every chunk's program
+Few rows, wide rows: each row is cut into ``split`` chunks over two launches (never when every row is
+held whole: the chunks would list nothing, in a launch of their own). Every chunk's program
 computes the same seed from the same sample and lists its chunk's survivors in its own part of the
 scratch (counts per chunk); one program per row then gathers the parts in chunk order into one list
 and finishes as above, or falls back to ``triton_radix.select_row`` over the row. A row held whole
@@ -82,7 +84,7 @@ import triton
 import triton.language as tl
 
 from ..triton_internals.interpreter import interpreted
-from .knobs import SPACES
+from .knobs import HELD_ROW, SPACES
 from .triton_radix import MAX_KEY, chunks_per_row, select_row
 from .triton_select import (SIGN, emit, emit_in_place, lens_strides, open_row, order_keys, row_setup, search,
                             write_selection)
@@ -104,9 +106,6 @@ SAMPLE_PIECES = tl.constexpr(16)
 #: the most listed keys the finish holds in registers (a power of two); longer lists are searched
 #: where they lie (``triton_select.search``)
 REGISTER_LIST = 8192
-#: the longest row (visible positions) selected whole in registers, when the block allows: one read, no
-#: sample and no list (at most 65535: the ranks' packed scan)
-HELD_ROW = 8192
 #: the key of -inf: thresholds at or below it keep every non-NaN value
 NEG_INF_KEY = tl.constexpr(-2139095041)
 #: :func:`bracket`'s first probes, this many standard deviations either side of the normal estimate (0.1 took
@@ -235,7 +234,7 @@ def narrow(keys, low, low_count, high, high_count, rank_low, rank_high, probe_lo
         second = tl.where(seeded, tl.minimum(tl.maximum(probe_high, low + 1), high - 1), tl.maximum(guess, middle))
         seeded = seeded & False
         # first <= second, so a key at or above second counts for both: 0x10001, one select where two
-        # flags shifted and or-ed took two more instructions a key (233 against 274 a round, sm_90 SASS)
+        # flags shifted and or-ed took more (a held row's round 235 instructions against 274, tools/topk_sass.py)
         both = _total(tl.where(keys >= second.to(tl.int32), 0x10001, (keys >= first.to(tl.int32)).to(tl.int32)))
         first_count = both & 0xFFFF
         second_count = both >> 16
@@ -562,7 +561,7 @@ def in_place_for(arch: str) -> bool:
     """Whether the selection is stored by ``triton_select.emit_in_place`` (inline PTX, each thread storing what
     it holds) on ``arch`` (``"cpu"``, ``"cuda"``, ``"sm_90"``, ``"gfx942"``, ...): NVIDIA GPUs only; the
     interpreter runs no PTX, and AMD GPUs keep ``tl.store`` (no AMD GPU has measured what its layout costs)."""
-    return arch != "cpu" and not arch.startswith("gfx")
+    return arch == "cuda" or arch.startswith("sm_")
 
 
 def held_row_for(block: int, width: int, columns: int) -> int:
@@ -585,7 +584,8 @@ def listed_positions(entries: torch.Tensor) -> torch.Tensor:
 def launch(call: TopkCall, knobs: dict | None = None, split: int | None = None, stop_after: str | None = None):
     """Select ``call``'s rows with ``knobs`` (``BLOCK``, ``num_warps``, ``split``: ``knobs.py``;
     absent ones take the device's defaults, ``split`` ``triton_radix.split_for``); ``split`` given
-    here overrides the knob.
+    here overrides the knob. Without ``stop_after``, a call whose rows are all held whole
+    (:func:`held_row_for`) runs split 1 whatever is asked: chunks would list nothing.
 
     ``stop_after`` (one of :data:`PHASES`) times a phase alone: the chunk kernel runs (with any
     ``split``, 1 included) with empty chunks (``"seed"``) or the row's (``"compaction"``), nothing
@@ -613,7 +613,8 @@ def launch(call: TopkCall, knobs: dict | None = None, split: int | None = None, 
     held_row = held_row_for(block, width, list_block)
     if width <= held_row and stop_after is None:
         split = 1  # every row is held whole by one program: chunks would list nothing, in a launch of their own
-    entries = torch.empty((rows, capacity), dtype=torch.int64, device=device)
+    lists = width > held_row or stop_after is not None  # else no row is listed: the scratch goes unread
+    entries = torch.empty((rows, capacity) if lists else (1, 1), dtype=torch.int64, device=device)
     scratch = entries.view(torch.int32)  # the same memory, 2 capacity int32 a row
     table = call.block_table if call.block_table is not None else call.lengths  # never read without one
     options = {} if on_cpu else {"num_warps": warps}
@@ -629,7 +630,7 @@ def launch(call: TopkCall, knobs: dict | None = None, split: int | None = None, 
             call.logits, call.lengths, call.out, table, scratch, entries, *strides, *lens_args, call.out.stride(0),
             table.stride(0), width, call.k, call.block_size, capacity, HAS_TABLE=has_table, STRIPES=block // columns,
             REGISTER_LIST=register_list, LIST_BLOCK=list_block, ROW=held_row, BLOCK=block, PREFETCH=prefetch,
-            IN_PLACE=in_place, LISTS=width > held_row, **common)
+            IN_PLACE=in_place, LISTS=lists, **common)
         return None
     chunk = 0 if stop_after == "seed" else triton.cdiv(width, split)
     parts = torch.empty((rows, split, capacity), dtype=torch.int64, device=device)

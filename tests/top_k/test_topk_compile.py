@@ -84,8 +84,8 @@ def _sample_spec(kernel, arch, has_table, extra_pointers, extra_ints, extra):
         constexprs["PREFETCH"] = triton_sample.prefetch_for(arch)
     if "IN_PLACE" in kernel.arg_names:  # the kernels that write a selection held in registers
         constexprs["IN_PLACE"] = triton_sample.in_place_for(arch)
-    if "LISTS" in kernel.arg_names:  # rows of 131072 are listed
-        constexprs["LISTS"] = True
+    if "LISTS" in kernel.arg_names:  # rows of 131072 are listed (unless the test asks otherwise)
+        constexprs["LISTS"] = extra.get("LISTS", True)
     return _spec(kernel, arch, has_table, extra_pointers, extra_ints, triton_sample.BLOCK, triton_sample.NUM_WARPS,
                  extra=constexprs)
 
@@ -124,6 +124,25 @@ def test_sample_kernel_cross_compiles_for_sm90():
 def test_sample_kernel_cross_compiles(arch, has_table):
     """Every arch, page table on and off (the `full` tier: each compile takes seconds)."""
     _check_sample_kernel(arch, has_table)
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "gfx942"])
+def test_sample_kernel_without_lists_cross_compiles(arch):
+    """The kernel a call runs when every row is held whole (width at most the held row: ``LISTS`` off, the list
+    path not compiled): no local memory on sm_90, and fewer registers than the kernel that lists."""
+    from paged_mqa_logits.top_k import triton_sample
+
+    records = []
+    for lists in (False, True):
+        spec = _sample_spec(triton_sample._topk_sample_kernel, arch, True, ["scratch_ptr", "entries_ptr"],
+                            ["capacity"], {"LISTS": lists})
+        spec.name += f"_lists{int(lists)}"
+        record = compile_spec(spec, None)
+        assert record.ok, record.error
+        records.append(record)
+    if arch == "sm_90":
+        _assert_no_local_memory(records[0], "sample kernel without lists")
+    assert records[0].vgprs < records[1].vgprs, (records[0].vgprs, records[1].vgprs)
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "gfx942", "gfx950"])

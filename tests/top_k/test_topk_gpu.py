@@ -1,7 +1,7 @@
 """The top-k op on a GPU (skipped without one): exact sets at k 512-2048, batches up to 4096,
 contexts up to 160k, both layouts, the page-table transform, the engines' entry points and
 CUDA-graph replay after the lengths change; ``triton_sample``'s list path and both fallbacks, and its
-in-place stores against ``tl.store``'s (first: the newest path)."""
+in-place stores against ``tl.store``'s."""
 
 from __future__ import annotations
 
@@ -165,4 +165,3 @@ def test_sample_matches_torch(batch, next_n, width, k):
     torch.testing.assert_close(values, expected, rtol=0, atol=0)
     assert torch.equal((out < 0).sum(1), (ref < 0).sum(1))
     assert_exact(out[:4], logits[:4], lengths[: max(1, 4 // next_n)], next_n, k)
-

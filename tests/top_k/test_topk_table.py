@@ -144,6 +144,11 @@ def test_untuned_sample_knobs_follow_the_rows(tables):
     assert knobs.default_config("triton_radix", False, 1024, 132) == {"BLOCK": 1024, "num_warps": 8}
     assert knobs.candidates("triton_sample", False, 256, 8192, 132)[0] == many
     assert knobs.candidates("triton_sample", False, 64, 8192, 132)[0] == few
+    # rows held whole (no wider than the block) run split 1 whatever is asked: the tuner times no split there
+    held = knobs.candidates("triton_sample", False, 64, 8192, 132)
+    assert all("split" not in c for c in held if c["BLOCK"] >= 8192)
+    assert any(c.get("split", 1) > 1 for c in held if c["BLOCK"] < 8192)  # 8k rows listed in blocks of 2048-4096
+    assert any(c.get("split", 1) > 1 for c in knobs.candidates("triton_sample", False, 64, 32768, 132))
     tables(TOPK_HEADER + "sm_90,132,topk,256,2048,fp32,8192,triton_sample,4096,,1,1.0,tuned:test\n")
     assert backends.decide("sm_90", 132, TopkKey(rows=256, k=2048), 8192).config == {
         "BLOCK": 4096, "num_warps": 4, "split": 1}

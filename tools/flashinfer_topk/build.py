@@ -38,7 +38,9 @@ OPTIONAL = {"row_starts": "FI_TOPK_ROW_STARTS", "deterministic": "FI_TOPK_DETERM
 
 
 def parameter_names(signature: str) -> list[str]:
-    """The parameter names of a C++ signature (top-level commas; default values dropped)."""
+    """The parameter names of a C++ signature (top-level commas; default values dropped). The split on
+    top-level commas repeats ``tools/vllm_topk/build.py``'s on purpose: each build script runs alone from
+    its staged folder, where the other is not."""
     inner = signature[signature.index("(") + 1:signature.rindex(")")]
     parts, depth, current = [], 0, ""
     for ch in inner:

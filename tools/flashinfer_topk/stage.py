@@ -22,7 +22,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
-from vllm_topk.stage import exists, git  # the same git plumbing as vLLM's stager
+from vllm_topk.stage import exists, git  # noqa: E402  (the same git plumbing as vLLM's stager)
 
 ENTRY_HEADER = "include/flashinfer/topk.cuh"
 #: the function binding.cu calls: FlashInfer's ragged transform takes each row's length (the
