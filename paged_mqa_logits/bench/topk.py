@@ -81,7 +81,7 @@ def copies_for(shape: RowShape, device: torch.device, max_copies: int) -> int:
     return max(2, min(want, max_copies, int(0.5 * free // max(one, 1))))
 
 
-def staged_provenance(path: str, peer: str = "vllm") -> str | None:
+def staged_provenance(path: str, peer: str) -> str | None:
     """The CSV header line naming the ``peer`` (vllm, flashinfer) a ``--vllm``/``--flashinfer``
     folder was staged from (its ``manifest.json``, ``tools/stage_<peer>_topk.sh``); None when the
     folder has no manifest."""
@@ -95,27 +95,34 @@ def staged_provenance(path: str, peer: str = "vllm") -> str | None:
             f"tools/stage_{peer}_topk.sh and built on this machine)")
 
 
-def vllm_provenance(path: str) -> str | None:
-    """``# vllm: ...`` for a ``--vllm`` folder (``staged_provenance``)."""
-    return staged_provenance(path, "vllm")
-
-
-def flashinfer_provenance(path: str) -> str | None:
-    """``# flashinfer: ...`` for a ``--flashinfer`` folder (``staged_provenance``)."""
-    return staged_provenance(path, "flashinfer")
+def _import_built(path: str, module: str):
+    """The module a staged folder's ``build.py`` built under ``path/build``."""
+    sys.path.insert(0, f"{path}/build")
+    return importlib.import_module(module)
 
 
 def load_vllm(path: str):
     """The module ``tools/vllm_topk/build.py`` built under ``path`` (``vllm_topk_staged``)."""
-    sys.path.insert(0, f"{path}/build")
-    return importlib.import_module("vllm_topk_staged")
+    return _import_built(path, "vllm_topk_staged")
 
 
 def load_flashinfer(path: str):
     """The ctypes module ``tools/flashinfer_topk/build.py`` built under ``path`` (``flashinfer_topk_staged``;
     it only imports once its library is built)."""
-    sys.path.insert(0, f"{path}/build")
-    return importlib.import_module("flashinfer_topk_staged")
+    return _import_built(path, "flashinfer_topk_staged")
+
+
+def load_peer(option: str, path: str | None, loader, peer: str):
+    """``loader(path)`` for a ``--vllm``/``--flashinfer`` folder, or None (no folder, or one that does not
+    import: a note says so, and the other implementations still run)."""
+    if not path:
+        return None
+    try:
+        return loader(path)
+    except Exception as exc:  # noqa: BLE001 (whatever stops the import)
+        print(f"note: --{option} {path}: not importable ({type(exc).__name__}: {exc}); {peer} not timed",
+              file=sys.stderr)
+        return None
 
 
 def implementations(shape: RowShape, names: list[str], vllm, flashinfer=None) -> dict[str, Callable]:
@@ -279,19 +286,8 @@ def main(argv: list[str]) -> int:
     names = a.backend.split(",")
     if any(n not in BACKENDS for n in names):
         p.error(f"argument --backend: expected names among {', '.join(BACKENDS)}, got {a.backend!r}")
-    vllm = flashinfer = None
-    if a.vllm:
-        try:
-            vllm = load_vllm(a.vllm)
-        except Exception as exc:  # noqa: BLE001 (whatever stops the import, the others still run)
-            print(f"note: --vllm {a.vllm}: not importable ({type(exc).__name__}: {exc}); vLLM not timed",
-                  file=sys.stderr)
-    if a.flashinfer:
-        try:
-            flashinfer = load_flashinfer(a.flashinfer)
-        except Exception as exc:  # noqa: BLE001 (as --vllm)
-            print(f"note: --flashinfer {a.flashinfer}: not importable ({type(exc).__name__}: {exc}); "
-                  "FlashInfer not timed", file=sys.stderr)
+    vllm = load_peer("vllm", a.vllm, load_vllm, "vLLM")
+    flashinfer = load_peer("flashinfer", a.flashinfer, load_flashinfer, "FlashInfer")
     shapes = [RowShape(b, n, c, m, k) for k in values["k"] for c in values["context"] for n in values["next_n"]
               for b in values["batch"] for m in modes]
     env = environment(device)

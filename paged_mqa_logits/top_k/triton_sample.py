@@ -86,8 +86,7 @@ import triton.language as tl
 from ..triton_internals.interpreter import interpreted
 from .knobs import HELD_ROW, SPACES
 from .triton_radix import MAX_KEY, chunks_per_row, select_row
-from .triton_select import (SIGN, emit, emit_in_place, lens_strides, open_row, order_keys, row_setup, search,
-                            write_selection)
+from .triton_select import SIGN, emit, lens_strides, open_row, order_keys, row_setup, search, write_selection
 from .validate import TopkCall
 
 #: the defaults of ``knobs.py``, on a GPU and for CPU tensors
@@ -189,11 +188,12 @@ def bracket(keys, x, live, count, target, row_ptr, PROBES: tl.constexpr):
     finish's keys are a distribution's upper tail, where they saved no time (0.99-1.01x at 32k-128k), and with
     ``BLOCK`` 2048 over 4 warps, whose register list already spills, 8k rows through the list ran about 5%
     slower."""
+    lows = _flat(tl.where(live, keys, MAX_KEY), keys.numel)
+    highs = _flat(keys, keys.numel)
     if PROBES:
         values = tl.where(live, x, 0.0)
         low, high, total, squares = tl.reduce(
-            (_flat(tl.where(live, keys, MAX_KEY), keys.numel), _flat(keys, keys.numel), _flat(values, values.numel),
-             _flat(values * values, values.numel)), 0, _bracket_combine)
+            (lows, highs, _flat(values, values.numel), _flat(values * values, values.numel)), 0, _bracket_combine)
         live_count = count.to(tl.float32)
         mean = total / live_count
         deviation = tl.sqrt(tl.maximum(squares / live_count - mean * mean, 0.0))
@@ -202,8 +202,7 @@ def bracket(keys, x, live, count, target, row_ptr, PROBES: tl.constexpr):
         probe_high = search_keys(middle + PROBE_SPREAD * deviation, True, row_ptr).to(tl.int64)
         probe_high = tl.where((probe_low < 0) & (probe_high >= 0), probe_low, probe_high)
     else:
-        low, high = tl.reduce((_flat(tl.where(live, keys, MAX_KEY), keys.numel), _flat(keys, keys.numel)), 0,
-                              _min_max)
+        low, high = tl.reduce((lows, highs), 0, _min_max)
         probe_low = low.to(tl.int64)
         probe_high = probe_low
     return low.to(tl.int64), high.to(tl.int64) + 1, probe_low, probe_high
@@ -365,7 +364,7 @@ def _select_held(keys, x, positions, live, count, kk, out_row, table_row, block_
     entries; dead keys the smallest int32; ``x`` their values): the exact k-th largest key by :func:`narrow`
     (stopping once exactly ``kk`` keys are at or above the threshold; its first probes from :func:`bracket`
     with ``PROBES``), then the positions of those above it and of the first tied ones, in the order of the
-    columns' scans, stored by ``emit_in_place`` with ``IN_PLACE`` (:func:`in_place_for`)."""
+    columns' scans, stored in place with ``IN_PLACE`` (``triton_select.emit``, :func:`in_place_for`)."""
     low, high, probe_low, probe_high = bracket(keys, x, live, count, kk, row_ptr, PROBES)
     threshold, _, _ = narrow(keys, low, count, high, count * 0, kk, kk, probe_low, probe_high)
     threshold = threshold.to(tl.int32)
@@ -377,10 +376,7 @@ def _select_held(keys, x, positions, live, count, kk, out_row, table_row, block_
     # the threshold's ties take the slots after every key above it, while slots are left
     slots = tl.where(keys > threshold, ranks & 0xFFFF, gt + (ranks >> 16)) - 1
     take = (keys >= threshold) & (slots < kk)
-    if IN_PLACE:
-        emit_in_place(out_row, slots, positions, take, table_row, block_size, HAS_TABLE)
-    else:
-        emit(out_row, slots, positions, take, table_row, block_size, HAS_TABLE)
+    emit(out_row, slots, positions, take, table_row, block_size, HAS_TABLE, IN_PLACE)
 
 
 @triton.jit
@@ -558,7 +554,7 @@ def prefetch_for(arch: str) -> bool:
 
 
 def in_place_for(arch: str) -> bool:
-    """Whether the selection is stored by ``triton_select.emit_in_place`` (inline PTX, each thread storing what
+    """Whether the selection is stored by ``triton_select.emit`` in place (inline PTX, each thread storing what
     it holds) on ``arch`` (``"cpu"``, ``"cuda"``, ``"sm_90"``, ``"gfx942"``, ...): NVIDIA GPUs only; the
     interpreter runs no PTX, and AMD GPUs keep ``tl.store`` (no AMD GPU has measured what its layout costs)."""
     return arch == "cuda" or arch.startswith("sm_")
@@ -611,9 +607,9 @@ def launch(call: TopkCall, knobs: dict | None = None, split: int | None = None, 
     capacity = capacity_for(call.k, width)
     register_list = max(register_list_for(call.k, width), list_block)  # whole columns of the finish
     held_row = held_row_for(block, width, list_block)
-    if width <= held_row and stop_after is None:
-        split = 1  # every row is held whole by one program: chunks would list nothing, in a launch of their own
-    lists = width > held_row or stop_after is not None  # else no row is listed: the scratch goes unread
+    lists = width > held_row or stop_after is not None
+    if not lists:  # every row is held whole by one program: chunks would list nothing, and no scratch is read
+        split = 1
     entries = torch.empty((rows, capacity) if lists else (1, 1), dtype=torch.int64, device=device)
     scratch = entries.view(torch.int32)  # the same memory, 2 capacity int32 a row
     table = call.block_table if call.block_table is not None else call.lengths  # never read without one

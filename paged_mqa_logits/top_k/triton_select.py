@@ -75,33 +75,31 @@ def search(row_ptr, stride_col, idx_ptr, count, prefix, gt, kk, FIRST_SHIFT: tl.
 
 
 @triton.jit
-def emit(out_row, slots, positions, mask, table_row, block_size, HAS_TABLE: tl.constexpr):
-    """Store ``positions`` (page-table transformed with ``HAS_TABLE``) at ``slots``."""
-    value = positions
-    if HAS_TABLE:
-        block = tl.load(table_row + positions // block_size, mask=mask, other=0)
-        value = block * block_size + positions % block_size
-    tl.store(out_row + slots, value, mask=mask)
-
-
-@triton.jit
-def emit_in_place(out_row, slots, positions, mask, table_row, block_size, HAS_TABLE: tl.constexpr):
-    """:func:`emit` on NVIDIA GPUs (PTX; not for the interpreter, nor AMD), each thread storing the elements it
-    holds. Triton gives every store a layout of its own, chosen for coalescing: the slots here are
+def emit(out_row, slots, positions, mask, table_row, block_size, HAS_TABLE: tl.constexpr,
+         IN_PLACE: tl.constexpr = False):
+    """Store ``positions`` (page-table transformed with ``HAS_TABLE``) at ``slots``; with ``IN_PLACE``
+    (NVIDIA GPUs only: PTX, not for the interpreter nor AMD) each thread stores the elements it holds.
+    Triton gives every load and store a layout of its own, chosen for coalescing: the slots here are
     data-dependent, so no layout coalesces them, and for a held row of 8192 the pointers and the mask went
-    through shared memory to reach it (64 of the 83 shared stores and 4 barriers of the sm_90 SASS). The stores
-    and the page table's loads are issued as inline PTX instead, which keeps the layout the values have."""
+    through shared memory to reach it (64 of the 83 shared stores and 4 barriers of the sm_90 SASS). In place,
+    the stores and the page table's loads are inline PTX, which keeps the layout the values have."""
     value = positions
     if HAS_TABLE:
-        block = tl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.ne.b32 p, $2, 0; mov.b32 $0, 0; @p ld.global.b32 $0, [$1]; }", "=r,l,r",
-            [(table_row + positions // block_size).to(tl.int64, bitcast=True), mask.to(tl.int32)], dtype=tl.int32,
-            is_pure=False, pack=1)
+        entries = table_row + positions // block_size
+        if IN_PLACE:
+            block = tl.inline_asm_elementwise(
+                "{ .reg .pred p; setp.ne.b32 p, $2, 0; mov.b32 $0, 0; @p ld.global.b32 $0, [$1]; }", "=r,l,r",
+                [entries.to(tl.int64, bitcast=True), mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+        else:
+            block = tl.load(entries, mask=mask, other=0)
         value = block * block_size + positions % block_size
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p st.global.b32 [$1], $2; mov.b32 $0, 0; }", "=r,l,r,r",
-        [(out_row + slots).to(tl.int64, bitcast=True), value, mask.to(tl.int32)], dtype=tl.int32, is_pure=False,
-        pack=1)
+    if IN_PLACE:
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p st.global.b32 [$1], $2; mov.b32 $0, 0; }", "=r,l,r,r",
+            [(out_row + slots).to(tl.int64, bitcast=True), value, mask.to(tl.int32)], dtype=tl.int32, is_pure=False,
+            pack=1)
+    else:
+        tl.store(out_row + slots, value, mask=mask)
 
 
 @triton.jit

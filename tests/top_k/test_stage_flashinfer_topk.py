@@ -231,10 +231,10 @@ def _bench(staged, path, capsys):
 
 def test_the_bench_times_a_staged_flashinfer_and_names_it(tmp_path, capsys):
     staged = _staged_folder(tmp_path, STAND_IN)
-    assert bench.flashinfer_provenance(str(staged)) == (
+    assert bench.staged_provenance(str(staged), "flashinfer") == (
         "# flashinfer: 0.6.18 (revision fb28d7242b35, staged by tools/stage_flashinfer_topk.sh and built on this "
         "machine)")
-    assert bench.flashinfer_provenance(str(tmp_path)) is None
+    assert bench.staged_provenance(str(tmp_path), "flashinfer") is None
     rc, text, rows, _ = _bench(staged, tmp_path / "fi.csv", capsys)
     assert rc == 0 and "\n# flashinfer: 0.6.18 (revision fb28d7242b35," in text
     assert [r["impl"] for r in rows] == ["torch.topk", "topk:torch", "flashinfer:top_k_ragged_transform"]

@@ -115,9 +115,9 @@ def test_csv_names_the_staged_vllm(tmp_path):
         "    masked = torch.where(cols[None, :] < n[:, None], logits, float('-inf'))\n"
         "    top = masked.topk(k, dim=1).indices.int()\n"
         "    out.copy_(torch.where(torch.arange(k)[None, :] < n[:, None], top, -1))\n")
-    assert bench.vllm_provenance(str(staged)) == (
+    assert bench.staged_provenance(str(staged), "vllm") == (
         "# vllm: 0.34.0 (revision ab92a68c9c50, staged by tools/stage_vllm_topk.sh and built on this machine)")
-    assert bench.vllm_provenance(str(tmp_path)) is None  # no manifest: no line
+    assert bench.staged_provenance(str(tmp_path), "vllm") is None  # no manifest: no line
     path = tmp_path / "topk.csv"
     try:
         rc = bench.main(["--batch", "2", "--next-n", "1", "--context", "64", "--k", "8", "--backend", "torch",

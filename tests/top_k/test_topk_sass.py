@@ -28,9 +28,10 @@ def test_sass_counts_print(capsys):
 
 @pytest.mark.full
 def test_in_place_stores_skip_shared_memory():
-    """A held row's selection stored by ``emit_in_place`` (NVIDIA's default, ``triton_sample.in_place_for``) goes
-    out as one predicated global store an element a thread holds, with none of the shared-memory round trip
-    ``tl.store``'s own layout costs (the pointers and the mask: 83 shared stores against 19 at 8 warps)."""
+    """A held row's selection stored in place by ``triton_select.emit`` (NVIDIA's default,
+    ``triton_sample.in_place_for``) goes out as one predicated global store an element a thread holds, with none
+    of the shared-memory round trip ``tl.store``'s own layout costs (the pointers and the mask: 83 shared stores
+    against 19 at 8 warps)."""
     import topk_sass
     from paged_mqa_logits.top_k import triton_sample
 

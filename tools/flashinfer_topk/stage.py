@@ -22,14 +22,15 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
-from vllm_topk.stage import exists, git  # noqa: E402  (the same git plumbing as vLLM's stager)
+# vLLM's stager's git plumbing and include walk (found through the sys.path entry above)
+from vllm_topk import stage as vllm_stage
+from vllm_topk.stage import exists, git
 
 ENTRY_HEADER = "include/flashinfer/topk.cuh"
 #: the function binding.cu calls: FlashInfer's ragged transform takes each row's length (the
 #: decode rows' ragged prefixes), and with zero offsets writes plain positions
 ENTRY = "TopKRaggedTransformDispatch"
 OURS = ("binding.cu", "build.py", "flashinfer_topk_staged.py")
-_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
 _FLASHINFER_INCLUDE = re.compile(r"^\s*#\s*include\s+<(flashinfer/[^>]+)>", re.MULTILINE)
 
 
@@ -56,24 +57,17 @@ def binding_roots(binding: str = os.path.join(HERE, "binding.cu")) -> list[str]:
 
 def include_closure(gitdir: str, rev: str, roots: list[str]) -> list[str]:
     """``roots`` and every header reachable from them by quoted includes, each resolved next to its
-    includer, then under include/ (as FlashInfer's ``-I include`` does); a root or quoted include
-    found nowhere is an error (other angle includes come from the CUDA toolkit and the C++ library)."""
+    includer, then under include/ (as FlashInfer's ``-I include`` does; vLLM's stager's walk); a root or
+    quoted include found nowhere is an error (other angle includes come from the CUDA toolkit and the C++
+    library)."""
     for root in roots:
         if not exists(gitdir, rev, root):
             raise StageError(f"binding.cu includes <{root[len('include/'):]}>, but {root} is missing at {rev[:12]}")
-    files, queue = [], list(roots)
-    while queue:
-        path = queue.pop(0)
-        if path in files:
-            continue
-        files.append(path)
-        for name in _INCLUDE.findall(git(gitdir, "show", f"{rev}:{path}")):
-            candidates = [os.path.normpath(os.path.join(os.path.dirname(path), name)), os.path.join("include", name)]
-            found = next((c for c in candidates if exists(gitdir, rev, c)), None)
-            if found is None:
-                raise StageError(f'{path} includes "{name}", found neither as {candidates[0]} nor as '
-                                 f"{candidates[1]} at {rev[:12]}")
-            queue.append(found)
+    files, missing = vllm_stage.include_closure(gitdir, rev, roots, "include")
+    if missing:
+        path, name = missing[0]
+        near, under = vllm_stage.include_candidates(path, name, "include")
+        raise StageError(f'{path} includes "{name}", found neither as {near} nor as {under} at {rev[:12]}')
     return files
 
 

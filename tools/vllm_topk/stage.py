@@ -69,9 +69,15 @@ def target_version(gitdir: str, rev: str) -> str | None:
     return found[0] if found else None
 
 
-def include_closure(gitdir: str, rev: str, roots: list[str]) -> tuple[list[str], list[str]]:
-    """Every quoted include reachable from ``roots`` (resolved next to the includer, then under
-    csrc/); returns the files and the includes found nowhere (system or generated headers)."""
+def include_candidates(path: str, name: str, search: str) -> list[str]:
+    """Where ``#include "name"`` in ``path`` may point: next to the includer, then under ``search``."""
+    return [os.path.normpath(os.path.join(os.path.dirname(path), name)), os.path.join(search, name)]
+
+
+def include_closure(gitdir: str, rev: str, roots: list[str], search: str = "csrc") -> tuple[list[str], list]:
+    """Every quoted include reachable from ``roots`` (:func:`include_candidates`: next to the includer,
+    then under ``search``); returns the files, in the order found, and the includes found nowhere
+    (system or generated headers) as ``(includer, name)`` pairs."""
     files, missing, queue = [], [], list(roots)
     while queue:
         path = queue.pop(0)
@@ -79,10 +85,9 @@ def include_closure(gitdir: str, rev: str, roots: list[str]) -> tuple[list[str],
             continue
         files.append(path)
         for name in _INCLUDE.findall(git(gitdir, "show", f"{rev}:{path}")):
-            candidates = [os.path.normpath(os.path.join(os.path.dirname(path), name)), os.path.join("csrc", name)]
-            found = next((c for c in candidates if exists(gitdir, rev, c)), None)
+            found = next((c for c in include_candidates(path, name, search) if exists(gitdir, rev, c)), None)
             if found is None:
-                missing.append(f"{path}: {name}")
+                missing.append((path, name))
             elif found not in files:
                 queue.append(found)
     return files, missing
@@ -122,7 +127,7 @@ def stage(gitdir: str, dest: str, rev: str = "HEAD") -> dict:
         with open(target, "w") as f:
             f.write(git(gitdir, "show", f"{commit}:{path}"))
     manifest = {"revision": commit, "version": release(gitdir, commit), "entry_points": entries, "files": files,
-                "unresolved_includes": missing}
+                "unresolved_includes": [f"{path}: {name}" for path, name in missing]}
     if any(e["abi"] == "stable" for e in entries.values()):
         manifest["torch_target_version"] = target_version(gitdir, commit)
     with open(os.path.join(dest, "manifest.json"), "w") as f:
