@@ -65,21 +65,26 @@ def _pairs(text: str, sep: str, flag: str) -> list[tuple[int, int]]:
     return pairs
 
 
-def shape_rows(baseline, rows: int, width: int, dtype: str, k: int, knob_sets, device, schedule) -> list[str]:
-    """The CSV rows (:data:`HEADER`) of one shape: the baseline, the current module, then each knob set."""
+def shape_rows(baseline, rows: int, width: int, dtype: str, k: int, knob_sets, device, schedule,
+               paired: bool = False) -> list[str]:
+    """The CSV rows (:data:`HEADER`) of one shape: the baseline, the current module, then each knob set (with
+    ``paired``, the baseline at the knob set first, and the knob set's ratio against that)."""
     calls = rotating_calls(rows, width, k, device, DTYPES[dtype])
-    variants = [("baseline", baseline, None), ("current", triton_sample, None)]
-    variants += [(f"{block}/{warps}", triton_sample, {"BLOCK": block, "num_warps": warps})
-                 for block, warps in knob_sets]
+    variants = [("baseline", baseline, None, True), ("current", triton_sample, None, False)]
+    for block, warps in knob_sets:
+        knobs = {"BLOCK": block, "num_warps": warps}
+        if paired:
+            variants.append((f"baseline {block}/{warps}", baseline, knobs, True))
+        variants.append((f"{block}/{warps}", triton_sample, knobs, False))
     lines, base = [], None
-    for name, module, knobs in variants:
+    for name, module, knobs, is_base in variants:
         us = time_calls([lambda call=call, module=module, knobs=knobs: module.launch(call, knobs) for call in calls],
                         device, schedule).us
         call = calls[0]
         call.out.fill_(-1)
         module.launch(call, knobs)
         exact = selection_matches(call.out, call.logits, call.lengths, k)
-        base = base or us
+        base = us if is_base else base
         lines.append(f"{rows},{width},{dtype},{name},{us:.2f},{base / us:.3f},{exact}")
     return lines
 
@@ -91,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
                         "64x131072,256x131072", help="ROWSxWIDTH, comma-separated")
     parser.add_argument("--dtypes", default="fp32", help="logits dtypes, comma-separated: fp32, bf16")
     parser.add_argument("--knobs", default="", help="BLOCK/num_warps sets of the current module, comma-separated")
+    parser.add_argument("--paired", action="store_true",
+                        help="time the baseline at each knob set too: each set's ratio is then against the baseline "
+                        "at the same knobs (without it, against the baseline at its defaults)")
     parser.add_argument("--k", type=int, default=2048)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--replays", type=int, default=None, help="graph replays (GPU) or loops (CPU) per timing")
@@ -106,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
         print(HEADER, flush=True)
         for dtype in dtypes:
             for rows, width in shapes:
-                print("\n".join(shape_rows(baseline, rows, width, dtype, a.k, knob_sets, device, schedule)), flush=True)
+                print("\n".join(shape_rows(baseline, rows, width, dtype, a.k, knob_sets, device, schedule,
+                                                 a.paired)), flush=True)
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
     return 0

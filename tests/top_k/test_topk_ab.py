@@ -33,6 +33,20 @@ def test_ab_rows_on_cpu(capsys):
 
 
 @pytest.mark.skipif(not _in_git(), reason="needs the repository's git history")
+def test_paired_knob_sets_time_the_baseline_too(capsys):
+    """``--paired``: each knob set on the baseline, then on the current module, whose ratio is against that row."""
+    assert topk_ab.main(["--baseline", "HEAD", "--device", "cpu", "--shapes", "2x300", "--knobs", "128/4,64/4",
+                         "--paired", "--k", "16"]) == 0
+    rows = [line.split(",") for line in capsys.readouterr().out.strip().splitlines()[1:]]
+    assert [r[3] for r in rows] == ["baseline", "current", "baseline 128/4", "128/4", "baseline 64/4", "64/4"]
+    us = {r[3]: float(r[4]) for r in rows}
+    ratio = {r[3]: float(r[5]) for r in rows}
+    assert ratio["baseline 128/4"] == ratio["baseline 64/4"] == 1.0 and all(r[6] == "True" for r in rows)
+    for knobs in ("128/4", "64/4"):
+        assert ratio[knobs] == pytest.approx(us[f"baseline {knobs}"] / us[knobs], abs=2e-3, rel=2e-2)
+
+
+@pytest.mark.skipif(not _in_git(), reason="needs the repository's git history")
 def test_baseline_module_is_its_own():
     import tempfile
 
