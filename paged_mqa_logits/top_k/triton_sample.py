@@ -18,7 +18,8 @@ list); a longer one takes three steps:
    ``T``'s value (NaN kept apart): a superset only where ``T`` is +0.0 (-0.0 joins), so still every
    key ``>=`` some threshold, and the count is the list's. On NVIDIA GPUs each step's load is issued
    before the previous step is listed (one program an SM has no other warps to hide it behind;
-   :func:`prefetch_for`).
+   :func:`prefetch_for`), and the entries are stored from the registers that hold them
+   (:func:`in_place_for`).
 3. **Finish.** When ``k <= count`` and the list fits, its entries are loaded into registers
    (``REGISTER_LIST`` at most, sized by the launcher to the longest list the seed aims at for the
    call's width; the values come with the positions, so nothing is gathered from the row)
@@ -44,11 +45,11 @@ instead of 10 on normal-looking rows of 8192.
 
 Counted in sm_90 SASS by ``tools/topk_sass.py`` (a JIT launch's specialisation: 16-byte aligned row,
 column stride 1; instructions per element a thread handles), defaults ``BLOCK`` 8192 over 8 warps:
-the compaction loop 29-32 an element (the load and key mapping alone about 10; the 8-byte entry's store
-about 5 more than a position's); the seed 416 instructions a thread plus 123 a round (about 5
+the compaction loop 23 an element stored in place, 30 through ``tl.store`` (the load and key mapping
+alone about 10; the 8-byte entry's store about 5 more than a position's); the seed 416 instructions a thread plus 123 a round (about 5
 rounds: 2.0 an element of a 128k row); the register finish over 8192 entries 1462 a thread plus 234
 a round (about 8 rounds: 6.5 an element of a 128k row); a held row of 8192 1973 plus 235 a round
-(about 4 rounds after the peeled first). So about 39 an element in all at 128k and k 2048, with one
+(about 4 rounds after the peeled first). So about 32 an element in all at 128k and k 2048, with one
 read of the row, against ``triton_radix``'s 79 + 64 (two reads) or 79 + 98 + 64 (three), counted the
 same way. Short rows pay the fixed parts over fewer elements (fewer warps and
 smaller blocks are the tuner's to try). Why the compaction looks as it does, each alternative
@@ -60,7 +61,9 @@ counted the same way in a loop that loads, compares and lists:
   each thread's elements of a column are its own and the scan down them is register adds, one
   block scan of ``R`` column counts a step), the store addressed by the 2-D slots: 27-34 (Triton's
   coalescing gives the scattered store a layout of its own, so the keep masks and positions go
-  through shared memory); comparing floats instead of mapped keys saves about 3;
+  through shared memory); comparing floats instead of mapped keys saves about 3; the same store
+  issued from the registers that hold the entries (``triton_select.store`` with ``IN_PLACE``, inline
+  PTX): 23-26, the shipped loop on NVIDIA GPUs;
 * the same with the store's pointers, values and mask flattened apart by
   ``tl.reshape(..., can_reorder=True)``: 17-20, but **wrong**: each flattened tensor may be ordered
   its own way, and on an H100 the pairing broke (list entries lost) where the interpreter, which
@@ -86,7 +89,7 @@ import triton.language as tl
 from ..triton_internals.interpreter import interpreted
 from .knobs import HELD_ROW, SPACES
 from .triton_radix import MAX_KEY, chunks_per_row, select_row
-from .triton_select import SIGN, emit, lens_strides, open_row, order_keys, row_setup, search, write_selection
+from .triton_select import SIGN, emit, lens_strides, open_row, order_keys, row_setup, search, store, write_selection
 from .validate import TopkCall
 
 #: the defaults of ``knobs.py``, on a GPU and for CPU tensors
@@ -312,7 +315,7 @@ def _load_step(row_ptr, stride_col, start, last, MASKED: tl.constexpr, STRIPES: 
 
 @triton.jit
 def _list_step(x, start, last, value, listed, list_ptr, capacity, MASKED: tl.constexpr, STRIPES: tl.constexpr,
-               BLOCK: tl.constexpr):
+               BLOCK: tl.constexpr, IN_PLACE: tl.constexpr):
     """List the entries (:func:`pack`) of the step at ``start`` whose value ``x`` is ``>= value`` or NaN (below
     ``last`` when ``MASKED``), from entry ``listed`` on (none at or past ``capacity``); the new count."""
     positions = _step_positions(start, STRIPES, BLOCK)
@@ -323,14 +326,13 @@ def _list_step(x, start, last, value, listed, list_ptr, capacity, MASKED: tl.con
     column_counts = tl.sum(flags, axis=0)
     # a thread's stripes are one column's: this scan stays in registers; the block scan is one per column
     slots = (listed - 1 + tl.cumsum(column_counts, axis=0) - column_counts)[None, :] + tl.cumsum(flags, axis=0)
-    store = keep & (slots < capacity)
-    tl.store(list_ptr + slots, pack(x, positions), mask=store)
+    store(list_ptr + slots, pack(x, positions), keep & (slots < capacity), IN_PLACE)
     return listed + tl.sum(column_counts, axis=0)
 
 
 @triton.jit
 def compact(row_ptr, stride_col, first, last, value, list_ptr, capacity, STRIPES: tl.constexpr, BLOCK: tl.constexpr,
-            PREFETCH: tl.constexpr):
+            PREFETCH: tl.constexpr, IN_PLACE: tl.constexpr):
     """The positions of ``[first, last)`` whose value is ``>= value`` or NaN, with their values, listed
     from ``list_ptr`` (:func:`pack`, at most ``capacity``); returns how many there are (also past
     ``capacity``). Full steps load unmasked; with ``PREFETCH`` (:func:`prefetch_for`) each before its
@@ -343,16 +345,19 @@ def compact(row_ptr, stride_col, first, last, value, list_ptr, capacity, STRIPES
             x = _load_step(row_ptr, stride_col, first, last, False, STRIPES, BLOCK)
             for start in range(first, full - BLOCK, BLOCK):
                 following = _load_step(row_ptr, stride_col, start + BLOCK, last, False, STRIPES, BLOCK)
-                listed = _list_step(x, start, last, value, listed, list_ptr, capacity, False, STRIPES, BLOCK)
+                listed = _list_step(x, start, last, value, listed, list_ptr, capacity, False, STRIPES, BLOCK,
+                                    IN_PLACE)
                 x = following
-            listed = _list_step(x, full - BLOCK, last, value, listed, list_ptr, capacity, False, STRIPES, BLOCK)
+            listed = _list_step(x, full - BLOCK, last, value, listed, list_ptr, capacity, False, STRIPES, BLOCK,
+                                IN_PLACE)
         else:
             for start in range(first, full, BLOCK):
                 x = _load_step(row_ptr, stride_col, start, last, False, STRIPES, BLOCK)
-                listed = _list_step(x, start, last, value, listed, list_ptr, capacity, False, STRIPES, BLOCK)
+                listed = _list_step(x, start, last, value, listed, list_ptr, capacity, False, STRIPES, BLOCK,
+                                    IN_PLACE)
     if full < last:
         x = _load_step(row_ptr, stride_col, full, last, True, STRIPES, BLOCK)
-        listed = _list_step(x, full, last, value, listed, list_ptr, capacity, True, STRIPES, BLOCK)
+        listed = _list_step(x, full, last, value, listed, list_ptr, capacity, True, STRIPES, BLOCK, IN_PLACE)
     return listed
 
 
@@ -364,7 +369,7 @@ def _select_held(keys, x, positions, live, count, kk, out_row, table_row, block_
     entries; dead keys the smallest int32; ``x`` their values): the exact k-th largest key by :func:`narrow`
     (stopping once exactly ``kk`` keys are at or above the threshold; its first probes from :func:`bracket`
     with ``PROBES``), then the positions of those above it and of the first tied ones, in the order of the
-    columns' scans, stored in place with ``IN_PLACE`` (``triton_select.emit``, :func:`in_place_for`)."""
+    columns' scans, stored in place with ``IN_PLACE`` (``triton_select.store``, :func:`in_place_for`)."""
     low, high, probe_low, probe_high = bracket(keys, x, live, count, kk, row_ptr, PROBES)
     threshold, _, _ = narrow(keys, low, count, high, count * 0, kk, kk, probe_low, probe_high)
     threshold = threshold.to(tl.int32)
@@ -460,7 +465,8 @@ def _topk_sample_kernel(logits_ptr, lens_ptr, out_ptr, table_ptr, scratch_ptr, e
         if n > k:
             list_ptr = entries_ptr + row.to(tl.int64) * capacity
             value = threshold_value(seed_threshold(row_ptr, stride_col, n, kk))
-            count = compact(row_ptr, stride_col, n * 0, n, value, list_ptr, capacity, STRIPES, BLOCK, PREFETCH)
+            count = compact(row_ptr, stride_col, n * 0, n, value, list_ptr, capacity, STRIPES, BLOCK, PREFETCH,
+                            IN_PLACE)
             tl.debug_barrier()  # the list is read back by other threads of the program
             finish(row_ptr, stride_col, n, kk, count, capacity, out_row, list_ptr, positions_ptr, table_row,
                    block_size, HAS_TABLE, REGISTER_LIST, LIST_BLOCK, IN_PLACE)
@@ -471,7 +477,7 @@ def _topk_sample_kernel(logits_ptr, lens_ptr, out_ptr, table_ptr, scratch_ptr, e
 def _chunk_compact_kernel(logits_ptr, lens_ptr, parts_ptr, counts_ptr, stride_row, stride_col, stride_lens_b,
                           stride_lens_j, width, k, capacity, chunk, NEXT_N: tl.constexpr, LENS_2D: tl.constexpr,
                           SPLIT: tl.constexpr, STRIPES: tl.constexpr, ROW: tl.constexpr, BLOCK: tl.constexpr,
-                          PREFETCH: tl.constexpr):
+                          PREFETCH: tl.constexpr, IN_PLACE: tl.constexpr):
     """One chunk: the row's seed (every chunk computes the same), its survivors listed in its own part
     of the scratch (int64 entries), their count (past the part's capacity too) in ``counts``; nothing
     for a row of at most ``ROW`` visible positions (the finish holds it whole)."""
@@ -485,7 +491,8 @@ def _chunk_compact_kernel(logits_ptr, lens_ptr, parts_ptr, counts_ptr, stride_ro
         row_ptr = logits_ptr + row.to(tl.int64) * stride_row
         value = threshold_value(seed_threshold(row_ptr, stride_col, n, kk))
         part_ptr = parts_ptr + (row.to(tl.int64) * SPLIT + part) * capacity
-        count = compact(row_ptr, stride_col, first, last, value, part_ptr, capacity, STRIPES, BLOCK, PREFETCH)
+        count = compact(row_ptr, stride_col, first, last, value, part_ptr, capacity, STRIPES, BLOCK, PREFETCH,
+                        IN_PLACE)
     tl.store(counts_ptr + row * SPLIT + part, count)
 
 
@@ -554,9 +561,10 @@ def prefetch_for(arch: str) -> bool:
 
 
 def in_place_for(arch: str) -> bool:
-    """Whether the selection is stored by ``triton_select.emit`` in place (inline PTX, each thread storing what
-    it holds) on ``arch`` (``"cpu"``, ``"cuda"``, ``"sm_90"``, ``"gfx942"``, ...): NVIDIA GPUs only; the
-    interpreter runs no PTX, and AMD GPUs keep ``tl.store`` (no AMD GPU has measured what its layout costs)."""
+    """Whether the selection and the compaction's list are stored in place (``triton_select.store``: inline PTX,
+    each thread storing what it holds) on ``arch`` (``"cpu"``, ``"cuda"``, ``"sm_90"``, ``"gfx942"``, ...):
+    NVIDIA GPUs only; the interpreter runs no PTX, and AMD GPUs keep ``tl.store`` (no AMD GPU has measured
+    what its layout costs)."""
     return arch == "cuda" or arch.startswith("sm_")
 
 
@@ -633,7 +641,8 @@ def launch(call: TopkCall, knobs: dict | None = None, split: int | None = None, 
     counts = torch.empty((rows, split), dtype=torch.int32, device=device)
     run(_chunk_compact_kernel)[(rows, split)](
         call.logits, call.lengths, parts, counts, *strides, *lens_args, width, call.k, capacity, chunk, SPLIT=split,
-        STRIPES=block // columns, ROW=held_row, BLOCK=block, PREFETCH=prefetch, **common)
+        STRIPES=block // columns, ROW=held_row, BLOCK=block, PREFETCH=prefetch, IN_PLACE=in_place,
+        **common)
     if stop_after is not None:
         return parts, counts
     run(_chunk_finish_kernel)[(rows,)](

@@ -75,14 +75,33 @@ def search(row_ptr, stride_col, idx_ptr, count, prefix, gt, kk, FIRST_SHIFT: tl.
 
 
 @triton.jit
+def store(pointers, values, mask, IN_PLACE: tl.constexpr = False):
+    """``tl.store(pointers, values, mask=mask)`` of 32- or 64-bit integers; with ``IN_PLACE`` (NVIDIA GPUs
+    only: PTX, not for the interpreter nor AMD) each thread stores the elements it holds. Triton gives every
+    load and store a layout of its own, chosen for coalescing: where the slots are data-dependent (a
+    selection's, a compaction's list) no layout coalesces them, and the pointers, values and mask went
+    through shared memory to reach it (for a held row of 8192, 64 of the 83 shared stores and 4 barriers of
+    the sm_90 SASS). Inline PTX keeps the layout the values have."""
+    if IN_PLACE:
+        if values.dtype.primitive_bitwidth == 64:
+            tl.inline_asm_elementwise(
+                "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p st.global.b64 [$1], $2; mov.b32 $0, 0; }", "=r,l,l,r",
+                [pointers.to(tl.int64, bitcast=True), values, mask.to(tl.int32)], dtype=tl.int32, is_pure=False,
+                pack=1)
+        else:
+            tl.inline_asm_elementwise(
+                "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p st.global.b32 [$1], $2; mov.b32 $0, 0; }", "=r,l,r,r",
+                [pointers.to(tl.int64, bitcast=True), values, mask.to(tl.int32)], dtype=tl.int32, is_pure=False,
+                pack=1)
+    else:
+        tl.store(pointers, values, mask=mask)
+
+
+@triton.jit
 def emit(out_row, slots, positions, mask, table_row, block_size, HAS_TABLE: tl.constexpr,
          IN_PLACE: tl.constexpr = False):
-    """Store ``positions`` (page-table transformed with ``HAS_TABLE``) at ``slots``; with ``IN_PLACE``
-    (NVIDIA GPUs only: PTX, not for the interpreter nor AMD) each thread stores the elements it holds.
-    Triton gives every load and store a layout of its own, chosen for coalescing: the slots here are
-    data-dependent, so no layout coalesces them, and for a held row of 8192 the pointers and the mask went
-    through shared memory to reach it (64 of the 83 shared stores and 4 barriers of the sm_90 SASS). In place,
-    the stores and the page table's loads are inline PTX, which keeps the layout the values have."""
+    """Store ``positions`` (page-table transformed with ``HAS_TABLE``) at ``slots``, with ``IN_PLACE`` from
+    the registers that hold them (:func:`store`; the page table's loads too)."""
     value = positions
     if HAS_TABLE:
         entries = table_row + positions // block_size
@@ -93,13 +112,7 @@ def emit(out_row, slots, positions, mask, table_row, block_size, HAS_TABLE: tl.c
         else:
             block = tl.load(entries, mask=mask, other=0)
         value = block * block_size + positions % block_size
-    if IN_PLACE:
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p st.global.b32 [$1], $2; mov.b32 $0, 0; }", "=r,l,r,r",
-            [(out_row + slots).to(tl.int64, bitcast=True), value, mask.to(tl.int32)], dtype=tl.int32, is_pure=False,
-            pack=1)
-    else:
-        tl.store(out_row + slots, value, mask=mask)
+    store(out_row + slots, value, mask, IN_PLACE)
 
 
 @triton.jit

@@ -18,9 +18,10 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 @pytest.mark.parametrize("with_table", [False, True])
 def test_sample_in_place_stores_match_tl_store(monkeypatch, with_table):
-    """The selection stored from the registers that hold it (``triton_select.emit`` with ``IN_PLACE``, inline PTX, the
-    default on NVIDIA GPUs) equals, slot for slot, the one ``tl.store`` writes: rows held whole (8k and shorter,
-    one at most ``k``) and rows through the list finish (32k), with and without the page table."""
+    """The selection and the compaction's list stored from the registers that hold them (``triton_select.store``
+    with ``IN_PLACE``, inline PTX, the default on NVIDIA GPUs) give, slot for slot, the selection ``tl.store`` does:
+    rows held whole (8k and shorter, one at most ``k``) and rows listed and finished (32k), with and without the
+    page table."""
     from paged_mqa_logits.top_k import triton_sample
     from paged_mqa_logits.top_k.validate import check_call
 
