@@ -175,7 +175,7 @@ def sample_loops(arch: str) -> tuple[tuple[PassCost, ...], dict]:
                             "REGISTER_LIST": triton_sample.REGISTER_LIST,
                             "ROW": triton_sample.held_row_for(block, 131072, columns),
                             "PREFETCH": triton_sample.prefetch_for(arch), "IN_PLACE": triton_sample.in_place_for(arch),
-                            "LISTS": True})
+                            "LIST_IN_PLACE": triton_sample.list_in_place_for(arch, 2048, 131072), "LISTS": True})
     loops = _loops(_amd_blocks(isa))
     compaction = next(body for body in loops if _has(body, "global_load") and _has(body, "global_store"))
     elements = block // warps

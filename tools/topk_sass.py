@@ -113,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     row = triton_sample.held_row_for(block, a.width, columns)
     constexprs = dict(common, BLOCK=block, STRIPES=max(1, block // columns), LIST_BLOCK=columns,
                       REGISTER_LIST=a.register_list, ROW=row, PREFETCH=triton_sample.prefetch_for("sm_90"),
-                      IN_PLACE=in_place, LISTS=a.width > row)
+                      IN_PLACE=in_place, LIST_IN_PLACE=triton_sample.list_in_place_for("sm_90", 2048, a.width),
+                      LISTS=a.width > row)
     code, record = compile_sm90(triton_sample._topk_sample_kernel, constexprs, warps)
     print(f"triton_sample (BLOCK {block}, {warps} warps, {record.vgprs} registers, local memory "
           f"{record.scratch_bytes} bytes): in order, the seed's search round (no load), the compaction (the "

@@ -18,8 +18,8 @@ list); a longer one takes three steps:
    ``T``'s value (NaN kept apart): a superset only where ``T`` is +0.0 (-0.0 joins), so still every
    key ``>=`` some threshold, and the count is the list's. On NVIDIA GPUs each step's load is issued
    before the previous step is listed (one program an SM has no other warps to hide it behind;
-   :func:`prefetch_for`), and the entries are stored from the registers that hold them
-   (:func:`in_place_for`).
+   :func:`prefetch_for`), and where the list is sparse its entries are stored from the registers that
+   hold them (:func:`list_in_place_for`).
 3. **Finish.** When ``k <= count`` and the list fits, its entries are loaded into registers
    (``REGISTER_LIST`` at most, sized by the launcher to the longest list the seed aims at for the
    call's width; the values come with the positions, so nothing is gathered from the row)
@@ -63,7 +63,7 @@ counted the same way in a loop that loads, compares and lists:
   coalescing gives the scattered store a layout of its own, so the keep masks and positions go
   through shared memory); comparing floats instead of mapped keys saves about 3; the same store
   issued from the registers that hold the entries (``triton_select.store`` with ``IN_PLACE``, inline
-  PTX): 23-26, the shipped loop on NVIDIA GPUs;
+  PTX): 23-26, the loop NVIDIA GPUs run on rows of at least ``16 k`` (:func:`list_in_place_for`);
 * the same with the store's pointers, values and mask flattened apart by
   ``tl.reshape(..., can_reorder=True)``: 17-20, but **wrong**: each flattened tensor may be ordered
   its own way, and on an H100 the pairing broke (list entries lost) where the interpreter, which
@@ -449,7 +449,8 @@ def _topk_sample_kernel(logits_ptr, lens_ptr, out_ptr, table_ptr, scratch_ptr, e
                         stride_lens_b, stride_lens_j, stride_out, stride_table, width, k, block_size, capacity,
                         NEXT_N: tl.constexpr, LENS_2D: tl.constexpr, HAS_TABLE: tl.constexpr, STRIPES: tl.constexpr,
                         REGISTER_LIST: tl.constexpr, LIST_BLOCK: tl.constexpr, ROW: tl.constexpr,
-                        BLOCK: tl.constexpr, PREFETCH: tl.constexpr, IN_PLACE: tl.constexpr, LISTS: tl.constexpr):
+                        BLOCK: tl.constexpr, PREFETCH: tl.constexpr, IN_PLACE: tl.constexpr,
+                        LIST_IN_PLACE: tl.constexpr, LISTS: tl.constexpr):
     """One program a row: rows of at most ``ROW`` visible positions whole in registers, longer ones
     seeded, compacted and finished (only with ``LISTS``: the width exceeds ``ROW``). ``entries_ptr`` (int64,
     ``capacity`` a row) and ``scratch_ptr`` (int32, ``2 capacity`` a row) are the same memory: the list, and the
@@ -466,7 +467,7 @@ def _topk_sample_kernel(logits_ptr, lens_ptr, out_ptr, table_ptr, scratch_ptr, e
             list_ptr = entries_ptr + row.to(tl.int64) * capacity
             value = threshold_value(seed_threshold(row_ptr, stride_col, n, kk))
             count = compact(row_ptr, stride_col, n * 0, n, value, list_ptr, capacity, STRIPES, BLOCK, PREFETCH,
-                            IN_PLACE)
+                            LIST_IN_PLACE)
             tl.debug_barrier()  # the list is read back by other threads of the program
             finish(row_ptr, stride_col, n, kk, count, capacity, out_row, list_ptr, positions_ptr, table_row,
                    block_size, HAS_TABLE, REGISTER_LIST, LIST_BLOCK, IN_PLACE)
@@ -477,7 +478,7 @@ def _topk_sample_kernel(logits_ptr, lens_ptr, out_ptr, table_ptr, scratch_ptr, e
 def _chunk_compact_kernel(logits_ptr, lens_ptr, parts_ptr, counts_ptr, stride_row, stride_col, stride_lens_b,
                           stride_lens_j, width, k, capacity, chunk, NEXT_N: tl.constexpr, LENS_2D: tl.constexpr,
                           SPLIT: tl.constexpr, STRIPES: tl.constexpr, ROW: tl.constexpr, BLOCK: tl.constexpr,
-                          PREFETCH: tl.constexpr, IN_PLACE: tl.constexpr):
+                          PREFETCH: tl.constexpr, LIST_IN_PLACE: tl.constexpr):
     """One chunk: the row's seed (every chunk computes the same), its survivors listed in its own part
     of the scratch (int64 entries), their count (past the part's capacity too) in ``counts``; nothing
     for a row of at most ``ROW`` visible positions (the finish holds it whole)."""
@@ -492,7 +493,7 @@ def _chunk_compact_kernel(logits_ptr, lens_ptr, parts_ptr, counts_ptr, stride_ro
         value = threshold_value(seed_threshold(row_ptr, stride_col, n, kk))
         part_ptr = parts_ptr + (row.to(tl.int64) * SPLIT + part) * capacity
         count = compact(row_ptr, stride_col, first, last, value, part_ptr, capacity, STRIPES, BLOCK, PREFETCH,
-                        IN_PLACE)
+                        LIST_IN_PLACE)
     tl.store(counts_ptr + row * SPLIT + part, count)
 
 
@@ -568,6 +569,21 @@ def in_place_for(arch: str) -> bool:
     return arch == "cuda" or arch.startswith("sm_")
 
 
+#: the narrowest rows, in multiples of ``k``, whose compaction lists in place (:func:`list_in_place_for`)
+LIST_IN_PLACE_WIDTH = 16
+
+
+def list_in_place_for(arch: str, k: int, width: int) -> bool:
+    """Whether the compaction's list entries are stored in place too (:func:`in_place_for`): only on rows at least
+    :data:`LIST_IN_PLACE_WIDTH` ``k`` wide, where the list is sparse. ``tl.store`` converts the entries to a layout
+    whose adjacent threads hold the stripes of one column, then of the next, so a warp's store covers adjacent
+    slots; in place, each thread holds four adjacent columns of one stripe, so a warp's store spreads over the
+    slots of 128 columns. Where a third of the row is listed (8k columns at k 2048, ``BLOCK`` 2048 over 4 warps)
+    that cost 0.78x at 1024 rows on an H100: the shared memory it saves does not pay for the spread; at 32k-128k
+    (2-8% listed) it gained 1.07-1.38x at 64-256 rows (``benchmarks/h100/topk_list_in_place_ab.csv``)."""
+    return in_place_for(arch) and width >= LIST_IN_PLACE_WIDTH * k
+
+
 def held_row_for(block: int, width: int, columns: int) -> int:
     """The longest row selected whole in registers (a power of two, whole steps of ``columns``):
     ``HELD_ROW`` at most, no more than a compaction step (``block``: the knob that sizes the
@@ -628,21 +644,21 @@ def launch(call: TopkCall, knobs: dict | None = None, split: int | None = None, 
     strides = (call.logits.stride(0), call.logits.stride(1))
     has_table = call.block_table is not None
     arch = "gfx" if not on_cpu and torch.version.hip else device.type
-    prefetch, in_place = prefetch_for(arch), in_place_for(arch)
+    prefetch, in_place, list_in_place = prefetch_for(arch), in_place_for(arch), list_in_place_for(arch, call.k, width)
     if split == 1 and stop_after is None:
         run(_topk_sample_kernel)[(rows,)](
             call.logits, call.lengths, call.out, table, scratch, entries, *strides, *lens_args, call.out.stride(0),
             table.stride(0), width, call.k, call.block_size, capacity, HAS_TABLE=has_table, STRIPES=block // columns,
             REGISTER_LIST=register_list, LIST_BLOCK=list_block, ROW=held_row, BLOCK=block, PREFETCH=prefetch,
-            IN_PLACE=in_place, LISTS=lists, **common)
+            IN_PLACE=in_place, LIST_IN_PLACE=list_in_place, LISTS=lists, **common)
         return None
     chunk = 0 if stop_after == "seed" else triton.cdiv(width, split)
     parts = torch.empty((rows, split, capacity), dtype=torch.int64, device=device)
     counts = torch.empty((rows, split), dtype=torch.int32, device=device)
     run(_chunk_compact_kernel)[(rows, split)](
         call.logits, call.lengths, parts, counts, *strides, *lens_args, width, call.k, capacity, chunk, SPLIT=split,
-        STRIPES=block // columns, ROW=held_row, BLOCK=block, PREFETCH=prefetch, IN_PLACE=in_place,
-        **common)
+        STRIPES=block // columns, ROW=held_row, BLOCK=block, PREFETCH=prefetch,
+        LIST_IN_PLACE=list_in_place, **common)
     if stop_after is not None:
         return parts, counts
     run(_chunk_finish_kernel)[(rows,)](

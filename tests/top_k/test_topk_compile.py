@@ -84,6 +84,8 @@ def _sample_spec(kernel, arch, has_table, extra_pointers, extra_ints, extra):
         constexprs["PREFETCH"] = triton_sample.prefetch_for(arch)
     if "IN_PLACE" in kernel.arg_names:  # the kernels that write a selection held in registers
         constexprs["IN_PLACE"] = triton_sample.in_place_for(arch)
+    if "LIST_IN_PLACE" in kernel.arg_names:  # the kernels that compact, at k 2048 over rows of 131072
+        constexprs["LIST_IN_PLACE"] = triton_sample.list_in_place_for(arch, 2048, 131072)
     if "LISTS" in kernel.arg_names:  # rows of 131072 are listed (unless the test asks otherwise)
         constexprs["LISTS"] = extra.get("LISTS", True)
     return _spec(kernel, arch, has_table, extra_pointers, extra_ints, triton_sample.BLOCK, triton_sample.NUM_WARPS,

@@ -47,7 +47,7 @@ def test_in_place_stores_skip_shared_memory():
 
 @pytest.mark.full
 def test_compaction_list_stored_in_place():
-    """The compaction's 8-byte list entries stored in place (``triton_select.store`` with ``IN_PLACE``): the loop
+    """The compaction's 8-byte list entries stored in place (``triton_select.store`` with ``LIST_IN_PLACE``): the loop
     that reads the row and lists its survivors stores one ``STG.E.64`` an element a thread holds either way, and
     in place without the shared-memory round trip of ``tl.store``'s layout (79 shared stores against 7 at
     ``BLOCK`` 8192 over 8 warps, 959 instructions against 741)."""
@@ -59,7 +59,7 @@ def test_compaction_list_stored_in_place():
     for in_place in (True, False):
         constexprs = {"NEXT_N": 1, "LENS_2D": False, "HAS_TABLE": False, "BLOCK": 8192, "STRIPES": 8,
                       "LIST_BLOCK": 1024, "REGISTER_LIST": 8192, "ROW": 8192, "PREFETCH": True,
-                      "IN_PLACE": in_place, "LISTS": True}
+                      "IN_PLACE": in_place, "LIST_IN_PLACE": in_place, "LISTS": True}
         code, _ = topk_sass.compile_sm90(triton_sample._topk_sample_kernel, constexprs, 8)
         compaction = next(loop for loop in sass.loops(code) if any(i.opcode.startswith("LDG") for i in loop)
                           and any(i.opcode.startswith("STG") for i in loop))
@@ -67,3 +67,14 @@ def test_compaction_list_stored_in_place():
                             sum(i.opcode.startswith("STS") for i in compaction), len(compaction))
     assert counts[True][0] == counts[False][0] == 8192 // 256, counts
     assert counts[False][1] - counts[True][1] >= 48 and counts[True][2] < counts[False][2], counts
+
+
+def test_list_in_place_only_on_sparse_lists():
+    """The compaction lists in place on NVIDIA rows of at least 16 k (32k at k 2048, 8k at k 512), never where a
+    third of the row is listed (8k at k 2048), nor where nothing is stored in place."""
+    from paged_mqa_logits.top_k import triton_sample
+
+    assert triton_sample.list_in_place_for("cuda", 2048, 32768) and triton_sample.list_in_place_for("sm_90", 512, 8192)
+    assert not triton_sample.list_in_place_for("cuda", 2048, 8192)
+    assert not triton_sample.list_in_place_for("cuda", 2048, 32767)
+    assert not any(triton_sample.list_in_place_for(arch, 2048, 131072) for arch in ("cpu", "gfx942", "gfx950"))
