@@ -43,17 +43,17 @@ in every one): their full keys took up to 25 rounds, halving gaps no key falls i
 round probes where the row's mean and deviation put the k-th largest (:func:`bracket`): about 5 rounds
 instead of 10 on normal-looking rows of 8192.
 
-Counted in sm_90 SASS by ``tools/topk_sass.py`` (a JIT launch's specialisation: 16-byte aligned row,
-column stride 1; instructions per element a thread handles), defaults ``BLOCK`` 8192 over 8 warps:
-the compaction loop 23 an element stored in place, 30 through ``tl.store`` (the load and key mapping
-alone about 10; the 8-byte entry's store about 5 more than a position's); the seed 416 instructions a thread plus 123 a round (about 5
-rounds: 2.0 an element of a 128k row); the register finish over 8192 entries 1462 a thread plus 234
-a round (about 8 rounds: 6.5 an element of a 128k row); a held row of 8192 1973 plus 235 a round
-(about 4 rounds after the peeled first). So about 32 an element in all at 128k and k 2048, with one
-read of the row, against ``triton_radix``'s 79 + 64 (two reads) or 79 + 98 + 64 (three), counted the
-same way. Short rows pay the fixed parts over fewer elements (fewer warps and
-smaller blocks are the tuner's to try). Why the compaction looks as it does, each alternative
-counted the same way in a loop that loads, compares and lists:
+Counted in sm_90 SASS by ``tools/topk_sass.py`` (a JIT launch's specialisation: 16-byte aligned row, column
+stride 1; instructions per element a thread handles), defaults ``BLOCK`` 8192 over 8 warps: the compaction
+loop 23 an element stored in place (rows of at least ``16 k``), 30 through ``tl.store`` (the load and key
+mapping alone about 10; the 8-byte entry's store about 5 more than a position's); the seed 416 instructions a
+thread plus 123 a round (about 5 rounds: 2.0 an element of a 128k row); the register finish over 8192 entries
+1462 a thread plus 234 a round (about 8 rounds: 6.5 an element of a 128k row); a held row of 8192 1973 plus
+235 a round (about 4 rounds after the peeled first). So about 32 an element in all at 128k and k 2048, with
+one read of the row, against ``triton_radix``'s 79 + 64 (two reads) or 79 + 98 + 64 (three), counted the same
+way. Short rows pay the fixed parts over fewer elements (fewer warps and smaller blocks are the tuner's to
+try). Why the compaction looks as it does, each alternative counted the same way in a loop that loads,
+compares and lists:
 
 * one 1-D ``tl.cumsum`` over the block (as ``triton_radix``'s split pass): 66 (1024 a step), 62 (4096);
 * ``[R, E]`` pieces of ``E`` contiguous elements, the scan along the piece: 51-56;
