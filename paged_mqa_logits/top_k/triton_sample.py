@@ -562,10 +562,10 @@ def prefetch_for(arch: str) -> bool:
 
 
 def in_place_for(arch: str) -> bool:
-    """Whether the selection and the compaction's list are stored in place (``triton_select.store``: inline PTX,
-    each thread storing what it holds) on ``arch`` (``"cpu"``, ``"cuda"``, ``"sm_90"``, ``"gfx942"``, ...):
-    NVIDIA GPUs only; the interpreter runs no PTX, and AMD GPUs keep ``tl.store`` (no AMD GPU has measured
-    what its layout costs)."""
+    """Whether the selection is stored in place (``triton_select.store``: inline PTX, each thread storing what it
+    holds; the compaction's list too where it is sparse, :func:`list_in_place_for`) on ``arch`` (``"cpu"``,
+    ``"cuda"``, ``"sm_90"``, ``"gfx942"``, ...): NVIDIA GPUs only; the interpreter runs no PTX, and AMD GPUs keep
+    ``tl.store`` (no AMD GPU has measured what its layout costs)."""
     return arch == "cuda" or arch.startswith("sm_")
 
 
